@@ -1,0 +1,30 @@
+# The targets here are exactly what CI runs (.ci/run calls `make test`).
+.PHONY: setup example test test-fast lint typecheck bench clean
+
+setup:
+	@scripts/bootstrap.sh
+
+example: setup
+	@.venv/bin/python examples/pageviews/run_example.py
+
+# lint + types + every test suite (slow and cluster suites included); fails on no tests.
+test: setup
+	@.venv/bin/ruff check src tests examples bench
+	@.venv/bin/ruff format --check src tests examples bench
+	@.venv/bin/mypy
+	@scripts/pytest.sh tests
+
+test-fast: setup
+	@scripts/pytest.sh tests -m "not slow"
+
+lint: setup
+	@.venv/bin/ruff check src tests examples bench && .venv/bin/ruff format --check src tests examples bench
+
+typecheck: setup
+	@.venv/bin/mypy
+
+bench: setup
+	@.venv/bin/python bench/run.py
+
+clean:
+	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Creates .venv with sparkpoint and its dev tools, once; re-runs only when pyproject.toml changes.
+# Checks for Java 17+ (Spark needs it) and Python 3.11+, and says exactly what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+if ! command -v java >/dev/null 2>&1; then
+  say "Java 17 is required by Spark but 'java' is not on PATH."
+  say "Install it (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME."
+  exit 3
+fi
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)
+if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
+  say "Java 17 or newer is required by Spark; found: $(java -version 2>&1 | head -n1)"
+  exit 3
+fi
+
+PY=""
+for cand in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+  [ -n "$cand" ] || continue
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    PY=$cand; break
+  fi
+done
+if [ -z "$PY" ]; then
+  say "Python 3.11 or newer is required; none found on PATH."
+  exit 3
+fi
+
+stamp=.venv/.sparkpoint-installed
+want=$(sha1sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
+  exit 0
+fi
+say "creating .venv with $PY and installing sparkpoint (first run takes about a minute)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c 'import sparkpoint, pyspark, rocksdict' || { say "installation failed"; exit 4; }
+echo "$want" > "$stamp"
+say "ready: .venv ($(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"

@@ -1,0 +1,45 @@
+"""The root of sparkpoint's error hierarchy.
+
+Every error sparkpoint raises on purpose derives from :class:`SparkpointError`. Module-specific
+errors also inherit a builtin where one fits, so callers can catch either. Messages name the task,
+store, SSP, stream or config key involved. :class:`UserError` marks problems the user can fix
+(bad config, unknown stream, corrupt input); the CLI prints those as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class SparkpointError(Exception):
+    """Base class of every error sparkpoint raises on purpose."""
+
+
+class UserError(SparkpointError):
+    """A problem the user can fix; the CLI shows its message alone, without a traceback."""
+
+
+class ConfigError(UserError, ValueError):
+    """A missing or invalid configuration value; the message names the key and what is allowed."""
+
+
+class StreamNotFound(UserError, LookupError):
+    """A stream that does not exist in its system."""
+
+
+class CorruptRecordError(UserError):
+    """A record in a log failed its checksum or framing; names stream, partition and offset."""
+
+
+class StoreError(SparkpointError):
+    """A key-value store operation failed; names the store."""
+
+
+class CheckpointError(SparkpointError):
+    """A checkpoint could not be read, parsed or written; names the task."""
+
+
+class CheckpointNotFound(CheckpointError, LookupError):
+    """No checkpoint exists for the task."""
+
+
+class TaskError(SparkpointError):
+    """User task code failed; names the task and the message being processed."""

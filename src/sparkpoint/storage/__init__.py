@@ -1,0 +1,1 @@
+"""Task-local state: key-value stores and (later) the state backends that back them up."""

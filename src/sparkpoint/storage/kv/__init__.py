@@ -1,0 +1,1 @@
+"""Key-value stores: byte-level engines and the typed store users see."""

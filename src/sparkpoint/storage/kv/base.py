@@ -1,0 +1,108 @@
+"""Key-value store interfaces.
+
+:class:`KeyValueEngine` is the byte-level engine (RocksDB, in-memory). :class:`KeyValueStore` is
+what a task uses: the same operations on typed keys and values through serdes. Keys order
+lexicographically by their serialized bytes; ``range(a, b)`` is half-open ``[a, b)``.
+A store is used by one task on one thread; engines are not required to be thread-safe.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class KeyValueEngine(ABC):
+    """A byte-keyed, byte-valued ordered store."""
+
+    name: str
+
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values for ``keys`` in the same order, ``None`` where absent (one batched call)."""
+
+    @abstractmethod
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def delete(self, key: bytes) -> None:
+        """Remove ``key``; no error when absent."""
+
+    @abstractmethod
+    def write_batch(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Apply puts (value ``None`` = delete) atomically, in order."""
+
+    @abstractmethod
+    def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries with ``start <= key < end`` in key order."""
+
+    @abstractmethod
+    def all(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every entry in key order."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make every write so far durable on local disk (no-op for in-memory engines)."""
+
+    @property
+    @abstractmethod
+    def persistent(self) -> bool:
+        """Whether the engine keeps its data on disk and can make a local checkpoint."""
+
+    def checkpoint(self, destination: Path) -> None:
+        """Write a consistent copy of the store into ``destination`` (which must not exist).
+
+        For RocksDB this is a checkpoint made of hard links: milliseconds, whatever the size.
+        """
+        raise NotImplementedError(f"store {self.name}: engine cannot make checkpoints")
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release the store. Idempotent."""
+
+
+class KeyValueStore(ABC, Generic[K, V]):
+    """The store a task sees, with typed keys and values."""
+
+    name: str
+
+    @abstractmethod
+    def get(self, key: K) -> V | None: ...
+
+    @abstractmethod
+    def get_all(self, keys: Sequence[K]) -> list[V | None]:
+        """Values for many keys in one engine call, in order; ``None`` where absent."""
+
+    @abstractmethod
+    def put(self, key: K, value: V) -> None: ...
+
+    @abstractmethod
+    def put_all(self, entries: Iterable[tuple[K, V]]) -> None:
+        """Write many entries in one atomic batch."""
+
+    @abstractmethod
+    def delete(self, key: K) -> None: ...
+
+    @abstractmethod
+    def delete_all(self, keys: Iterable[K]) -> None: ...
+
+    @abstractmethod
+    def range(self, start: K, end: K) -> Iterator[tuple[K, V]]:
+        """Entries with ``start <= key < end`` by serialized key order."""
+
+    @abstractmethod
+    def all(self) -> Iterator[tuple[K, V]]: ...
+
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Systems: where streams live. See :mod:`sparkpoint.system.base` for the interfaces."""

@@ -1,0 +1,159 @@
+"""Interfaces every system implements: admin, consumer and producer.
+
+Offsets are opaque strings; only the system's admin compares them or computes the one after.
+Ranges are half-open: a read of ``[start, end)`` returns records with ``start <= offset < end``.
+``upcoming`` is the offset the next appended record will get; a partition is empty when
+``oldest == upcoming``. ``newest`` is the offset of the last record, or ``None`` when empty.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sparkpoint.model import SystemStream, SystemStreamPartition
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A raw record as stored in a stream partition: bytes in, bytes out."""
+
+    offset: str
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingMessageEnvelope:
+    """A message a task receives: its SSP, offset, decoded key and value, and timestamp (ms)."""
+
+    ssp: SystemStreamPartition
+    offset: str
+    key: object
+    message: object
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessageEnvelope:
+    """A message a task sends. Without ``partition`` it is placed by a hash of its key."""
+
+    stream: SystemStream
+    key: object
+    message: object
+    partition: int | None = None
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata:
+    """Offsets of one partition at the time they were read."""
+
+    oldest: str
+    newest: str | None
+    upcoming: str
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """How to create a stream: its name, partition count and whether it is compacted by key."""
+
+    name: str
+    partitions: int
+    compacted: bool = False
+
+
+class SystemAdmin(ABC):
+    """Metadata and management of one system's streams. Thread-safe."""
+
+    @abstractmethod
+    def create_stream(self, spec: StreamSpec) -> bool:
+        """Create the stream; return False if it already existed (with any partition count)."""
+
+    @abstractmethod
+    def list_streams(self) -> list[str]:
+        """Names of every stream in the system, sorted."""
+
+    @abstractmethod
+    def partition_count(self, stream: str) -> int:
+        """Number of partitions; raises :class:`StreamNotFound` naming the stream if absent."""
+
+    @abstractmethod
+    def get_metadata(
+        self, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
+        """Oldest, newest and upcoming offsets of each SSP."""
+
+    @abstractmethod
+    def offset_comparator(self, a: str, b: str) -> int:
+        """Negative, zero or positive as offset ``a`` is before, equal to or after ``b``."""
+
+    @abstractmethod
+    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
+        """The offset at which reading resumes after having processed ``offset``."""
+
+    @abstractmethod
+    def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
+        """The first offset whose record timestamp is at or after ``timestamp_ms``.
+
+        Returns the upcoming offset when every record is older.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+class SystemConsumer(ABC):
+    """Reads bounded offset ranges of registered SSPs. One instance per thread."""
+
+    @abstractmethod
+    def register(self, ssp: SystemStreamPartition, offset: str) -> None:
+        """Declare that ``ssp`` will be read starting at ``offset`` (inclusive)."""
+
+    @abstractmethod
+    def read(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> Sequence[Record]:
+        """Records with ``start <= offset < end``, in offset order (at most ``max_records``).
+
+        Raises :class:`CorruptRecordError` naming stream, partition and offset on bad data.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+class SystemProducer(ABC):
+    """Sends records to partitions. ``send`` may buffer; ``flush`` makes everything sent durable."""
+
+    @abstractmethod
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        """Queue one record (its ``offset`` field is ignored; the system assigns offsets)."""
+
+    def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
+        """Queue several records for one partition, in order."""
+        for record in records:
+            self.send(stream, partition, record)
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Block until every record sent so far is durable in the system."""
+
+    def close(self) -> None:
+        """Flush and release resources. Idempotent."""
+        self.flush()
+
+
+class SystemFactory(ABC):
+    """Builds a system's admin, consumer and producer from the job config."""
+
+    @abstractmethod
+    def get_admin(self, system: str, config: Mapping[str, str]) -> SystemAdmin: ...
+
+    @abstractmethod
+    def get_consumer(self, system: str, config: Mapping[str, str]) -> SystemConsumer: ...
+
+    @abstractmethod
+    def get_producer(self, system: str, config: Mapping[str, str]) -> SystemProducer: ...
