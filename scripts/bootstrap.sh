@@ -20,7 +20,7 @@ fi
 PY=""
 for cand in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
   [ -n "$cand" ] || continue
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
     PY=$cand; break
   fi
 done
@@ -37,7 +37,10 @@ fi
 say "creating .venv with $PY and installing sparkpoint (first run takes about a minute)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" || true
+if ! .venv/bin/python -m pip install -q -e '.[dev]' >.venv/install.log 2>&1; then
+  grep -v "^WARNING: Location" .venv/install.log | tail -n 30 >&2
+  say "pip install failed (full log: .venv/install.log)"; exit 4
+fi
 .venv/bin/python -c 'import sparkpoint, pyspark, rocksdict' || { say "installation failed"; exit 4; }
 echo "$want" > "$stamp"
 say "ready: .venv ($(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"

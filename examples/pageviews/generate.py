@@ -1,0 +1,66 @@
+"""Generate page views ``{user, page, ts}`` into the job's ``pageviews`` stream, keyed by user.
+
+Deterministic for a seed. Usage: ``python generate.py JOB_FILE N [--seed S] [--users U]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Iterator
+
+from sparkpoint.config import load_config
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.output import ensure_stream, partition_for_key
+from sparkpoint.system.base import Record
+from sparkpoint.system.registry import Systems
+
+PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/login", "/about", "/careers"]
+
+
+def events(n: int, seed: int, users: int) -> Iterator[dict[str, object]]:
+    """``n`` page views; user popularity is skewed (a few users view a lot)."""
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) ** 0.8 for i in range(users)]
+    names = [f"user-{i:05d}" for i in range(users)]
+    ts = 1_700_000_000_000
+    chosen = rng.choices(names, weights=weights, k=n)
+    for user in chosen:
+        ts += rng.randint(0, 50)
+        yield {"user": user, "page": rng.choice(PAGES), "ts": ts}
+
+
+def write(job_file: str, n: int, seed: int, users: int, stream: str = "pageviews") -> int:
+    config = load_config(job_file)
+    systems = Systems(config)
+    ss = SystemStream("filelog", stream)
+    partitions = ensure_stream(config, systems, ss)
+    producer = systems.producer(ss.system)
+    written = 0
+    for event in events(n, seed, users):
+        key = str(event["user"]).encode()
+        value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
+        producer.send(ss.stream, partition_for_key(key, partitions), Record("", key, value, int(event["ts"])))  # type: ignore[call-overload]
+        written += 1
+        if written % 50_000 == 0:
+            producer.flush()
+    producer.close()
+    systems.close()
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("job_file")
+    parser.add_argument("n", type=int)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--users", type=int, default=1000)
+    args = parser.parse_args()
+    written = write(args.job_file, args.n, args.seed, args.users)
+    print(f"wrote {written} page views (seed {args.seed}, {args.users} users)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

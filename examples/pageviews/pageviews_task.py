@@ -1,0 +1,33 @@
+"""The example task: count page views per user and emit each new count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+
+OUTPUT = SystemStream("filelog", "user-counts")
+
+
+class PageViewCounter(StreamTask):
+    """Keeps ``user -> views`` in the ``user-counts`` store; sends ``{user, count}`` per view."""
+
+    counts: KeyValueStore[str, int]
+
+    def init(self, context: TaskContext) -> None:
+        self.counts = context.get_store("user-counts")
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        view: Any = envelope.message
+        user = str(view["user"])
+        count = (self.counts.get(user) or 0) + 1
+        self.counts.put(user, count)
+        collector.send(OutgoingMessageEnvelope(OUTPUT, user, {"user": user, "count": count}))

@@ -1,0 +1,315 @@
+"""The ``sparkpoint`` command line: run jobs and operate their streams, checkpoints and state.
+
+Every command takes the job file first and ``--set key=value`` (repeatable) to override any key.
+User errors (bad config, unknown stream, corrupt data) print one ``error:`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.console import Console
+
+from sparkpoint.config import KEYS, Config, load_config, parse_overrides
+from sparkpoint.errors import SparkpointError, UserError
+
+app = typer.Typer(
+    help="sparkpoint: stateful stream processing on Spark, with Samza's state and checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+stream_app = typer.Typer(help="Create, list, write and read streams.", no_args_is_help=True)
+checkpoint_app = typer.Typer(help="Inspect checkpoints.", no_args_is_help=True)
+state_app = typer.Typer(help="Inspect committed state.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app.add_typer(stream_app, name="stream")
+app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(state_app, name="state")
+app.add_typer(config_app, name="config")
+
+JobArg = Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: --set task.commit.ms=5000 (repeatable)."),
+]
+err = Console(stderr=True)
+
+
+def _config(job: Path, overrides: list[str] | None) -> Config:
+    return load_config(job, parse_overrides(overrides or []))
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _with_job_dir_on_path(config: Config, job: Path) -> Config:
+    """Let the driver and every Python worker import modules that sit beside the job file."""
+    job_dir = str(job.resolve().parent)
+    sys.path.insert(0, job_dir)
+    paths = [job_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    key = "spark.executorEnv.PYTHONPATH"
+    extra = [config[key]] if config.get(key) else []
+    return config.with_overrides({key: os.pathsep.join([job_dir, *extra])})
+
+
+@app.command()
+def run(
+    job: JobArg,
+    until_caught_up: Annotated[
+        bool, typer.Option(help="Read every input up to its newest offset at start, commit, exit 0.")
+    ] = False,
+    max_batches: Annotated[int | None, typer.Option(help="Stop (with a commit) after N batches.")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master URL (default: spark.master or local[*]).")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run a job: the driver plans micro-batches and Spark runs one partition per task.
+
+    Ctrl-C or SIGTERM finishes the current batch, commits every task and exits 0.
+
+    Example: `sparkpoint run examples/pageviews/job.yaml --until-caught-up --set task.commit.ms=2000`
+    """
+    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.progress import ProgressDisplay
+    from sparkpoint.runtime.spark import SparkRunner, spark_session
+
+    _setup_logging(verbose)
+    config = _config(job, set_)
+    config.require("task.class")
+    config = _with_job_dir_on_path(config, job)
+    if not config.inputs:
+        raise UserError("task.inputs is empty: list the job's input streams as system.stream")
+    display = ProgressDisplay()
+    err.print(f"starting Spark ({master or config.get_str('spark.master') or 'local[*]'}) ...")
+    spark = spark_session(config, master)
+    coordinator = JobCoordinator(config, SparkRunner(spark), listener=display)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        coordinator.stop(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
+    finally:
+        coordinator.close()
+        spark.stop()
+
+
+@stream_app.command("create")
+def stream_create(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
+    partitions: Annotated[int, typer.Option(min=1, help="Number of partitions.")] = 1,
+    compacted: Annotated[bool, typer.Option(help="Keep only the newest record per key.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Create a stream.
+
+    Example: `sparkpoint stream create job.yaml pageviews --partitions 4`
+    """
+    from sparkpoint.system.base import StreamSpec
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import resolve_stream
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    systems = Systems(config)
+    created = systems.admin(ss.system).create_stream(StreamSpec(ss.stream, partitions, compacted))
+    n = systems.admin(ss.system).partition_count(ss.stream)
+    print(f"{'created' if created else 'exists'}: {ss} ({n} partitions)")
+
+
+@stream_app.command("list")
+def stream_list(job: JobArg, set_: SetOpt = None) -> None:
+    """List every stream of the job's systems with partitions and message counts.
+
+    Example: `sparkpoint stream list job.yaml`
+    """
+    from sparkpoint.model import SystemStreamPartition
+    from sparkpoint.system.registry import Systems
+
+    config = _config(job, set_)
+    systems = Systems(config)
+    for system in config.systems:
+        admin = systems.admin(system)
+        for name in admin.list_streams():
+            n = admin.partition_count(name)
+            ssps = [SystemStreamPartition(system, name, p) for p in range(n)]
+            meta = admin.get_metadata(ssps)
+            total = 0
+            for m in meta.values():
+                try:
+                    total += int(m.upcoming) - int(m.oldest)
+                except ValueError:
+                    pass
+            print(f"{system}.{name}\tpartitions={n}\tmessages={total}")
+
+
+@stream_app.command("write")
+def stream_write(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
+    partition: Annotated[
+        int | None, typer.Option(help="Write every record to this partition (default: by key).")
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Append JSON lines `{"key", "value", "timestamp"}` from stdin to a stream.
+
+    The stream is created with the job's configured partition count if it does not exist.
+
+    Example: `echo '{"key": "u1", "value": {"page": "/"}}' | sparkpoint stream write job.yaml pageviews`
+    """
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import resolve_stream, write_json_lines
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    n = write_json_lines(config, Systems(config), ss, sys.stdin, partition=partition)
+    err.print(f"wrote {n} records to {ss}")
+
+
+@stream_app.command("read")
+def stream_read(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
+    partition: Annotated[int | None, typer.Option(help="Only this partition.")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="Start at this offset.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many records.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Print a stream's records as JSON lines (partition, offset, key, value, timestamp).
+
+    Example: `sparkpoint stream read job.yaml user-counts --partition 0 --from 10`
+    """
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import dump_json_lines, read_json_lines, resolve_stream
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    rows = read_json_lines(config, Systems(config), ss, partition=partition, start=from_, limit=limit)
+    dump_json_lines(rows, sys.stdout)
+
+
+@checkpoint_app.command("show")
+def checkpoint_show(
+    job: JobArg,
+    task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Show the last checkpoint of each task: id, input offsets and state markers.
+
+    Example: `sparkpoint checkpoint show job.yaml --task "Partition 0" --json`
+    """
+    from sparkpoint.checkpoint.manager import CheckpointManager
+
+    config = _config(job, set_)
+    checkpoints = CheckpointManager(config).read_all()
+    items = sorted(checkpoints.items(), key=lambda kv: (len(kv[0].name), kv[0].name))
+    if task is not None:
+        items = [(t, c) for t, c in items if t.name == task]
+        if not items:
+            known = ", ".join(t.name for t, _ in sorted(checkpoints.items())) or "none"
+            raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
+    if as_json:
+        print(json.dumps({t.name: c.to_json() for t, c in items}, indent=2))
+        return
+    if not items:
+        print("no checkpoints yet")
+    for t, c in items:
+        print(f"{t.name}: checkpoint {c.checkpoint_id}")
+        for ssp, offset in sorted(c.input_offsets.items()):
+            print(f"  {ssp}: {offset}")
+        for factory, stores in sorted(c.state_checkpoint_markers.items()):
+            for store, marker in sorted(stores.items()):
+                print(f"  state {factory}/{store}: {marker}")
+
+
+@state_app.command("dump")
+def state_dump(
+    job: JobArg,
+    store: Annotated[str, typer.Option(help="The store to dump.")],
+    task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Print a store's committed contents as JSON lines `{"key", "value"}`.
+
+    Example: `sparkpoint state dump job.yaml --store user-counts --task "Partition 1"`
+    """
+    from sparkpoint.tools.state import committed_entries
+
+    config = _config(job, set_)
+    out = sys.stdout
+    for _task, key, value in committed_entries(config, store, task):
+        out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
+
+
+@config_app.command("show")
+def config_show(job: JobArg, set_: SetOpt = None) -> None:
+    """Print the job's effective config (file, --set overrides and derived paths).
+
+    Example: `sparkpoint config show job.yaml --set task.commit.ms=1000`
+    """
+    config = _config(job, set_)
+    for key in sorted(config):
+        print(f"{key}={config[key]}")
+
+
+@config_app.command("keys")
+def config_keys() -> None:
+    """List every config key sparkpoint reads, with its default and what is allowed.
+
+    Example: `sparkpoint config keys`
+    """
+    for spec in KEYS:
+        default = spec.default if spec.default is not None else "-"
+        print(f"{spec.pattern}\n    {spec.help}\n    allowed: {spec.allowed}; default: {default}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the CLI and turns user errors into one line and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="sparkpoint", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err.print("aborted")
+        return 130
+    except UserError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        return 2
+    except SparkpointError as exc:
+        err.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False)
+        return 1
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

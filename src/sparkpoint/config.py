@@ -1,0 +1,378 @@
+"""Job configuration: loading job files, overrides, validation and typed views.
+
+A job file is YAML (nested mappings flatten to Samza-style dotted names; lists join with commas)
+or Java-style ``.properties``. ``--set key=value`` overrides win over the file. Every key sparkpoint
+reads is declared once in :data:`KEYS` with its default, what is allowed and a line of help; a bad
+value, or an unknown key in a namespace sparkpoint owns (``job.``, ``task.``, ``stores.<s>.``,
+``streams.<s>.``), is a :class:`ConfigError` naming the key and what is allowed. Keys under
+``systems.<s>.`` beyond the ones declared are passed to the system; ``spark.*`` go to Spark.
+
+Every path a job uses derives from ``job.data.dir`` (default ``./.sparkpoint/<job.name>``), made
+absolute when the config is loaded so that executors on other processes see the same paths.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import SystemStream
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A declared key: ``pattern`` may hold ``<s>`` for a store, system or stream name."""
+
+    pattern: str
+    default: str | None
+    allowed: str
+    help: str
+    check: Callable[[str], bool] | None = None
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile("^" + re.escape(self.pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
+
+
+def _int(minimum: int | None = None) -> Callable[[str], bool]:
+    def check(v: str) -> bool:
+        try:
+            n = int(v)
+        except ValueError:
+            return False
+        return minimum is None or n >= minimum
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    return lambda v: v in choices
+
+
+def _bool(v: str) -> bool:
+    return v.lower() in ("true", "false")
+
+
+KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("job.name", None, "a name of letters, digits, '-', '_'", "the job's name",
+              lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v))),
+    ConfigKey("job.id", "1", "a name of letters, digits, '-', '_'", "instance id of the job",
+              lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v))),
+    ConfigKey("job.data.dir", None, "a directory path",
+              "root of every path the job uses (default ./.sparkpoint/<job.name>)"),
+    ConfigKey("job.logged.store.base.dir", None, "a directory path",
+              "where executors keep store directories (default <job.data.dir>/state)"),
+    ConfigKey("job.coordinator.system", None, "a configured system name",
+              "system of the coordinator and checkpoint streams (default: first system)"),
+    ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
+    ConfigKey("task.class", None, "module:Class or module.Class of a StreamTask",
+              "the low-level task class"),
+    ConfigKey("task.commit.ms", "60000", "an integer >= 0 (milliseconds)",
+              "commit at the end of a batch when this long has passed since the last", _int(0)),
+    ConfigKey("task.window.ms", "-1", "an integer (milliseconds; -1 disables)",
+              "call window() on tasks this often", _int(-1)),
+    ConfigKey("task.checkpoint.system", None, "a configured system name",
+              "system of the checkpoint stream (default: job.coordinator.system)"),
+    ConfigKey("task.batch.max.messages", "10000", "an integer >= 1",
+              "most messages read from one partition in one micro-batch", _int(1)),
+    ConfigKey("task.poll.interval.ms", "500", "an integer >= 0 (milliseconds)",
+              "pause between batches when no input is waiting", _int(0)),
+    ConfigKey("task.shutdown.ms", "30000", "an integer >= 0 (milliseconds)",
+              "how long a shutdown may wait for the current batch", _int(0)),
+    ConfigKey("systems.<s>.factory", None, "filelog, or module:Class of a SystemFactory",
+              "the system's implementation"),
+    ConfigKey("systems.<s>.default.stream.samza.offset.default", "oldest", "oldest | upcoming",
+              "where to start a partition with no checkpoint", _one_of("oldest", "upcoming")),
+    ConfigKey("systems.<s>.default.stream.partitions", "1", "an integer >= 1",
+              "partition count of streams the job creates in this system", _int(1)),
+    ConfigKey("streams.<s>.samza.offset.default", None, "oldest | upcoming",
+              "overrides the system default for this stream", _one_of("oldest", "upcoming")),
+    ConfigKey("streams.<s>.samza.reset.offset", "false", "true | false",
+              "ignore this stream's checkpointed offsets at start", _bool),
+    ConfigKey("streams.<s>.samza.key.serde", "string", "a serde name",
+              "serde of message keys in this stream"),
+    ConfigKey("streams.<s>.samza.msg.serde", "json", "a serde name",
+              "serde of message values in this stream"),
+    ConfigKey("streams.<s>.partitions", None, "an integer >= 1",
+              "partition count when the stream is created", _int(1)),
+    ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
+    ConfigKey("stores.<s>.key.serde", "string", "a serde name", "serde of the store's keys"),
+    ConfigKey("stores.<s>.msg.serde", "json", "a serde name", "serde of the store's values"),
+    ConfigKey("stores.<s>.changelog", None, "system.stream",
+              "changelog stream of the store (used by the changelog backend)"),
+    ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde",
+              "a user serde"),
+)
+
+_OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.")
+
+
+def _declared(key: str) -> ConfigKey | None:
+    for spec in KEYS:
+        if spec.regex.match(key):
+            return spec
+    return None
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten nested mappings to dotted keys; lists become comma-separated strings."""
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list | tuple):
+            out[key] = ",".join(str(x) for x in v)
+        elif isinstance(v, bool):
+            out[key] = "true" if v else "false"
+        elif v is None:
+            out[key] = ""
+        else:
+            out[key] = str(v)
+    return out
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java-style properties (``key=value`` or ``key: value``, ``#``/``!`` comments)."""
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        if not m:
+            raise ConfigError(f"line {lineno}: expected 'key=value', got {raw!r}")
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def read_job_file(path: str | Path) -> dict[str, str]:
+    """Read a YAML or properties job file into flat dotted keys."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {p}: {exc.strerror or exc}") from exc
+    if p.suffix in (".properties", ".props"):
+        try:
+            return parse_properties(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{p}: a job file must be a mapping of keys to values")
+    return flatten(data)
+
+
+def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Parse ``key=value`` strings from ``--set``."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class Config(Mapping[str, str]):
+    """An immutable, validated job config with typed accessors."""
+
+    def __init__(self, values: Mapping[str, str], *, validate: bool = True) -> None:
+        self._values = dict(values)
+        if validate:
+            self._validate()
+
+    # Mapping protocol
+    def __getitem__(self, key: str) -> str:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def to_dict(self) -> dict[str, str]:
+        return dict(self._values)
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> Config:
+        return Config({**self._values, **overrides})
+
+    # typed access
+    def get_str(self, key: str, default: str | None = None) -> str | None:
+        value = self._values.get(key)
+        if value is None or value == "":
+            spec = _declared(key)
+            return default if default is not None else (spec.default if spec else None)
+        return value
+
+    def require(self, key: str) -> str:
+        value = self.get_str(key)
+        if value is None:
+            spec = _declared(key)
+            what = f" ({spec.allowed}: {spec.help})" if spec else ""
+            raise ConfigError(f"missing required config key {key}{what}")
+        return value
+
+    def get_int(self, key: str, default: int | None = None) -> int:
+        value = self.get_str(key, None if default is None else str(default))
+        if value is None:
+            return self.get_int_required(key)
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} is not an integer") from None
+
+    def get_int_required(self, key: str) -> int:
+        return int(self.require(key))
+
+    def get_bool(self, key: str, default: bool = False) -> bool:
+        value = self.get_str(key, "true" if default else "false")
+        return (value or "").lower() == "true"
+
+    def get_list(self, key: str) -> list[str]:
+        value = self.get_str(key) or ""
+        return [v.strip() for v in value.split(",") if v.strip()]
+
+    def subset(self, prefix: str) -> dict[str, str]:
+        """Keys under ``prefix`` with the prefix removed."""
+        return {k[len(prefix):]: v for k, v in self._values.items() if k.startswith(prefix)}
+
+    def names_under(self, namespace: str) -> list[str]:
+        """Names ``x`` with some key ``namespace.x.factory`` (stores, systems)."""
+        names = set()
+        for key in self._values:
+            if key.startswith(namespace + ".") and key.endswith(".factory"):
+                names.add(key[len(namespace) + 1: -len(".factory")])
+        return sorted(names)
+
+    # job views
+    @property
+    def job_name(self) -> str:
+        return self.require("job.name")
+
+    @property
+    def job_id(self) -> str:
+        return self.get_str("job.id") or "1"
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.require("job.data.dir"))
+
+    @property
+    def store_base_dir(self) -> Path:
+        value = self.get_str("job.logged.store.base.dir")
+        return Path(value) if value else self.data_dir / "state"
+
+    @property
+    def systems(self) -> list[str]:
+        return self.names_under("systems")
+
+    @property
+    def stores(self) -> list[str]:
+        return self.names_under("stores")
+
+    @property
+    def inputs(self) -> list[SystemStream]:
+        return [SystemStream.parse(s) for s in self.get_list("task.inputs")]
+
+    @property
+    def coordinator_system(self) -> str:
+        value = self.get_str("job.coordinator.system")
+        if value:
+            return value
+        systems = self.systems
+        if not systems:
+            raise ConfigError("no system configured: add systems.<name>.factory (e.g. filelog)")
+        return systems[0]
+
+    @property
+    def checkpoint_system(self) -> str:
+        return self.get_str("task.checkpoint.system") or self.coordinator_system
+
+    def stream_key(self, stream: SystemStream, suffix: str) -> str | None:
+        """A per-stream setting, falling back to the system's ``default.stream`` one."""
+        return self.get_str(f"streams.{stream.stream}.{suffix}") or self.get_str(
+            f"systems.{stream.system}.default.stream.{suffix}"
+        )
+
+    def _validate(self) -> None:
+        for key, value in self._values.items():
+            spec = _declared(key)
+            if spec is None:
+                if key.startswith(_OWNED_PREFIXES):
+                    self._unknown(key)
+                continue
+            if spec.check is not None and value != "" and not spec.check(value):
+                raise ConfigError(f"{key}={value!r} is invalid; allowed: {spec.allowed}")
+        systems = set(self.systems)
+        for ss_text in self.get_list("task.inputs"):
+            ss = SystemStream.parse(ss_text)
+            if ss.system not in systems:
+                known = ", ".join(sorted(systems)) or "none"
+                raise ConfigError(
+                    f"task.inputs: system {ss.system!r} of {ss_text!r} is not configured "
+                    f"(add systems.{ss.system}.factory); configured systems: {known}"
+                )
+        for key in ("job.coordinator.system", "task.checkpoint.system"):
+            value = self._values.get(key)
+            if value and value not in systems:
+                raise ConfigError(f"{key}={value!r} is not a configured system; "
+                                  f"configured: {', '.join(sorted(systems)) or 'none'}")
+
+    def _unknown(self, key: str) -> None:
+        # compare against declared patterns with the name part filled from the key itself
+        candidates = []
+        parts = key.split(".")
+        for spec in KEYS:
+            pattern = spec.pattern
+            if "<s>" in pattern and len(parts) > 1:
+                pattern = pattern.replace("<s>", parts[1])
+            candidates.append(pattern)
+        close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"unknown config key {key}{hint} (run 'sparkpoint config keys' to list)")
+
+
+def load_config(
+    job_file: str | Path | None,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    base: Mapping[str, str] | None = None,
+) -> Config:
+    """Load a job file (or start from ``base``), apply overrides and defaults, validate.
+
+    ``job.data.dir`` defaults to ``./.sparkpoint/<job.name>`` and is made absolute.
+    """
+    values: dict[str, str] = dict(base or {})
+    if job_file is not None:
+        values.update(read_job_file(job_file))
+    values.update(overrides or {})
+    if not values.get("job.name"):
+        raise ConfigError("missing required config key job.name (the job's name)")
+    data_dir = values.get("job.data.dir") or str(Path(".sparkpoint") / values["job.name"])
+    values["job.data.dir"] = str(Path(data_dir).expanduser().resolve())
+    for key, value in list(values.items()):
+        # the embedded filelog system keeps its streams under job.data.dir unless told otherwise
+        if key.startswith("systems.") and key.endswith(".factory") and value == "filelog":
+            path_key = key[: -len("factory")] + "path"
+            if not values.get(path_key):
+                name = key[len("systems.") : -len(".factory")]
+                values[path_key] = str(Path(values["job.data.dir"]) / "streams" / name)
+            values[path_key] = str(Path(values[path_key]).expanduser().resolve())
+    if values.get("job.logged.store.base.dir"):
+        values["job.logged.store.base.dir"] = str(
+            Path(values["job.logged.store.base.dir"]).expanduser().resolve()
+        )
+    return Config(values)

@@ -1,0 +1,73 @@
+"""The low-level task API (Samza's StreamTask), which user jobs implement.
+
+A task class has ``init(context)`` and ``process(envelope, collector, coordinator)``, and may have
+``window(collector, coordinator)`` (called every ``task.window.ms``). Lifecycle on Spark: a task
+instance is created, initialised and closed around every micro-batch of its task, possibly in a
+different Python worker each time, so **keep state in the context's stores**, not in attributes
+of the task object; ``init`` must be cheap and side-effect free.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+
+
+class MessageCollector(Protocol):
+    """Sends output; messages become durable at the end of the batch, before any commit."""
+
+    def send(self, envelope: OutgoingMessageEnvelope) -> None: ...
+
+
+class TaskCoordinator(Protocol):
+    """Lets a task ask for a commit or for the job to shut down after the current batch."""
+
+    def commit(self) -> None:
+        """Commit this task at the end of the current batch, even if task.commit.ms has not passed."""
+
+    def shutdown(self) -> None:
+        """Commit and stop the whole job after the current batch."""
+
+
+class TaskContext(Protocol):
+    """What a task can reach: its name, SSPs, config and stores."""
+
+    @property
+    def task_name(self) -> TaskName: ...
+
+    @property
+    def ssps(self) -> frozenset[SystemStreamPartition]: ...
+
+    @property
+    def config(self) -> Mapping[str, str]: ...
+
+    def get_store(self, name: str) -> KeyValueStore[Any, Any]:
+        """The store configured as ``stores.<name>``; error naming the known stores if absent."""
+        ...
+
+
+class StreamTask(ABC):
+    """Base class of low-level tasks."""
+
+    def init(self, context: TaskContext) -> None:  # noqa: B027 - optional hook
+        """Called before the first message of each batch; look up stores here."""
+
+    @abstractmethod
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        """Handle one message. Raise to fail the batch; the task then restarts from its checkpoint."""
+
+    def window(self, collector: MessageCollector, coordinator: TaskCoordinator) -> None:  # noqa: B027
+        """Called at the end of a batch when task.window.ms has passed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Called after each batch."""

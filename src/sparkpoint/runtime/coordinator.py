@@ -1,0 +1,370 @@
+"""The job coordinator, running in the Spark driver.
+
+It builds the job model (one task per input partition number), reads each task's last checkpoint,
+works out where every SSP starts (checkpoint, else the stream's reset/default policy), and then
+loops over micro-batches: plan how far each task reads, run one Spark job with one partition per
+task (through a :class:`BatchRunner`), collect each task's new offsets and state id, and write
+the checkpoints of tasks that committed. It alone writes to the checkpoint stream.
+
+Stopping (a signal, ``max_batches``, a task's ``coordinator.shutdown()``, or being caught up with
+``until_caught_up``) always ends with a batch in which every task commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import StreamNotFound
+from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
+from sparkpoint.runtime.plan import (
+    EMPTY_STATE,
+    RestoreInfo,
+    TaskBatchPlan,
+    TaskBatchResult,
+    checkpoint_state_id,
+)
+from sparkpoint.system.base import PartitionMetadata
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+
+class BatchRunner(Protocol):
+    """Runs one micro-batch: one plan per task, results in any order."""
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...
+
+
+@dataclass
+class TaskState:
+    """What the driver knows about one task between batches."""
+
+    model: TaskModel
+    last_checkpoint: CheckpointV2 | None
+    expected_state_id: str
+    resume: dict[SystemStreamPartition, str]
+    last_processed: dict[SystemStreamPartition, str]
+    from_checkpoint: dict[SystemStreamPartition, str]
+    checkpoint_last_processed: dict[SystemStreamPartition, str]
+    processed: int = 0
+    lag: int = 0
+
+
+@dataclass
+class BatchReport:
+    """One batch as the progress display and logs see it."""
+
+    batch: int
+    seconds: float
+    processed: int
+    sent: int
+    committed: bool
+    commit_seconds: float
+    task_seconds: float
+    lag: dict[str, int]
+    restored: list[tuple[str, RestoreInfo]]
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    processed: int = 0
+    sent: int = 0
+    commits: int = 0
+    seconds: float = 0.0
+    batch_seconds: float = 0.0
+    task_seconds: float = 0.0
+    stopped_by: str = ""
+    lag: dict[str, int] = field(default_factory=dict)
+
+
+class Listener(Protocol):
+    def on_start(self, model: JobModel) -> None: ...
+
+    def on_batch(self, report: BatchReport) -> None: ...
+
+    def on_end(self, summary: RunSummary) -> None: ...
+
+
+def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
+    try:
+        return max(0, int(upcoming) - int(nxt))
+    except ValueError:
+        return 1 if admin_cmp(nxt, upcoming) < 0 else 0
+
+
+class JobCoordinator:
+    """Plans and runs the job's micro-batches on the driver."""
+
+    def __init__(
+        self,
+        config: Config,
+        runner: BatchRunner,
+        *,
+        listener: Listener | None = None,
+        systems: Systems | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.listener = listener
+        self.systems = systems or Systems(config)
+        self.checkpoints = CheckpointManager(config, self.systems)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.stop_event = threading.Event()
+        self.stop_reason = ""
+        self.model: JobModel | None = None
+        self.tasks: dict[str, TaskState] = {}
+        self._batch = 0
+        self._last_commit = time.monotonic()
+        self._last_window = time.monotonic()
+
+    # -- start-up
+    def all_ssps(self) -> list[SystemStreamPartition]:
+        ssps = []
+        for stream in self.config.inputs:
+            admin = self.systems.admin(stream.system)
+            if stream.stream not in admin.list_streams():
+                known = ", ".join(admin.list_streams()) or "none"
+                raise StreamNotFound(
+                    f"input stream {stream} does not exist (task.inputs); streams in system "
+                    f"{stream.system}: {known}. Create it with 'sparkpoint stream create'."
+                )
+            n = admin.partition_count(stream.stream)
+            ssps.extend(SystemStreamPartition(stream.system, stream.stream, p) for p in range(n))
+        return ssps
+
+    def metadata(self, ssps: list[SystemStreamPartition]) -> dict[SystemStreamPartition, PartitionMetadata]:
+        out: dict[SystemStreamPartition, PartitionMetadata] = {}
+        by_system: dict[str, list[SystemStreamPartition]] = {}
+        for ssp in ssps:
+            by_system.setdefault(ssp.system, []).append(ssp)
+        for system, members in by_system.items():
+            out.update(self.systems.admin(system).get_metadata(members))
+        return out
+
+    def _default_start(self, ssp: SystemStreamPartition, meta: PartitionMetadata) -> str:
+        policy = self.config.stream_key(ssp.system_stream, "samza.offset.default") or "oldest"
+        return meta.upcoming if policy == "upcoming" else meta.oldest
+
+    def _start_offsets(
+        self,
+        model: TaskModel,
+        checkpoint: CheckpointV2 | None,
+        meta: Mapping[SystemStreamPartition, PartitionMetadata],
+    ) -> tuple[dict[SystemStreamPartition, str], dict[SystemStreamPartition, str]]:
+        """Next offset per SSP and the checkpointed last-processed offsets still in the job."""
+        nxt: dict[SystemStreamPartition, str] = {}
+        last: dict[SystemStreamPartition, str] = {}
+        offsets = dict(checkpoint.input_offsets) if checkpoint else {}
+        for ssp in set(offsets) - set(model.ssps):
+            log.info("task %s: dropping checkpointed %s, no longer an input", model.name, ssp)
+        for ssp in model.sorted_ssps():
+            admin = self.systems.admin(ssp.system)
+            m = meta[ssp]
+            reset = self.config.get_bool(f"streams.{ssp.stream}.samza.reset.offset")
+            if ssp in offsets and not reset:
+                candidate = admin.offset_after(ssp, offsets[ssp])
+                if admin.offset_comparator(candidate, m.oldest) < 0:
+                    nxt[ssp] = self._default_start(ssp, m)
+                    log.warning(
+                        "task %s: %s checkpointed offset %s is no longer in the stream "
+                        "(oldest is %s); following the default policy: start at %s",
+                        model.name, ssp, offsets[ssp], m.oldest, nxt[ssp])
+                else:
+                    nxt[ssp] = candidate
+                    last[ssp] = offsets[ssp]
+            else:
+                nxt[ssp] = self._default_start(ssp, m)
+        return nxt, last
+
+    def start(self) -> JobModel:
+        ssps = self.all_ssps()
+        model = group_by_partition(self.config.job_name, self.config.job_id, ssps)
+        self.checkpoints.create_resources()
+        checkpoints = self.checkpoints.read_all()
+        meta = self.metadata(ssps)
+        for task in model.sorted_tasks():
+            ckpt = checkpoints.get(task.name)
+            nxt, last = self._start_offsets(task, ckpt, meta)
+            self.tasks[task.name.name] = TaskState(
+                model=task,
+                last_checkpoint=ckpt,
+                expected_state_id=checkpoint_state_id(str(ckpt.checkpoint_id)) if ckpt else EMPTY_STATE,
+                resume=dict(nxt),
+                last_processed=dict(last),
+                from_checkpoint=dict(nxt),
+                checkpoint_last_processed=dict(last),
+            )
+        self.model = model
+        if self.listener:
+            self.listener.on_start(model)
+        return model
+
+    # -- the loop
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the loop to finish the current batch, commit and return. Thread- and signal-safe."""
+        self.stop_reason = self.stop_reason or reason
+        self.stop_event.set()
+
+    def _plans(
+        self, end: Mapping[SystemStreamPartition, str], *, commit: bool, window: bool
+    ) -> list[TaskBatchPlan]:
+        max_messages = self.config.get_int("task.batch.max.messages")
+        values = self.config.to_dict()
+        plans = []
+        for ts in self.tasks.values():
+            plans.append(
+                TaskBatchPlan(
+                    config=values,
+                    run_id=self.run_id,
+                    batch=self._batch,
+                    task=ts.model,
+                    expected_state_id=ts.expected_state_id,
+                    resume=dict(ts.resume),
+                    from_checkpoint=dict(ts.from_checkpoint),
+                    checkpoint_last_processed=dict(ts.checkpoint_last_processed),
+                    last_processed=dict(ts.last_processed),
+                    end={s: end[s] for s in ts.model.ssps},
+                    max_messages=max_messages,
+                    last_checkpoint_id=str(ts.last_checkpoint.checkpoint_id) if ts.last_checkpoint else None,
+                    commit=commit,
+                    window=window,
+                )
+            )
+        return plans
+
+    def _apply(self, result: TaskBatchResult) -> bool:
+        ts = self.tasks[result.task]
+        ts.expected_state_id = result.state_id
+        ts.resume = dict(result.next_offsets)
+        ts.last_processed = dict(result.last_processed)
+        ts.processed += result.processed
+        for info in result.restored:
+            if info.source != "in-process":
+                log.info("task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
+                         result.task, info.store, info.source, info.entries, info.bytes, info.seconds)
+        if result.checkpoint_json is None:
+            return False
+        checkpoint = CheckpointV2.loads(result.checkpoint_json)
+        self.checkpoints.write_checkpoint(ts.model.name, checkpoint)
+        ts.last_checkpoint = checkpoint
+        ts.from_checkpoint = dict(result.next_offsets)
+        ts.checkpoint_last_processed = dict(result.last_processed)
+        return True
+
+    def run_batch(
+        self, end: Mapping[SystemStreamPartition, str], *, commit: bool, window: bool = False
+    ) -> tuple[BatchReport, list[TaskBatchResult]]:
+        self._batch += 1
+        plans = self._plans(end, commit=commit, window=window)
+        t0 = time.monotonic()
+        results = self.runner(self._batch, plans)
+        seconds = time.monotonic() - t0
+        committed = False
+        for result in sorted(results, key=lambda r: r.task):
+            committed = self._apply(result) or committed
+        if commit or committed:
+            self._last_commit = time.monotonic()
+        if window:
+            self._last_window = time.monotonic()
+        report = BatchReport(
+            batch=self._batch,
+            seconds=seconds,
+            processed=sum(r.processed for r in results),
+            sent=sum(r.sent for r in results),
+            committed=committed,
+            commit_seconds=max((r.commit_seconds for r in results), default=0.0),
+            task_seconds=max((r.total_seconds for r in results), default=0.0),
+            lag={},
+            restored=[(r.task, i) for r in results for i in r.restored if i.source != "in-process"],
+        )
+        return report, results
+
+    def _lags(self, meta: Mapping[SystemStreamPartition, PartitionMetadata]) -> dict[str, int]:
+        lags = {}
+        for name, ts in self.tasks.items():
+            total = 0
+            for ssp in ts.model.ssps:
+                cmp = self.systems.admin(ssp.system).offset_comparator
+                total += _lag(cmp, ts.resume[ssp], meta[ssp].upcoming)
+            ts.lag = total
+            lags[name] = total
+        return lags
+
+    def run(self, *, until_caught_up: bool = False, max_batches: int | None = None) -> RunSummary:
+        """Run batches until stopped; always finish with a commit of every task."""
+        if self.model is None:
+            self.start()
+        summary = RunSummary()
+        started = time.monotonic()
+        ssps = [s for ts in self.tasks.values() for s in ts.model.ssps]
+        targets = {s: m.upcoming for s, m in self.metadata(ssps).items()} if until_caught_up else None
+        commit_ms = self.config.get_int("task.commit.ms")
+        window_ms = self.config.get_int("task.window.ms")
+        poll = self.config.get_int("task.poll.interval.ms") / 1000
+        last_committed = False
+        while not self.stop_event.is_set():
+            meta = self.metadata(ssps)
+            end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
+            pending = any(
+                self.systems.admin(s.system).offset_comparator(ts.resume[s], end[s]) < 0
+                for ts in self.tasks.values()
+                for s in ts.model.ssps
+            )
+            if targets is not None and not pending:
+                self.stop("caught up")
+                break
+            now = time.monotonic()
+            commit_due = (now - self._last_commit) * 1000 >= commit_ms
+            window_due = window_ms >= 0 and (now - self._last_window) * 1000 >= window_ms
+            if not pending and not commit_due and not window_due:
+                self.stop_event.wait(poll)
+                continue
+            report, results = self.run_batch(end, commit=commit_due, window=window_due)
+            last_committed = all(r.checkpoint_json for r in results)
+            report.lag = self._lags(self.metadata(ssps))
+            self._account(summary, report)
+            if self.listener:
+                self.listener.on_batch(report)
+            if any(r.shutdown_requested for r in results):
+                self.stop("a task asked to shut down")
+            if max_batches is not None and summary.batches >= max_batches:
+                self.stop(f"reached --max-batches {max_batches}")
+        if not last_committed:
+            meta = self.metadata(ssps)
+            end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
+            report, _ = self.run_batch(end, commit=True)
+            report.lag = self._lags(meta)
+            self._account(summary, report)
+            if self.listener:
+                self.listener.on_batch(report)
+        else:
+            summary.lag = self._lags(self.metadata(ssps))
+        summary.seconds = time.monotonic() - started
+        summary.stopped_by = self.stop_reason
+        if self.listener:
+            self.listener.on_end(summary)
+        return summary
+
+    @staticmethod
+    def _account(summary: RunSummary, report: BatchReport) -> None:
+        summary.batches += 1
+        summary.processed += report.processed
+        summary.sent += report.sent
+        summary.commits += int(report.committed)
+        summary.batch_seconds += report.seconds
+        summary.task_seconds += report.task_seconds
+        summary.lag = report.lag
+
+    def close(self) -> None:
+        self.checkpoints.close()
+        self.systems.close()

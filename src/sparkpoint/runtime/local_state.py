@@ -1,0 +1,137 @@
+"""A task's state on an executor's local disk, and the marker that says which state it is.
+
+Layout under ``job.logged.store.base.dir``::
+
+    <task>/STATE                       JSON {"state-id": ...}; absent while the state is changing
+    <task>/<store>/                    the live store
+    <task>/<store>.checkpoints/<id>/   a local checkpoint of the store (RocksDB hard links)
+                                       with a CHECKPOINT file holding the checkpoint JSON
+
+The marker is removed before a batch changes any store and written back, atomically, only after
+every store is flushed and closed; so after a crash at any point the marker is either absent or
+exactly right, and a missing marker means "restore from the last checkpoint".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from sparkpoint.model import TaskName
+
+log = logging.getLogger(__name__)
+
+MARKER = "STATE"
+CHECKPOINT_FILE = "CHECKPOINT"
+
+
+def task_dir_name(task: TaskName) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", task.name)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    # SST files are immutable: hard-link them; everything else (MANIFEST, WAL, OPTIONS) is copied
+    if src.endswith(".sst"):
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
+class LocalTaskState:
+    """Paths and marker of one task's local state. Not thread-safe; one user per task."""
+
+    def __init__(self, base_dir: Path, task: TaskName) -> None:
+        self.task = task
+        self.dir = base_dir / task_dir_name(task)
+
+    def store_dir(self, store: str) -> Path:
+        return self.dir / store
+
+    def checkpoints_dir(self, store: str) -> Path:
+        return self.dir / f"{store}.checkpoints"
+
+    def checkpoint_dir(self, store: str, checkpoint_id: str) -> Path:
+        return self.checkpoints_dir(store) / checkpoint_id
+
+    def read_marker(self) -> str | None:
+        try:
+            data = json.loads((self.dir / MARKER).read_bytes())
+            return str(data["state-id"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            log.warning("task %s: unreadable state marker in %s; restoring", self.task, self.dir)
+            return None
+
+    def clear_marker(self) -> None:
+        """Declare the live state unknown (done before any store changes)."""
+        try:
+            (self.dir / MARKER).unlink()
+            _fsync_dir(self.dir)
+        except FileNotFoundError:
+            pass
+
+    def write_marker(self, state_id: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id}).encode())
+
+    def restore_from_checkpoint(self, store: str, checkpoint_id: str | None) -> bool:
+        """Replace the live store with its local checkpoint; ``False`` (and empty) if none.
+
+        Writes only inside this task's directory.
+        """
+        live = self.store_dir(store)
+        if live.exists():
+            shutil.rmtree(live)
+        if checkpoint_id is None:
+            return False
+        source = self.checkpoint_dir(store, checkpoint_id)
+        if not (source / CHECKPOINT_FILE).exists():
+            return False
+        staging = live.with_name(live.name + ".restoring")
+        if staging.exists():
+            shutil.rmtree(staging)
+        shutil.copytree(source, staging, copy_function=_link_or_copy)
+        (staging / CHECKPOINT_FILE).unlink()
+        os.replace(staging, live)
+        return True
+
+    def write_checkpoint_file(self, store: str, checkpoint_id: str, checkpoint_json: str) -> None:
+        atomic_write(
+            self.checkpoint_dir(store, checkpoint_id) / CHECKPOINT_FILE, checkpoint_json.encode()
+        )
+
+    def clean_checkpoints(self, store: str, keep: str | None) -> None:
+        """Delete every local checkpoint of ``store`` except ``keep``. Idempotent."""
+        parent = self.checkpoints_dir(store)
+        if not parent.is_dir():
+            return
+        for child in parent.iterdir():
+            if child.name != keep:
+                shutil.rmtree(child, ignore_errors=True)

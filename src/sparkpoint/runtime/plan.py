@@ -1,0 +1,80 @@
+"""What the driver sends a task for one micro-batch, and what the task sends back.
+
+Both are plain, picklable values. A task's local state is identified by a *state id*:
+``ckpt:<checkpoint id>`` right after a commit, ``batch:<run>:<n>`` after an uncommitted batch,
+``empty`` before any. The driver remembers which state id each task should have; a task whose
+local marker says anything else throws its live state away and restores the last checkpoint,
+then reads from the checkpoint's offsets, so state and offsets always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkpoint.model import SystemStreamPartition, TaskModel
+
+EMPTY_STATE = "empty"
+
+
+def checkpoint_state_id(checkpoint_id: str) -> str:
+    return f"ckpt:{checkpoint_id}"
+
+
+@dataclass(frozen=True)
+class TaskBatchPlan:
+    """One task's work in one micro-batch.
+
+    Offsets in ``resume`` and ``from_checkpoint`` are the *next* offsets to read (inclusive);
+    ``end`` is exclusive. ``last_checkpoint_id`` is the committed checkpoint (or ``None``).
+    """
+
+    config: dict[str, str]
+    run_id: str
+    batch: int
+    task: TaskModel
+    expected_state_id: str
+    resume: dict[SystemStreamPartition, str]
+    from_checkpoint: dict[SystemStreamPartition, str]
+    checkpoint_last_processed: dict[SystemStreamPartition, str]
+    last_processed: dict[SystemStreamPartition, str]
+    end: dict[SystemStreamPartition, str]
+    max_messages: int
+    last_checkpoint_id: str | None
+    commit: bool
+    window: bool
+
+    @property
+    def batch_state_id(self) -> str:
+        return f"batch:{self.run_id}:{self.batch}"
+
+
+@dataclass
+class RestoreInfo:
+    """How a task's state was established at the start of a batch."""
+
+    store: str
+    source: str  # "local-checkpoint" | "empty" | "in-process"
+    entries: int
+    bytes: int
+    seconds: float
+
+
+@dataclass
+class TaskBatchResult:
+    """What a task did in one batch."""
+
+    task: str
+    batch: int
+    state_id: str
+    next_offsets: dict[SystemStreamPartition, str]
+    last_processed: dict[SystemStreamPartition, str]
+    processed: int
+    sent: int
+    checkpoint_json: str | None = None
+    restored: list[RestoreInfo] = field(default_factory=list)
+    commit_requested: bool = False
+    shutdown_requested: bool = False
+    process_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    total_seconds: float = 0.0
+    executor: str = ""

@@ -1,0 +1,95 @@
+"""Progress of a running job: a live table on a terminal, one log line per batch otherwise.
+
+Shows the batch number, messages/s, lag per task, commit time and any state restores, then a
+summary at the end. Writes to stderr so that stdout stays free for data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from sparkpoint.model import JobModel
+from sparkpoint.runtime.coordinator import BatchReport, RunSummary
+
+log = logging.getLogger(__name__)
+
+
+class ProgressDisplay:
+    """A :class:`~sparkpoint.runtime.coordinator.Listener` that shows progress."""
+
+    def __init__(self, console: Console | None = None, *, live: bool | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.live_enabled = self.console.is_terminal if live is None else live
+        self._live: Live | None = None
+        self._last: BatchReport | None = None
+        self._rate = 0.0
+        self._started = time.monotonic()
+        self._restores: list[str] = []
+        self.model: JobModel | None = None
+
+    def on_start(self, model: JobModel) -> None:
+        self.model = model
+        self._started = time.monotonic()
+        self.console.print(
+            f"[bold]{model.job_name}[/] ({model.job_id}): {len(model.tasks)} tasks, "
+            f"{sum(len(t.ssps) for t in model.tasks.values())} input partitions"
+        )
+        if self.live_enabled:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self._live.start()
+
+    def _table(self) -> Table:
+        table = Table(title="sparkpoint", expand=False)
+        for col in ("batch", "msgs/s", "batch s", "commit ms", "total lag"):
+            table.add_column(col, justify="right")
+        table.add_column("lag per task")
+        r = self._last
+        if r is not None:
+            lag = " ".join(f"{t.split()[-1]}:{n}" for t, n in sorted(r.lag.items()))
+            table.add_row(
+                str(r.batch),
+                f"{self._rate:,.0f}",
+                f"{r.seconds:.2f}",
+                f"{r.commit_seconds * 1000:.0f}" if r.committed else "-",
+                f"{sum(r.lag.values()):,}",
+                lag,
+            )
+        for line in self._restores[-4:]:
+            table.caption = line
+        return table
+
+    def on_batch(self, report: BatchReport) -> None:
+        self._last = report
+        self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
+        for task, info in report.restored:
+            line = (f"restore {task} store {info.store}: {info.source}, {info.entries} entries, "
+                    f"{info.bytes} bytes, {info.seconds:.2f}s")
+            self._restores.append(line)
+            log.info(line)
+        if self._live is not None:
+            self._live.update(self._table())
+        else:
+            lag = sum(report.lag.values())
+            commit = f" commit {report.commit_seconds * 1000:.0f} ms" if report.committed else ""
+            self.console.print(
+                f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s "
+                f"({self._rate:,.0f}/s), lag {lag}{commit}",
+                highlight=False,
+            )
+
+    def on_end(self, summary: RunSummary) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        rate = summary.processed / summary.seconds if summary.seconds > 0 else 0.0
+        self.console.print(
+            f"[bold]done[/] ({summary.stopped_by or 'finished'}): {summary.batches} batches, "
+            f"{summary.processed:,} messages in {summary.seconds:.1f}s ({rate:,.0f}/s), "
+            f"{summary.sent:,} sent, {summary.commits} commits, "
+            f"lag {sum(summary.lag.values()):,}"
+        )

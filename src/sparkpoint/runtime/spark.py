@@ -1,0 +1,91 @@
+"""Running micro-batches on Spark: the session, and a runner with one Spark partition per task.
+
+The driver (this process) is the job coordinator. Each batch is one Spark job over an RDD of the
+task plans with exactly one partition per task; the executor side is
+:func:`sparkpoint.runtime.executor.run_task_batch`. Python workers use this interpreter
+(``PYSPARK_PYTHON``), so they import the same sparkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from importlib import resources
+from typing import Any
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, CorruptRecordError, SparkpointError, TaskError, UserError
+from sparkpoint.runtime.executor import run_task_batch
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+
+_ERRORS: dict[str, type[SparkpointError]] = {
+    "ConfigError": ConfigError,
+    "CorruptRecordError": CorruptRecordError,
+    "TaskError": TaskError,
+    "StoreError": SparkpointError,
+    "CheckpointError": SparkpointError,
+    "StreamNotFound": UserError,
+}
+
+
+def log4j_config() -> str:
+    return str(resources.files("sparkpoint.runtime") / "conf" / "log4j2.properties")
+
+
+def spark_session(config: Config, master: str | None = None) -> Any:
+    """Get or create the Spark session for a job (``spark.*`` keys of the config pass through)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"sparkpoint-{config.job_name}-{config.job_id}")
+    master = master or config.get_str("spark.master") or "local[*]"
+    builder = builder.master(master)
+    defaults = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+        "spark.speculation": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config()}",
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+    }
+    for key, value in {**defaults, **config.subset("spark.")}.items():
+        full = key if key.startswith("spark.") else f"spark.{key}"
+        if full != "spark.master":
+            builder = builder.config(full, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def user_error_from(exc: BaseException) -> SparkpointError | None:
+    """The sparkpoint error a failed Spark job carries in its Python traceback, if any."""
+    text = str(exc)
+    found = None
+    for m in re.finditer(r"sparkpoint\.errors\.(\w+): (.+)", text):
+        found = m
+    if found is None:
+        return None
+    cls = _ERRORS.get(found.group(1), SparkpointError)
+    return cls(found.group(2).strip())
+
+
+class SparkRunner:
+    """Runs a batch as one Spark job with one partition per task."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.sc = spark.sparkContext
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        self.sc.setJobDescription(f"sparkpoint batch {batch}")
+        rdd = self.sc.parallelize(plans, max(1, len(plans)))
+        try:
+            results: list[TaskBatchResult] = rdd.map(run_task_batch).collect()
+        except Exception as exc:
+            err = user_error_from(exc)
+            if err is not None:
+                raise err from None
+            raise
+        return results

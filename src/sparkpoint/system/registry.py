@@ -1,0 +1,90 @@
+"""Finding a system's implementation by name, fsspec-style.
+
+``systems.<s>.factory`` is a registered name (built-in ``filelog``, or any name a package adds to
+the ``sparkpoint.systems`` entry-point group) or ``module:Class`` of a :class:`SystemFactory`.
+Implementations load lazily, so a system's dependencies are imported only when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from sparkpoint.errors import ConfigError
+from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
+
+BUILTIN: dict[str, tuple[str, str]] = {
+    "filelog": ("sparkpoint.system.filelog:FileLogSystemFactory", "built in"),
+    "kafka": ("sparkpoint.system.kafka:KafkaSystemFactory", "pip install confluent-kafka"),
+}
+
+
+def _load(path: str, key: str, hint: str) -> type[SystemFactory]:
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{key}: cannot load {path!r} ({exc}); {hint}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, SystemFactory)):
+        raise ConfigError(f"{key}: {path!r} is not a SystemFactory")
+    return cls
+
+
+@lru_cache(maxsize=None)
+def factory_class(name: str, key: str = "systems.<s>.factory") -> type[SystemFactory]:
+    """The factory class registered as ``name`` (or at ``module:Class``)."""
+    if name in BUILTIN:
+        path, hint = BUILTIN[name]
+        return _load(path, key, hint)
+    for ep in entry_points(group="sparkpoint.systems"):
+        if ep.name == name:
+            return _load(ep.value, key, f"from entry point {ep.name}")
+    if ":" in name:
+        return _load(name, key, "check the module path")
+    known = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group="sparkpoint.systems")})
+    raise ConfigError(f"{key}: unknown system factory {name!r}; known: {', '.join(known)}, "
+                      "or module:Class of a SystemFactory")
+
+
+class Systems:
+    """Admins, consumers and producers of every system in a config, made on first use."""
+
+    def __init__(self, config: Mapping[str, str]) -> None:
+        self._config = config
+        self._factories: dict[str, SystemFactory] = {}
+        self._admins: dict[str, SystemAdmin] = {}
+
+    def factory(self, system: str) -> SystemFactory:
+        if system not in self._factories:
+            key = f"systems.{system}.factory"
+            name = self._config.get(key)
+            if not name:
+                known = sorted(
+                    k[len("systems.") : -len(".factory")]
+                    for k in self._config
+                    if k.startswith("systems.") and k.endswith(".factory")
+                )
+                raise ConfigError(
+                    f"system {system!r} is not configured: set {key}; "
+                    f"configured systems: {', '.join(known) or 'none'}"
+                )
+            self._factories[system] = factory_class(name, key)()
+        return self._factories[system]
+
+    def admin(self, system: str) -> SystemAdmin:
+        if system not in self._admins:
+            self._admins[system] = self.factory(system).get_admin(system, self._config)
+        return self._admins[system]
+
+    def consumer(self, system: str) -> SystemConsumer:
+        return self.factory(system).get_consumer(system, self._config)
+
+    def producer(self, system: str) -> SystemProducer:
+        return self.factory(system).get_producer(system, self._config)
+
+    def close(self) -> None:
+        for admin in self._admins.values():
+            admin.close()
+        self._admins.clear()

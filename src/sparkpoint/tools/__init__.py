@@ -1,0 +1,1 @@
+"""Operator tools behind the CLI, usable from Python: streams, checkpoints and state."""

@@ -1,0 +1,45 @@
+"""Shared fixtures: one Spark session per test run, and job configs in temporary directories."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_DIR = ROOT / "examples" / "pageviews"
+
+# Python workers started by Spark must import the example task and the test jobs.
+for extra in (str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs")):
+    if extra not in sys.path:
+        sys.path.insert(0, extra)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs"), os.environ.get("PYTHONPATH", "")]
+)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The one local Spark session of this test run."""
+    from sparkpoint.config import Config
+    from sparkpoint.runtime.spark import spark_session
+
+    session = spark_session(Config({"job.name": "tests"}), "local[2]")
+    yield session
+    session.stop()
+
+
+def pageviews_config(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    """The example job's config, with its data under ``tmp_path``."""
+    from sparkpoint.config import read_job_file
+
+    values = read_job_file(EXAMPLE_DIR / "job.yaml")
+    values["job.data.dir"] = str(tmp_path / "data")
+    values.update(overrides)
+    return values

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config, load_config, parse_overrides, read_job_file
+from sparkpoint.errors import ConfigError
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_yaml_flattens_to_dotted_keys(tmp_path: Path) -> None:
+    p = write(tmp_path, "job.yaml", "job:\n  name: j\nsystems:\n  fl:\n    factory: filelog\n"
+              "task:\n  inputs: [fl.a, fl.b]\n  commit.ms: 100\n")
+    values = read_job_file(p)
+    assert values["job.name"] == "j"
+    assert values["systems.fl.factory"] == "filelog"
+    assert values["task.inputs"] == "fl.a,fl.b"
+    assert values["task.commit.ms"] == "100"
+
+
+def test_properties_file(tmp_path: Path) -> None:
+    p = write(tmp_path, "job.properties", "# c\njob.name=j\nsystems.fl.factory: filelog\n")
+    assert read_job_file(p) == {"job.name": "j", "systems.fl.factory": "filelog"}
+
+
+def test_overrides_win_and_paths_derive_from_data_dir(tmp_path: Path) -> None:
+    p = write(tmp_path, "job.yaml", "job: {name: j}\nsystems: {fl: {factory: filelog}}\n")
+    c = load_config(p, parse_overrides([f"job.data.dir={tmp_path / 'd'}", "task.commit.ms=7"]))
+    assert c.get_int("task.commit.ms") == 7
+    assert c.data_dir == (tmp_path / "d").resolve()
+    assert c.store_base_dir == c.data_dir / "state"
+    assert c["systems.fl.path"] == str(c.data_dir / "streams" / "fl")
+
+
+def test_default_data_dir_is_under_dot_sparkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    c = load_config(None, {"job.name": "abc"})
+    assert c.data_dir == tmp_path.resolve() / ".sparkpoint" / "abc"
+
+
+def test_invalid_value_names_key_and_allowed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"task.commit.ms='soon' is invalid; allowed: an integer"):
+        load_config(None, {"job.name": "j", "task.commit.ms": "soon"})
+    with pytest.raises(ConfigError, match="oldest | upcoming"):
+        Config({"job.name": "j", "systems.s.factory": "filelog",
+                "systems.s.default.stream.samza.offset.default": "newest"})
+
+
+def test_unknown_key_suggests_the_right_one() -> None:
+    with pytest.raises(ConfigError, match="did you mean task.commit.ms"):
+        Config({"job.name": "j", "task.comit.ms": "5"})
+
+
+def test_input_on_unconfigured_system_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="system 'kafka' of 'kafka.x' is not configured"):
+        Config({"job.name": "j", "systems.fl.factory": "filelog", "task.inputs": "kafka.x"})
+
+
+def test_missing_required_key() -> None:
+    c = Config({"job.name": "j"})
+    with pytest.raises(ConfigError, match="missing required config key task.class"):
+        c.require("task.class")
+    with pytest.raises(ConfigError, match="missing required config key job.name"):
+        load_config(None, {})
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_job_file(write(tmp_path, "a.yaml", "job: [unclosed\n"))
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        read_job_file(write(tmp_path, "b.yaml", "- 1\n"))
+    with pytest.raises(ConfigError, match="cannot read job file"):
+        read_job_file(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["novalue"])
