@@ -15,8 +15,12 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_yaml_flattens_to_dotted_keys(tmp_path: Path) -> None:
-    p = write(tmp_path, "job.yaml", "job:\n  name: j\nsystems:\n  fl:\n    factory: filelog\n"
-              "task:\n  inputs: [fl.a, fl.b]\n  commit.ms: 100\n")
+    p = write(
+        tmp_path,
+        "job.yaml",
+        "job:\n  name: j\nsystems:\n  fl:\n    factory: filelog\n"
+        "task:\n  inputs: [fl.a, fl.b]\n  commit.ms: 100\n",
+    )
     values = read_job_file(p)
     assert values["job.name"] == "j"
     assert values["systems.fl.factory"] == "filelog"
@@ -38,7 +42,9 @@ def test_overrides_win_and_paths_derive_from_data_dir(tmp_path: Path) -> None:
     assert c["systems.fl.path"] == str(c.data_dir / "streams" / "fl")
 
 
-def test_default_data_dir_is_under_dot_sparkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_data_dir_is_under_dot_sparkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     c = load_config(None, {"job.name": "abc"})
     assert c.data_dir == tmp_path.resolve() / ".sparkpoint" / "abc"
@@ -48,8 +54,13 @@ def test_invalid_value_names_key_and_allowed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"task.commit.ms='soon' is invalid; allowed: an integer"):
         load_config(None, {"job.name": "j", "task.commit.ms": "soon"})
     with pytest.raises(ConfigError, match="oldest | upcoming"):
-        Config({"job.name": "j", "systems.s.factory": "filelog",
-                "systems.s.default.stream.samza.offset.default": "newest"})
+        Config(
+            {
+                "job.name": "j",
+                "systems.s.factory": "filelog",
+                "systems.s.default.stream.samza.offset.default": "newest",
+            }
+        )
 
 
 def test_unknown_key_suggests_the_right_one() -> None:

@@ -42,7 +42,9 @@ def write(job_file: str, n: int, seed: int, users: int, stream: str = "pageviews
     for event in events(n, seed, users):
         key = str(event["user"]).encode()
         value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
-        producer.send(ss.stream, partition_for_key(key, partitions), Record("", key, value, int(event["ts"])))  # type: ignore[call-overload]
+        producer.send(
+            ss.stream, partition_for_key(key, partitions), Record("", key, value, int(event["ts"]))
+        )  # type: ignore[call-overload]
         written += 1
         if written % 50_000 == 0:
             producer.flush()

@@ -1,4 +1,4 @@
-"""sparkpoint: stateful stream processing on Apache Spark with Samza's state and checkpoint model."""
+"""sparkpoint: stateful stream processing on Spark with Samza's state and checkpoint model."""
 
 from __future__ import annotations
 

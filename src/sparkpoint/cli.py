@@ -6,6 +6,7 @@ User errors (bad config, unknown stream, corrupt data) print one ``error:`` line
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 
@@ -40,7 +40,9 @@ app.add_typer(config_app, name="config")
 JobArg = Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: --set task.commit.ms=5000 (repeatable)."),
+    typer.Option(
+        "--set", "-s", help="Override a config key: --set task.commit.ms=5000 (repeatable)."
+    ),
 ]
 err = Console(stderr=True)
 
@@ -73,9 +75,12 @@ def _with_job_dir_on_path(config: Config, job: Path) -> Config:
 def run(
     job: JobArg,
     until_caught_up: Annotated[
-        bool, typer.Option(help="Read every input up to its newest offset at start, commit, exit 0.")
+        bool,
+        typer.Option(help="Read every input up to its newest offset at start, commit, exit 0."),
     ] = False,
-    max_batches: Annotated[int | None, typer.Option(help="Stop (with a commit) after N batches.")] = None,
+    max_batches: Annotated[
+        int | None, typer.Option(help="Stop (with a commit) after N batches.")
+    ] = None,
     master: Annotated[
         str | None, typer.Option(help="Spark master URL (default: spark.master or local[*]).")
     ] = None,
@@ -86,7 +91,7 @@ def run(
 
     Ctrl-C or SIGTERM finishes the current batch, commits every task and exits 0.
 
-    Example: `sparkpoint run examples/pageviews/job.yaml --until-caught-up --set task.commit.ms=2000`
+    Example: `sparkpoint run job.yaml --until-caught-up --set task.commit.ms=2000`
     """
     from sparkpoint.runtime.coordinator import JobCoordinator
     from sparkpoint.runtime.progress import ProgressDisplay
@@ -158,10 +163,8 @@ def stream_list(job: JobArg, set_: SetOpt = None) -> None:
             meta = admin.get_metadata(ssps)
             total = 0
             for m in meta.values():
-                try:
+                with contextlib.suppress(ValueError):
                     total += int(m.upcoming) - int(m.oldest)
-                except ValueError:
-                    pass
             print(f"{system}.{name}\tpartitions={n}\tmessages={total}")
 
 
@@ -178,7 +181,7 @@ def stream_write(
 
     The stream is created with the job's configured partition count if it does not exist.
 
-    Example: `echo '{"key": "u1", "value": {"page": "/"}}' | sparkpoint stream write job.yaml pageviews`
+    Example: `echo '{"key": "u1", "value": {"n": 1}}' | sparkpoint stream write job.yaml pageviews`
     """
     from sparkpoint.system.registry import Systems
     from sparkpoint.tools.streams import resolve_stream, write_json_lines
@@ -207,7 +210,9 @@ def stream_read(
 
     config = _config(job, set_)
     ss = resolve_stream(config, stream)
-    rows = read_json_lines(config, Systems(config), ss, partition=partition, start=from_, limit=limit)
+    rows = read_json_lines(
+        config, Systems(config), ss, partition=partition, start=from_, limit=limit
+    )
     dump_json_lines(rows, sys.stdout)
 
 
@@ -289,17 +294,11 @@ def config_keys() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the CLI and turns user errors into one line and exit code 2."""
-    command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="sparkpoint", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        err.print("aborted")
-        return 130
+        app(args=argv, prog_name="sparkpoint")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except UserError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         return 2

@@ -61,54 +61,149 @@ def _bool(v: str) -> bool:
 
 
 KEYS: tuple[ConfigKey, ...] = (
-    ConfigKey("job.name", None, "a name of letters, digits, '-', '_'", "the job's name",
-              lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v))),
-    ConfigKey("job.id", "1", "a name of letters, digits, '-', '_'", "instance id of the job",
-              lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v))),
-    ConfigKey("job.data.dir", None, "a directory path",
-              "root of every path the job uses (default ./.sparkpoint/<job.name>)"),
-    ConfigKey("job.logged.store.base.dir", None, "a directory path",
-              "where executors keep store directories (default <job.data.dir>/state)"),
-    ConfigKey("job.coordinator.system", None, "a configured system name",
-              "system of the coordinator and checkpoint streams (default: first system)"),
+    ConfigKey(
+        "job.name",
+        None,
+        "a name of letters, digits, '-', '_'",
+        "the job's name",
+        lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v)),
+    ),
+    ConfigKey(
+        "job.id",
+        "1",
+        "a name of letters, digits, '-', '_'",
+        "instance id of the job",
+        lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v)),
+    ),
+    ConfigKey(
+        "job.data.dir",
+        None,
+        "a directory path",
+        "root of every path the job uses (default ./.sparkpoint/<job.name>)",
+    ),
+    ConfigKey(
+        "job.logged.store.base.dir",
+        None,
+        "a directory path",
+        "where executors keep store directories (default <job.data.dir>/state)",
+    ),
+    ConfigKey(
+        "job.coordinator.system",
+        None,
+        "a configured system name",
+        "system of the coordinator and checkpoint streams (default: first system)",
+    ),
     ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
-    ConfigKey("task.class", None, "module:Class or module.Class of a StreamTask",
-              "the low-level task class"),
-    ConfigKey("task.commit.ms", "60000", "an integer >= 0 (milliseconds)",
-              "commit at the end of a batch when this long has passed since the last", _int(0)),
-    ConfigKey("task.window.ms", "-1", "an integer (milliseconds; -1 disables)",
-              "call window() on tasks this often", _int(-1)),
-    ConfigKey("task.checkpoint.system", None, "a configured system name",
-              "system of the checkpoint stream (default: job.coordinator.system)"),
-    ConfigKey("task.batch.max.messages", "10000", "an integer >= 1",
-              "most messages read from one partition in one micro-batch", _int(1)),
-    ConfigKey("task.poll.interval.ms", "500", "an integer >= 0 (milliseconds)",
-              "pause between batches when no input is waiting", _int(0)),
-    ConfigKey("task.shutdown.ms", "30000", "an integer >= 0 (milliseconds)",
-              "how long a shutdown may wait for the current batch", _int(0)),
-    ConfigKey("systems.<s>.factory", None, "filelog, or module:Class of a SystemFactory",
-              "the system's implementation"),
-    ConfigKey("systems.<s>.default.stream.samza.offset.default", "oldest", "oldest | upcoming",
-              "where to start a partition with no checkpoint", _one_of("oldest", "upcoming")),
-    ConfigKey("systems.<s>.default.stream.partitions", "1", "an integer >= 1",
-              "partition count of streams the job creates in this system", _int(1)),
-    ConfigKey("streams.<s>.samza.offset.default", None, "oldest | upcoming",
-              "overrides the system default for this stream", _one_of("oldest", "upcoming")),
-    ConfigKey("streams.<s>.samza.reset.offset", "false", "true | false",
-              "ignore this stream's checkpointed offsets at start", _bool),
-    ConfigKey("streams.<s>.samza.key.serde", "string", "a serde name",
-              "serde of message keys in this stream"),
-    ConfigKey("streams.<s>.samza.msg.serde", "json", "a serde name",
-              "serde of message values in this stream"),
-    ConfigKey("streams.<s>.partitions", None, "an integer >= 1",
-              "partition count when the stream is created", _int(1)),
+    ConfigKey(
+        "task.class",
+        None,
+        "module:Class or module.Class of a StreamTask",
+        "the low-level task class",
+    ),
+    ConfigKey(
+        "task.commit.ms",
+        "60000",
+        "an integer >= 0 (milliseconds)",
+        "commit at the end of a batch when this long has passed since the last",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.window.ms",
+        "-1",
+        "an integer (milliseconds; -1 disables)",
+        "call window() on tasks this often",
+        _int(-1),
+    ),
+    ConfigKey(
+        "task.checkpoint.system",
+        None,
+        "a configured system name",
+        "system of the checkpoint stream (default: job.coordinator.system)",
+    ),
+    ConfigKey(
+        "task.batch.max.messages",
+        "10000",
+        "an integer >= 1",
+        "most messages read from one partition in one micro-batch",
+        _int(1),
+    ),
+    ConfigKey(
+        "task.poll.interval.ms",
+        "500",
+        "an integer >= 0 (milliseconds)",
+        "pause between batches when no input is waiting",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.shutdown.ms",
+        "30000",
+        "an integer >= 0 (milliseconds)",
+        "how long a shutdown may wait for the current batch",
+        _int(0),
+    ),
+    ConfigKey(
+        "systems.<s>.factory",
+        None,
+        "filelog, or module:Class of a SystemFactory",
+        "the system's implementation",
+    ),
+    ConfigKey(
+        "systems.<s>.default.stream.samza.offset.default",
+        "oldest",
+        "oldest | upcoming",
+        "where to start a partition with no checkpoint",
+        _one_of("oldest", "upcoming"),
+    ),
+    ConfigKey(
+        "systems.<s>.default.stream.partitions",
+        "1",
+        "an integer >= 1",
+        "partition count of streams the job creates in this system",
+        _int(1),
+    ),
+    ConfigKey(
+        "streams.<s>.samza.offset.default",
+        None,
+        "oldest | upcoming",
+        "overrides the system default for this stream",
+        _one_of("oldest", "upcoming"),
+    ),
+    ConfigKey(
+        "streams.<s>.samza.reset.offset",
+        "false",
+        "true | false",
+        "ignore this stream's checkpointed offsets at start",
+        _bool,
+    ),
+    ConfigKey(
+        "streams.<s>.samza.key.serde",
+        "string",
+        "a serde name",
+        "serde of message keys in this stream",
+    ),
+    ConfigKey(
+        "streams.<s>.samza.msg.serde",
+        "json",
+        "a serde name",
+        "serde of message values in this stream",
+    ),
+    ConfigKey(
+        "streams.<s>.partitions",
+        None,
+        "an integer >= 1",
+        "partition count when the stream is created",
+        _int(1),
+    ),
     ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
     ConfigKey("stores.<s>.key.serde", "string", "a serde name", "serde of the store's keys"),
     ConfigKey("stores.<s>.msg.serde", "json", "a serde name", "serde of the store's values"),
-    ConfigKey("stores.<s>.changelog", None, "system.stream",
-              "changelog stream of the store (used by the changelog backend)"),
-    ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde",
-              "a user serde"),
+    ConfigKey(
+        "stores.<s>.changelog",
+        None,
+        "system.stream",
+        "changelog stream of the store (used by the changelog backend)",
+    ),
+    ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
 )
 
 _OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.")
@@ -247,14 +342,14 @@ class Config(Mapping[str, str]):
 
     def subset(self, prefix: str) -> dict[str, str]:
         """Keys under ``prefix`` with the prefix removed."""
-        return {k[len(prefix):]: v for k, v in self._values.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in self._values.items() if k.startswith(prefix)}
 
     def names_under(self, namespace: str) -> list[str]:
         """Names ``x`` with some key ``namespace.x.factory`` (stores, systems)."""
         names = set()
         for key in self._values:
             if key.startswith(namespace + ".") and key.endswith(".factory"):
-                names.add(key[len(namespace) + 1: -len(".factory")])
+                names.add(key[len(namespace) + 1 : -len(".factory")])
         return sorted(names)
 
     # job views
@@ -326,10 +421,12 @@ class Config(Mapping[str, str]):
                     f"(add systems.{ss.system}.factory); configured systems: {known}"
                 )
         for key in ("job.coordinator.system", "task.checkpoint.system"):
-            value = self._values.get(key)
-            if value and value not in systems:
-                raise ConfigError(f"{key}={value!r} is not a configured system; "
-                                  f"configured: {', '.join(sorted(systems)) or 'none'}")
+            configured = self._values.get(key)
+            if configured and configured not in systems:
+                raise ConfigError(
+                    f"{key}={configured!r} is not a configured system; "
+                    f"configured: {', '.join(sorted(systems)) or 'none'}"
+                )
 
     def _unknown(self, key: str) -> None:
         # compare against declared patterns with the name part filled from the key itself

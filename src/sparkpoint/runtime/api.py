@@ -28,7 +28,7 @@ class TaskCoordinator(Protocol):
     """Lets a task ask for a commit or for the job to shut down after the current batch."""
 
     def commit(self) -> None:
-        """Commit this task at the end of the current batch, even if task.commit.ms has not passed."""
+        """Commit this task at the end of the current batch, even before task.commit.ms."""
 
     def shutdown(self) -> None:
         """Commit and stop the whole job after the current batch."""
@@ -64,7 +64,7 @@ class StreamTask(ABC):
         collector: MessageCollector,
         coordinator: TaskCoordinator,
     ) -> None:
-        """Handle one message. Raise to fail the batch; the task then restarts from its checkpoint."""
+        """Handle one message. Raising fails the batch; the task restarts from its checkpoint."""
 
     def window(self, collector: MessageCollector, coordinator: TaskCoordinator) -> None:  # noqa: B027
         """Called at the end of a batch when task.window.ms has passed."""

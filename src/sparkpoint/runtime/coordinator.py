@@ -129,7 +129,7 @@ class JobCoordinator:
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
-        ssps = []
+        ssps: list[SystemStreamPartition] = []
         for stream in self.config.inputs:
             admin = self.systems.admin(stream.system)
             if stream.stream not in admin.list_streams():
@@ -142,7 +142,9 @@ class JobCoordinator:
             ssps.extend(SystemStreamPartition(stream.system, stream.stream, p) for p in range(n))
         return ssps
 
-    def metadata(self, ssps: list[SystemStreamPartition]) -> dict[SystemStreamPartition, PartitionMetadata]:
+    def metadata(
+        self, ssps: list[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
         out: dict[SystemStreamPartition, PartitionMetadata] = {}
         by_system: dict[str, list[SystemStreamPartition]] = {}
         for ssp in ssps:
@@ -178,7 +180,12 @@ class JobCoordinator:
                     log.warning(
                         "task %s: %s checkpointed offset %s is no longer in the stream "
                         "(oldest is %s); following the default policy: start at %s",
-                        model.name, ssp, offsets[ssp], m.oldest, nxt[ssp])
+                        model.name,
+                        ssp,
+                        offsets[ssp],
+                        m.oldest,
+                        nxt[ssp],
+                    )
                 else:
                     nxt[ssp] = candidate
                     last[ssp] = offsets[ssp]
@@ -198,7 +205,9 @@ class JobCoordinator:
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,
-                expected_state_id=checkpoint_state_id(str(ckpt.checkpoint_id)) if ckpt else EMPTY_STATE,
+                expected_state_id=checkpoint_state_id(str(ckpt.checkpoint_id))
+                if ckpt
+                else EMPTY_STATE,
                 resume=dict(nxt),
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),
@@ -235,7 +244,9 @@ class JobCoordinator:
                     last_processed=dict(ts.last_processed),
                     end={s: end[s] for s in ts.model.ssps},
                     max_messages=max_messages,
-                    last_checkpoint_id=str(ts.last_checkpoint.checkpoint_id) if ts.last_checkpoint else None,
+                    last_checkpoint_id=str(ts.last_checkpoint.checkpoint_id)
+                    if ts.last_checkpoint
+                    else None,
                     commit=commit,
                     window=window,
                 )
@@ -250,8 +261,15 @@ class JobCoordinator:
         ts.processed += result.processed
         for info in result.restored:
             if info.source != "in-process":
-                log.info("task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
-                         result.task, info.store, info.source, info.entries, info.bytes, info.seconds)
+                log.info(
+                    "task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
+                    result.task,
+                    info.store,
+                    info.source,
+                    info.entries,
+                    info.bytes,
+                    info.seconds,
+                )
         if result.checkpoint_json is None:
             return False
         checkpoint = CheckpointV2.loads(result.checkpoint_json)
@@ -307,7 +325,9 @@ class JobCoordinator:
         summary = RunSummary()
         started = time.monotonic()
         ssps = [s for ts in self.tasks.values() for s in ts.model.ssps]
-        targets = {s: m.upcoming for s, m in self.metadata(ssps).items()} if until_caught_up else None
+        targets = (
+            {s: m.upcoming for s, m in self.metadata(ssps).items()} if until_caught_up else None
+        )
         commit_ms = self.config.get_int("task.commit.ms")
         window_ms = self.config.get_int("task.window.ms")
         poll = self.config.get_int("task.poll.interval.ms") / 1000

@@ -132,8 +132,13 @@ class TaskBatch:
             self._last_processed = dict(plan.last_processed)
             return dict(plan.resume)
         if marker is not None or plan.expected_state_id != EMPTY_STATE:
-            log.info("task %s: local state %s, expected %s: restoring checkpoint %s",
-                     self.task, marker, plan.expected_state_id, plan.last_checkpoint_id)
+            log.info(
+                "task %s: local state %s, expected %s: restoring checkpoint %s",
+                self.task,
+                marker,
+                plan.expected_state_id,
+                plan.last_checkpoint_id,
+            )
         for store in stores:
             start = time.monotonic()
             if self._persistent(store):
@@ -143,7 +148,11 @@ class TaskBatch:
                     log.warning(
                         "task %s store %s: no local checkpoint %s on %s; starting EMPTY "
                         "(configure a state backend to restore state on any executor)",
-                        self.task, store, plan.last_checkpoint_id, socket.gethostname())
+                        self.task,
+                        store,
+                        plan.last_checkpoint_id,
+                        socket.gethostname(),
+                    )
             else:
                 _CACHE.memory.pop((self.task.name, store), None)
                 source = "empty"
@@ -319,5 +328,7 @@ class TaskBatch:
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:
     """Run one task's micro-batch (called inside a Spark Python worker)."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
     return TaskBatch(plan).run()

@@ -67,8 +67,10 @@ class ProgressDisplay:
         self._last = report
         self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
         for task, info in report.restored:
-            line = (f"restore {task} store {info.store}: {info.source}, {info.entries} entries, "
-                    f"{info.bytes} bytes, {info.seconds:.2f}s")
+            line = (
+                f"restore {task} store {info.store}: {info.source}, {info.entries} entries, "
+                f"{info.bytes} bytes, {info.seconds:.2f}s"
+            )
             self._restores.append(line)
             log.info(line)
         if self._live is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import entry_points
 
 from sparkpoint.errors import ConfigError
@@ -32,7 +32,7 @@ def _load(path: str, key: str, hint: str) -> type[SystemFactory]:
     return cls
 
 
-@lru_cache(maxsize=None)
+@cache
 def factory_class(name: str, key: str = "systems.<s>.factory") -> type[SystemFactory]:
     """The factory class registered as ``name`` (or at ``module:Class``)."""
     if name in BUILTIN:
@@ -44,8 +44,10 @@ def factory_class(name: str, key: str = "systems.<s>.factory") -> type[SystemFac
     if ":" in name:
         return _load(name, key, "check the module path")
     known = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group="sparkpoint.systems")})
-    raise ConfigError(f"{key}: unknown system factory {name!r}; known: {', '.join(known)}, "
-                      "or module:Class of a SystemFactory")
+    raise ConfigError(
+        f"{key}: unknown system factory {name!r}; known: {', '.join(known)}, "
+        "or module:Class of a SystemFactory"
+    )
 
 
 class Systems:

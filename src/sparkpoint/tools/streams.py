@@ -71,7 +71,9 @@ def write_json_lines(
                 vb = None if value is None else msg_serde.to_bytes(value)
                 ts = int(obj.get("timestamp", time.time() * 1000))
             except (ValueError, TypeError) as exc:
-                raise UserError(f"stdin line {lineno}: {exc}; nothing from this line on was written") from exc
+                raise UserError(
+                    f"stdin line {lineno}: {exc}; nothing from this line on was written"
+                ) from exc
             p = partition if partition is not None else partition_for_key(kb, partitions)
             producer.send(stream.stream, p, Record("", kb, vb, ts))
             count += 1

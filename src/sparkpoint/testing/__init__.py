@@ -1,0 +1,1 @@
+"""Test support shipped with sparkpoint, for its own tests and for users' tests."""

@@ -1,0 +1,151 @@
+"""A Spark standalone cluster on loopback: one master and N workers from the pyspark package.
+
+For tests: ``with StandaloneCluster(tmp_dir, workers=2) as cluster: cluster.master_url``.
+Start-up waits, by polling the master's JSON status, until every worker has registered (never a
+fixed sleep); stopping terminates every process it started, also when start-up fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+
+def spark_home() -> Path:
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("pyspark is not installed")
+    return Path(spec.origin).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StandaloneCluster:
+    """A master and ``workers`` workers (each with ``cores`` cores), all on 127.0.0.1."""
+
+    def __init__(
+        self, work_dir: Path, *, workers: int = 2, cores: int = 1, memory: str = "1g"
+    ) -> None:
+        self.work_dir = work_dir
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.ui_port = free_port()
+        self.master_url = f"spark://127.0.0.1:{self.port}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.worker_procs: list[subprocess.Popen[bytes]] = []
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SPARK_HOME=str(spark_home()),
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_LOCAL_DIRS=str(self.work_dir / "local"),
+            PYSPARK_PYTHON=sys.executable,
+            SPARK_NO_DAEMONIZE="1",
+        )
+        return env
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        cmd = [str(spark_home() / "bin" / "spark-class"), *args]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env())
+        self.procs.append(proc)
+        return proc
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+            data: dict[str, Any] = json.loads(r.read())
+            return data
+
+    def alive_workers(self) -> int:
+        try:
+            return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
+        except OSError:
+            return 0
+
+    def start(self, timeout: float = 90.0) -> StandaloneCluster:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        for i in range(self.workers):
+            wdir = self.work_dir / f"worker-{i}"
+            wdir.mkdir(exist_ok=True)
+            self.worker_procs.append(
+                self._spawn(
+                    f"worker-{i}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    "0",
+                    "--work-dir",
+                    str(wdir),
+                )
+            )
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < self.workers:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"a Spark daemon exited early; logs in {self.work_dir}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"Spark workers did not register in {timeout}s; logs in {self.work_dir}"
+                )
+            time.sleep(0.2)
+        return self
+
+    def kill_worker(self, index: int) -> None:
+        """Kill worker ``index`` (and its executors) at once, like a lost host."""
+        proc = self.worker_procs[index]
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

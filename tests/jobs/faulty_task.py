@@ -1,0 +1,38 @@
+"""A test task: the example's counter, failing once at a configured offset to simulate a crash.
+
+``test.fail.at`` = ``<partition>:<offset>``; the failure happens only while the file named by
+``test.fail.flag`` exists, and the task deletes the file as it fails (so a retry succeeds).
+"""
+
+from __future__ import annotations
+
+import os
+
+from pageviews_task import PageViewCounter
+
+from sparkpoint.runtime.api import MessageCollector, TaskContext, TaskCoordinator
+from sparkpoint.system.base import IncomingMessageEnvelope
+
+
+class FailingCounter(PageViewCounter):
+    def init(self, context: TaskContext) -> None:
+        super().init(context)
+        part, _, offset = context.config.get("test.fail.at", "-1:-1").partition(":")
+        self.fail_partition, self.fail_offset = int(part), offset
+        self.flag = context.config.get("test.fail.flag", "")
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        super().process(envelope, collector, coordinator)
+        if (
+            envelope.ssp.partition == self.fail_partition
+            and envelope.offset == self.fail_offset
+            and self.flag
+            and os.path.exists(self.flag)
+        ):
+            os.unlink(self.flag)
+            raise RuntimeError(f"injected failure at {envelope.ssp} offset {envelope.offset}")

@@ -1,0 +1,45 @@
+"""Helpers for runtime tests: generate example input, count it independently, read results."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from generate import events, write
+
+from sparkpoint.config import Config
+from sparkpoint.model import SystemStream
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.state import committed_entries
+from sparkpoint.tools.streams import read_json_lines
+
+
+def generate(config: Config, job_file: Path, n: int, seed: int, users: int = 50) -> Counter[str]:
+    """Write ``n`` events for ``config`` and return the expected count per user."""
+    write_config = job_file.parent / f"gen-{seed}.yaml"
+    write_config.write_text(json.dumps({k: v for k, v in config.items()}))
+    written = write(str(write_config), n, seed, users)
+    assert written == n
+    return Counter(str(e["user"]) for e in events(n, seed, users))
+
+
+def committed_counts(config: Config) -> dict[str, int]:
+    return {k: v for _t, k, v in committed_entries(config, "user-counts")}
+
+
+def emitted_counts(config: Config) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    rows = read_json_lines(config, Systems(config), SystemStream("filelog", "user-counts"))
+    for row in rows:
+        value: Any = row["value"]
+        out.setdefault(value["user"], []).append(int(value["count"]))
+    return out
+
+
+def assert_at_least_once(emitted: dict[str, list[int]], expected: Counter[str]) -> None:
+    """Every view's effect is in the output: for each user the counts cover 1..final."""
+    assert set(emitted) == set(expected)
+    for user, final in expected.items():
+        assert set(emitted[user]) == set(range(1, final + 1)), user

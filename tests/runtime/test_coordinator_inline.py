@@ -1,0 +1,104 @@
+"""The runtime's semantics without Spark: the inline runner runs the same executor code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import StreamNotFound, TaskError
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from tests.conftest import pageviews_config
+from tests.runtime.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+
+
+def make(tmp_path: Path, **overrides: str) -> Config:
+    values = pageviews_config(tmp_path, **overrides)
+    config = load_config(None, values)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    return config
+
+
+def run(config: Config, **kwargs: object) -> JobCoordinator:
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(**kwargs)  # type: ignore[arg-type]
+    coordinator.close()
+    return coordinator
+
+
+def test_counts_match_input_and_checkpoints_cover_everything(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"task.batch.max.messages": "300", "task.commit.ms": "0"})
+    expected = generate(config, tmp_path / "job.yaml", 3000, seed=1)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+    checkpoints = CheckpointManager(config).read_all()
+    assert len(checkpoints) == 4
+    total = sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values())
+    assert total == 3000
+
+
+def test_restart_without_commit_restores_checkpoint_state(tmp_path: Path) -> None:
+    # commit only at the end of a run; a "crash" loses the uncommitted batches' state
+    config = make(tmp_path, **{"task.batch.max.messages": "200", "task.commit.ms": "3600000"})
+    expected = generate(config, tmp_path / "job.yaml", 2000, seed=2)
+    first = JobCoordinator(config, InlineRunner())
+    first.start()
+    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
+    end = {s: m.upcoming for s, m in meta.items()}
+    first.run_batch(end, commit=True)  # checkpoint after 200 per partition
+    first.run_batch(end, commit=False)  # 200 more per partition, uncommitted: then "crash"
+    first.close()
+    committed_before = committed_counts(config)
+    assert sum(committed_before.values()) == 800
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+
+
+def test_failure_mid_batch_then_restart_is_exact(tmp_path: Path) -> None:
+    flag = tmp_path / "fail.flag"
+    flag.write_text("x")
+    config = make(
+        tmp_path,
+        **{
+            "task.class": "faulty_task:FailingCounter",
+            "task.batch.max.messages": "100",
+            "task.commit.ms": "0",
+            "test.fail.at": "2:250",
+            "test.fail.flag": str(flag),
+        },
+    )
+    expected = generate(config, tmp_path / "job.yaml", 2000, seed=3)
+    with pytest.raises(
+        TaskError, match=r"task Partition 2 failed processing filelog.pageviews.2 offset 250"
+    ):
+        run(config, until_caught_up=True)
+    assert not flag.exists()
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+
+
+def test_missing_input_stream_names_it(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path, **{"task.inputs": "filelog.nope"}))
+    with pytest.raises(StreamNotFound, match="input stream filelog.nope does not exist"):
+        JobCoordinator(config, InlineRunner()).start()
+
+
+def test_max_batches_stops_with_a_commit(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"task.batch.max.messages": "10", "task.commit.ms": "3600000"})
+    generate(config, tmp_path / "job.yaml", 400, seed=4)
+    coordinator = run(config, max_batches=2)
+    assert coordinator.stop_reason == "reached --max-batches 2"
+    counts = committed_counts(config)
+    assert sum(counts.values()) == 80  # 2 batches x 10 per partition x 4, then a commit-only batch
+    offsets = [
+        o for c in CheckpointManager(config).read_all().values() for o in c.input_offsets.values()
+    ]
+    assert offsets == ["19"] * 4
