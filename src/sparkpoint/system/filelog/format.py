@@ -1,0 +1,89 @@
+"""The on-disk format of a filelog partition: records in a log file, fixed-width index entries.
+
+Record: a 9-byte header ``magic (u8) | crc32 (u32) | body length (u32)`` then the body
+``offset (i64) | timestamp ms (i64) | key length (i32, -1 = None) | value length (i32) | key |
+value``. The CRC covers the whole body. Index entry (24 bytes): ``offset (i64) | position of the
+record in the log (u64) | the largest timestamp up to and including this record (i64)``; offsets
+and running-max timestamps both increase along the index, so both are found by binary search.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable
+
+from sparkpoint.system.base import Record
+
+MAGIC = 0xA7
+HEADER = struct.Struct(">BII")
+BODY = struct.Struct(">qqii")
+INDEX = struct.Struct(">qQq")
+HEADER_SIZE = HEADER.size
+INDEX_SIZE = INDEX.size
+
+
+class FormatError(Exception):
+    """A record that is torn or fails its checksum; ``position`` is its byte position."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(reason)
+        self.position = position
+        self.reason = reason
+
+
+def encode(offset: int, key: bytes | None, value: bytes | None, timestamp: int) -> bytes:
+    """One record, ready to append."""
+    k = b"" if key is None else key
+    v = b"" if value is None else value
+    body = BODY.pack(
+        offset, timestamp, -1 if key is None else len(k), -1 if value is None else len(v)
+    )
+    body = body + k + v
+    return HEADER.pack(MAGIC, zlib.crc32(body), len(body)) + body
+
+
+def encode_many(
+    first_offset: int, records: Iterable[tuple[bytes | None, bytes | None, int]]
+) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """Records numbered from ``first_offset``; returns the bytes and (offset, rel. pos, ts)."""
+    parts: list[bytes] = []
+    entries: list[tuple[int, int, int]] = []
+    pos = 0
+    offset = first_offset
+    for key, value, ts in records:
+        data = encode(offset, key, value, ts)
+        parts.append(data)
+        entries.append((offset, pos, ts))
+        pos += len(data)
+        offset += 1
+    return b"".join(parts), entries
+
+
+def record_size_at(buf: bytes | memoryview, pos: int) -> int:
+    """Total size of the complete, valid record at ``pos``, or raise :class:`FormatError`."""
+    if pos + HEADER_SIZE > len(buf):
+        raise FormatError(pos, "torn header")
+    magic, crc, length = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        raise FormatError(pos, f"bad magic byte {magic:#x}")
+    end = pos + HEADER_SIZE + length
+    if length < BODY.size or end > len(buf):
+        raise FormatError(pos, "torn record")
+    if zlib.crc32(buf[pos + HEADER_SIZE : end]) != crc:
+        raise FormatError(pos, "checksum mismatch")
+    return HEADER_SIZE + int(length)
+
+
+def decode_at(buf: bytes | memoryview, pos: int) -> tuple[Record, int, int]:
+    """The record at ``pos``, its offset and its total size; :class:`FormatError` if bad."""
+    size = record_size_at(buf, pos)
+    body = pos + HEADER_SIZE
+    offset, ts, klen, vlen = BODY.unpack_from(buf, body)
+    kpos = body + BODY.size
+    vpos = kpos + max(klen, 0)
+    if vpos + max(vlen, 0) != pos + size:
+        raise FormatError(pos, "lengths disagree with the record size")
+    key = None if klen < 0 else bytes(buf[kpos:vpos])
+    value = None if vlen < 0 else bytes(buf[vpos : vpos + vlen])
+    return Record(str(offset), key, value, ts), offset, size

@@ -1,0 +1,302 @@
+"""One partition of a filelog stream on disk.
+
+Files in the partition directory: ``CURRENT`` names the generation in use (a number); the
+generation's records are in ``<gen>.log`` and its index in ``<gen>.index``; ``lock`` is the
+cross-process lock. Compaction writes a new generation and switches ``CURRENT`` atomically.
+
+Contracts:
+
+* Appends take an exclusive ``flock`` on ``lock``, so any number of processes may append to one
+  partition; offsets are assigned under the lock (last offset + 1) and never repeat.
+* An append writes the records, fsyncs the log, then writes and fsyncs their index entries.
+  Readers only read records the index lists, so they never see a torn or half-written record.
+* Every append first *recovers* the tail: index entries past the valid log are dropped, complete
+  valid records past the index are indexed, and a torn tail (a crash mid-write) is cut off.
+* A record listed by the index that fails its checksum is corruption, reported with the
+  partition and offset, never skipped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import fcntl
+import logging
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from sparkpoint.errors import CorruptRecordError
+from sparkpoint.system.base import PartitionMetadata, Record
+from sparkpoint.system.filelog import format as fmt
+
+log = logging.getLogger(__name__)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Index(Sequence[tuple[int, int, int]]):
+    """A read view of an index file's complete entries (offset, position, max timestamp)."""
+
+    def __init__(self, data: bytes | mmap.mmap) -> None:
+        self._data = data
+        self._n = len(data) // fmt.INDEX_SIZE
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:  # type: ignore[override]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        entry: tuple[int, int, int] = fmt.INDEX.unpack_from(self._data, i * fmt.INDEX_SIZE)
+        return entry
+
+    def first_at_or_after(self, offset: int) -> int:
+        """Index position of the first record with an offset >= ``offset``."""
+        return bisect.bisect_left(range(self._n), offset, key=lambda i: self[i][0])
+
+    def first_with_timestamp(self, ts: int) -> int:
+        """Index position of the first record whose timestamp is >= ``ts``."""
+        return bisect.bisect_left(range(self._n), ts, key=lambda i: self[i][2])
+
+
+class PartitionLog:
+    """Reads and appends one partition. Instances are cheap and hold no open files."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label  # "system.stream partition N", for messages
+
+    # -- files
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name in ("0.log", "0.index", "lock"):
+            (self.path / name).touch()
+        if not (self.path / "CURRENT").exists():
+            self._write_current(0)
+
+    def _write_current(self, gen: int) -> None:
+        tmp = self.path / "CURRENT.tmp"
+        tmp.write_text(str(gen))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "CURRENT")
+        fsync_dir(self.path)
+
+    def _gen(self) -> int:
+        return int((self.path / "CURRENT").read_text().strip() or "0")
+
+    def _files(self) -> tuple[Path, Path]:
+        gen = self._gen()
+        return self.path / f"{gen}.log", self.path / f"{gen}.index"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.path / "lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[tuple[_Index, BinaryIO]]:
+        """The index and log of the current generation, consistent with each other."""
+        for _attempt in range(5):
+            log_path, index_path = self._files()
+            try:
+                index_file = open(index_path, "rb")  # noqa: SIM115
+                log_file = open(log_path, "rb")  # noqa: SIM115
+            except FileNotFoundError:
+                continue  # compaction switched generations between reading CURRENT and opening
+            with index_file, log_file:
+                size = os.fstat(index_file.fileno()).st_size
+                size -= size % fmt.INDEX_SIZE
+                data: bytes | mmap.mmap = (
+                    mmap.mmap(index_file.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+                )
+                try:
+                    yield _Index(data), log_file
+                finally:
+                    if isinstance(data, mmap.mmap):
+                        data.close()
+                return
+        raise CorruptRecordError(f"{self.label}: files of the current generation are missing")
+
+    # -- reading
+    def metadata(self) -> PartitionMetadata:
+        with self._snapshot() as (index, _log):
+            if len(index) == 0:
+                return PartitionMetadata("0", None, "0")
+            first, last = index[0][0], index[-1][0]
+            return PartitionMetadata(str(first), str(last), str(last + 1))
+
+    def read(self, start: int, end: int, max_records: int | None) -> list[Record]:
+        """Records with ``start <= offset < end`` (at most ``max_records``)."""
+        with self._snapshot() as (index, log_file):
+            i = index.first_at_or_after(start)
+            j = index.first_at_or_after(end)
+            if max_records is not None:
+                j = min(j, i + max_records)
+            if i >= j:
+                return []
+            first_pos = index[i][1]
+            last_offset, last_pos, _ = index[j - 1]
+            log_file.seek(last_pos)
+            head = log_file.read(fmt.HEADER_SIZE)
+            if len(head) < fmt.HEADER_SIZE:
+                raise self._corrupt(last_offset, "indexed record is missing from the log")
+            end_pos = last_pos + fmt.HEADER_SIZE + fmt.HEADER.unpack(head)[2]
+            log_file.seek(first_pos)
+            buf = log_file.read(end_pos - first_pos)
+            records: list[Record] = []
+            pos = 0
+            expected = [index[k][0] for k in range(i, j)]
+            for want in expected:
+                try:
+                    rec, offset, size = fmt.decode_at(buf, pos)
+                except fmt.FormatError as exc:
+                    raise self._corrupt(want, exc.reason) from None
+                if offset != want:
+                    raise self._corrupt(want, f"record says offset {offset}")
+                records.append(rec)
+                pos += size
+            return records
+
+    def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
+        return CorruptRecordError(f"corrupt record in {self.label} at offset {offset}: {reason}")
+
+    def offset_for_timestamp(self, ts: int) -> int:
+        """First offset whose timestamp is >= ``ts``; the upcoming offset if none is."""
+        with self._snapshot() as (index, _log):
+            i = index.first_with_timestamp(ts)
+            if i < len(index):
+                return index[i][0]
+            return index[-1][0] + 1 if len(index) else 0
+
+    # -- writing
+    def _recover(self, log_path: Path, index_path: Path) -> tuple[int, int]:
+        """Make log and index agree (under the lock); returns (next offset, max timestamp)."""
+        with open(index_path, "r+b") as index_file, open(log_path, "r+b") as log_file:
+            isize = os.fstat(index_file.fileno()).st_size
+            log_size = os.fstat(log_file.fileno()).st_size
+            width = fmt.INDEX_SIZE
+            n = isize // width
+            base, valid_end = 0, 0
+            last_offset, max_ts = -1, -(2**63)
+            # drop index entries whose record is not complete and valid (a crash mid-append)
+            while n > 0:
+                index_file.seek((n - 1) * width)
+                offset, pos, mts = fmt.INDEX.unpack(index_file.read(width))
+                log_file.seek(pos)
+                raw = log_file.read(max(0, log_size - pos))
+                try:
+                    valid_end = pos + fmt.record_size_at(raw, 0)
+                    base, last_offset, max_ts = pos, offset, mts
+                    break
+                except fmt.FormatError:
+                    n -= 1
+            if n == 0:
+                log_file.seek(0)
+                raw = log_file.read()
+            if n * width != isize:
+                index_file.truncate(n * width)
+            # index complete records beyond the index; cut a torn tail
+            new_entries = []
+            pos = valid_end
+            while pos < log_size:
+                try:
+                    rec, offset, size = fmt.decode_at(raw, pos - base)
+                except fmt.FormatError as exc:
+                    log.warning(
+                        "%s: cutting torn tail of %d bytes at byte %d (%s)",
+                        self.label,
+                        log_size - pos,
+                        pos,
+                        exc.reason,
+                    )
+                    break
+                max_ts = max(max_ts, rec.timestamp)
+                new_entries.append(fmt.INDEX.pack(offset, pos, max_ts))
+                last_offset = offset
+                pos += size
+            if pos < log_size:
+                log_file.truncate(pos)
+                os.fsync(log_file.fileno())
+            if new_entries:
+                index_file.seek(n * width)
+                index_file.write(b"".join(new_entries))
+            if new_entries or n * width != isize:
+                os.fsync(index_file.fileno())
+            return last_offset + 1, max_ts
+
+    def append(self, records: Sequence[tuple[bytes | None, bytes | None, int]]) -> tuple[int, int]:
+        """Append durably; returns the first and last offsets assigned."""
+        if not records:
+            raise ValueError("nothing to append")
+        with self._locked():
+            log_path, index_path = self._files()
+            next_offset, max_ts = self._recover(log_path, index_path)
+            data, entries = fmt.encode_many(next_offset, records)
+            with open(log_path, "ab") as log_file:
+                base = log_file.tell()
+                log_file.write(data)
+                log_file.flush()
+                os.fsync(log_file.fileno())
+            index_bytes = bytearray()
+            for offset, rel, ts in entries:
+                max_ts = max(max_ts, ts)
+                index_bytes += fmt.INDEX.pack(offset, base + rel, max_ts)
+            with open(index_path, "ab") as index_file:
+                index_file.write(index_bytes)
+                index_file.flush()
+                os.fsync(index_file.fileno())
+            return entries[0][0], entries[-1][0]
+
+    def compact(self) -> tuple[int, int]:
+        """Keep only the newest record per key (keyless records are all kept).
+
+        Offsets are preserved (they become sparse). Deletes (value ``None``) are kept as
+        tombstones so that readers replaying the stream learn of them. Returns records before
+        and after. Readers see the old or the new generation, never a mix.
+        """
+        with self._locked():
+            log_path, index_path = self._files()
+            self._recover(log_path, index_path)
+            meta = self.metadata()
+            if meta.newest is None:
+                return 0, 0
+            records = self.read(int(meta.oldest), int(meta.upcoming), None)
+            newest: dict[bytes, int] = {}
+            for i, rec in enumerate(records):
+                if rec.key is not None:
+                    newest[rec.key] = i
+            keep = [r for i, r in enumerate(records) if r.key is None or newest[r.key] == i]
+            gen = self._gen() + 1
+            new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
+            parts, index_bytes, pos, max_ts = [], bytearray(), 0, -(2**63)
+            for rec in keep:
+                data = fmt.encode(int(rec.offset), rec.key, rec.value, rec.timestamp)
+                max_ts = max(max_ts, rec.timestamp)
+                index_bytes += fmt.INDEX.pack(int(rec.offset), pos, max_ts)
+                parts.append(data)
+                pos += len(data)
+            for path, content in ((new_log, b"".join(parts)), (new_index, bytes(index_bytes))):
+                with open(path, "wb") as f:
+                    f.write(content)
+                    f.flush()
+                    os.fsync(f.fileno())
+            self._write_current(gen)
+            log_path.unlink(missing_ok=True)
+            index_path.unlink(missing_ok=True)
+            return len(records), len(keep)

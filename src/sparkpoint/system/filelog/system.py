@@ -1,0 +1,200 @@
+"""The filelog system: admin, consumer and producer over :class:`PartitionLog` directories.
+
+Layout under ``systems.<name>.path``: ``<stream>/stream.json`` (partition count, compacted flag)
+and ``<stream>/<partition>/`` per partition. Offsets are decimal integers as strings. Creating a
+stream is atomic and safe from several processes (it is built under a temporary name, then
+renamed). The producer buffers records per partition until :meth:`FileLogProducer.flush` (or
+until ``systems.<name>.producer.buffer.bytes``, default 4 MiB, is reached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from sparkpoint.errors import ConfigError, StreamNotFound, UserError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.base import (
+    PartitionMetadata,
+    Record,
+    StreamSpec,
+    SystemAdmin,
+    SystemConsumer,
+    SystemFactory,
+    SystemProducer,
+)
+from sparkpoint.system.filelog.partition import PartitionLog, fsync_dir
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def root_for(system: str, config: Mapping[str, str]) -> Path:
+    key = f"systems.{system}.path"
+    value = config.get(key)
+    if not value:
+        raise ConfigError(f"missing required config key {key} (the filelog directory)")
+    return Path(value)
+
+
+class _Streams:
+    """Stream directories of one filelog root, shared by admin, consumer and producer."""
+
+    def __init__(self, system: str, root: Path) -> None:
+        self.system = system
+        self.root = root
+        self._partitions: dict[str, int] = {}
+
+    def check_name(self, stream: str) -> None:
+        if not _NAME.match(stream) or ".." in stream:
+            raise UserError(
+                f"invalid stream name {stream!r} in system {self.system}: use letters, digits, "
+                "'_', '-' and '.', not starting with '.'"
+            )
+
+    def list(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "stream.json").is_file())
+
+    def partitions(self, stream: str) -> int:
+        if stream not in self._partitions:
+            self.check_name(stream)
+            try:
+                meta = json.loads((self.root / stream / "stream.json").read_text())
+            except FileNotFoundError:
+                known = ", ".join(self.list()) or "none"
+                raise StreamNotFound(
+                    f"stream {self.system}.{stream} does not exist; streams in "
+                    f"{self.system}: {known}"
+                ) from None
+            self._partitions[stream] = int(meta["partitions"])
+        return self._partitions[stream]
+
+    def log(self, stream: str, partition: int) -> PartitionLog:
+        n = self.partitions(stream)
+        if not 0 <= partition < n:
+            raise UserError(
+                f"partition {partition} of {self.system}.{stream} does not exist "
+                f"(partitions 0..{n - 1})"
+            )
+        return PartitionLog(
+            self.root / stream / str(partition), f"{self.system}.{stream} partition {partition}"
+        )
+
+
+class FileLogAdmin(SystemAdmin):
+    def __init__(self, streams: _Streams) -> None:
+        self._s = streams
+
+    def create_stream(self, spec: StreamSpec) -> bool:
+        self._s.check_name(spec.name)
+        if spec.partitions < 1:
+            raise UserError(f"stream {spec.name}: partitions must be >= 1, not {spec.partitions}")
+        target = self._s.root / spec.name
+        if (target / "stream.json").exists():
+            return False
+        self._s.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=self._s.root))
+        try:
+            for p in range(spec.partitions):
+                PartitionLog(staging / str(p), f"{spec.name} partition {p}").create()
+            meta = {"partitions": spec.partitions, "compacted": spec.compacted}
+            (staging / "stream.json").write_text(json.dumps(meta))
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if (target / "stream.json").exists():
+                    return False  # another process created it first
+                raise
+            fsync_dir(self._s.root)
+            return True
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def list_streams(self) -> list[str]:
+        return self._s.list()
+
+    def partition_count(self, stream: str) -> int:
+        return self._s.partitions(stream)
+
+    def get_metadata(
+        self, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
+        return {s: self._s.log(s.stream, s.partition).metadata() for s in ssps}
+
+    def offset_comparator(self, a: str, b: str) -> int:
+        x, y = int(a), int(b)
+        return (x > y) - (x < y)
+
+    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
+        return str(int(offset) + 1)
+
+    def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
+        return str(self._s.log(ssp.stream, ssp.partition).offset_for_timestamp(timestamp_ms))
+
+    def compact(self, stream: str, partition: int) -> tuple[int, int]:
+        """Compact one partition (see :meth:`PartitionLog.compact`)."""
+        return self._s.log(stream, partition).compact()
+
+
+class FileLogConsumer(SystemConsumer):
+    def __init__(self, streams: _Streams) -> None:
+        self._s = streams
+        self._registered: dict[SystemStreamPartition, str] = {}
+
+    def register(self, ssp: SystemStreamPartition, offset: str) -> None:
+        self._s.log(ssp.stream, ssp.partition)
+        self._registered[ssp] = str(int(offset))
+
+    def read(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> Sequence[Record]:
+        return self._s.log(ssp.stream, ssp.partition).read(int(start), int(end), max_records)
+
+
+class FileLogProducer(SystemProducer):
+    def __init__(self, streams: _Streams, buffer_bytes: int) -> None:
+        self._s = streams
+        self._limit = buffer_bytes
+        self._buffered = 0
+        self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int]]] = {}
+
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        key = (stream, partition)
+        batch = self._pending.get(key)
+        if batch is None:
+            self._s.log(stream, partition)  # validates stream and partition now
+            batch = self._pending[key] = []
+        batch.append((record.key, record.value, record.timestamp))
+        self._buffered += len(record.key or b"") + len(record.value or b"") + 32
+        if self._buffered >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self._pending, self._buffered = self._pending, {}, 0
+        for (stream, partition), records in pending.items():
+            if records:
+                self._s.log(stream, partition).append(records)
+
+
+class FileLogSystemFactory(SystemFactory):
+    """``systems.<name>.factory: filelog``."""
+
+    def _streams(self, system: str, config: Mapping[str, str]) -> _Streams:
+        return _Streams(system, root_for(system, config))
+
+    def get_admin(self, system: str, config: Mapping[str, str]) -> FileLogAdmin:
+        return FileLogAdmin(self._streams(system, config))
+
+    def get_consumer(self, system: str, config: Mapping[str, str]) -> FileLogConsumer:
+        return FileLogConsumer(self._streams(system, config))
+
+    def get_producer(self, system: str, config: Mapping[str, str]) -> FileLogProducer:
+        limit = int(config.get(f"systems.{system}.producer.buffer.bytes") or 4 * 1024 * 1024)
+        return FileLogProducer(self._streams(system, config), limit)
