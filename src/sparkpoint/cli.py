@@ -300,10 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except UserError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return 2
     except SparkpointError as exc:
-        err.print(f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False)
+        err.print(
+            f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False, soft_wrap=True
+        )
         return 1
     except BrokenPipeError:
         return 0

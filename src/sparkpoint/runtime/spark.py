@@ -37,6 +37,8 @@ def spark_session(config: Config, master: str | None = None) -> Any:
     """Get or create the Spark session for a job (``spark.*`` keys of the config pass through)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # bind Spark to loopback unless told otherwise: no traffic leaves the machine by default
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"sparkpoint-{config.job_name}-{config.job_id}")

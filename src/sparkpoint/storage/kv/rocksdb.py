@@ -53,7 +53,9 @@ class RocksDBEngine(KeyValueEngine):
             except Exception as exc:
                 locked = "lock" in str(exc).lower()
                 if not locked or time.monotonic() >= deadline:
-                    raise StoreError(f"store {name}: cannot open RocksDB at {self.path}: {exc}") from exc
+                    raise StoreError(
+                        f"store {name}: cannot open RocksDB at {self.path}: {exc}"
+                    ) from exc
                 log.info("store %s: %s is locked by another process; retrying", name, self.path)
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -115,7 +117,9 @@ class RocksDBEngine(KeyValueEngine):
 
     def checkpoint(self, destination: Path) -> None:
         if destination.exists():
-            raise StoreError(f"store {self.name}: checkpoint directory {destination} already exists")
+            raise StoreError(
+                f"store {self.name}: checkpoint directory {destination} already exists"
+            )
         destination.parent.mkdir(parents=True, exist_ok=True)
         self._d().flush(True)
         Checkpoint(self._d()).create_checkpoint(str(destination))

@@ -43,7 +43,9 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         try:
             return self._ks.to_bytes(key)
         except (TypeError, ValueError) as exc:
-            raise StoreError(f"store {self.name}: {op}: cannot serialize key {key!r}: {exc}") from exc
+            raise StoreError(
+                f"store {self.name}: {op}: cannot serialize key {key!r}: {exc}"
+            ) from exc
 
     def _value(self, value: V, op: str) -> bytes:
         try:
