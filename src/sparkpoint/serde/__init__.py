@@ -74,7 +74,12 @@ class IntegerSerde(Serde[int]):
     name = "integer"
 
     def to_bytes(self, value: int) -> bytes:
-        return _INT.pack(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"integer serde needs int, got {type(value).__name__}")
+        try:
+            return _INT.pack(value)
+        except struct.error as exc:
+            raise ValueError(f"integer serde: {value} does not fit in 64 bits") from exc
 
     def from_bytes(self, data: bytes) -> int:
         return int(_INT.unpack(bytes(data))[0])

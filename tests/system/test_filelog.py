@@ -1,0 +1,144 @@
+"""filelog: the system contract, plus crash recovery, corruption, concurrency and compaction."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.errors import CorruptRecordError, UserError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.filelog import FileLogSystemFactory
+from tests.system.appender import append
+from tests.system.contract import SystemContract, SystemUnderTest, rec
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> SystemUnderTest:
+    return SystemUnderTest(FileLogSystemFactory(), "fl", {"systems.fl.path": str(tmp_path / "fl")})
+
+
+class TestFileLogContract(SystemContract):
+    pass
+
+
+SSP = SystemStreamPartition("fl", "s", 0)
+
+
+def fill(system: SystemUnderTest, n: int, stream: str = "s") -> None:
+    system.factory.get_admin("fl", system.config).create_stream(StreamSpec(stream, 1))
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(n):
+        producer.send(stream, 0, rec(f"k{i}", f"value-{i}", i))
+    producer.flush()
+
+
+def part_dir(system: SystemUnderTest) -> Path:
+    return Path(system.config["systems.fl.path"]) / "s" / "0"
+
+
+def test_torn_tail_is_cut_and_never_read(system: SystemUnderTest) -> None:
+    fill(system, 10)
+    log = part_dir(system) / "0.log"
+    size = log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(b"\xa7\x00\x00\x00\x01\x00\x00\x00\x50partial-record")  # a crash mid-append
+    consumer = system.factory.get_consumer("fl", system.config)
+    assert len(consumer.read(SSP, "0", "100")) == 10
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("new", "after-crash", 99))
+    producer.flush()
+    got = consumer.read(SSP, "0", "100")
+    assert [r.offset for r in got] == [str(i) for i in range(11)]
+    assert got[-1].value == b"after-crash"
+    assert log.stat().st_size > size  # the torn bytes were cut before appending
+
+
+def test_torn_last_record_after_index_write_is_dropped(system: SystemUnderTest) -> None:
+    fill(system, 5)
+    log = part_dir(system) / "0.log"
+    data = log.read_bytes()
+    log.write_bytes(data[:-3])  # the last record lost its tail, though the index lists it
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("x", "y", 1))
+    producer.flush()
+    got = system.factory.get_consumer("fl", system.config).read(SSP, "0", "100")
+    assert [r.offset for r in got] == ["0", "1", "2", "3", "4"]
+    assert got[-1].value == b"y"
+
+
+def test_corrupt_record_in_the_middle_names_stream_partition_offset(
+    system: SystemUnderTest,
+) -> None:
+    fill(system, 20)
+    log = part_dir(system) / "0.log"
+    raw = bytearray(log.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    log.write_bytes(bytes(raw))
+    consumer = system.factory.get_consumer("fl", system.config)
+    with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
+        consumer.read(SSP, "0", "100")
+    assert len(consumer.read(SSP, "0", "5")) == 5  # records before it still read
+
+
+def test_index_is_rebuilt_when_lost(system: SystemUnderTest) -> None:
+    fill(system, 30)
+    (part_dir(system) / "0.index").write_bytes(b"")
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("k", "v", 100))
+    producer.flush()
+    got = system.factory.get_consumer("fl", system.config).read(SSP, "0", "100")
+    assert [r.offset for r in got] == [str(i) for i in range(31)]
+
+
+def test_two_processes_append_to_one_partition(system: SystemUnderTest) -> None:
+    root = system.config["systems.fl.path"]
+    system.factory.get_admin("fl", system.config).create_stream(StreamSpec("shared", 1))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=append, args=(root, w, 2000, 7)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    ssp = SystemStreamPartition("fl", "shared", 0)
+    got = system.factory.get_consumer("fl", system.config).read(ssp, "0", "100000")
+    assert [int(r.offset) for r in got] == list(range(4000))
+    for w in range(2):
+        mine = [int(r.value.split(b":")[1]) for r in got if r.key == f"w{w}".encode() and r.value]
+        assert mine == list(range(2000))  # all there, once, in the writer's order
+
+
+def test_compaction_keeps_newest_per_key_with_offsets(system: SystemUnderTest) -> None:
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(10):
+        producer.send("s", 0, rec(f"k{i % 3}", f"v{i}", i))
+    producer.send("s", 0, rec("k1", None, 10))  # delete k1
+    producer.flush()
+    assert admin.compact("s", 0) == (11, 3)
+    consumer = system.factory.get_consumer("fl", system.config)
+    got = consumer.read(SSP, "0", "100")
+    assert [(r.offset, r.key, r.value) for r in got] == [
+        ("8", b"k2", b"v8"),
+        ("9", b"k0", b"v9"),
+        ("10", b"k1", None),
+    ]
+    meta = admin.get_metadata([SSP])[SSP]
+    assert (meta.oldest, meta.upcoming) == ("8", "11")
+    producer.send("s", 0, rec("k5", "after", 11))
+    producer.flush()
+    assert consumer.read(SSP, "11", "12")[0].value == b"after"
+    assert admin.offset_for_timestamp(SSP, 9) == "9"
+
+
+def test_bad_names_and_partitions_are_refused(system: SystemUnderTest) -> None:
+    admin = system.factory.get_admin("fl", system.config)
+    with pytest.raises(UserError, match="invalid stream name"):
+        admin.create_stream(StreamSpec("../escape", 1))
+    admin.create_stream(StreamSpec("s", 2))
+    with pytest.raises(UserError, match=r"partition 5 of fl.s does not exist \(partitions 0..1\)"):
+        system.factory.get_producer("fl", system.config).send("s", 5, rec("a", "b", 1))
