@@ -75,7 +75,7 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         try:
             return sum(1 for w in self.status().get("workers", []) if w.get("state") == "ALIVE")
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty answer while starting
             return 0
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
