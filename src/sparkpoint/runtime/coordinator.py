@@ -69,7 +69,7 @@ class BatchReport:
     sent: int
     committed: bool
     commit_seconds: float
-    task_seconds: float
+    task_seconds: float  # summed over tasks: the executor time the batch's work took
     lag: dict[str, int]
     restored: list[tuple[str, RestoreInfo]]
 
@@ -301,7 +301,7 @@ class JobCoordinator:
             sent=sum(r.sent for r in results),
             committed=committed,
             commit_seconds=max((r.commit_seconds for r in results), default=0.0),
-            task_seconds=max((r.total_seconds for r in results), default=0.0),
+            task_seconds=sum(r.total_seconds for r in results),
             lag={},
             restored=[(r.task, i) for r in results for i in r.restored if i.source != "in-process"],
         )

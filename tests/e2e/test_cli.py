@@ -1,0 +1,80 @@
+"""The CLI as a user runs it: stream write/read, checkpoint show, and SIGTERM during a run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import load_config, parse_overrides
+from tests.e2e.cli import JOB, popen, sp
+from tests.runtime.helpers import committed_counts, generate
+
+
+def test_stream_write_then_read(tmp_path: Path) -> None:
+    s = ["--set", f"job.data.dir={tmp_path}"]
+    lines = "\n".join(
+        json.dumps({"key": f"u{i}", "value": {"n": i}, "timestamp": 1000 + i}) for i in range(10)
+    )
+    proc = sp("stream", "write", str(JOB), "pageviews", *s, stdin=lines)
+    assert "wrote 10 records to filelog.pageviews" in proc.stderr
+    listed = sp("stream", "list", str(JOB), *s).stdout
+    assert "filelog.pageviews\tpartitions=4\tmessages=10" in listed
+    rows = [
+        json.loads(x) for x in sp("stream", "read", str(JOB), "pageviews", *s).stdout.splitlines()
+    ]
+    assert sorted(r["value"]["n"] for r in rows) == list(range(10))
+    assert all(r["key"] == f"u{r['value']['n']}" for r in rows)
+    one = sp("stream", "read", str(JOB), "pageviews", "--partition", "2", "--from", "1", *s).stdout
+    assert all(json.loads(x)["partition"] == 2 for x in one.splitlines())
+    bad = sp(
+        "stream", "write", str(JOB), "pageviews", *s, stdin='{"key": "a"}\nnot json\n', check=False
+    )
+    assert bad.returncode == 2 and "stdin line 2" in bad.stderr
+
+
+def test_every_subcommand_has_help_with_an_example() -> None:
+    for cmd in (
+        ["run"],
+        ["stream", "create"],
+        ["stream", "list"],
+        ["stream", "write"],
+        ["stream", "read"],
+        ["checkpoint", "show"],
+        ["state", "dump"],
+        ["config", "show"],
+    ):
+        out = sp(*cmd, "--help").stdout
+        assert "Example" in out, cmd
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_batch_commits_and_exits_0(tmp_path: Path) -> None:
+    sets = [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=3600000",
+        "task.batch.max.messages=500",
+    ]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    generate(config, tmp_path / "job.yaml", 200_000, seed=12)
+    driver = popen("run", str(JOB), *set_args, log=tmp_path / "run.log")
+    log = tmp_path / "run.log"
+    deadline = time.monotonic() + 120
+    while "batch 2:" not in log.read_text():
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(60) == 0, log.read_text()
+    assert "done (signal SIGTERM)" in log.read_text()
+    checkpoints = CheckpointManager(config).read_all()
+    assert len(checkpoints) == 4  # commit.ms is an hour: only the shutdown committed
+    done = sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values())
+    assert done == sum(committed_counts(config).values()) > 0
+    show = json.loads(sp("checkpoint", "show", str(JOB), "--json", *set_args).stdout)
+    assert set(show) == {f"Partition {p}" for p in range(4)}
