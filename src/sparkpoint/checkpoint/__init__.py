@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 
-__all__ = ["CheckpointId", "CheckpointV2"]
+__all__ = ["Checkpoint", "CheckpointId", "CheckpointV1", "CheckpointV2"]

@@ -1,4 +1,6 @@
-"""Checkpoint V2: a checkpoint id, input offsets, and state checkpoint markers, immutable.
+"""Checkpoints V1 and V2: what a task committed, immutable, with their JSON forms.
+
+V2 (SEP-28) holds a checkpoint id, input offsets and state checkpoint markers.
 
 JSON form (the reference's field names)::
 
@@ -8,6 +10,13 @@ JSON form (the reference's field names)::
 
 Input offsets are the offsets of the *last processed* message of each SSP (Samza's convention);
 reading resumes at the system admin's ``offset_after`` of it.
+
+V1 (Samza's original) is a flat map of SSP to offset, where a changelog SSP's offset has the
+form ``<checkpointId>:<changelog offset>``. sparkpoint's V1 JSON adds the checkpoint id, so a
+task's local state can be matched to a V1 checkpoint even for stores without a changelog::
+
+    {"version": 1, "checkpoint-id": "<millis>-<nanos>",
+     "offsets": {"<system>.<stream>.<partition>": "<offset>"}}
 """
 
 from __future__ import annotations
@@ -83,3 +92,62 @@ class CheckpointV2:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
         return cls.from_json(data)
+
+
+@dataclass(frozen=True)
+class CheckpointV1:
+    """A V1 checkpoint: every SSP's offset, changelog SSPs included (``<id>:<offset>``)."""
+
+    checkpoint_id: CheckpointId
+    input_offsets: Mapping[SystemStreamPartition, str]
+
+    VERSION = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_offsets", _frozen(self.input_offsets))
+
+    @property
+    def state_checkpoint_markers(self) -> Mapping[str, Mapping[str, str]]:
+        """V1 has no markers; changelog positions are among ``input_offsets``."""
+        return MappingProxyType({})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.VERSION,
+            "checkpoint-id": str(self.checkpoint_id),
+            "offsets": {str(s): o for s, o in sorted(self.input_offsets.items())},
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: Any) -> CheckpointV1:
+        if not isinstance(data, Mapping) or data.get("version") != cls.VERSION:
+            raise CheckpointError("not a version 1 checkpoint")
+        try:
+            offsets = {SystemStreamPartition.parse(k): str(v) for k, v in data["offsets"].items()}
+            return cls(CheckpointId.parse(str(data["checkpoint-id"])), offsets)
+        except (KeyError, AttributeError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"malformed checkpoint V1: {exc}") from exc
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> CheckpointV1:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
+        return cls.from_json(data)
+
+    @classmethod
+    def from_v2(
+        cls, v2: CheckpointV2, changelog_offsets: Mapping[SystemStreamPartition, str] | None = None
+    ) -> CheckpointV1:
+        """The V1 form of a V2 checkpoint; changelog SSPs get ``<checkpointId>:<offset>``."""
+        offsets = dict(v2.input_offsets)
+        for ssp, offset in (changelog_offsets or {}).items():
+            offsets[ssp] = f"{v2.checkpoint_id}:{offset}"
+        return cls(v2.checkpoint_id, offsets)
+
+
+Checkpoint = CheckpointV1 | CheckpointV2

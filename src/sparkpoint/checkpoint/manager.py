@@ -1,9 +1,15 @@
 """The checkpoint stream: one compacted, single-partition stream per job, written by the driver.
 
-Each message's key is JSON ``{"taskName": ..., "type": "checkpoint-v2"}`` and its value the
-checkpoint's JSON. The last message per key wins. Readers skip message types they do not know,
-so newer writers never break older readers. A message that cannot be parsed is an error naming
-the stream, offset and task, never silently skipped: a lost checkpoint would rewind a task.
+Each message's key is JSON ``{"taskName": ..., "type": ...}`` with type ``checkpoint`` (V1) or
+``checkpoint-v2`` (V2); the value is the checkpoint's JSON, and the last message per key wins.
+
+Writing: every commit is written in each version of ``task.checkpoint.write.versions`` (default
+``1,2``), all in one durable append. Reading: ``task.checkpoint.read.versions`` (default ``1``)
+lists versions by priority; the checkpoint of the first version present is used, unless one of a
+lower priority is more than ``task.live.checkpoint.max.age`` ms newer (by checkpoint id). A read
+always returns one whole message, so offsets and state markers always come from one commit.
+Readers skip message types and versions they do not know; a message of a known type that cannot
+be parsed is an error naming the stream, offset and task.
 """
 
 from __future__ import annotations
@@ -12,20 +18,34 @@ import json
 import logging
 from collections.abc import Mapping
 
-from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.config import Config
-from sparkpoint.errors import CheckpointError
+from sparkpoint.errors import CheckpointError, ConfigError
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.base import Record, StreamSpec, SystemProducer
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
-TYPE_V2 = "checkpoint-v2"
+TYPES: dict[int, str] = {1: "checkpoint", 2: "checkpoint-v2"}
+PARSERS: dict[int, type[CheckpointV1] | type[CheckpointV2]] = {1: CheckpointV1, 2: CheckpointV2}
 
 
 def checkpoint_stream_name(config: Config) -> str:
     return f"__checkpoint-{config.job_name}-{config.job_id}"
+
+
+def parse_versions(config: Config, key: str, default: str) -> list[int]:
+    raw = config.get_str(key) or default
+    try:
+        versions = [int(v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        versions = []
+    if not versions or any(v not in TYPES for v in versions) or len(set(versions)) != len(versions):
+        raise ConfigError(
+            f"{key}={raw!r} is invalid; allowed: a list of distinct versions from 1, 2"
+        )
+    return versions
 
 
 class CheckpointManager:
@@ -38,28 +58,46 @@ class CheckpointManager:
         self.stream = checkpoint_stream_name(config)
         self._ssp = SystemStreamPartition(self._system, self.stream, 0)
         self._admin = self._systems.admin(self._system)
-        self._producer = None
-        self._read_upto: str | None = None  # next offset to read
-        self._latest: dict[TaskName, CheckpointV2] = {}
+        self._producer: SystemProducer | None = None
+        self._read_upto: str | None = None
+        self._latest: dict[int, dict[TaskName, Checkpoint]] = {v: {} for v in TYPES}
+        self.write_versions = parse_versions(config, "task.checkpoint.write.versions", "1,2")
+        self.read_versions = parse_versions(config, "task.checkpoint.read.versions", "1")
+        self.max_age_ms = config.get_int("task.live.checkpoint.max.age", 600_000)
 
     def create_resources(self) -> None:
         """Create the checkpoint stream if absent. Idempotent."""
         self._admin.create_stream(StreamSpec(self.stream, 1, compacted=True))
 
-    def write_checkpoint(self, task: TaskName, checkpoint: CheckpointV2) -> None:
-        """Append the checkpoint and flush: durable when this returns."""
-        if self._producer is None:
-            self._producer = self._systems.producer(self._system)  # type: ignore[assignment]
-        key = json.dumps({"taskName": task.name, "type": TYPE_V2}, sort_keys=True).encode()
-        assert self._producer is not None
-        self._producer.send(self.stream, 0, Record("", key, checkpoint.dumps().encode(), 0))
-        self._producer.flush()
-        self._latest[task] = checkpoint
+    def _key(self, task: TaskName, version: int) -> bytes:
+        return json.dumps({"taskName": task.name, "type": TYPES[version]}, sort_keys=True).encode()
 
-    def read_all(self) -> Mapping[TaskName, CheckpointV2]:
-        """The last checkpoint of every task, reading what was appended since the last call."""
+    def write_checkpoint(
+        self,
+        task: TaskName,
+        checkpoint: CheckpointV2,
+        *,
+        changelog_offsets: Mapping[SystemStreamPartition, str] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
+        """Write ``checkpoint`` in every configured version, durably, in one append."""
+        if self._producer is None:
+            self._producer = self._systems.producer(self._system)
+        forms: dict[int, Checkpoint] = {
+            1: CheckpointV1.from_v2(checkpoint, changelog_offsets),
+            2: checkpoint,
+        }
+        for version in versions or self.write_versions:
+            form = forms[version]
+            record = Record("", self._key(task, version), form.dumps().encode(), 0)
+            self._producer.send(self.stream, 0, record)
+        self._producer.flush()
+        for version in versions or self.write_versions:
+            self._latest[version][task] = forms[version]
+
+    def _refresh(self) -> None:
         if self.stream not in self._admin.list_streams():
-            return dict(self._latest)
+            return
         meta = self._admin.get_metadata([self._ssp])[self._ssp]
         start = self._read_upto or meta.oldest
         if self._admin.offset_comparator(start, meta.upcoming) < 0:
@@ -70,10 +108,43 @@ class CheckpointManager:
             finally:
                 consumer.close()
         self._read_upto = meta.upcoming
-        return dict(self._latest)
 
-    def read_last_checkpoint(self, task: TaskName) -> CheckpointV2 | None:
-        return self.read_all().get(task)
+    def read_version(self, version: int) -> dict[TaskName, Checkpoint]:
+        """The last checkpoint of every task in one version, whatever the read config."""
+        self._refresh()
+        return dict(self._latest[version])
+
+    def read_all(self) -> dict[TaskName, Checkpoint]:
+        """The checkpoint to use for every task, by the read versions and their priority."""
+        self._refresh()
+        tasks = {t for v in self.read_versions for t in self._latest[v]}
+        return {t: c for t in tasks if (c := self._choose(t)) is not None}
+
+    def read_last_checkpoint(self, task: TaskName) -> Checkpoint | None:
+        self._refresh()
+        return self._choose(task)
+
+    def _choose(self, task: TaskName) -> Checkpoint | None:
+        chosen: Checkpoint | None = None
+        for version in self.read_versions:
+            candidate = self._latest[version].get(task)
+            if candidate is None:
+                continue
+            if chosen is None:
+                chosen = candidate
+                continue
+            newer_by = candidate.checkpoint_id.millis - chosen.checkpoint_id.millis
+            if newer_by > self.max_age_ms:
+                log.warning(
+                    "task %s: using the V%d checkpoint %s, %d ms newer than the preferred %s",
+                    task,
+                    version,
+                    candidate.checkpoint_id,
+                    newer_by,
+                    chosen.checkpoint_id,
+                )
+                chosen = candidate
+        return chosen
 
     def _apply(self, rec: Record) -> None:
         where = f"checkpoint stream {self._ssp} offset {rec.offset}"
@@ -83,14 +154,22 @@ class CheckpointManager:
             kind = str(key["type"])
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{where}: unreadable key {rec.key!r}: {exc}") from exc
-        if kind != TYPE_V2:
-            log.debug("%s: skipping message of type %s for %s", where, kind, task)
+        version = next((v for v, t in TYPES.items() if t == kind), None)
+        if version is None:
+            log.debug("%s: skipping message of unknown type %s for %s", where, kind, task)
             return
         if rec.value is None:
-            self._latest.pop(task, None)
+            self._latest[version].pop(task, None)
             return
         try:
-            self._latest[task] = CheckpointV2.loads(rec.value)
+            data = json.loads(rec.value)
+        except ValueError as exc:
+            raise CheckpointError(f"{where}: task {task}: checkpoint is not JSON: {exc}") from exc
+        if isinstance(data, dict) and data.get("version") not in (None, version):
+            log.debug("%s: skipping %s message of version %s", where, kind, data.get("version"))
+            return
+        try:
+            self._latest[version][task] = PARSERS[version].from_json(data)
         except CheckpointError as exc:
             raise CheckpointError(f"{where}: task {task}: {exc}") from exc
 

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.checkpoint.offsets import OffsetManager
 from sparkpoint.config import Config
 from sparkpoint.errors import StreamNotFound
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
@@ -49,7 +50,7 @@ class TaskState:
     """What the driver knows about one task between batches."""
 
     model: TaskModel
-    last_checkpoint: CheckpointV2 | None
+    last_checkpoint: Checkpoint | None
     expected_state_id: str
     resume: dict[SystemStreamPartition, str]
     last_processed: dict[SystemStreamPartition, str]
@@ -118,6 +119,7 @@ class JobCoordinator:
         self.listener = listener
         self.systems = systems or Systems(config)
         self.checkpoints = CheckpointManager(config, self.systems)
+        self.offsets = OffsetManager(config, self.systems)
         self.run_id = uuid.uuid4().hex[:12]
         self.stop_event = threading.Event()
         self.stop_reason = ""
@@ -153,46 +155,6 @@ class JobCoordinator:
             out.update(self.systems.admin(system).get_metadata(members))
         return out
 
-    def _default_start(self, ssp: SystemStreamPartition, meta: PartitionMetadata) -> str:
-        policy = self.config.stream_key(ssp.system_stream, "samza.offset.default") or "oldest"
-        return meta.upcoming if policy == "upcoming" else meta.oldest
-
-    def _start_offsets(
-        self,
-        model: TaskModel,
-        checkpoint: CheckpointV2 | None,
-        meta: Mapping[SystemStreamPartition, PartitionMetadata],
-    ) -> tuple[dict[SystemStreamPartition, str], dict[SystemStreamPartition, str]]:
-        """Next offset per SSP and the checkpointed last-processed offsets still in the job."""
-        nxt: dict[SystemStreamPartition, str] = {}
-        last: dict[SystemStreamPartition, str] = {}
-        offsets = dict(checkpoint.input_offsets) if checkpoint else {}
-        for ssp in set(offsets) - set(model.ssps):
-            log.info("task %s: dropping checkpointed %s, no longer an input", model.name, ssp)
-        for ssp in model.sorted_ssps():
-            admin = self.systems.admin(ssp.system)
-            m = meta[ssp]
-            reset = self.config.get_bool(f"streams.{ssp.stream}.samza.reset.offset")
-            if ssp in offsets and not reset:
-                candidate = admin.offset_after(ssp, offsets[ssp])
-                if admin.offset_comparator(candidate, m.oldest) < 0:
-                    nxt[ssp] = self._default_start(ssp, m)
-                    log.warning(
-                        "task %s: %s checkpointed offset %s is no longer in the stream "
-                        "(oldest is %s); following the default policy: start at %s",
-                        model.name,
-                        ssp,
-                        offsets[ssp],
-                        m.oldest,
-                        nxt[ssp],
-                    )
-                else:
-                    nxt[ssp] = candidate
-                    last[ssp] = offsets[ssp]
-            else:
-                nxt[ssp] = self._default_start(ssp, m)
-        return nxt, last
-
     def start(self) -> JobModel:
         ssps = self.all_ssps()
         model = group_by_partition(self.config.job_name, self.config.job_id, ssps)
@@ -201,7 +163,7 @@ class JobCoordinator:
         meta = self.metadata(ssps)
         for task in model.sorted_tasks():
             ckpt = checkpoints.get(task.name)
-            nxt, last = self._start_offsets(task, ckpt, meta)
+            nxt, last = self.offsets.starting_offsets(task, ckpt, meta)
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,

@@ -1,0 +1,1 @@
+"""Job metadata kept across restarts: the coordinator stream and the metadata store on it."""
