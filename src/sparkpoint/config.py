@@ -121,6 +121,25 @@ KEYS: tuple[ConfigKey, ...] = (
         "system of the checkpoint stream (default: job.coordinator.system)",
     ),
     ConfigKey(
+        "task.checkpoint.write.versions",
+        "1,2",
+        "a list of versions from 1, 2",
+        "checkpoint versions written at every commit",
+    ),
+    ConfigKey(
+        "task.checkpoint.read.versions",
+        "1",
+        "a list of versions from 1, 2 (by priority)",
+        "checkpoint versions read at start, in priority order",
+    ),
+    ConfigKey(
+        "task.live.checkpoint.max.age",
+        "600000",
+        "an integer >= 0 (milliseconds)",
+        "a lower-priority checkpoint this much newer than the preferred one wins",
+        _int(0),
+    ),
+    ConfigKey(
         "task.batch.max.messages",
         "10000",
         "an integer >= 1",

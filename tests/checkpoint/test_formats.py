@@ -38,3 +38,27 @@ def test_v2_is_immutable_and_bad_input_is_clear() -> None:
         CheckpointV2.loads('{"version": 1}')
     with pytest.raises(CheckpointError, match="malformed"):
         CheckpointV2.loads('{"version": 2, "checkpoint-id": "1-2", "input-offsets": {"x": "1"}}')
+
+
+def test_v1_round_trip_with_changelog_offsets() -> None:
+    from sparkpoint.checkpoint import CheckpointV1
+
+    v2 = CheckpointV2(CheckpointId.create(), {SystemStreamPartition("fl", "pv", 0): "9"})
+    changelog = SystemStreamPartition("fl", "store-changelog", 0)
+    v1 = CheckpointV1.from_v2(v2, {changelog: "123"})
+    assert v1.input_offsets[changelog] == f"{v2.checkpoint_id}:123"
+    assert CheckpointV1.loads(v1.dumps()) == v1
+    with pytest.raises(CheckpointError, match="not a version 1"):
+        CheckpointV1.loads(v2.dumps())
+
+
+def test_marker_serde_keeps_separators_in_the_payload() -> None:
+    from sparkpoint.checkpoint.markers import SerializedMarker
+
+    marker = SerializedMarker(1, "changelog", "1700000000000-5:42")
+    text = str(marker)
+    assert text == "1:changelog:1700000000000-5:42"
+    assert SerializedMarker.parse(text) == marker
+    for bad in ("1:changelog", "x:y:z", ":a:b", "1::p"):
+        with pytest.raises(CheckpointError, match="invalid state checkpoint marker"):
+            SerializedMarker.parse(bad)
