@@ -24,7 +24,8 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.checkpoint.offsets import OffsetManager
 from sparkpoint.config import Config
-from sparkpoint.errors import StreamNotFound
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.job_state import Heartbeat, assign_changelog_partitions, store_config
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
 from sparkpoint.runtime.plan import (
     EMPTY_STATE,
@@ -124,6 +125,7 @@ class JobCoordinator:
         self.stop_event = threading.Event()
         self.stop_reason = ""
         self.model: JobModel | None = None
+        self.metadata_store: CoordinatorStreamStore | None = None
         self.tasks: dict[str, TaskState] = {}
         self._batch = 0
         self._last_commit = time.monotonic()
@@ -131,18 +133,7 @@ class JobCoordinator:
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
-        ssps: list[SystemStreamPartition] = []
-        for stream in self.config.inputs:
-            admin = self.systems.admin(stream.system)
-            if stream.stream not in admin.list_streams():
-                known = ", ".join(admin.list_streams()) or "none"
-                raise StreamNotFound(
-                    f"input stream {stream} does not exist (task.inputs); streams in system "
-                    f"{stream.system}: {known}. Create it with 'sparkpoint stream create'."
-                )
-            n = admin.partition_count(stream.stream)
-            ssps.extend(SystemStreamPartition(stream.system, stream.stream, p) for p in range(n))
-        return ssps
+        return self.systems.partitions_of(self.config.inputs)
 
     def metadata(
         self, ssps: list[SystemStreamPartition]
@@ -158,6 +149,11 @@ class JobCoordinator:
     def start(self) -> JobModel:
         ssps = self.all_ssps()
         model = group_by_partition(self.config.job_name, self.config.job_id, ssps)
+        self.metadata_store = CoordinatorStreamStore(
+            self.config, self.systems, source="coordinator"
+        )
+        store_config(self.metadata_store, self.config)
+        model = assign_changelog_partitions(self.metadata_store, model)
         self.checkpoints.create_resources()
         checkpoints = self.checkpoints.read_all()
         meta = self.metadata(ssps)
@@ -284,6 +280,14 @@ class JobCoordinator:
         """Run batches until stopped; always finish with a commit of every task."""
         if self.model is None:
             self.start()
+        heartbeat = Heartbeat(self.config, self.run_id)
+        heartbeat.start()
+        try:
+            return self._run(until_caught_up, max_batches)
+        finally:
+            heartbeat.stop()
+
+    def _run(self, until_caught_up: bool, max_batches: int | None) -> RunSummary:
         summary = RunSummary()
         started = time.monotonic()
         ssps = [s for ts in self.tasks.values() for s in ts.model.ssps]
@@ -348,5 +352,7 @@ class JobCoordinator:
         summary.lag = report.lag
 
     def close(self) -> None:
+        if self.metadata_store is not None:
+            self.metadata_store.close()
         self.checkpoints.close()
         self.systems.close()

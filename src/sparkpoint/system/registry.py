@@ -8,11 +8,12 @@ Implementations load lazily, so a system's dependencies are imported only when i
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib.metadata import entry_points
 
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, StreamNotFound
+from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -85,6 +86,21 @@ class Systems:
 
     def producer(self, system: str) -> SystemProducer:
         return self.factory(system).get_producer(system, self._config)
+
+    def partitions_of(self, streams: Iterable[SystemStream]) -> list[SystemStreamPartition]:
+        """Every partition of ``streams``; :class:`StreamNotFound` names a missing one."""
+        ssps: list[SystemStreamPartition] = []
+        for stream in streams:
+            admin = self.admin(stream.system)
+            if stream.stream not in admin.list_streams():
+                known = ", ".join(admin.list_streams()) or "none"
+                raise StreamNotFound(
+                    f"input stream {stream} does not exist (task.inputs); streams in system "
+                    f"{stream.system}: {known}. Create it with 'sparkpoint stream create'."
+                )
+            n = admin.partition_count(stream.stream)
+            ssps.extend(SystemStreamPartition(stream.system, stream.stream, p) for p in range(n))
+        return ssps
 
     def close(self) -> None:
         for admin in self._admins.values():

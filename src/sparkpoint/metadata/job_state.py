@@ -1,0 +1,138 @@
+"""What the coordinator keeps in the metadata store across restarts.
+
+* ``set-config``: the job's config as last run. A new run compares its config with it, logs
+  every added, changed and removed key, and stores the new one.
+* ``set-changelog``: task -> changelog partition. Existing tasks keep their partition for ever,
+  also when the number of tasks grows; a new task takes its own partition number when that is
+  free, else the lowest free one.
+* ``liveness``: the running driver's heartbeat, so tools refuse to change checkpoints under it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from sparkpoint.config import Config
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG, SET_CONFIG, CoordinatorStreamStore
+from sparkpoint.model import JobModel
+
+log = logging.getLogger(__name__)
+
+LIVENESS = "liveness"
+HEARTBEAT_SECONDS = 5.0
+
+
+def config_diff(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
+    """Human-readable lines: ``+ key=value``, ``- key (was value)``, ``~ key: old -> new``."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            lines.append(f"+ {key}={new[key]}")
+        elif key not in new:
+            lines.append(f"- {key} (was {old[key]})")
+        elif old[key] != new[key]:
+            lines.append(f"~ {key}: {old[key]} -> {new[key]}")
+    return lines
+
+
+def store_config(store: MetadataStore, config: Config) -> list[str]:
+    """Write ``config`` as the job's config; return (and log) the diff from the stored one."""
+    old = store.all(SET_CONFIG)
+    new = config.to_dict()
+    diff = config_diff(old, new)
+    if old and diff:
+        log.warning("job config changed since the last run:\n  %s", "\n  ".join(diff))
+    changes: dict[str, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
+    changes.update({k: None for k in old if k not in new})
+    if changes:
+        store.put_all(SET_CONFIG, changes)
+    return diff
+
+
+def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobModel:
+    """The model with stable changelog partitions, stored for the next run."""
+    mapping = {k: int(v) for k, v in store.all(SET_CHANGELOG).items()}
+    used = set(mapping.values())
+    added: dict[str, str | None] = {}
+    for task in model.sorted_tasks():
+        name = task.name.name
+        if name in mapping:
+            continue
+        wanted = task.changelog_partition
+        if wanted in used:
+            wanted = next(p for p in range(len(used) + len(model.tasks) + 1) if p not in used)
+        mapping[name] = wanted
+        used.add(wanted)
+        added[name] = str(wanted)
+    if added:
+        store.put_all(SET_CHANGELOG, added)
+    tasks = {n: replace(t, changelog_partition=mapping[n.name]) for n, t in model.tasks.items()}
+    return JobModel(model.job_name, model.job_id, tasks)
+
+
+def read_liveness(store: MetadataStore) -> dict[str, Any] | None:
+    """The last heartbeat of a running driver, or ``None`` when no driver is registered."""
+    store.refresh()
+    raw = store.get(LIVENESS, "driver")
+    return None if raw is None else dict(json.loads(raw))
+
+
+def is_running(store: MetadataStore, now_ms: int | None = None) -> dict[str, Any] | None:
+    """The heartbeat if it is fresh enough to mean a driver is running now."""
+    beat = read_liveness(store)
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    if beat and now_ms - int(beat["heartbeat"]) < 3 * HEARTBEAT_SECONDS * 1000:
+        return beat
+    return None
+
+
+class Heartbeat:
+    """Writes the driver's liveness record every few seconds on a daemon thread."""
+
+    def __init__(self, config: Config, run_id: str) -> None:
+        self._config = config
+        self._run_id = run_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sparkpoint-heartbeat", daemon=True)
+        self._store: CoordinatorStreamStore | None = None
+
+    def _beat(self) -> None:
+        assert self._store is not None
+        value = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "run-id": self._run_id,
+            "heartbeat": int(time.time() * 1000),
+        }
+        self._store.put(LIVENESS, "driver", json.dumps(value))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self._beat()
+            except Exception:  # a missed heartbeat must not kill the job
+                log.exception("could not write the driver heartbeat")
+
+    def start(self) -> None:
+        self._store = CoordinatorStreamStore(self._config, source="heartbeat")
+        self._beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and remove the record (a clean exit)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._store is not None:
+            self._store.delete(LIVENESS, "driver")
+            self._store.close()
+            self._store = None
