@@ -220,17 +220,26 @@ def stream_read(
 def checkpoint_show(
     job: JobArg,
     task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    version: Annotated[
+        int | None,
+        typer.Option(help="Show this version (1 or 2) instead of the one the job reads."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Show the last checkpoint of each task: id, input offsets and state markers.
 
-    Example: `sparkpoint checkpoint show job.yaml --task "Partition 0" --json`
+    Without --version it shows what the job would read (task.checkpoint.read.versions).
+
+    Example: `sparkpoint checkpoint show job.yaml --task "Partition 0" --version 2 --json`
     """
-    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.checkpoint.manager import TYPES, CheckpointManager
 
     config = _config(job, set_)
-    checkpoints = CheckpointManager(config).read_all()
+    manager = CheckpointManager(config)
+    if version is not None and version not in TYPES:
+        raise UserError(f"--version {version}: known versions are {', '.join(map(str, TYPES))}")
+    checkpoints = manager.read_all() if version is None else manager.read_version(version)
     items = sorted(checkpoints.items(), key=lambda kv: (len(kv[0].name), kv[0].name))
     if task is not None:
         items = [(t, c) for t, c in items if t.name == task]
@@ -243,12 +252,40 @@ def checkpoint_show(
     if not items:
         print("no checkpoints yet")
     for t, c in items:
-        print(f"{t.name}: checkpoint {c.checkpoint_id}")
+        print(f"{t.name}: checkpoint {c.checkpoint_id} (V{c.VERSION})")
         for ssp, offset in sorted(c.input_offsets.items()):
             print(f"  {ssp}: {offset}")
         for factory, stores in sorted(c.state_checkpoint_markers.items()):
             for store, marker in sorted(stores.items()):
                 print(f"  state {factory}/{store}: {marker}")
+
+
+@checkpoint_app.command("set")
+def checkpoint_set(
+    job: JobArg,
+    file: Annotated[Path, typer.Option("--file", "-f", help="YAML of task or SSP to offset.")],
+    force: Annotated[
+        bool, typer.Option(help="Write even though the job's driver looks alive.")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Set a stopped job's checkpointed offsets (the last processed offset per SSP).
+
+    Every SSP and offset is checked against the streams before anything is written. State is
+    kept as committed: only where the job reads from changes.
+
+    File, per SSP or per task: `filelog.pageviews.0: 41` or
+    `Partition 0: {filelog.pageviews.0: 41}`
+
+    Example: `sparkpoint checkpoint set job.yaml --file offsets.yaml`
+    """
+    from sparkpoint.tools.checkpoints import set_checkpoints
+
+    config = _config(job, set_)
+    written = set_checkpoints(config, file, force=force)
+    for task, checkpoint in sorted(written.items()):
+        offsets = ", ".join(f"{s}={o}" for s, o in sorted(checkpoint.input_offsets.items()))
+        print(f"{task}: {offsets}")
 
 
 @state_app.command("dump")
@@ -272,13 +309,24 @@ def state_dump(
 
 @config_app.command("show")
 def config_show(job: JobArg, set_: SetOpt = None) -> None:
-    """Print the job's effective config (file, --set overrides and derived paths).
+    """Print the config the coordinator would use, and where each value comes from.
+
+    Sources: file, --set, derived (paths from job.data.dir) or default. Values that differ from
+    the job's last run (kept in its coordinator stream) are marked.
 
     Example: `sparkpoint config show job.yaml --set task.commit.ms=1000`
     """
-    config = _config(job, set_)
-    for key in sorted(config):
-        print(f"{key}={config[key]}")
+    from sparkpoint.config import config_sources
+    from sparkpoint.metadata.coordinator_stream import SET_CONFIG, CoordinatorStreamStore
+
+    overrides = parse_overrides(set_ or [])
+    config = load_config(job, overrides)
+    last = CoordinatorStreamStore(config, source="config-show").all(SET_CONFIG)
+    for key, value, source in config_sources(job, overrides):
+        note = ""
+        if last and source != "default" and last.get(key) != value:
+            note = f"  [last run: {last[key]}]" if key in last else "  [new since last run]"
+        print(f"{key}={value}  ({source}){note}")
 
 
 @config_app.command("keys")

@@ -492,3 +492,24 @@ def load_config(
             Path(values["job.logged.store.base.dir"]).expanduser().resolve()
         )
     return Config(values)
+
+
+def config_sources(
+    job_file: str | Path | None, overrides: Mapping[str, str]
+) -> list[tuple[str, str, str]]:
+    """``(key, value, source)`` of the effective config: file, --set, derived or default."""
+    from_file = read_job_file(job_file) if job_file is not None else {}
+    config = load_config(job_file, overrides)
+    rows = []
+    for key in sorted(config):
+        if key in overrides:
+            source = "--set"
+        elif key in from_file:
+            source = "file" if from_file[key] == config[key] else "file (made absolute)"
+        else:
+            source = "derived"
+        rows.append((key, config[key], source))
+    for spec in KEYS:
+        if "<s>" not in spec.pattern and spec.pattern not in config and spec.default is not None:
+            rows.append((spec.pattern, spec.default, "default"))
+    return sorted(rows)

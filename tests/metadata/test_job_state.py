@@ -1,0 +1,77 @@
+"""Config kept across runs, stable changelog partitions, and the driver's liveness record."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG, CoordinatorStreamStore
+from sparkpoint.metadata.job_state import (
+    Heartbeat,
+    assign_changelog_partitions,
+    is_running,
+    read_liveness,
+    store_config,
+)
+from sparkpoint.model import SystemStreamPartition, group_by_partition
+
+
+def config(tmp_path: Path, **values: str) -> Config:
+    return load_config(
+        None,
+        {"job.name": "j", "systems.fl.factory": "filelog", "job.data.dir": str(tmp_path), **values},
+    )
+
+
+def test_changed_config_is_stored_with_a_logged_diff(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CoordinatorStreamStore(config(tmp_path))
+    assert store_config(store, config(tmp_path, **{"task.commit.ms": "100"}))  # first run: all new
+    with caplog.at_level(logging.WARNING):
+        diff = store_config(
+            CoordinatorStreamStore(config(tmp_path)),
+            config(tmp_path, **{"task.commit.ms": "200", "task.window.ms": "5"}),
+        )
+    assert "~ task.commit.ms: 100 -> 200" in diff and "+ task.window.ms=5" in diff
+    assert "task.commit.ms: 100 -> 200" in caplog.text
+    again = CoordinatorStreamStore(config(tmp_path))
+    assert again.get("set-config", "task.commit.ms") == "200"
+    assert store_config(again, config(tmp_path)) == [
+        "- task.commit.ms (was 200)",
+        "- task.window.ms (was 5)",
+    ]
+    assert CoordinatorStreamStore(config(tmp_path)).get("set-config", "task.commit.ms") is None
+
+
+def test_changelog_partitions_are_stable_when_tasks_grow(tmp_path: Path) -> None:
+    c = config(tmp_path)
+    two = group_by_partition("j", "1", [SystemStreamPartition("fl", "a", p) for p in range(2)])
+    store = CoordinatorStreamStore(c)
+    # pretend an earlier version mapped the tasks the other way round
+    store.put_all(SET_CHANGELOG, {"Partition 0": "1", "Partition 1": "0"})
+    first = assign_changelog_partitions(store, two)
+    assert first.task("Partition 0").changelog_partition == 1
+    four = group_by_partition("j", "1", [SystemStreamPartition("fl", "a", p) for p in range(4)])
+    grown = assign_changelog_partitions(CoordinatorStreamStore(c), four)
+    got = {t.name.name: t.changelog_partition for t in grown.tasks.values()}
+    assert got == {"Partition 0": 1, "Partition 1": 0, "Partition 2": 2, "Partition 3": 3}
+    assert CoordinatorStreamStore(c).all(SET_CHANGELOG) == {k: str(v) for k, v in got.items()}
+
+
+def test_heartbeat_marks_the_job_running_until_it_stops(tmp_path: Path) -> None:
+    c = config(tmp_path)
+    store = CoordinatorStreamStore(c)
+    assert is_running(store) is None
+    beat = Heartbeat(c, "run-1")
+    beat.start()
+    running = is_running(store)
+    assert running is not None and running["run-id"] == "run-1"
+    stale = int(time.time() * 1000) + 60_000
+    assert is_running(store, now_ms=stale) is None  # a driver that stopped beating long ago
+    beat.stop()
+    assert read_liveness(store) is None

@@ -1,0 +1,93 @@
+"""The checkpoint tool rewinds a stopped job; bad input writes nothing and says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import load_config
+from sparkpoint.errors import UserError
+from sparkpoint.metadata.job_state import Heartbeat
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.checkpoints import set_checkpoints
+from tests.conftest import pageviews_config
+from tests.runtime.helpers import committed_counts, generate
+
+
+def test_rewind_a_stopped_job(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path, **{"task.commit.ms": "0"}))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 800, seed=31)
+    JobCoordinator(config, InlineRunner()).run(until_caught_up=True)
+    before = CheckpointManager(config).read_all()
+    counts_before = committed_counts(config)
+    offsets = tmp_path / "offsets.yaml"
+    offsets.write_text("filelog.pageviews.1: 9\nPartition 2:\n  filelog.pageviews.2: -1\n")
+    written = set_checkpoints(config, offsets)
+    p1 = SystemStreamPartition("filelog", "pageviews", 1)
+    assert written[TaskName("Partition 1")].input_offsets[p1] == "9"
+    assert (
+        written[TaskName("Partition 1")].checkpoint_id
+        == before[TaskName("Partition 1")].checkpoint_id
+    )
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    assert coordinator.tasks["Partition 1"].resume[p1] == "10"  # the first batch reads from here
+    p2 = SystemStreamPartition("filelog", "pageviews", 2)
+    assert coordinator.tasks["Partition 2"].resume[p2] == "0"
+    p0 = SystemStreamPartition("filelog", "pageviews", 0)
+    assert coordinator.tasks["Partition 0"].resume[p0] == str(
+        int(before[TaskName("Partition 0")].input_offsets[p0]) + 1
+    )
+    summary = coordinator.run(until_caught_up=True)
+    upcoming = {s: int(m.upcoming) for s, m in coordinator.metadata([p1, p2]).items()}
+    assert summary.processed == (upcoming[p1] - 10) + upcoming[p2]
+    # input was rewound, state was not: re-read views are counted again
+    after = committed_counts(config)
+    assert sum(after.values()) == sum(counts_before.values()) + summary.processed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("filelog.pageviews.7: 1\n", "filelog.pageviews.7 is not an input of job pageviews"),
+        ("filelog.pageviews.1: 100000\n", "offset 100000 does not exist"),
+        ("filelog.pageviews.1: -5\n", "offset -5 does not exist"),
+        ("Partition 9:\n  filelog.pageviews.1: 1\n", "no task Partition 9"),
+        (
+            "Partition 0:\n  filelog.pageviews.1: 1\n",
+            "is read by task Partition 1, not Partition 0",
+        ),
+    ],
+)
+def test_bad_offsets_write_nothing(tmp_path: Path, text: str, message: str) -> None:
+    config = load_config(None, pageviews_config(tmp_path))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 100, seed=32)
+    offsets = tmp_path / "offsets.yaml"
+    offsets.write_text("filelog.pageviews.0: 1\n" + text)
+    with pytest.raises(UserError, match=message):
+        set_checkpoints(config, offsets)
+    assert CheckpointManager(config).read_all() == {}
+
+
+def test_refuses_while_the_job_runs(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 100, seed=33)
+    offsets = tmp_path / "offsets.yaml"
+    offsets.write_text("filelog.pageviews.0: 1\n")
+    beat = Heartbeat(config, "r")
+    beat.start()
+    try:
+        with pytest.raises(UserError, match="is running"):
+            set_checkpoints(config, offsets)
+        assert set_checkpoints(config, offsets, force=True)
+    finally:
+        beat.stop()
