@@ -222,6 +222,46 @@ KEYS: tuple[ConfigKey, ...] = (
         "system.stream",
         "changelog stream of the store (used by the changelog backend)",
     ),
+    ConfigKey(
+        "stores.<s>.backup.factories",
+        None,
+        "comma-separated backend names (changelog, blobstore, or registered ones)",
+        "backends every commit backs the store up to (several = dual commit)",
+    ),
+    ConfigKey(
+        "stores.<s>.restore.factories",
+        None,
+        "comma-separated backend names, preferred first",
+        "backends the store may be restored from (default: the backup factories)",
+    ),
+    ConfigKey(
+        "task.transactional.state.checkpoint.enabled",
+        "true",
+        "true | false",
+        "restore state to exactly its checkpoint (true) or to the newest changelog entry",
+        _bool,
+    ),
+    ConfigKey(
+        "task.commit.max.delay.ms",
+        "60000",
+        "an integer >= 0 (milliseconds)",
+        "skip a commit while the previous upload has run less than this; then wait for it",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.commit.timeout.ms",
+        "1800000",
+        "an integer >= 1 (milliseconds)",
+        "fail the task when a commit waits longer than this for the previous upload",
+        _int(1),
+    ),
+    ConfigKey(
+        "task.commit.async.enabled",
+        "true",
+        "true | false",
+        "upload while processing continues (true), or wait for uploads inside the batch",
+        _bool,
+    ),
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
 )
 

@@ -1,0 +1,202 @@
+"""State backends: how a task's stores are backed up at a commit and restored after a loss.
+
+A task keeps its stores on local disk. Local disk can be lost (a host dies, a task moves to
+another executor), so each store names one or more *backends* (``stores.<s>.backup.factories``)
+that keep a copy elsewhere, and the backends it may be restored from, in order of preference
+(``stores.<s>.restore.factories``). Built in: ``changelog`` (every write is also appended to a
+changelog stream partition) and, later, ``blobstore`` (the store's files are copied to a blob
+store). A commit runs in two phases:
+
+* **snapshot** (synchronous, while processing waits, so it must be fast): the backend notes
+  *what* it will back up and returns its markers so far (the changelog backend flushes its
+  producer and returns the newest changelog offset; a blob store returns nothing yet);
+* **upload** (asynchronous, while processing continues): the backend makes the snapshot
+  durable where it keeps copies and returns the final markers (a blob store uploads the new
+  files and returns the id of the snapshot index). Only when every upload of a commit has
+  finished is the checkpoint, which names all the markers, written;
+* **clean_up** (after the checkpoint is written): the backend deletes what the new checkpoint
+  no longer needs (older snapshots). It is idempotent and re-run at start-up.
+
+A marker is an opaque string owned by its backend; the checkpoint keeps one per backend per
+store (``state-checkpoint-markers``). Restoring reads the marker of the chosen backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel
+
+if TYPE_CHECKING:
+    from sparkpoint.storage.kv.base import KeyValueEngine
+    from sparkpoint.system.registry import Systems
+
+
+@dataclass
+class RestoreStats:
+    """What one store's restore did."""
+
+    store: str
+    source: str
+    entries: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class BackendContext:
+    """What a backend's task managers may use: the task, its stores and where they live."""
+
+    config: Config
+    task: TaskModel
+    stores: list[str]
+    systems: Systems
+    store_dirs: Mapping[str, Path]
+    engines: dict[str, KeyValueEngine] = field(default_factory=dict)
+
+
+class TaskBackupManager(ABC):
+    """Backs up one task's stores for one backend. Used by one task on one thread, except
+    ``upload``'s future, which runs on the commit pool."""
+
+    @abstractmethod
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        """Load what the last checkpoint says (e.g. the previous snapshot to diff against)."""
+
+    def wrap_engine(self, store: str, engine: KeyValueEngine) -> KeyValueEngine:
+        """The engine the task writes through (the changelog backend logs writes here)."""
+        return engine
+
+    @abstractmethod
+    def snapshot(self, checkpoint_id: CheckpointId) -> dict[str, str]:
+        """Synchronous and fast: record what this commit backs up; markers so far, by store."""
+
+    @abstractmethod
+    def upload(
+        self, checkpoint_id: CheckpointId, snapshot_markers: Mapping[str, str]
+    ) -> Future[dict[str, str]]:
+        """Asynchronous: make the snapshot durable; resolves to the final markers by store."""
+
+    @abstractmethod
+    def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
+        """Delete what the committed checkpoint no longer needs. Idempotent."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+class TaskRestoreManager(ABC):
+    """Restores one task's stores from one backend."""
+
+    @abstractmethod
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        """Read this backend's markers from the checkpoint."""
+
+    @abstractmethod
+    def restore(self) -> list[RestoreStats]:
+        """Rebuild every store of the context in its (empty) store directory."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+class StateBackendAdmin(ABC):
+    """Job-wide resources of a backend, created by the driver before the first batch."""
+
+    @abstractmethod
+    def create_resources(self) -> None:
+        """Create what the backend needs (e.g. changelog streams). Idempotent."""
+
+    @abstractmethod
+    def validate_resources(self) -> None:
+        """Raise a clear error if existing resources cannot serve the job."""
+
+
+class StateBackendFactory(ABC):
+    """Makes a backend's managers. Subclasses need a no-argument constructor."""
+
+    name: str = ""
+
+    @abstractmethod
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager: ...
+
+    @abstractmethod
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager: ...
+
+    @abstractmethod
+    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin: ...
+
+    def marker_offsets(
+        self, config: Config, markers: Mapping[str, str]
+    ) -> dict[SystemStreamPartition, str]:
+        """For V1 checkpoints: the changelog SSP offsets this backend's markers imply."""
+        return {}
+
+
+BUILTIN: dict[str, str] = {
+    "changelog": "sparkpoint.storage.changelog:ChangelogStateBackendFactory",
+}
+ALIASES = {
+    "org.apache.samza.storage.KafkaChangelogStateBackendFactory": "changelog",
+}
+
+
+def known_backends() -> list[str]:
+    return sorted(
+        set(BUILTIN) | {ep.name for ep in entry_points(group="sparkpoint.state_backends")}
+    )
+
+
+@cache
+def backend_factory(name: str) -> StateBackendFactory:
+    """The factory registered as ``name``: built in, or from the entry-point group."""
+    name = ALIASES.get(name, name)
+    path = BUILTIN.get(name)
+    if path is None:
+        for ep in entry_points(group="sparkpoint.state_backends"):
+            if ep.name == name:
+                path = ep.value
+    if path is None:
+        raise ConfigError(f"unknown state backend {name!r}; known: {', '.join(known_backends())}")
+    module, _, attr = path.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    factory = cls()
+    if not isinstance(factory, StateBackendFactory):
+        raise ConfigError(f"state backend {name!r} ({path}) is not a StateBackendFactory")
+    return factory
+
+
+def store_backends(config: Config, store: str, kind: str) -> list[str]:
+    """Backends a store lists under ``stores.<s>.<kind>.factories`` (kind: backup, restore).
+
+    A store with ``stores.<s>.changelog`` and no explicit list uses ``changelog``; the restore
+    list defaults to the backup list. Unknown names are a ConfigError naming the store.
+    """
+    key = f"stores.{store}.{kind}.factories"
+    names = config.get_list(key)
+    if not names and kind == "restore":
+        names = config.get_list(f"stores.{store}.backup.factories")
+    if not names and config.get_str(f"stores.{store}.changelog"):
+        names = ["changelog"]
+    out = []
+    for name in names:
+        canonical = ALIASES.get(name, name)
+        if canonical not in known_backends():
+            raise ConfigError(
+                f"{key}: store {store} lists unknown backend {name!r}; "
+                f"known: {', '.join(known_backends())}"
+            )
+        out.append(canonical)
+    return out

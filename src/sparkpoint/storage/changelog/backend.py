@@ -1,0 +1,263 @@
+"""The changelog state backend: every write of a store is also appended to a changelog stream.
+
+Each task writes its stores' changes to partition ``changelog_partition`` of each store's
+changelog stream (``stores.<s>.changelog``, created compacted by the admin). At a commit the
+snapshot flushes the producer and records the newest changelog offset as the marker; there is
+nothing left to upload. Restore replays the changelog into the empty store:
+
+* transactional (``task.transactional.state.checkpoint.enabled``, the default): up to exactly
+  the checkpointed offset, then *trims* the changelog by appending, for every key written after
+  that offset, the restored value (or a tombstone), so the changelog again ends at the state the
+  checkpoint describes. With no checkpoint at all the store starts empty and everything is
+  trimmed (those writes belonged to input the task will process again);
+* non-transactional: up to the newest entry; the state may be ahead of the input offsets, which
+  is why transactional is the default.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition
+from sparkpoint.storage.backend import (
+    BackendContext,
+    RestoreStats,
+    StateBackendAdmin,
+    StateBackendFactory,
+    TaskBackupManager,
+    TaskRestoreManager,
+    store_backends,
+)
+from sparkpoint.storage.changelog.logged import LoggedEngine
+from sparkpoint.storage.changelog.marker import ChangelogMarker
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.system.base import Record, StreamSpec, SystemProducer
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+NAME = "changelog"
+READ_CHUNK = 20_000
+
+
+def changelog_stream(config: Config, store: str) -> SystemStream:
+    key = f"stores.{store}.changelog"
+    value = config.get_str(key)
+    if not value:
+        raise ConfigError(f"store {store} uses the changelog backend but {key} is not set")
+    return SystemStream.parse(value)
+
+
+def changelog_ssp(config: Config, store: str, partition: int) -> SystemStreamPartition:
+    ss = changelog_stream(config, store)
+    return SystemStreamPartition(ss.system, ss.stream, partition)
+
+
+class ChangelogBackupManager(TaskBackupManager):
+    def __init__(self, context: BackendContext) -> None:
+        self.ctx = context
+        self._producers: dict[str, SystemProducer] = {}
+        self._ssps = {
+            s: changelog_ssp(context.config, s, context.task.changelog_partition)
+            for s in context.stores
+        }
+
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        pass
+
+    def wrap_engine(self, store: str, engine: KeyValueEngine) -> KeyValueEngine:
+        ssp = self._ssps[store]
+        if ssp.system not in self._producers:
+            self._producers[ssp.system] = self.ctx.systems.producer(ssp.system)
+        return LoggedEngine(engine, self._producers[ssp.system], ssp)
+
+    def snapshot(self, checkpoint_id: CheckpointId) -> dict[str, str]:
+        for producer in self._producers.values():
+            producer.flush()
+        markers = {}
+        for store, ssp in self._ssps.items():
+            meta = self.ctx.systems.admin(ssp.system).get_metadata([ssp])[ssp]
+            markers[store] = ChangelogMarker(ssp, meta.newest).dumps()
+        return markers
+
+    def upload(
+        self, checkpoint_id: CheckpointId, snapshot_markers: Mapping[str, str]
+    ) -> Future[dict[str, str]]:
+        done: Future[dict[str, str]] = Future()
+        done.set_result(dict(snapshot_markers))  # the snapshot already made the changelog durable
+        return done
+
+    def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
+        pass  # compaction of the changelog stream keeps it bounded
+
+    def close(self) -> None:
+        for producer in self._producers.values():
+            producer.close()
+        self._producers.clear()
+
+
+def marker_for(
+    config: Config, checkpoint: Checkpoint | None, store: str, ssp: SystemStreamPartition
+) -> ChangelogMarker | None:
+    """This store's changelog marker in a V2 checkpoint, or its ``<id>:<offset>`` in a V1 one."""
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint, CheckpointV1):
+        text = checkpoint.input_offsets.get(ssp)
+        return None if text is None else ChangelogMarker.from_v1(ssp, text)
+    raw = checkpoint.state_checkpoint_markers.get(NAME, {}).get(store)
+    return None if raw is None else ChangelogMarker.loads(raw)
+
+
+class ChangelogRestoreManager(TaskRestoreManager):
+    def __init__(self, context: BackendContext) -> None:
+        self.ctx = context
+        self.transactional = context.config.get_bool(
+            "task.transactional.state.checkpoint.enabled", True
+        )
+        self._checkpoint: Checkpoint | None = None
+
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        self._checkpoint = checkpoint
+
+    def restore(self) -> list[RestoreStats]:
+        return [self._restore_store(store) for store in self.ctx.stores]
+
+    def _restore_store(self, store: str) -> RestoreStats:
+        started = time.monotonic()
+        ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
+        admin = self.ctx.systems.admin(ssp.system)
+        meta = admin.get_metadata([ssp])[ssp]
+        engine = self.ctx.engines[store]
+        marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
+        if not self.transactional:
+            end = meta.upcoming
+        elif self._checkpoint is None:
+            end = meta.oldest  # nothing committed: nothing to restore, everything to trim
+        elif marker is None:
+            log.error(
+                "task %s store %s: the checkpoint has no changelog marker; "
+                "restoring the whole changelog %s",
+                self.ctx.task.name,
+                store,
+                ssp,
+            )
+            end = meta.upcoming
+        else:
+            end = meta.oldest if marker.offset is None else admin.offset_after(ssp, marker.offset)
+        entries, size = self._replay(ssp, engine, meta.oldest, end)
+        if self.transactional and admin.offset_comparator(end, meta.upcoming) < 0:
+            trimmed = self._trim(ssp, engine, end, meta.upcoming)
+            log.info(
+                "task %s store %s: trimmed %d changelog entries after the checkpoint",
+                self.ctx.task.name,
+                store,
+                trimmed,
+            )
+        engine.flush()
+        return RestoreStats(store, NAME, entries, size, time.monotonic() - started)
+
+    def _read(self, ssp: SystemStreamPartition, start: str, end: str) -> list[Record]:
+        consumer = self.ctx.systems.consumer(ssp.system)
+        admin = self.ctx.systems.admin(ssp.system)
+        out: list[Record] = []
+        try:
+            while admin.offset_comparator(start, end) < 0:
+                chunk = consumer.read(ssp, start, end, READ_CHUNK)
+                if not chunk:
+                    break
+                out.extend(chunk)
+                start = admin.offset_after(ssp, chunk[-1].offset)
+        finally:
+            consumer.close()
+        return out
+
+    def _replay(
+        self, ssp: SystemStreamPartition, engine: KeyValueEngine, start: str, end: str
+    ) -> tuple[int, int]:
+        entries = size = 0
+        consumer = self.ctx.systems.consumer(ssp.system)
+        admin = self.ctx.systems.admin(ssp.system)
+        try:
+            while admin.offset_comparator(start, end) < 0:
+                chunk = consumer.read(ssp, start, end, READ_CHUNK)
+                if not chunk:
+                    break
+                engine.write_batch((r.key or b"", r.value) for r in chunk if r.key is not None)
+                entries += len(chunk)
+                size += sum(len(r.key or b"") + len(r.value or b"") for r in chunk)
+                start = admin.offset_after(ssp, chunk[-1].offset)
+        finally:
+            consumer.close()
+        return entries, size
+
+    def _trim(
+        self, ssp: SystemStreamPartition, engine: KeyValueEngine, start: str, end: str
+    ) -> int:
+        keys = list(dict.fromkeys(r.key for r in self._read(ssp, start, end) if r.key is not None))
+        if not keys:
+            return 0
+        values = engine.get_many(keys)
+        producer = self.ctx.systems.producer(ssp.system)
+        now = int(time.time() * 1000)
+        producer.send_many(
+            ssp.stream,
+            ssp.partition,
+            (Record("", k, v, now) for k, v in zip(keys, values, strict=True)),
+        )
+        producer.close()
+        return len(keys)
+
+
+class ChangelogAdmin(StateBackendAdmin):
+    def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
+        self.config = config
+        self.systems = systems
+        self.partitions = max((t.changelog_partition for t in model.tasks.values()), default=-1) + 1
+        self.stores = [s for s in config.stores if NAME in store_backends(config, s, "backup")]
+
+    def create_resources(self) -> None:
+        for store in self.stores:
+            ss = changelog_stream(self.config, store)
+            self.systems.admin(ss.system).create_stream(
+                StreamSpec(ss.stream, max(1, self.partitions), compacted=True)
+            )
+
+    def validate_resources(self) -> None:
+        for store in self.stores:
+            ss = changelog_stream(self.config, store)
+            have = self.systems.admin(ss.system).partition_count(ss.stream)
+            if have < self.partitions:
+                raise ConfigError(
+                    f"store {store}: changelog {ss} has {have} partitions but the job's tasks "
+                    f"need {self.partitions}; create a new changelog stream for the new task count"
+                )
+
+
+class ChangelogStateBackendFactory(StateBackendFactory):
+    name = NAME
+
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
+        return ChangelogBackupManager(context)
+
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
+        return ChangelogRestoreManager(context)
+
+    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
+        return ChangelogAdmin(config, model, systems)
+
+    def marker_offsets(
+        self, config: Config, markers: Mapping[str, str]
+    ) -> dict[SystemStreamPartition, str]:
+        out = {}
+        for raw in markers.values():
+            m = ChangelogMarker.loads(raw)
+            out[m.ssp] = "" if m.offset is None else m.offset
+        return out
