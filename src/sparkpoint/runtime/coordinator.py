@@ -34,8 +34,10 @@ from sparkpoint.runtime.plan import (
     TaskBatchResult,
     checkpoint_state_id,
 )
+from sparkpoint.storage.backend import backend_factory, store_backends
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
+from sparkpoint.testing.faults import maybe_crash
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +156,7 @@ class JobCoordinator:
         )
         store_config(self.metadata_store, self.config)
         model = assign_changelog_partitions(self.metadata_store, model)
+        self._prepare_backends(model)
         self.checkpoints.create_resources()
         checkpoints = self.checkpoints.read_all()
         meta = self.metadata(ssps)
@@ -176,6 +179,17 @@ class JobCoordinator:
             self.listener.on_start(model)
         return model
 
+    def _prepare_backends(self, model: JobModel) -> None:
+        """Check every store's backends by name, then create and validate their resources."""
+        names: set[str] = set()
+        for store in self.config.stores:
+            for kind in ("backup", "restore"):
+                names.update(store_backends(self.config, store, kind))
+        for name in sorted(names):
+            admin = backend_factory(name).admin(self.config, model, self.systems)
+            admin.create_resources()
+            admin.validate_resources()
+
     # -- the loop
     def stop(self, reason: str = "stopped") -> None:
         """Ask the loop to finish the current batch, commit and return. Thread- and signal-safe."""
@@ -183,7 +197,12 @@ class JobCoordinator:
         self.stop_event.set()
 
     def _plans(
-        self, end: Mapping[SystemStreamPartition, str], *, commit: bool, window: bool
+        self,
+        end: Mapping[SystemStreamPartition, str],
+        *,
+        commit: bool,
+        window: bool,
+        wait: bool = False,
     ) -> list[TaskBatchPlan]:
         max_messages = self.config.get_int("task.batch.max.messages")
         values = self.config.to_dict()
@@ -202,11 +221,11 @@ class JobCoordinator:
                     last_processed=dict(ts.last_processed),
                     end={s: end[s] for s in ts.model.ssps},
                     max_messages=max_messages,
-                    last_checkpoint_id=str(ts.last_checkpoint.checkpoint_id)
-                    if ts.last_checkpoint
-                    else None,
+                    last_checkpoint=ts.last_checkpoint.dumps() if ts.last_checkpoint else None,
                     commit=commit,
                     window=window,
+                    wait_for_uploads=wait,
+                    task_count=len(self.tasks),
                 )
             )
         return plans
@@ -228,20 +247,44 @@ class JobCoordinator:
                     info.bytes,
                     info.seconds,
                 )
-        if result.checkpoint_json is None:
-            return False
-        checkpoint = CheckpointV2.loads(result.checkpoint_json)
-        self.checkpoints.write_checkpoint(ts.model.name, checkpoint)
+        written = False
+        for text in result.completed_checkpoints:
+            checkpoint = CheckpointV2.loads(text)
+            last = ts.last_checkpoint
+            if last is not None and checkpoint.checkpoint_id <= last.checkpoint_id:
+                continue
+            self._write_checkpoint(ts, checkpoint)
+            written = True
+        return written
+
+    def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
+        """Step 6 of the commit: one message per configured version; then the driver's view."""
+        changelog_offsets: dict[SystemStreamPartition, str] = {}
+        for name, markers in checkpoint.state_checkpoint_markers.items():
+            changelog_offsets.update(backend_factory(name).marker_offsets(self.config, markers))
+        self.checkpoints.write_checkpoint(
+            ts.model.name, checkpoint, changelog_offsets=changelog_offsets
+        )
+        maybe_crash(self.config, "after-checkpoint-write")
         ts.last_checkpoint = checkpoint
-        ts.from_checkpoint = dict(result.next_offsets)
-        ts.checkpoint_last_processed = dict(result.last_processed)
-        return True
+        for ssp, offset in checkpoint.input_offsets.items():
+            if ssp in ts.model.ssps:
+                ts.from_checkpoint[ssp] = self.systems.admin(ssp.system).offset_after(ssp, offset)
+        ts.checkpoint_last_processed = {
+            s: o for s, o in checkpoint.input_offsets.items() if s in ts.model.ssps
+        }
 
     def run_batch(
-        self, end: Mapping[SystemStreamPartition, str], *, commit: bool, window: bool = False
+        self,
+        end: Mapping[SystemStreamPartition, str],
+        *,
+        commit: bool,
+        window: bool = False,
+        wait: bool = False,
     ) -> tuple[BatchReport, list[TaskBatchResult]]:
+        """One micro-batch; ``wait`` makes tasks finish their uploads before returning."""
         self._batch += 1
-        plans = self._plans(end, commit=commit, window=window)
+        plans = self._plans(end, commit=commit, window=window, wait=wait)
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
@@ -316,7 +359,7 @@ class JobCoordinator:
                 self.stop_event.wait(poll)
                 continue
             report, results = self.run_batch(end, commit=commit_due, window=window_due)
-            last_committed = all(r.checkpoint_json for r in results)
+            last_committed = all(r.state_id.startswith("ckpt:") for r in results)
             report.lag = self._lags(self.metadata(ssps))
             self._account(summary, report)
             if self.listener:
@@ -328,7 +371,7 @@ class JobCoordinator:
         if not last_committed:
             meta = self.metadata(ssps)
             end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-            report, _ = self.run_batch(end, commit=True)
+            report, _ = self.run_batch(end, commit=True, wait=True)
             report.lag = self._lags(meta)
             self._account(summary, report)
             if self.listener:

@@ -3,19 +3,17 @@
 :func:`run_task_batch` is what each Spark partition runs. Its steps:
 
 1. Establish state. If the local marker equals the state id the driver expects, keep the live
-   stores and read on from where the last batch stopped. Otherwise restore every store from its
-   local checkpoint for the last committed checkpoint (or start empty, with a warning, when there
-   is none here) and read from the checkpoint's offsets. State and offsets therefore always match.
-2. Clear the marker, open the stores, create and ``init`` the user's task.
+   stores and read on from where the last batch stopped. Otherwise restore every store to the
+   last committed checkpoint (:mod:`sparkpoint.runtime.restore`: local checkpoint, else a state
+   backend) and read from the checkpoint's offsets. State and offsets therefore always match.
+2. Clean up after the committed checkpoint (older local checkpoints, backends' ``clean_up``),
+   clear the marker, wrap the stores for their backup backends, ``init`` the user's task.
 3. Read each input SSP's planned range and call ``process`` per message; ``window`` if due.
 4. Flush output producers (at-least-once: output is durable before any commit names it).
-5. Commit when due or asked for: flush stores, take a local checkpoint of each persistent store
-   (RocksDB hard links) named by a new checkpoint id, write the checkpoint file into it, and hand
-   the checkpoint to the driver, which writes it to the checkpoint stream.
+5. Commit when due or asked for (:mod:`sparkpoint.storage.commit`: synchronous snapshot, then
+   the upload, asynchronous unless the plan says to wait), and report every commit whose upload
+   has finished, for the driver to write to the checkpoint stream.
 6. Close the stores and write the marker for the new state.
-
-Older local checkpoints are deleted at the start of the following batch, once the driver's plan
-names the checkpoint it committed; an uncommitted local checkpoint is deleted the same way.
 """
 
 from __future__ import annotations
@@ -25,23 +23,36 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkpoint.checkpoint.checkpoint import CheckpointV2
-from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, StoreError, TaskError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
-from sparkpoint.runtime.local_state import LocalTaskState
 from sparkpoint.runtime.output import OutputCollector
-from sparkpoint.runtime.plan import EMPTY_STATE, RestoreInfo, TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import (
+    EMPTY_STATE,
+    RestoreInfo,
+    TaskBatchPlan,
+    TaskBatchResult,
+    checkpoint_state_id,
+    parse_checkpoint,
+)
+from sparkpoint.runtime.restore import restore_stores
 from sparkpoint.serde import Serde, load_serde
+from sparkpoint.storage.backend import (
+    BackendContext,
+    TaskBackupManager,
+    backend_factory,
+    store_backends,
+)
+from sparkpoint.storage.commit import CommitOutcome, TaskCommitManager
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
-from sparkpoint.storage.kv.factory import open_engine
+from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.base import IncomingMessageEnvelope
 from sparkpoint.system.registry import Systems
 
@@ -122,13 +133,37 @@ class TaskBatch:
         self.local = LocalTaskState(self.config.store_base_dir, self.task)
         self.engines: dict[str, KeyValueEngine] = {}
         self.restored: list[RestoreInfo] = []
+        self.last_checkpoint = (
+            parse_checkpoint(plan.last_checkpoint) if plan.last_checkpoint else None
+        )
+        self.backup_names = {
+            s: store_backends(self.config, s, "backup") for s in self.config.stores
+        }
+        self._last_processed: dict[SystemStreamPartition, str] = {}
 
     # -- 1. state
+    def _persistent(self, store: str) -> bool:
+        return engine_kind(store, self.config.require(f"stores.{store}.factory")) == "rocksdb"
+
+    def _opener(self, store: str) -> Callable[[], KeyValueEngine]:
+        factory = self.config.require(f"stores.{store}.factory")
+        return lambda: open_engine(store, factory, self.local.store_dir(store))
+
+    def _memory_stores_match(self, marker: str) -> bool:
+        for store in self.config.stores:
+            if not self._persistent(store):
+                cached = _CACHE.memory.get((self.task.name, store))
+                if cached is None or cached[0] != marker:
+                    return False
+        return True
+
     def _establish_state(self) -> dict[SystemStreamPartition, str]:
         plan = self.plan
         marker = self.local.read_marker()
-        stores = self.config.stores
         if marker == plan.expected_state_id and self._memory_stores_match(marker):
+            for store in self.config.stores:
+                cached = _CACHE.memory.get((self.task.name, store))
+                self.engines[store] = cached[1] if cached else self._opener(store)()
             self._last_processed = dict(plan.last_processed)
             return dict(plan.resume)
         if marker is not None or plan.expected_state_id != EMPTY_STATE:
@@ -139,56 +174,64 @@ class TaskBatch:
                 plan.expected_state_id,
                 plan.last_checkpoint_id,
             )
-        for store in stores:
-            start = time.monotonic()
-            if self._persistent(store):
-                ok = self.local.restore_from_checkpoint(store, plan.last_checkpoint_id)
-                source = "local-checkpoint" if ok else "empty"
-                if not ok and plan.last_checkpoint_id is not None:
-                    log.warning(
-                        "task %s store %s: no local checkpoint %s on %s; starting EMPTY "
-                        "(configure a state backend to restore state on any executor)",
-                        self.task,
-                        store,
-                        plan.last_checkpoint_id,
-                        socket.gethostname(),
-                    )
-            else:
-                _CACHE.memory.pop((self.task.name, store), None)
-                source = "empty"
-            self.restored.append(RestoreInfo(store, source, 0, 0, time.monotonic() - start))
+        self.local.clear_marker()
+        for store in self.config.stores:
+            _CACHE.memory.pop((self.task.name, store), None)
+        openers = {s: self._opener(s) for s in self.config.stores}
+        self.engines, self.restored = restore_stores(
+            self.config, self.systems, plan.task, self.local, self.last_checkpoint, openers
+        )
         self._last_processed = dict(plan.checkpoint_last_processed)
         return dict(plan.from_checkpoint)
 
-    def _persistent(self, store: str) -> bool:
-        factory = self.config.get_str(f"stores.{store}.factory") or ""
-        return "memory" not in factory.lower()
+    def _backups(self) -> dict[str, TaskBackupManager]:
+        names = sorted({n for ns in self.backup_names.values() for n in ns})
+        managers: dict[str, TaskBackupManager] = {}
+        for name in names:
+            stores = [s for s, ns in self.backup_names.items() if name in ns]
+            context = BackendContext(
+                self.config,
+                self.plan.task,
+                stores,
+                self.systems,
+                {s: self.local.store_dir(s) for s in stores},
+                {s: self.engines[s] for s in stores},
+            )
+            managers[name] = backend_factory(name).backup_manager(context)
+            managers[name].init(self.last_checkpoint)
+        return managers
 
-    def _memory_stores_match(self, marker: str) -> bool:
-        for store in self.config.stores:
-            if not self._persistent(store):
-                cached = _CACHE.memory.get((self.task.name, store))
-                if cached is None or cached[0] != marker:
-                    return False
-        return True
-
-    def _open_stores(self) -> dict[str, KeyValueStore[Any, Any]]:
+    def _stores(
+        self, backups: Mapping[str, TaskBackupManager]
+    ) -> dict[str, KeyValueStore[Any, Any]]:
         stores: dict[str, KeyValueStore[Any, Any]] = {}
-        for name in self.config.stores:
-            factory = self.config.require(f"stores.{name}.factory")
-            cached = _CACHE.memory.get((self.task.name, name))
-            if cached is not None and not self._persistent(name):
-                engine = cached[1]
-            else:
-                engine = open_engine(name, factory, self.local.store_dir(name))
-            self.engines[name] = engine
-            key_serde = self._serde(f"stores.{name}.key.serde")
-            msg_serde = self._serde(f"stores.{name}.msg.serde")
-            stores[name] = SerializedKeyValueStore(name, engine, key_serde, msg_serde)
+        for name, engine in self.engines.items():
+            for backend in self.backup_names[name]:
+                engine = backups[backend].wrap_engine(name, engine)
+            stores[name] = SerializedKeyValueStore(
+                name,
+                engine,
+                self._serde(f"stores.{name}.key.serde"),
+                self._serde(f"stores.{name}.msg.serde"),
+            )
         return stores
 
     def _serde(self, key: str) -> Serde[Any]:
         return load_serde(self.config.get_str(key) or "", self.config, key=key)
+
+    def _committer(self, backups: Mapping[str, TaskBackupManager]) -> TaskCommitManager:
+        return TaskCommitManager(
+            self.task,
+            self.plan.run_id,
+            self.local,
+            self.engines,
+            backups,
+            self.backup_names,
+            config=self.config,
+            max_delay_ms=self.config.get_int("task.commit.max.delay.ms"),
+            timeout_ms=self.config.get_int("task.commit.timeout.ms"),
+            pool_size=self.plan.task_count,
+        )
 
     # -- 3. input
     def _input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
@@ -204,17 +247,17 @@ class TaskBatch:
         t0 = time.monotonic()
         next_offsets = self._establish_state()
         self.local.clear_marker()
-        for store in self.config.stores:
-            if self._persistent(store):
-                self.local.clean_checkpoints(store, plan.last_checkpoint_id)
         context = _Context(self.task, plan.task.ssps, self.config)
         coordinator = _Coordinator()
         collector = OutputCollector(self.config, self.systems, self.task)
         processed = 0
+        backups: dict[str, TaskBackupManager] = {}
         try:
-            context.stores = self._open_stores()
-            task_cls = load_task_class(self.config.require("task.class"))
-            task = task_cls()
+            backups = self._backups()
+            committer = self._committer(backups)
+            committer.clean_up(self.last_checkpoint)
+            context.stores = self._stores(backups)
+            task = load_task_class(self.config.require("task.class"))()
             task.init(context)
             for ssp in plan.task.sorted_ssps():
                 processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
@@ -223,16 +266,26 @@ class TaskBatch:
             task.close()
             t_proc = time.monotonic()
             collector.close()
-            commit = plan.commit or coordinator.commit_requested
-            checkpoint_json = None
-            if commit:
-                checkpoint_json = self._commit(context)
+            outcome = CommitOutcome()
+            if plan.commit or coordinator.commit_requested:
+                wait = plan.wait_for_uploads or not self.config.get_bool(
+                    "task.commit.async.enabled", True
+                )
+                outcome = committer.commit(self._last_processed, wait=wait)
+            elif plan.wait_for_uploads:
+                committer.wait_all()
+            completed = committer.completed(plan.last_checkpoint_id)
             t_commit = time.monotonic()
         finally:
+            for manager in backups.values():
+                manager.close()
             self._close_persistent()
+        finished_now = outcome.started is not None and any(
+            str(parse_checkpoint(c).checkpoint_id) == outcome.started for c in completed
+        )
         state_id = (
-            f"ckpt:{CheckpointV2.loads(checkpoint_json).checkpoint_id}"
-            if checkpoint_json
+            checkpoint_state_id(outcome.started)
+            if finished_now and outcome.started
             else plan.batch_state_id
         )
         self._keep_memory_engines(state_id)
@@ -245,7 +298,9 @@ class TaskBatch:
             last_processed=self._last_processed,
             processed=processed,
             sent=collector.sent,
-            checkpoint_json=checkpoint_json,
+            completed_checkpoints=completed,
+            commit_started=outcome.started,
+            commit_skipped=outcome.skipped,
             restored=self.restored,
             commit_requested=coordinator.commit_requested,
             shutdown_requested=coordinator.shutdown_requested,
@@ -298,19 +353,6 @@ class TaskBatch:
             self._last_processed[ssp] = last
             next_offsets[ssp] = admin.offset_after(ssp, last)
         return len(records)
-
-    # -- 5. commit
-    def _commit(self, context: _Context) -> str:
-        for store in context.stores.values():
-            store.flush()
-        checkpoint = CheckpointV2(CheckpointId.create(), self._last_processed, {})
-        text = checkpoint.dumps()
-        cid = str(checkpoint.checkpoint_id)
-        for name, engine in self.engines.items():
-            if engine.persistent:
-                engine.checkpoint(self.local.checkpoint_dir(name, cid))
-                self.local.write_checkpoint_file(name, cid, text)
-        return text
 
     def _close_persistent(self) -> None:
         for engine in self.engines.values():

@@ -9,8 +9,10 @@ then reads from the checkpoint's offsets, so state and offsets always agree.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.model import SystemStreamPartition, TaskModel
 
 EMPTY_STATE = "empty"
@@ -18,6 +20,13 @@ EMPTY_STATE = "empty"
 
 def checkpoint_state_id(checkpoint_id: str) -> str:
     return f"ckpt:{checkpoint_id}"
+
+
+def parse_checkpoint(text: str) -> Checkpoint:
+    """A checkpoint of either version from its JSON."""
+    data = json.loads(text)
+    parser = CheckpointV1 if isinstance(data, dict) and data.get("version") == 1 else CheckpointV2
+    return parser.from_json(data)
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,17 @@ class TaskBatchPlan:
     last_processed: dict[SystemStreamPartition, str]
     end: dict[SystemStreamPartition, str]
     max_messages: int
-    last_checkpoint_id: str | None
+    last_checkpoint: str | None  # the committed checkpoint's JSON (V1 or V2)
     commit: bool
     window: bool
+    wait_for_uploads: bool = False
+    task_count: int = 1
+
+    @property
+    def last_checkpoint_id(self) -> str | None:
+        if self.last_checkpoint is None:
+            return None
+        return str(parse_checkpoint(self.last_checkpoint).checkpoint_id)
 
     @property
     def batch_state_id(self) -> str:
@@ -70,7 +87,9 @@ class TaskBatchResult:
     last_processed: dict[SystemStreamPartition, str]
     processed: int
     sent: int
-    checkpoint_json: str | None = None
+    completed_checkpoints: list[str] = field(default_factory=list)  # V2 JSON, oldest first
+    commit_started: str | None = None
+    commit_skipped: bool = False
     restored: list[RestoreInfo] = field(default_factory=list)
     commit_requested: bool = False
     shutdown_requested: bool = False

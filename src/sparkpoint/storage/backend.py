@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
@@ -65,6 +65,13 @@ class BackendContext:
     systems: Systems
     store_dirs: Mapping[str, Path]
     engines: dict[str, KeyValueEngine] = field(default_factory=dict)
+    openers: Mapping[str, Callable[[], KeyValueEngine]] = field(default_factory=dict)
+
+    def engine(self, store: str) -> KeyValueEngine:
+        """The store's open engine, opening it (in its directory) on first use."""
+        if store not in self.engines:
+            self.engines[store] = self.openers[store]()
+        return self.engines[store]
 
 
 class TaskBackupManager(ABC):
@@ -106,7 +113,12 @@ class TaskRestoreManager(ABC):
 
     @abstractmethod
     def restore(self) -> list[RestoreStats]:
-        """Rebuild every store of the context in its (empty) store directory."""
+        """Rebuild every store of the context in its (empty) store directory.
+
+        A backend that restores files writes them into the directory and opens nothing; one
+        that restores entries writes them through ``context.engine(store)``, which stays open
+        for the task.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
@@ -138,6 +150,14 @@ class StateBackendFactory(ABC):
     @abstractmethod
     def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin: ...
 
+    def has_marker(
+        self, config: Config, checkpoint: Checkpoint | None, store: str, task: TaskModel
+    ) -> bool:
+        """Whether ``checkpoint`` holds this backend's marker for ``store``."""
+        if checkpoint is None:
+            return False
+        return store in checkpoint.state_checkpoint_markers.get(self.name, {})
+
     def marker_offsets(
         self, config: Config, markers: Mapping[str, str]
     ) -> dict[SystemStreamPartition, str]:
@@ -168,6 +188,8 @@ def backend_factory(name: str) -> StateBackendFactory:
         for ep in entry_points(group="sparkpoint.state_backends"):
             if ep.name == name:
                 path = ep.value
+    if path is None and ":" in name:
+        path = name
     if path is None:
         raise ConfigError(f"unknown state backend {name!r}; known: {', '.join(known_backends())}")
     module, _, attr = path.partition(":")
@@ -193,7 +215,7 @@ def store_backends(config: Config, store: str, kind: str) -> list[str]:
     out = []
     for name in names:
         canonical = ALIASES.get(name, name)
-        if canonical not in known_backends():
+        if canonical not in known_backends() and ":" not in canonical:
             raise ConfigError(
                 f"{key}: store {store} lists unknown backend {name!r}; "
                 f"known: {', '.join(known_backends())}"

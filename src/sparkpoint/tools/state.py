@@ -14,9 +14,9 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.model import TaskName
-from sparkpoint.runtime.local_state import LocalTaskState
 from sparkpoint.serde import load_serde
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.registry import Systems
 
 

@@ -25,7 +25,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -135,7 +135,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
         admin = self.ctx.systems.admin(ssp.system)
         meta = admin.get_metadata([ssp])[ssp]
-        engine = self.ctx.engines[store]
+        engine = self.ctx.engine(store)
         marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
         if not self.transactional:
             end = meta.upcoming
@@ -252,6 +252,12 @@ class ChangelogStateBackendFactory(StateBackendFactory):
 
     def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
         return ChangelogAdmin(config, model, systems)
+
+    def has_marker(
+        self, config: Config, checkpoint: Checkpoint | None, store: str, task: TaskModel
+    ) -> bool:
+        ssp = changelog_ssp(config, store, task.changelog_partition)
+        return marker_for(config, checkpoint, store, ssp) is not None
 
     def marker_offsets(
         self, config: Config, markers: Mapping[str, str]

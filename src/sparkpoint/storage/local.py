@@ -127,11 +127,11 @@ class LocalTaskState:
             self.checkpoint_dir(store, checkpoint_id) / CHECKPOINT_FILE, checkpoint_json.encode()
         )
 
-    def clean_checkpoints(self, store: str, keep: str | None) -> None:
-        """Delete every local checkpoint of ``store`` except ``keep``. Idempotent."""
+    def clean_checkpoints(self, store: str, keep: set[str]) -> None:
+        """Delete every local checkpoint of ``store`` except those in ``keep``. Idempotent."""
         parent = self.checkpoints_dir(store)
         if not parent.is_dir():
             return
         for child in parent.iterdir():
-            if child.name != keep:
+            if child.name not in keep:
                 shutil.rmtree(child, ignore_errors=True)

@@ -1,0 +1,362 @@
+"""The commit of one task's state: a fast synchronous snapshot, then an asynchronous upload.
+
+How this lives across Spark micro-batches. A commit starts at the end of a batch on the executor
+(DESIGN.md section 2): stores are flushed, each persistent store makes a local checkpoint
+directory named by a new checkpoint id (RocksDB hard links), every backup manager takes its
+snapshot, and the input offsets are taken: all while processing waits, in milliseconds. The
+upload then runs on this Python worker's commit pool (``min(tasks, 64)`` threads) while the
+Spark task returns and later batches run. Its progress is a *commit record* on the executor's
+local disk, ``<task dir>/commits/<checkpoint id>``: ``uploading`` (with the worker's host and
+pid and the start time), then ``done`` (with the final markers) or ``failed`` (with the error).
+Because records are on disk, the next batch of the task sees them in whatever worker it runs.
+
+* The driver writes a checkpoint only when a batch reports its record ``done``, so a checkpoint
+  never names an upload that has not finished; then the next batch cleans up (older local
+  checkpoints, each backend's ``clean_up``, old records).
+* A record still ``uploading`` whose worker is gone is a lost upload: like a failed one, it is
+  reported as an error at the next commit, with task, store and checkpoint id. Nothing is lost
+  silently, and the state stays at the last written checkpoint.
+* While an upload runs, a new commit is skipped until it has run ``task.commit.max.delay.ms``;
+  after that the commit waits for it, and fails the task after ``task.commit.timeout.ms``.
+* With ``task.commit.async.enabled=false`` (and always for the final commit of a run) the batch
+  waits for its uploads before returning.
+* If the task moves to another host mid-upload, the new host never sees the record; the commit
+  is simply not written, and the task restores from the last written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.errors import SparkpointError
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.storage.backend import TaskBackupManager
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.local import LocalTaskState, atomic_write
+from sparkpoint.testing.faults import maybe_crash
+
+log = logging.getLogger(__name__)
+
+UPLOADING, DONE, FAILED = "uploading", "done", "failed"
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+# uploads running in this process, by (task, checkpoint id)
+_active: set[tuple[str, str]] = set()
+
+
+class CommitError(SparkpointError):
+    """A commit's asynchronous stage failed or timed out; names task, store and checkpoint."""
+
+
+def commit_pool(tasks: int) -> ThreadPoolExecutor:
+    """This process's commit pool of ``min(tasks, 64)`` threads (created once)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(
+                max(1, min(tasks, 64)), thread_name_prefix="sparkpoint-commit"
+            )
+        return _pool
+
+
+def _alive(record: CommitRecord, task: TaskName) -> bool:
+    """Whether the worker that started an upload may still be running it."""
+    host, pid = record.host, record.pid
+    if host != socket.gethostname():
+        return True  # cannot tell from here; assume it is still working
+    if pid == os.getpid():
+        return (task.name, record.checkpoint_id) in _active
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class CommitRecord:
+    run_id: str
+    checkpoint_id: str
+    state: str
+    host: str
+    pid: int
+    started_ms: int
+    checkpoint: dict[str, Any]
+    error: str = ""
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @classmethod
+    def load(cls, path: Path) -> CommitRecord:
+        return cls(**json.loads(path.read_bytes()))
+
+
+@dataclass
+class CommitOutcome:
+    started: str | None = None  # checkpoint id of a commit started in this batch
+    skipped: bool = False
+    waited_seconds: float = 0.0
+
+
+class TaskCommitManager:
+    """Runs the commit sequence for one task in one batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: TaskName,
+        run_id: str,
+        local: LocalTaskState,
+        engines: Mapping[str, KeyValueEngine],
+        backups: Mapping[str, TaskBackupManager],
+        store_backends: Mapping[str, list[str]],
+        *,
+        config: Mapping[str, str],
+        max_delay_ms: int,
+        timeout_ms: int,
+        pool_size: int,
+    ) -> None:
+        self.task = task
+        self.run_id = run_id
+        self.local = local
+        self.engines = engines
+        self.backups = backups
+        self.store_backends = store_backends
+        self.config = config
+        self.max_delay_ms = max_delay_ms
+        self.timeout_ms = timeout_ms
+        self.pool_size = pool_size
+        self.dir = local.dir / "commits"
+
+    # -- records
+    def records(self) -> list[CommitRecord]:
+        """This run's commit records, oldest first; those of earlier runs are abandoned."""
+        if not self.dir.is_dir():
+            return []
+        out = []
+        for path in sorted(self.dir.iterdir()):
+            if path.suffix == ".tmp":
+                continue
+            try:
+                record = CommitRecord.load(path)
+            except (ValueError, TypeError, OSError) as exc:
+                log.warning(
+                    "task %s: removing unreadable commit record %s: %s", self.task, path, exc
+                )
+                path.unlink(missing_ok=True)
+                continue
+            if record.run_id != self.run_id:
+                # a commit the previous driver never wrote: the job restored from an older
+                # checkpoint, so this one is dropped (its local files go with the clean-up)
+                path.unlink(missing_ok=True)
+                continue
+            out.append(record)
+        return sorted(out, key=lambda r: CheckpointId.parse(r.checkpoint_id))
+
+    def _write(self, record: CommitRecord) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.dir / record.checkpoint_id, record.dumps())
+
+    def completed(self, after: str | None) -> list[str]:
+        """Checkpoint JSONs of finished uploads newer than the committed checkpoint ``after``."""
+        floor = CheckpointId.parse(after) if after else None
+        return [
+            json.dumps(r.checkpoint, separators=(",", ":"))
+            for r in self.records()
+            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
+        ]
+
+    def _raise_failures(self) -> None:
+        for r in self.records():
+            lost = r.state == UPLOADING and not _alive(r, self.task)
+            if r.state == FAILED or lost:
+                reason = (
+                    r.error
+                    if r.state == FAILED
+                    else (f"the upload was lost: worker {r.pid} on {r.host} died while uploading")
+                )
+                # the record has been reported; the next attempt starts clean
+                (self.dir / r.checkpoint_id).unlink(missing_ok=True)
+                raise CommitError(f"task {self.task}: commit {r.checkpoint_id} failed: {reason}")
+
+    def _in_flight(self) -> CommitRecord | None:
+        for r in self.records():
+            if r.state == UPLOADING and _alive(r, self.task):
+                return r
+        return None
+
+    # -- the sequence
+    def commit(
+        self,
+        offsets: Mapping[SystemStreamPartition, str],
+        *,
+        wait: bool,
+    ) -> CommitOutcome:
+        """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
+        outcome = CommitOutcome()
+        self._raise_failures()
+        running = self._in_flight()
+        if running is not None:
+            age = time.time() * 1000 - running.started_ms
+            if age < self.max_delay_ms:
+                log.info(
+                    "task %s: commit skipped, upload of %s still running (%.0f ms)",
+                    self.task,
+                    running.checkpoint_id,
+                    age,
+                )
+                outcome.skipped = True
+                return outcome
+            outcome.waited_seconds += self._wait_for(running.checkpoint_id)
+            self._raise_failures()
+        # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
+        for engine in self.engines.values():
+            engine.flush()
+        cid = CheckpointId.create()
+        for store, engine in self.engines.items():
+            if engine.persistent:
+                engine.checkpoint(self.local.checkpoint_dir(store, str(cid)))
+        snapshot: dict[str, dict[str, str]] = {}
+        for name, manager in self.backups.items():
+            snapshot[name] = manager.snapshot(cid)
+        maybe_crash(self.config, "after-snapshot")
+        record = CommitRecord(
+            self.run_id,
+            str(cid),
+            UPLOADING,
+            socket.gethostname(),
+            os.getpid(),
+            int(time.time() * 1000),
+            CheckpointV2(cid, offsets, snapshot).to_json(),
+        )
+        self._write(record)
+        outcome.started = str(cid)
+        # 4-5: upload, then the checkpoint into each local checkpoint directory
+        _active.add((self.task.name, str(cid)))
+        futures = {name: m.upload(cid, snapshot[name]) for name, m in self.backups.items()}
+        if all(f.done() for f in futures.values()):
+            self._finish(record, futures)
+        else:
+            commit_pool(self.pool_size).submit(self._finish, record, futures)
+            if wait:
+                outcome.waited_seconds += self._wait_for(str(cid))
+        if wait:
+            self._raise_failures()
+        return outcome
+
+    def _finish(self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]) -> None:
+        try:
+            self._complete(record, futures)
+        finally:
+            _active.discard((self.task.name, record.checkpoint_id))
+
+    def _complete(
+        self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]
+    ) -> None:
+        markers: dict[str, dict[str, str]] = {}
+        try:
+            for name, future in futures.items():
+                try:
+                    markers[name] = future.result()
+                except Exception as exc:
+                    stores = ", ".join(s for s, b in self.store_backends.items() if name in b)
+                    raise CommitError(
+                        f"backend {name} upload for store(s) {stores} failed: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+            maybe_crash(self.config, "after-upload")
+            checkpoint = CheckpointV2(
+                CheckpointId.parse(record.checkpoint_id),
+                CheckpointV2.from_json(record.checkpoint).input_offsets,
+                markers,
+            )
+            text = checkpoint.dumps()
+            for store, engine in self.engines.items():
+                if engine.persistent:
+                    self.local.write_checkpoint_file(store, record.checkpoint_id, text)
+            maybe_crash(self.config, "after-local-checkpoint-write")
+            record.checkpoint = checkpoint.to_json()
+            record.state = DONE
+        except BaseException as exc:
+            record.state = FAILED
+            record.error = (
+                str(exc) if isinstance(exc, CommitError) else f"{type(exc).__name__}: {exc}"
+            )
+            self._write(record)
+            if not isinstance(exc, Exception):
+                raise
+            log.error(
+                "task %s: commit %s failed: %s", self.task, record.checkpoint_id, record.error
+            )
+            return
+        self._write(record)
+
+    def _wait_for(self, checkpoint_id: str) -> float:
+        start = time.monotonic()
+        deadline = start + self.timeout_ms / 1000
+        path = self.dir / checkpoint_id
+        delay = 0.005
+        while True:
+            try:
+                record = CommitRecord.load(path)
+            except FileNotFoundError:
+                return time.monotonic() - start
+            if record.state != UPLOADING or not _alive(record, self.task):
+                return time.monotonic() - start
+            if time.monotonic() >= deadline:
+                raise CommitError(
+                    f"task {self.task}: commit {checkpoint_id} still uploading after "
+                    f"task.commit.timeout.ms={self.timeout_ms}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def wait_all(self) -> None:
+        """Wait for every upload of this run still running (the final commit of a run)."""
+        for record in self.records():
+            if record.state == UPLOADING:
+                self._wait_for(record.checkpoint_id)
+        self._raise_failures()
+
+    # -- 7. clean-up after the driver wrote a checkpoint
+    def clean_up(self, committed: Checkpoint | None) -> None:
+        """Delete what the committed checkpoint no longer needs. Idempotent.
+
+        Local checkpoints other than the committed one and those still uploading go at every
+        batch; the backends' clean-up runs once per committed checkpoint (and again after a
+        restart, since it is idempotent).
+        """
+        keep = {r.checkpoint_id for r in self.records() if r.state == UPLOADING}
+        if committed is not None:
+            keep.add(str(committed.checkpoint_id))
+        for store, engine in self.engines.items():
+            if engine.persistent:
+                self.local.clean_checkpoints(store, keep)
+        if committed is None:
+            return
+        floor = committed.checkpoint_id
+        done_marker = self.local.dir / "CLEANED"
+        if done_marker.exists() and done_marker.read_text() == f"{self.run_id}:{floor}":
+            return
+        maybe_crash(self.config, "during-cleanup")
+        for name, manager in self.backups.items():
+            manager.clean_up(floor, committed.state_checkpoint_markers.get(name, {}))
+        for r in self.records():
+            if CheckpointId.parse(r.checkpoint_id) <= floor and r.state != UPLOADING:
+                (self.dir / r.checkpoint_id).unlink(missing_ok=True)
+        atomic_write(done_marker, f"{self.run_id}:{floor}".encode())

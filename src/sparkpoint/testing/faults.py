@@ -1,0 +1,45 @@
+"""Fault injection: crash a job at a named point, once, to test recovery.
+
+Set ``testing.crash.at`` to a point name and ``testing.crash.flag`` to a file path; the first
+time the point is reached while the file exists, the file is deleted and the process "crashes":
+by raising :class:`InjectedCrash` (``testing.crash.mode=raise``, the default, which fails the
+batch like a dying worker would) or by exiting at once without clean-up (``exit``).
+
+Points: ``after-snapshot``, ``after-upload``, ``after-local-checkpoint-write`` (executor, in
+the commit), ``after-checkpoint-write`` (driver, after writing a checkpoint),
+``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+POINTS = (
+    "after-snapshot",
+    "after-upload",
+    "after-local-checkpoint-write",
+    "after-checkpoint-write",
+    "during-cleanup",
+    "during-restore",
+)
+
+
+class InjectedCrash(Exception):
+    """Raised at an injected crash point."""
+
+
+def maybe_crash(config: Mapping[str, str], point: str) -> None:
+    """Crash here if the config asks for this point and its flag file still exists."""
+    if config.get("testing.crash.at") != point:
+        return
+    flag = config.get("testing.crash.flag", "")
+    if not flag:
+        return
+    try:
+        os.unlink(flag)
+    except FileNotFoundError:
+        return
+    if config.get("testing.crash.mode", "raise") == "exit":
+        os._exit(137)
+    raise InjectedCrash(f"injected crash at {point}")
