@@ -108,7 +108,7 @@ def restore_stores(
             stores,
             systems,
             {s: local.store_dir(s) for s in stores},
-            {s: engines[s] for s in stores},
+            openers={s: open_engine[s] for s in stores},
         )
         manager = backend_factory(backend).restore_manager(context)
         try:
