@@ -194,7 +194,7 @@ class TaskBatch:
                 self.plan.task,
                 stores,
                 self.systems,
-                {s: self.local.store_dir(s) for s in stores},
+                self.local,
                 {s: self.engines[s] for s in stores},
             )
             managers[name] = backend_factory(name).backup_manager(context)

@@ -107,7 +107,7 @@ def restore_stores(
             task,
             stores,
             systems,
-            {s: local.store_dir(s) for s in stores},
+            local,
             openers={s: open_engine[s] for s in stores},
         )
         manager = backend_factory(backend).restore_manager(context)

@@ -30,7 +30,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
@@ -41,6 +40,7 @@ from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel
 
 if TYPE_CHECKING:
     from sparkpoint.storage.kv.base import KeyValueEngine
+    from sparkpoint.storage.local import LocalTaskState
     from sparkpoint.system.registry import Systems
 
 
@@ -63,7 +63,7 @@ class BackendContext:
     task: TaskModel
     stores: list[str]
     systems: Systems
-    store_dirs: Mapping[str, Path]
+    local: LocalTaskState  # the task's directories: store_dir(s), checkpoint_dir(s, id)
     engines: dict[str, KeyValueEngine] = field(default_factory=dict)
     openers: Mapping[str, Callable[[], KeyValueEngine]] = field(default_factory=dict)
 

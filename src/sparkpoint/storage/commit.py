@@ -45,7 +45,7 @@ from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.local import LocalTaskState, atomic_write
-from sparkpoint.testing.faults import maybe_crash
+from sparkpoint.testing.faults import InjectedCrash, maybe_crash
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ UPLOADING, DONE, FAILED = "uploading", "done", "failed"
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 # uploads running in this process, by (task, checkpoint id)
 _active: set[tuple[str, str]] = set()
 
@@ -62,13 +63,17 @@ class CommitError(SparkpointError):
 
 
 def commit_pool(tasks: int) -> ThreadPoolExecutor:
-    """This process's commit pool of ``min(tasks, 64)`` threads (created once)."""
-    global _pool
+    """This process's commit pool of ``min(tasks, 64)`` threads.
+
+    Made on first use; when a later caller needs more threads a larger pool replaces it (the old
+    one finishes what it was given).
+    """
+    global _pool, _pool_size
+    size = max(1, min(tasks, 64))
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max(1, min(tasks, 64)), thread_name_prefix="sparkpoint-commit"
-            )
+        if _pool is None or size > _pool_size:
+            _pool = ThreadPoolExecutor(size, thread_name_prefix="sparkpoint-commit")
+            _pool_size = size
         return _pool
 
 
@@ -134,7 +139,7 @@ class TaskCommitManager:
         self.task = task
         self.run_id = run_id
         self.local = local
-        self.engines = engines
+        self.engines = dict(engines)  # a copy: the upload thread outlives the batch
         self.backups = backups
         self.store_backends = store_backends
         self.config = config
@@ -213,7 +218,7 @@ class TaskCommitManager:
         running = self._in_flight()
         if running is not None:
             age = time.time() * 1000 - running.started_ms
-            if age < self.max_delay_ms:
+            if age < self.max_delay_ms and not wait:
                 log.info(
                     "task %s: commit skipped, upload of %s still running (%.0f ms)",
                     self.task,
@@ -292,6 +297,8 @@ class TaskCommitManager:
             maybe_crash(self.config, "after-local-checkpoint-write")
             record.checkpoint = checkpoint.to_json()
             record.state = DONE
+        except InjectedCrash:
+            raise  # a simulated dying worker records nothing: the upload is lost
         except BaseException as exc:
             record.state = FAILED
             record.error = (
@@ -341,7 +348,8 @@ class TaskCommitManager:
         batch; the backends' clean-up runs once per committed checkpoint (and again after a
         restart, since it is idempotent).
         """
-        keep = {r.checkpoint_id for r in self.records() if r.state == UPLOADING}
+        # keep what the driver may still write: uploads running or finished but not yet written
+        keep = {r.checkpoint_id for r in self.records() if r.state in (UPLOADING, DONE)}
         if committed is not None:
             keep.add(str(committed.checkpoint_id))
         for store, engine in self.engines.items():

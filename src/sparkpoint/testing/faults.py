@@ -1,7 +1,8 @@
 """Fault injection: crash a job at a named point, once, to test recovery.
 
-Set ``testing.crash.at`` to a point name and ``testing.crash.flag`` to a file path; the first
-time the point is reached while the file exists, the file is deleted and the process "crashes":
+Set ``testing.crash.at`` to a point name and ``testing.crash.flag`` to a file path holding a
+number N; the point is passed N times, and the next time it is reached the file is deleted and
+the process "crashes":
 by raising :class:`InjectedCrash` (``testing.crash.mode=raise``, the default, which fails the
 batch like a dying worker would) or by exiting at once without clean-up (``exit``).
 
@@ -37,9 +38,18 @@ def maybe_crash(config: Mapping[str, str], point: str) -> None:
     if not flag:
         return
     try:
+        with open(flag) as f:
+            skip = int(f.read().strip() or "0")
+    except (FileNotFoundError, ValueError):
+        return
+    if skip > 0:  # pass this point ``skip`` more times first
+        with open(flag, "w") as f:
+            f.write(str(skip - 1))
+        return
+    try:
         os.unlink(flag)
     except FileNotFoundError:
-        return
+        return  # another thread took this crash
     if config.get("testing.crash.mode", "raise") == "exit":
         os._exit(137)
     raise InjectedCrash(f"injected crash at {point}")

@@ -1,0 +1,119 @@
+"""Asynchronous commit: skip within the max delay, block after it, time out, surface errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.storage.commit import CommitError
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.testing.backends import NAME as COPY
+from tests.conftest import pageviews_config
+from tests.runtime.helpers import assert_committed_state_matches_its_offsets, generate
+
+
+def make(tmp_path: Path, **overrides: str) -> Config:
+    values = pageviews_config(
+        tmp_path,
+        **{
+            "stores.user-counts.backup.factories": COPY,
+            "testing.copy.dir": str(tmp_path / "copies"),
+            "task.batch.max.messages": "50",
+            "task.commit.ms": "0",
+            **overrides,
+        },
+    )
+    config = load_config(None, values)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 1))
+    generate(config, tmp_path / "a.yaml", 1000, seed=51, users=20)
+    return config
+
+
+def batches(config: Config) -> tuple[JobCoordinator, dict]:  # type: ignore[type-arg]
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    meta = coordinator.metadata([s for t in coordinator.tasks.values() for s in t.model.ssps])
+    return coordinator, {s: m.upcoming for s, m in meta.items()}
+
+
+def test_commit_is_skipped_while_the_upload_runs_within_max_delay(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"testing.copy.delay.ms": "600", "task.commit.max.delay.ms": "60000"})
+    coordinator, end = batches(config)
+    _, first = coordinator.run_batch(end, commit=True)
+    assert first[0].commit_started and not first[0].completed_checkpoints
+    _, second = coordinator.run_batch(end, commit=True)
+    assert second[0].commit_skipped and second[0].commit_started is None
+    assert second[0].total_seconds < 0.5  # processing did not wait for the 600 ms upload
+    assert second[0].processed == 50
+    coordinator.run_batch(end, commit=True, wait=True)  # the final commit waits for uploads
+    assert coordinator.tasks["Partition 0"].last_checkpoint is not None
+    coordinator.close()
+    assert_committed_state_matches_its_offsets(config)
+
+
+def test_commit_blocks_after_max_delay_until_the_upload_finishes(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"testing.copy.delay.ms": "400", "task.commit.max.delay.ms": "0"})
+    coordinator, end = batches(config)
+    coordinator.run_batch(end, commit=True)
+    _, second = coordinator.run_batch(end, commit=True)
+    assert not second[0].commit_skipped and second[0].commit_started
+    assert second[0].commit_seconds >= 0.2  # it waited for the previous upload
+    # the previous commit finished while we waited: it is reported for the driver to write
+    assert len(second[0].completed_checkpoints) >= 1
+    coordinator.close()
+
+
+def test_blocked_commit_fails_after_the_timeout(tmp_path: Path) -> None:
+    config = make(
+        tmp_path,
+        **{
+            "testing.copy.delay.ms": "3000",
+            "task.commit.max.delay.ms": "0",
+            "task.commit.timeout.ms": "200",
+        },
+    )
+    coordinator, end = batches(config)
+    coordinator.run_batch(end, commit=True)
+    with pytest.raises(
+        CommitError,
+        match=r"task Partition 0: commit \d+-\d+ still uploading after task.commit.timeout.ms=200",
+    ):
+        coordinator.run_batch(end, commit=True)
+    coordinator.close()
+
+
+def test_upload_error_surfaces_at_the_next_commit(tmp_path: Path) -> None:
+    flag = tmp_path / "fail"
+    flag.write_text("")
+    config = make(tmp_path, **{"testing.copy.fail.flag": str(flag)})
+    coordinator, end = batches(config)
+    _, first = coordinator.run_batch(end, commit=True)
+    cid = first[0].commit_started
+    # the failure happened on the commit pool; the batch itself succeeded
+    with pytest.raises(
+        CommitError,
+        match=(
+            rf"task Partition 0: commit {cid} failed: backend {COPY} upload for store\(s\) "
+            r"user-counts failed: OSError: injected upload failure"
+        ),
+    ):
+        coordinator.run_batch(end, commit=True, wait=True)
+    assert coordinator.tasks["Partition 0"].last_checkpoint is None  # nothing was written
+    coordinator.close()
+
+
+def test_sync_mode_waits_for_the_upload_inside_the_batch(tmp_path: Path) -> None:
+    config = make(
+        tmp_path, **{"testing.copy.delay.ms": "300", "task.commit.async.enabled": "false"}
+    )
+    coordinator, end = batches(config)
+    _, first = coordinator.run_batch(end, commit=True)
+    assert first[0].commit_seconds >= 0.3
+    assert len(first[0].completed_checkpoints) == 1
+    assert first[0].state_id == f"ckpt:{first[0].commit_started}"
+    coordinator.close()
