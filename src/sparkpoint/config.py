@@ -14,6 +14,7 @@ absolute when the config is loaded so that executors on other processes see the 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.logged.store.base.dir",
         None,
         "a directory path",
-        "where executors keep store directories (default <job.data.dir>/state)",
+        "where executors keep store directories (default <job.data.dir>/state; {cwd} = the "
+        "executor's working directory, private per executor)",
     ),
     ConfigKey(
         "job.coordinator.system",
@@ -426,8 +428,15 @@ class Config(Mapping[str, str]):
 
     @property
     def store_base_dir(self) -> Path:
+        """Where this process keeps task state; ``{cwd}`` is the process's working directory.
+
+        On a Spark cluster ``{cwd}`` makes the directory private to each executor (its working
+        directory), so a task that moves restores its state from a backend.
+        """
         value = self.get_str("job.logged.store.base.dir")
-        return Path(value) if value else self.data_dir / "state"
+        if not value:
+            return self.data_dir / "state"
+        return Path(value.replace("{cwd}", os.getcwd()))
 
     @property
     def systems(self) -> list[str]:
@@ -527,7 +536,10 @@ def load_config(
                 name = key[len("systems.") : -len(".factory")]
                 values[path_key] = str(Path(values["job.data.dir"]) / "streams" / name)
             values[path_key] = str(Path(values[path_key]).expanduser().resolve())
-    if values.get("job.logged.store.base.dir"):
+    if (
+        values.get("job.logged.store.base.dir")
+        and "{cwd}" not in values["job.logged.store.base.dir"]
+    ):
         values["job.logged.store.base.dir"] = str(
             Path(values["job.logged.store.base.dir"]).expanduser().resolve()
         )

@@ -1,16 +1,15 @@
-"""The example job on a Spark standalone cluster (a master and 2 workers on loopback).
-
-Until a state backend exists, both workers keep store directories on one path of this machine
-(job.logged.store.base.dir is shared), which is what lets tasks move between them.
-"""
+"""The example job on a Spark standalone cluster (a master and 2 workers on loopback)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.registry import Systems
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, sp
 from tests.runtime.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
@@ -18,23 +17,64 @@ from tests.runtime.helpers import assert_at_least_once, committed_counts, emitte
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
-def test_example_on_standalone_cluster_gives_exact_state(tmp_path: Path) -> None:
-    with StandaloneCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
-        sets = [
-            f"job.data.dir={tmp_path / 'data'}",
-            "task.commit.ms=500",
-            "task.batch.max.messages=2000",
-            "spark.executor.memory=512m",
-            "spark.cores.max=2",
-        ]
-        set_args = [a for s in sets for a in ("--set", s)]
-        config = load_config(JOB, parse_overrides(sets))
-        sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-        expected = generate(config, tmp_path / "job.yaml", 30_000, seed=21, users=100)
-        result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
-        assert "done (caught up)" in result.stderr, result.stderr
-        assert cluster.alive_workers() == 2
-        apps = cluster.status().get("completedapps", []) + cluster.status().get("activeapps", [])
-        assert any("sparkpoint-pageviews" in a.get("name", "") for a in apps)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=2, cores=1) as c:
+        yield c
+
+
+def cluster_sets(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=300",
+        "task.batch.max.messages=1000",
+        "spark.executor.memory=512m",
+        "spark.cores.max=2",
+        *extra,
+    ]
+
+
+def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneCluster) -> None:
+    # without a state backend both workers keep state on one path of this machine
+    sets = cluster_sets(tmp_path)
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    expected = generate(config, tmp_path / "job.yaml", 30_000, seed=21, users=100)
+    result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    assert "done (caught up)" in result.stderr, result.stderr
+    assert cluster.alive_workers() == 2
+    apps = cluster.status().get("completedapps", []) + cluster.status().get("activeapps", [])
+    assert any("sparkpoint-pageviews" in a.get("name", "") for a in apps)
     assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+
+
+def test_private_store_dirs_restore_from_the_changelog(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    sets = cluster_sets(
+        tmp_path,
+        "stores.user-counts.changelog=filelog.user-counts-changelog",
+        "job.logged.store.base.dir={cwd}/state",  # each executor's own working directory
+    )
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    expected = generate(config, tmp_path / "job.yaml", 30_000, seed=22, users=100)
+    result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    assert "done (caught up)" in result.stderr, result.stderr
+    # tasks ran on both executors, and a task that landed where its state was not restored it
+    logs = "".join(
+        p.read_text(errors="replace") for p in cluster.work_dir.glob("worker-*/app-*/*/stderr")
+    )
+    assert "restored from changelog" in logs
+    systems = Systems(config)
+    state: dict[str, int] = {}
+    for p in range(4):
+        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
+        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
+            if rec.value is not None:
+                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
+    assert state == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
