@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench clean
+.PHONY: setup example test test-fast lint typecheck bench bench-commit clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -25,6 +25,9 @@ typecheck: setup
 
 bench: setup
 	@.venv/bin/python bench/run.py
+
+bench-commit: setup
+	@.venv/bin/python bench/commit.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

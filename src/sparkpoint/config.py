@@ -95,6 +95,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "a configured system name",
         "system of the coordinator and checkpoint streams (default: first system)",
     ),
+    ConfigKey(
+        "job.executor.log.level",
+        "WARNING",
+        "DEBUG | INFO | WARNING | ERROR",
+        "log level of sparkpoint on the executors",
+        _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+    ),
     ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
     ConfigKey(
         "task.class",

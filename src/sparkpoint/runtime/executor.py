@@ -370,7 +370,7 @@ class TaskBatch:
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:
     """Run one task's micro-batch (called inside a Spark Python worker)."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        # executors log warnings and errors; restores and commits reach the driver's display
+        level = plan.config.get("job.executor.log.level", "WARNING").upper()
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return TaskBatch(plan).run()

@@ -73,6 +73,8 @@ class ProgressDisplay:
             )
             self._restores.append(line)
             log.info(line)
+            if self._live is None:
+                self.console.print(line, highlight=False)
         if self._live is not None:
             self._live.update(self._table())
         else:
