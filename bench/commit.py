@@ -94,8 +94,11 @@ def fill_store(config: Config, task: TaskModel, size_mb: int) -> tuple[LocalTask
     value = os.urandom(1000)
     n = size_mb * 1000
     for start in range(0, n, 5000):
+        # incompressible values, so the store really is about size_mb on disk
+        block = os.urandom(1000 * 5000)
         logged.write_batch(
-            (f"key-{i:09d}".encode(), value) for i in range(start, min(n, start + 5000))
+            (f"key-{i:09d}".encode(), block[(i - start) * 1000 : (i - start + 1) * 1000])
+            for i in range(start, min(n, start + 5000))
         )
     backup.snapshot(CheckpointId.create())
     engine.flush()
