@@ -104,6 +104,19 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
     ConfigKey(
+        "task.broadcast.inputs",
+        None,
+        "comma-separated system.stream, system.stream#N or system.stream#[A-B]",
+        "streams (or partitions) every task consumes in full",
+    ),
+    ConfigKey(
+        "task.startpoint.max.age.ms",
+        "43200000",
+        "an integer >= 0 (milliseconds)",
+        "startpoints older than this are ignored with a warning",
+        _int(0),
+    ),
+    ConfigKey(
         "task.class",
         None,
         "module:Class or module.Class of a StreamTask",
@@ -456,6 +469,25 @@ class Config(Mapping[str, str]):
     @property
     def inputs(self) -> list[SystemStream]:
         return [SystemStream.parse(s) for s in self.get_list("task.inputs")]
+
+    @property
+    def broadcast_inputs(self) -> list[tuple[SystemStream, set[int] | None]]:
+        """Broadcast streams with their partitions (``None``: every partition)."""
+        out: list[tuple[SystemStream, set[int] | None]] = []
+        for item in self.get_list("task.broadcast.inputs"):
+            name, _, spec = item.partition("#")
+            parts: set[int] | None = None
+            if spec:
+                m = re.fullmatch(r"(\d+)|\[(\d+)-(\d+)\]", spec)
+                if not m:
+                    raise ConfigError(
+                        f"task.broadcast.inputs: {item!r}: expected system.stream#N or "
+                        "system.stream#[A-B]"
+                    )
+                lo, hi = (m.group(1), m.group(1)) if m.group(1) else (m.group(2), m.group(3))
+                parts = set(range(int(lo), int(hi) + 1))
+            out.append((SystemStream.parse(name), parts))
+        return out
 
     @property
     def coordinator_system(self) -> str:

@@ -149,18 +149,25 @@ class JobModel:
 
 
 def group_by_partition(
-    job_name: str, job_id: str, ssps: Iterable[SystemStreamPartition]
+    job_name: str,
+    job_id: str,
+    ssps: Iterable[SystemStreamPartition],
+    broadcast: Iterable[SystemStreamPartition] = (),
 ) -> JobModel:
     """One task per partition number across all input streams (Samza's GroupByPartition).
 
     Task ``Partition n`` consumes partition ``n`` of every input stream that has one; its
-    changelog partition is ``n``.
+    changelog partition is ``n``. Every task also consumes every ``broadcast`` SSP.
     """
+    shared = frozenset(broadcast)
     by_partition: dict[int, set[SystemStreamPartition]] = {}
     for ssp in ssps:
-        by_partition.setdefault(ssp.partition, set()).add(ssp)
+        if ssp not in shared:
+            by_partition.setdefault(ssp.partition, set()).add(ssp)
     tasks = {
-        TaskName.for_partition(p): TaskModel(TaskName.for_partition(p), frozenset(members), p)
+        TaskName.for_partition(p): TaskModel(
+            TaskName.for_partition(p), frozenset(members) | shared, p
+        )
         for p, members in sorted(by_partition.items())
     }
     return JobModel(job_name, job_id, tasks)

@@ -32,6 +32,13 @@ from sparkpoint.errors import CheckpointError
 from sparkpoint.model import SystemStreamPartition
 
 
+def _json(text: str | bytes) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
+
+
 def _frozen(m: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return MappingProxyType(dict(m))
 
@@ -87,11 +94,7 @@ class CheckpointV2:
 
     @classmethod
     def loads(cls, text: str | bytes) -> CheckpointV2:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
-        return cls.from_json(data)
+        return cls.from_json(_json(text))
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,7 @@ class CheckpointV1:
 
     @classmethod
     def loads(cls, text: str | bytes) -> CheckpointV1:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
-        return cls.from_json(data)
+        return cls.from_json(_json(text))
 
     @classmethod
     def from_v2(

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
+from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskModel
+from sparkpoint.startpoint.model import Startpoint
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 
@@ -44,8 +46,13 @@ class OffsetManager:
         task: TaskModel,
         checkpoint: Checkpoint | None,
         meta: Mapping[SystemStreamPartition, PartitionMetadata],
+        startpoints: Mapping[SystemStreamPartition, Startpoint] | None = None,
     ) -> tuple[dict[SystemStreamPartition, str], dict[SystemStreamPartition, str]]:
-        """(next offset to read, checkpointed last-processed offset) per input SSP."""
+        """(next offset to read, checkpointed last-processed offset) per input SSP.
+
+        A startpoint wins over the checkpoint; its SSP then has no last-processed offset, so a
+        checkpoint names the SSP again only once something after the startpoint was processed.
+        """
         nxt: dict[SystemStreamPartition, str] = {}
         last: dict[SystemStreamPartition, str] = {}
         offsets = dict(checkpoint.input_offsets) if checkpoint else {}
@@ -55,6 +62,21 @@ class OffsetManager:
         for ssp in task.sorted_ssps():
             admin = self.systems.admin(ssp.system)
             m = meta[ssp]
+            sp = (startpoints or {}).get(ssp)
+            if sp is not None:
+                try:
+                    nxt[ssp] = admin.resolve_startpoint_to_offset(ssp, sp)
+                except UserError as exc:
+                    raise UserError(f"task {task.name}: startpoint {sp.describe()}: {exc}") from exc
+                log.info(
+                    "task %s: %s starts at %s from startpoint %s (checkpoint: %s)",
+                    task.name,
+                    ssp,
+                    nxt[ssp],
+                    sp.describe(),
+                    offsets.get(ssp, "none"),
+                )
+                continue
             reset = self.config.get_bool(f"streams.{ssp.stream}.samza.reset.offset")
             if ssp in offsets and not reset:
                 candidate = admin.offset_after(ssp, offsets[ssp])

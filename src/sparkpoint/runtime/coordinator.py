@@ -34,6 +34,7 @@ from sparkpoint.runtime.plan import (
     TaskBatchResult,
     checkpoint_state_id,
 )
+from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import backend_factory, store_backends
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
@@ -61,6 +62,8 @@ class TaskState:
     checkpoint_last_processed: dict[SystemStreamPartition, str]
     processed: int = 0
     lag: int = 0
+    # SSPs started from a startpoint; its fan-out entry goes once a checkpoint covers the SSP
+    startpoints: set[SystemStreamPartition] = field(default_factory=set)
 
 
 @dataclass
@@ -106,6 +109,12 @@ def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
         return 1 if admin_cmp(nxt, upcoming) < 0 else 0
 
 
+def job_model(config: Config, systems: Systems) -> JobModel:
+    """The job's tasks: one per input partition number, each also reading broadcast inputs."""
+    inputs, shared = systems.job_inputs(config.inputs, config.broadcast_inputs)
+    return group_by_partition(config.job_name, config.job_id, inputs, shared)
+
+
 class JobCoordinator:
     """Plans and runs the job's micro-batches on the driver."""
 
@@ -128,6 +137,7 @@ class JobCoordinator:
         self.stop_reason = ""
         self.model: JobModel | None = None
         self.metadata_store: CoordinatorStreamStore | None = None
+        self.startpoints: StartpointManager | None = None
         self.tasks: dict[str, TaskState] = {}
         self._batch = 0
         self._last_commit = time.monotonic()
@@ -135,7 +145,9 @@ class JobCoordinator:
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
-        return self.systems.partitions_of(self.config.inputs)
+        """Every SSP some task reads (inputs and broadcast inputs)."""
+        inputs, shared = self.systems.job_inputs(self.config.inputs, self.config.broadcast_inputs)
+        return sorted(set(inputs) | set(shared))
 
     def metadata(
         self, ssps: list[SystemStreamPartition]
@@ -149,8 +161,8 @@ class JobCoordinator:
         return out
 
     def start(self) -> JobModel:
+        model = job_model(self.config, self.systems)
         ssps = self.all_ssps()
-        model = group_by_partition(self.config.job_name, self.config.job_id, ssps)
         self.metadata_store = CoordinatorStreamStore(
             self.config, self.systems, source="coordinator"
         )
@@ -160,9 +172,14 @@ class JobCoordinator:
         self.checkpoints.create_resources()
         checkpoints = self.checkpoints.read_all()
         meta = self.metadata(ssps)
+        self.startpoints = StartpointManager(
+            self.metadata_store, max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
+        )
+        fanned = self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
         for task in model.sorted_tasks():
             ckpt = checkpoints.get(task.name)
-            nxt, last = self.offsets.starting_offsets(task, ckpt, meta)
+            sps = fanned.get(task.name, {})
+            nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,
@@ -173,6 +190,7 @@ class JobCoordinator:
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),
                 checkpoint_last_processed=dict(last),
+                startpoints=set(sps),
             )
         self.model = model
         if self.listener:
@@ -273,6 +291,11 @@ class JobCoordinator:
         ts.checkpoint_last_processed = {
             s: o for s, o in checkpoint.input_offsets.items() if s in ts.model.ssps
         }
+        covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
+        if covered and self.startpoints is not None:
+            # step 8: the checkpoint now holds offsets read after the startpoint
+            self.startpoints.remove_fan_out_for_task(ts.model.name, covered)
+            ts.startpoints -= covered
 
     def run_batch(
         self,
@@ -342,6 +365,8 @@ class JobCoordinator:
         poll = self.config.get_int("task.poll.interval.ms") / 1000
         last_committed = False
         while not self.stop_event.is_set():
+            if self.startpoints is not None and self.startpoints.take_apply_now_request():
+                self._account(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
             pending = any(
@@ -383,6 +408,31 @@ class JobCoordinator:
         if self.listener:
             self.listener.on_end(summary)
         return summary
+
+    def apply_startpoints_now(self) -> BatchReport:
+        """Commit every task, fan out the waiting startpoints, and resume from them (no restart)."""
+        end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
+        report, _ = self.run_batch(end, commit=True, wait=True)
+        assert self.startpoints is not None
+        fanned = self.startpoints.fan_out(
+            {ts.model.name: ts.model.ssps for ts in self.tasks.values()}
+        )
+        for task, sps in fanned.items():
+            ts = self.tasks[task.name]
+            for ssp, sp in sps.items():
+                offset = self.systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, sp)
+                log.warning(
+                    "task %s: %s resumes at %s from startpoint %s (applied now)",
+                    task,
+                    ssp,
+                    offset,
+                    sp.describe(),
+                )
+                ts.resume[ssp] = ts.from_checkpoint[ssp] = offset
+                ts.last_processed.pop(ssp, None)
+                ts.checkpoint_last_processed.pop(ssp, None)
+                ts.startpoints.add(ssp)
+        return report
 
     @staticmethod
     def _account(summary: RunSummary, report: BatchReport) -> None:

@@ -41,10 +41,11 @@ from typing import Any
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.errors import SparkpointError
+from sparkpoint.fsutil import atomic_write
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueEngine
-from sparkpoint.storage.local import LocalTaskState, atomic_write
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.testing.faults import InjectedCrash, maybe_crash
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ import re
 import shutil
 from pathlib import Path
 
+from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import TaskName
 
 log = logging.getLogger(__name__)
@@ -31,25 +32,6 @@ CHECKPOINT_FILE = "CHECKPOINT"
 
 def task_dir_name(task: TaskName) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", task.name)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -93,7 +75,7 @@ class LocalTaskState:
         """Declare the live state unknown (done before any store changes)."""
         try:
             (self.dir / MARKER).unlink()
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         except FileNotFoundError:
             pass
 

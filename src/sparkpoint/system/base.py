@@ -11,8 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sparkpoint.model import SystemStream, SystemStreamPartition
+
+if TYPE_CHECKING:
+    from sparkpoint.startpoint.model import Startpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,17 @@ class SystemAdmin(ABC):
 
         Returns the upcoming offset when every record is older.
         """
+
+    def resolve_startpoint_to_offset(
+        self, ssp: SystemStreamPartition, startpoint: Startpoint
+    ) -> str:
+        """The next offset to read for ``startpoint`` (see :mod:`sparkpoint.startpoint.resolve`).
+
+        Systems override this only when they can do better than the generic resolution.
+        """
+        from sparkpoint.startpoint.resolve import OffsetResolver
+
+        return startpoint.apply(OffsetResolver(self, ssp))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""

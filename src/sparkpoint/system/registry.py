@@ -102,6 +102,26 @@ class Systems:
             ssps.extend(SystemStreamPartition(stream.system, stream.stream, p) for p in range(n))
         return ssps
 
+    def job_inputs(
+        self,
+        inputs: Iterable[SystemStream],
+        broadcast: Iterable[tuple[SystemStream, set[int] | None]],
+    ) -> tuple[list[SystemStreamPartition], list[SystemStreamPartition]]:
+        """(input SSPs, broadcast SSPs) of a job; a missing stream or partition is named."""
+        shared: list[SystemStreamPartition] = []
+        for stream, parts in broadcast:
+            every = self.partitions_of([stream])
+            if parts is not None:
+                missing = sorted(parts - {s.partition for s in every})
+                if missing:
+                    raise StreamNotFound(
+                        f"task.broadcast.inputs: {stream} has no partition {missing[0]} "
+                        f"(partitions 0..{len(every) - 1})"
+                    )
+                every = [s for s in every if s.partition in parts]
+            shared.extend(every)
+        return self.partitions_of(inputs), shared
+
     def close(self) -> None:
         for admin in self._admins.values():
             admin.close()

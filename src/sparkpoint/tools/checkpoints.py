@@ -27,12 +27,9 @@ from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
-from sparkpoint.model import JobModel, SystemStreamPartition, TaskName, group_by_partition
+from sparkpoint.model import JobModel, SystemStreamPartition, TaskName
+from sparkpoint.runtime.coordinator import job_model
 from sparkpoint.system.registry import Systems
-
-
-def job_model(config: Config, systems: Systems) -> JobModel:
-    return group_by_partition(config.job_name, config.job_id, systems.partitions_of(config.inputs))
 
 
 def parse_offsets_file(

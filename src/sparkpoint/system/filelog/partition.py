@@ -29,18 +29,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sparkpoint.errors import CorruptRecordError
+from sparkpoint.fsutil import atomic_write
 from sparkpoint.system.base import PartitionMetadata, Record
 from sparkpoint.system.filelog import format as fmt
 
 log = logging.getLogger(__name__)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Index(Sequence[tuple[int, int, int]]):
@@ -86,12 +79,7 @@ class PartitionLog:
             self._write_current(0)
 
     def _write_current(self, gen: int) -> None:
-        tmp = self.path / "CURRENT.tmp"
-        tmp.write_text(str(gen))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / "CURRENT")
-        fsync_dir(self.path)
+        atomic_write(self.path / "CURRENT", str(gen).encode())
 
     def _gen(self) -> int:
         return int((self.path / "CURRENT").read_text().strip() or "0")

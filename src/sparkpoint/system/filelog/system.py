@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sparkpoint.errors import ConfigError, StreamNotFound, UserError
+from sparkpoint.fsutil import fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
     PartitionMetadata,
@@ -28,7 +29,7 @@ from sparkpoint.system.base import (
     SystemFactory,
     SystemProducer,
 )
-from sparkpoint.system.filelog.partition import PartitionLog, fsync_dir
+from sparkpoint.system.filelog.partition import PartitionLog
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 

@@ -1,0 +1,159 @@
+"""Startpoints in the metadata store: written by tools, fanned out per task by the coordinator.
+
+Namespace ``samza-startpoint-v1`` holds startpoints as written, keyed ``system.stream.partition``
+(every task that reads the SSP) or ``system.stream.partition.<task name>`` (one task; for
+broadcast inputs). At job start the coordinator *fans out*: for each task and SSP it takes the
+newest of the two kinds, writes the task's startpoints under its name in
+``samza-startpoint-v1-fan-out``, then deletes the originals it used. A fan-out entry is removed
+per SSP once a checkpoint covers it, so a restart before that commit applies it again.
+Startpoints older than ``task.startpoint.max.age.ms`` (default 12 h) are ignored with a WARNING.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.startpoint.model import Startpoint
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "samza-startpoint-v1"
+FAN_OUT = "samza-startpoint-v1-fan-out"
+APPLY_NOW = "samza-startpoint-v1-apply-now"
+DEFAULT_MAX_AGE_MS = 12 * 3600 * 1000
+
+
+def key_for(ssp: SystemStreamPartition, task: TaskName | None = None) -> str:
+    return str(ssp) if task is None else f"{ssp}.{task.name}"
+
+
+class StartpointManager:
+    """Reads and writes startpoints; not thread-safe."""
+
+    def __init__(self, store: MetadataStore, *, max_age_ms: int = DEFAULT_MAX_AGE_MS) -> None:
+        self.store = store
+        self.max_age_ms = max_age_ms
+
+    # -- the read-write namespace
+    def write_startpoint(
+        self, ssp: SystemStreamPartition, startpoint: Startpoint, task: TaskName | None = None
+    ) -> None:
+        self.store.put(NAMESPACE, key_for(ssp, task), startpoint.dumps())
+
+    def write_many(
+        self, entries: Iterable[tuple[SystemStreamPartition, TaskName | None, Startpoint]]
+    ) -> None:
+        """Write several startpoints in one durable append."""
+        self.store.put_all(NAMESPACE, {key_for(s, t): sp.dumps() for s, t, sp in entries})
+
+    def _fresh(self, where: str, startpoint: Startpoint, now: int) -> bool:
+        age = now - startpoint.creation_timestamp
+        if age > self.max_age_ms:
+            log.warning(
+                "ignoring stale startpoint %s for %s: %d ms old (max %d)",
+                startpoint.describe(),
+                where,
+                age,
+                self.max_age_ms,
+            )
+            return False
+        return True
+
+    def read_startpoint(
+        self, ssp: SystemStreamPartition, task: TaskName | None = None
+    ) -> Startpoint | None:
+        self.store.refresh()
+        raw = self.store.get(NAMESPACE, key_for(ssp, task))
+        if raw is None:
+            return None
+        sp = Startpoint.loads(raw)
+        return sp if self._fresh(key_for(ssp, task), sp, int(time.time() * 1000)) else None
+
+    def delete_startpoint(self, ssp: SystemStreamPartition, task: TaskName | None = None) -> None:
+        self.store.delete(NAMESPACE, key_for(ssp, task))
+
+    def all_startpoints(self) -> dict[str, Startpoint]:
+        """Every startpoint not yet fanned out, by key."""
+        self.store.refresh()
+        return {k: Startpoint.loads(v) for k, v in self.store.all(NAMESPACE).items()}
+
+    # -- fan-out
+    def fan_out(
+        self, tasks: Mapping[TaskName, Iterable[SystemStreamPartition]]
+    ) -> dict[TaskName, dict[SystemStreamPartition, Startpoint]]:
+        """Fan startpoints out to tasks (newest of SSP-only and SSP+task wins), then delete them.
+
+        Returns every task's fan-out, including entries left by an earlier start.
+        """
+        self.store.refresh()
+        written = self.store.all(NAMESPACE)
+        now = int(time.time() * 1000)
+        used: set[str] = set()
+        updates: dict[str, str | None] = {}
+        result: dict[TaskName, dict[SystemStreamPartition, Startpoint]] = {}
+        for task, ssps in tasks.items():
+            current = self.get_fan_out_for_task(task)
+            for ssp in ssps:
+                candidates = []
+                for key in (key_for(ssp), key_for(ssp, task)):
+                    if key in written:
+                        used.add(key)
+                        sp = Startpoint.loads(written[key])
+                        if self._fresh(key, sp, now):
+                            candidates.append(sp)
+                if candidates:
+                    current[ssp] = max(candidates, key=lambda s: s.creation_timestamp)
+            if current:
+                result[task] = current
+                updates[task.name] = json.dumps(
+                    {str(s): sp.to_json() for s, sp in sorted(current.items())}, sort_keys=True
+                )
+        if updates:
+            self.store.put_all(FAN_OUT, updates)
+        if used:
+            self.store.put_all(NAMESPACE, dict.fromkeys(used))
+        return result
+
+    def get_fan_out_for_task(self, task: TaskName) -> dict[SystemStreamPartition, Startpoint]:
+        raw = self.store.get(FAN_OUT, task.name)
+        if raw is None:
+            return {}
+        return {
+            SystemStreamPartition.parse(k): Startpoint.loads(json.dumps(v))
+            for k, v in json.loads(raw).items()
+        }
+
+    def remove_fan_out_for_task(
+        self, task: TaskName, ssps: Iterable[SystemStreamPartition] | None = None
+    ) -> None:
+        """Remove the task's fanned-out startpoints (only ``ssps`` if given). Idempotent."""
+        current = self.get_fan_out_for_task(task)
+        if ssps is not None:
+            for ssp in ssps:
+                current.pop(ssp, None)
+        else:
+            current = {}
+        value = (
+            json.dumps({str(s): sp.to_json() for s, sp in sorted(current.items())}, sort_keys=True)
+            if current
+            else None
+        )
+        self.store.put_all(FAN_OUT, {task.name: value})
+
+    # -- apply while running
+    def request_apply_now(self) -> None:
+        """Ask a running job to fan out and apply startpoints at its next batch boundary."""
+        self.store.put(APPLY_NOW, "request", str(int(time.time() * 1000)))
+
+    def take_apply_now_request(self) -> bool:
+        """Whether a request is pending (and clear it)."""
+        self.store.refresh()
+        if self.store.get(APPLY_NOW, "request") is None:
+            return False
+        self.store.delete(APPLY_NOW, "request")
+        return True
