@@ -32,10 +32,15 @@ stream_app = typer.Typer(help="Create, list, write and read streams.", no_args_i
 checkpoint_app = typer.Typer(help="Inspect checkpoints.", no_args_is_help=True)
 state_app = typer.Typer(help="Inspect committed state.", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+startpoint_app = typer.Typer(
+    help="Rewind or fast-forward inputs without touching checkpoints (input only: state is kept).",
+    no_args_is_help=True,
+)
 app.add_typer(stream_app, name="stream")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
 app.add_typer(config_app, name="config")
+app.add_typer(startpoint_app, name="startpoint")
 
 JobArg = Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")]
 SetOpt = Annotated[
@@ -338,6 +343,106 @@ def config_keys() -> None:
     for spec in KEYS:
         default = spec.default if spec.default is not None else "-"
         print(f"{spec.pattern}\n    {spec.help}\n    allowed: {spec.allowed}; default: {default}")
+
+
+StreamOpt = Annotated[str, typer.Option("--stream", help="Input stream name, or system.stream.")]
+PartitionsOpt = Annotated[
+    list[int] | None,
+    typer.Option("--partition", "-p", help="Partition (repeatable; default: all)."),
+]
+TaskOpt = Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 2".')]
+
+
+@startpoint_app.command("set")
+def startpoint_set(
+    job: JobArg,
+    stream: StreamOpt,
+    partition: PartitionsOpt = None,
+    task: TaskOpt = None,
+    offset: Annotated[
+        str | None, typer.Option(help="Start at this offset (the next to read).")
+    ] = None,
+    timestamp: Annotated[
+        str | None,
+        typer.Option(
+            help="Start at the first message at or after this time (epoch ms or ISO-8601)."
+        ),
+    ] = None,
+    oldest: Annotated[bool, typer.Option("--oldest", help="Start at the oldest message.")] = False,
+    upcoming: Annotated[
+        bool, typer.Option("--upcoming", help="Skip to new messages only.")
+    ] = False,
+    apply_now: Annotated[
+        bool, typer.Option("--apply-now", help="Make a running job apply it at its next batch.")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Set where an input restarts: applied at the next start (or now, with --apply-now).
+
+    The job's checkpoints are not edited, and **state is not rewound**: stores keep what they
+    hold and re-read messages are processed again on top of it. Without --partition the
+    startpoint applies to every partition; with --task only to that task (broadcast inputs).
+    Everything is checked against the stream before anything is written.
+
+    Example: `sparkpoint startpoint set job.yaml --stream pageviews --timestamp 2026-11-22T10:00Z`
+    """
+    from sparkpoint.tools.startpoints import make_startpoint, set_startpoints
+
+    config = _config(job, set_)
+    sp = make_startpoint(offset=offset, timestamp=timestamp, oldest=oldest, upcoming=upcoming)
+    planned = set_startpoints(
+        config, stream, sp, partitions=partition, task=task, apply_now=apply_now
+    )
+    for p in planned:
+        who = f" task {p.task}" if p.task else ""
+        print(f"{p.ssp}{who}: {sp.describe()} -> next offset {p.resolves_to} (as of now)")
+    if apply_now:
+        print("requested: a running job applies these at its next batch boundary")
+
+
+@startpoint_app.command("list")
+def startpoint_list(
+    job: JobArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """List startpoints waiting for the next start, and those fanned out to tasks.
+
+    Example: `sparkpoint startpoint list job.yaml --json`
+    """
+    from sparkpoint.tools.startpoints import list_startpoints
+
+    found = list_startpoints(_config(job, set_))
+    if as_json:
+        print(
+            json.dumps(
+                {k: {n: sp.to_json() for n, sp in v.items()} for k, v in found.items()}, indent=2
+            )
+        )
+        return
+    for kind, entries in found.items():
+        for key, sp in sorted(entries.items()):
+            print(f"{kind}\t{key}\t{sp.describe()}")
+    if not any(found.values()):
+        print("no startpoints")
+
+
+@startpoint_app.command("delete")
+def startpoint_delete(
+    job: JobArg,
+    stream: StreamOpt,
+    partition: PartitionsOpt = None,
+    task: TaskOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Delete startpoints of a stream (waiting or fanned out).
+
+    Example: `sparkpoint startpoint delete job.yaml --stream pageviews --partition 0`
+    """
+    from sparkpoint.tools.startpoints import delete_startpoints
+
+    n = delete_startpoints(_config(job, set_), stream, partitions=partition, task=task)
+    print(f"deleted {n} startpoint(s)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,172 @@
+"""The startpoint tool, as a Python API (the CLI's ``sparkpoint startpoint`` calls these).
+
+``set_startpoints`` validates the stream, partitions, task and the startpoint itself against
+the system's metadata before writing anything, and returns what each startpoint resolves to
+now. Rewinding input does not rewind state: stores keep what they hold, and re-read messages
+are processed again on top of it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from sparkpoint.config import Config
+from sparkpoint.errors import UserError
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.runtime.coordinator import job_model
+from sparkpoint.startpoint.manager import FAN_OUT, NAMESPACE, StartpointManager
+from sparkpoint.startpoint.model import (
+    Startpoint,
+    StartpointOldest,
+    StartpointSpecific,
+    StartpointTimestamp,
+    StartpointUpcoming,
+)
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.streams import resolve_stream
+
+
+@dataclass(frozen=True)
+class PlannedStartpoint:
+    ssp: SystemStreamPartition
+    task: TaskName | None
+    startpoint: Startpoint
+    resolves_to: str
+
+
+def parse_timestamp(text: str) -> int:
+    """Epoch milliseconds, or an ISO-8601 date-time (a zone-less one is taken as UTC)."""
+    if re.fullmatch(r"-?\d+", text.strip()):
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(f"--timestamp {text!r}: expected epoch milliseconds or ISO-8601") from None
+    if moment.tzinfo is None:
+        from datetime import UTC
+
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def make_startpoint(
+    *,
+    offset: str | None = None,
+    timestamp: str | None = None,
+    oldest: bool = False,
+    upcoming: bool = False,
+) -> Startpoint:
+    given = [x for x in (offset is not None, timestamp is not None, oldest, upcoming) if x]
+    if len(given) != 1:
+        raise UserError("give exactly one of --offset, --timestamp, --oldest, --upcoming")
+    if offset is not None:
+        return StartpointSpecific(offset)
+    if timestamp is not None:
+        return StartpointTimestamp(parse_timestamp(timestamp))
+    return StartpointOldest() if oldest else StartpointUpcoming()
+
+
+def _manager(config: Config, systems: Systems) -> StartpointManager:
+    store = CoordinatorStreamStore(config, systems, source="startpoint-tool")
+    return StartpointManager(store, max_age_ms=config.get_int("task.startpoint.max.age.ms"))
+
+
+def _targets(
+    config: Config, systems: Systems, stream: str, partitions: list[int] | None, task: str | None
+) -> list[tuple[SystemStreamPartition, TaskName | None]]:
+    model = job_model(config, systems)
+    ss = resolve_stream(config, stream)
+    readers: dict[SystemStreamPartition, list[TaskName]] = {}
+    for t in model.tasks.values():
+        for ssp in t.ssps:
+            readers.setdefault(ssp, []).append(t.name)
+    mine = sorted(s for s in readers if s.system_stream == ss)
+    if not mine:
+        inputs = sorted({str(s.system_stream) for s in readers}) or ["none"]
+        raise UserError(
+            f"job {config.job_name} does not read {ss}; its inputs are {', '.join(inputs)}"
+        )
+    if partitions:
+        valid = {s.partition for s in mine}
+        bad = [p for p in partitions if p not in valid]
+        if bad:
+            raise UserError(
+                f"{ss} has no partition {bad[0]} read by the job; partitions: "
+                f"{', '.join(map(str, sorted(valid)))}"
+            )
+        mine = [s for s in mine if s.partition in partitions]
+    if task is None:
+        return [(s, None) for s in mine]
+    name = TaskName(task)
+    if name not in model.tasks:
+        known = ", ".join(t.name.name for t in model.sorted_tasks())
+        raise UserError(f"no task {task!r} in job {config.job_name}; tasks: {known}")
+    chosen: list[tuple[SystemStreamPartition, TaskName | None]] = [
+        (s, name) for s in mine if name in readers[s]
+    ]
+    if not chosen:
+        raise UserError(f"task {task} does not read {ss} (partitions {partitions or 'all'})")
+    return chosen
+
+
+def set_startpoints(
+    config: Config,
+    stream: str,
+    startpoint: Startpoint,
+    *,
+    partitions: list[int] | None = None,
+    task: str | None = None,
+    apply_now: bool = False,
+) -> list[PlannedStartpoint]:
+    """Validate, then write one startpoint per SSP (per SSP and task with ``task``)."""
+    systems = Systems(config)
+    planned = []
+    for ssp, t in _targets(config, systems, stream, partitions, task):
+        offset = systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, startpoint)
+        planned.append(PlannedStartpoint(ssp, t, startpoint, offset))
+    manager = _manager(config, systems)
+    manager.write_many((p.ssp, p.task, p.startpoint) for p in planned)
+    if apply_now:
+        manager.request_apply_now()
+    return planned
+
+
+def list_startpoints(config: Config) -> dict[str, dict[str, Startpoint]]:
+    """Startpoints waiting to be fanned out, and those fanned out to tasks, by key."""
+    systems = Systems(config)
+    manager = _manager(config, systems)
+    fanned: dict[str, Startpoint] = {}
+    for name in manager.store.all(FAN_OUT):
+        for ssp, sp in manager.get_fan_out_for_task(TaskName(name)).items():
+            fanned[f"{ssp}.{name}"] = sp
+    return {"waiting": manager.all_startpoints(), "fanned-out": fanned}
+
+
+def delete_startpoints(
+    config: Config, stream: str, *, partitions: list[int] | None = None, task: str | None = None
+) -> int:
+    """Delete waiting startpoints and fan-out entries for the stream; returns how many."""
+    systems = Systems(config)
+    manager = _manager(config, systems)
+    targets = _targets(config, systems, stream, partitions, task)
+    waiting = manager.store.all(NAMESPACE)
+    removed = 0
+    for ssp, t in targets:
+        keys = [str(ssp)] if t is None else []
+        keys += [
+            k for k in waiting if k.startswith(f"{ssp}.") and (t is None or k == f"{ssp}.{t.name}")
+        ]
+        for key in keys:
+            if key in waiting:
+                manager.store.delete(NAMESPACE, key)
+                removed += 1
+    for name in manager.store.all(FAN_OUT):
+        fan = manager.get_fan_out_for_task(TaskName(name))
+        hit = {s for s, _ in targets if s in fan and (task is None or task == name)}
+        if hit:
+            manager.remove_fan_out_for_task(TaskName(name), hit)
+            removed += len(hit)
+    return removed
