@@ -1,0 +1,264 @@
+"""SEP-18's test plan: startpoints of every type, broadcast or not, on 1, 3 and 8 partitions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import UserError
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.startpoint import (
+    Startpoint,
+    StartpointOldest,
+    StartpointSpecific,
+    StartpointTimestamp,
+    StartpointUpcoming,
+)
+from sparkpoint.startpoint.manager import StartpointManager
+from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.startpoints import list_startpoints, parse_timestamp, set_startpoints
+from sparkpoint.tools.streams import read_json_lines
+
+N = 20  # records per partition; record i has timestamp 1000 + 10 * i
+
+
+def make(tmp_path: Path, partitions: int, broadcast: bool) -> Config:
+    values = {
+        "job.name": "sp",
+        "job.data.dir": str(tmp_path),
+        "systems.filelog.factory": "filelog",
+        "task.class": "recorder_task:Recorder",
+        "task.commit.ms": "0",
+        "task.batch.max.messages": "1000",
+    }
+    if broadcast:
+        values.update({"task.inputs": "filelog.main", "task.broadcast.inputs": "filelog.in"})
+    else:
+        values["task.inputs"] = "filelog.in"
+    config = load_config(None, values)
+    admin = Systems(config).admin("filelog")
+    admin.create_stream(StreamSpec("in", partitions))
+    admin.create_stream(StreamSpec("main", partitions))
+    append(config, partitions, N)
+    return config
+
+
+def append(config: Config, partitions: int, n: int) -> None:
+    systems = Systems(config)
+    admin = systems.admin("filelog")
+    producer = systems.producer("filelog")
+    for p in range(partitions):
+        ssp = SystemStreamPartition("filelog", "in", p)
+        start = int(admin.get_metadata([ssp])[ssp].upcoming)
+        for i in range(start, start + n):
+            producer.send("in", p, Record("", b"k", json.dumps({"i": i}).encode(), 1000 + 10 * i))
+    producer.flush()
+
+
+def consumed_since(config: Config, mark: int) -> dict[tuple[str, str], int]:
+    """First offset consumed per (task, SSP) in records of ``consumed`` after position ``mark``."""
+    first: dict[tuple[str, str], int] = {}
+    rows = read_json_lines(config, Systems(config), SystemStream("filelog", "consumed"))
+    for row in rows:
+        if int(row["offset"]) >= mark:
+            v = row["value"]
+            first.setdefault((v["task"], v["ssp"]), int(v["offset"]))
+    return first
+
+
+def consumed_mark(config: Config) -> int:
+    admin = Systems(config).admin("filelog")
+    if "consumed" not in admin.list_streams():
+        return 0
+    ssp = SystemStreamPartition("filelog", "consumed", 0)
+    return int(admin.get_metadata([ssp])[ssp].upcoming)
+
+
+def one_batch_without_commit(
+    config: Config, after_start: Callable[[], None] = lambda: None
+) -> None:
+    """Start, run one batch, and stop as a crash would: no commit."""
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    after_start()
+    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    coordinator.run_batch(end, commit=False)
+    coordinator.close()
+
+
+def run_to_end(config: Config, after_start: Callable[[], None] = lambda: None) -> None:
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    after_start()
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+
+
+STARTPOINTS = {
+    "specific": (lambda: StartpointSpecific("5"), 5),
+    "timestamp": (lambda: StartpointTimestamp(1075), 8),  # between offsets 7 (1070) and 8 (1080)
+    "oldest": (StartpointOldest, 0),
+    "upcoming": (StartpointUpcoming, N),
+}
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 8])
+@pytest.mark.parametrize("broadcast", [False, True], ids=["partitioned", "broadcast"])
+@pytest.mark.parametrize("kind", list(STARTPOINTS))
+def test_first_offsets_follow_startpoints(
+    tmp_path: Path, partitions: int, broadcast: bool, kind: str
+) -> None:
+    config = make(tmp_path, partitions, broadcast)
+    run_to_end(config)  # every task has committed offset 19 for every SSP it reads
+    make_sp, resolved = STARTPOINTS[kind]
+    set_startpoints(config, "in", make_sp())
+    tasks = [f"Partition {p}" for p in range(partitions)]
+    ssps = [f"filelog.in.{p}" for p in range(partitions)]
+    pairs = (
+        [(t, s) for t in tasks for s in ssps] if broadcast else list(zip(tasks, ssps, strict=True))
+    )
+
+    def new_records() -> None:  # arrive after the job started, so "upcoming" has them to read
+        append(config, partitions, 5)
+
+    # first start, then a restart before any commit: applied both times (upcoming is resolved
+    # again at each start, so it moves on with the stream)
+    for start in range(3):
+        expected = N + 5 * start if kind == "upcoming" else resolved
+        mark = consumed_mark(config)
+        if start < 2:
+            one_batch_without_commit(config, new_records)
+        else:  # a start that commits: applied, and then the fan-out is gone
+            run_to_end(config, new_records)
+        assert consumed_since(config, mark) == dict.fromkeys(pairs, expected), start
+    assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
+    append(config, partitions, 3)
+    mark = consumed_mark(config)
+    run_to_end(config)
+    assert consumed_since(config, mark) == dict.fromkeys(pairs, N + 15)  # not applied again
+
+
+def test_newest_of_ssp_and_ssp_task_startpoints_wins_per_task(tmp_path: Path) -> None:
+    config = make(tmp_path, 2, broadcast=True)
+    run_to_end(config)
+    manager = StartpointManager(CoordinatorStreamStore(config))
+    ssp = SystemStreamPartition("filelog", "in", 0)
+    now = int(time.time() * 1000)
+    manager.write_startpoint(ssp, StartpointSpecific("3", creation_timestamp=now - 1000))
+    manager.write_startpoint(
+        ssp, StartpointSpecific("7", creation_timestamp=now), TaskName("Partition 1")
+    )
+    manager.write_startpoint(
+        ssp, StartpointSpecific("9", creation_timestamp=now - 5000), TaskName("Partition 0")
+    )
+    mark = consumed_mark(config)
+    one_batch_without_commit(config)
+    first = consumed_since(config, mark)
+    assert first[("Partition 0", "filelog.in.0")] == 3  # the SSP-wide one is newer than its own
+    assert first[("Partition 1", "filelog.in.0")] == 7  # its own is newer
+    assert ("Partition 0", "filelog.in.1") not in first  # no startpoint, nothing new to read
+
+
+def test_stale_startpoint_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make(tmp_path, 1, broadcast=False)
+    run_to_end(config)
+    manager = StartpointManager(CoordinatorStreamStore(config))
+    old = int(time.time() * 1000) - 13 * 3600 * 1000
+    manager.write_startpoint(
+        SystemStreamPartition("filelog", "in", 0), StartpointOldest(creation_timestamp=old)
+    )
+    append(config, 1, 2)
+    mark = consumed_mark(config)
+    with caplog.at_level(logging.WARNING):
+        run_to_end(config)
+    assert "ignoring stale startpoint oldest" in caplog.text
+    assert consumed_since(config, mark) == {("Partition 0", "filelog.in.0"): N}
+
+
+def test_set_refuses_what_the_job_does_not_read(tmp_path: Path) -> None:
+    config = make(tmp_path, 3, broadcast=False)
+    with pytest.raises(UserError, match=r"does not read filelog.nope; its inputs are filelog.in"):
+        set_startpoints(config, "nope", StartpointOldest())
+    with pytest.raises(
+        UserError, match=r"filelog.in has no partition 5 read by the job; partitions: 0, 1, 2"
+    ):
+        set_startpoints(config, "in", StartpointOldest(), partitions=[5])
+    with pytest.raises(
+        UserError, match=r"offset 99 does not exist; valid offsets are 0 \(oldest\) to 20"
+    ):
+        set_startpoints(config, "in", StartpointSpecific("99"), partitions=[1])
+    with pytest.raises(UserError, match="no task 'Partition 7'"):
+        set_startpoints(config, "in", StartpointOldest(), task="Partition 7")
+    assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
+
+
+def test_timestamps_resolve_and_parse() -> None:
+    assert parse_timestamp("1700000000000") == 1_700_000_000_000
+    assert parse_timestamp("2023-11-14T22:13:20Z") == 1_700_000_000_000
+    assert parse_timestamp("2023-11-14T22:13:20") == 1_700_000_000_000
+    with pytest.raises(UserError, match="epoch milliseconds or ISO-8601"):
+        parse_timestamp("yesterday")
+
+
+@pytest.mark.parametrize(("ts", "offset"), [(0, 0), (1075, 8), (1080, 8), (99_999, N)])
+def test_timestamp_startpoint_resolution(tmp_path: Path, ts: int, offset: int) -> None:
+    config = make(tmp_path, 1, broadcast=False)
+    planned = set_startpoints(config, "in", StartpointTimestamp(ts))
+    assert planned[0].resolves_to == str(offset)
+
+
+def test_serde_round_trip() -> None:
+    for sp in (
+        StartpointSpecific("4"),
+        StartpointTimestamp(5),
+        StartpointOldest(),
+        StartpointUpcoming(),
+    ):
+        assert Startpoint.loads(sp.dumps()) == sp
+    with pytest.raises(UserError, match="unknown startpoint type"):
+        Startpoint.loads('{"type": "sideways", "creationTimestamp": 1}')
+
+
+def test_apply_now_on_a_running_job(tmp_path: Path) -> None:
+    config = make(tmp_path, 2, broadcast=False)
+    config = load_config(None, {**config.to_dict(), "task.poll.interval.ms": "20"})
+    coordinator = JobCoordinator(config, InlineRunner())
+    thread = threading.Thread(target=coordinator.run, daemon=True)
+    thread.start()
+    manager = CheckpointManager(config)
+
+    def committed() -> dict[str, str]:
+        return {str(s): o for c in manager.read_all().values() for s, o in c.input_offsets.items()}
+
+    deadline = time.monotonic() + 30
+    while committed() != {"filelog.in.0": "19", "filelog.in.1": "19"}:
+        assert time.monotonic() < deadline, committed()
+        time.sleep(0.05)
+    mark = consumed_mark(config)
+    set_startpoints(config, "in", StartpointSpecific("10"), partitions=[1], apply_now=True)
+    while consumed_since(config, mark) != {("Partition 1", "filelog.in.1"): 10}:
+        assert time.monotonic() < deadline and thread.is_alive(), consumed_since(config, mark)
+        time.sleep(0.05)
+    coordinator.stop("test")
+    thread.join(30)
+    coordinator.close()
+    # offsets 10..19 of partition 1 were read again without a restart, then committed
+    rows = list(read_json_lines(config, Systems(config), SystemStream("filelog", "consumed")))
+    again = [r["value"]["offset"] for r in rows[mark:] if r["value"]["ssp"] == "filelog.in.1"]
+    assert again == list(range(10, 20))
+    assert committed() == {"filelog.in.0": "19", "filelog.in.1": "19"}
+    assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
