@@ -167,9 +167,11 @@ class StateBackendFactory(ABC):
 
 BUILTIN: dict[str, str] = {
     "changelog": "sparkpoint.storage.changelog:ChangelogStateBackendFactory",
+    "blobstore": "sparkpoint.storage.blobstore:BlobStoreStateBackendFactory",
 }
 ALIASES = {
     "org.apache.samza.storage.KafkaChangelogStateBackendFactory": "changelog",
+    "org.apache.samza.storage.blobstore.BlobStoreStateBackendFactory": "blobstore",
 }
 
 

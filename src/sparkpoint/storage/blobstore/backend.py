@@ -1,0 +1,276 @@
+"""The blob store state backend: incremental snapshots of a store's files.
+
+Backup: the upload (asynchronous, on the commit pool) diffs the store's new local checkpoint
+directory against the previous snapshot (from the last committed checkpoint), uploads only the
+added or changed files in parallel, then the new ``SnapshotIndex`` (which names the previous
+one); the marker is the index's blob id. Every upload carries a TTL until a commit adopts it.
+
+Clean-up (after the checkpoint is written; idempotent, re-run after a restart): remove the TTL
+of the new index and of every blob it uses, delete the blobs of files it marks removed, and
+delete the previous index. Stores that no longer use the blob store lose their remote snapshot
+the same way. Expired uploads (a crash mid-upload) are swept when the job starts.
+
+Restore: download the index, then every file the executor does not already have identical in
+another local checkpoint of the store (those are hard-linked), in parallel, verifying size and
+checksum, into a staging directory that is renamed into place. Names in the index are untrusted:
+nothing is written outside the store's directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config
+from sparkpoint.errors import SparkpointError
+from sparkpoint.model import JobModel
+from sparkpoint.storage.backend import (
+    BackendContext,
+    RestoreStats,
+    StateBackendAdmin,
+    StateBackendFactory,
+    TaskBackupManager,
+    TaskRestoreManager,
+)
+from sparkpoint.storage.blobstore.diff import crc32_of, diff_dir, same_file
+from sparkpoint.storage.blobstore.index import (
+    FileIndex,
+    InvalidSnapshotIndex,
+    SnapshotIndex,
+    SnapshotMetadata,
+)
+from sparkpoint.storage.blobstore.manager import (
+    BlobNotFound,
+    BlobStoreManager,
+    manager_from_config,
+)from sparkpoint.storage.commit import commit_pool
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+NAME = "blobstore"
+FILE_THREADS = 8
+
+
+class RestoreError(SparkpointError):
+    """A snapshot could not be restored (missing or corrupt blob, unsafe index)."""
+
+
+def blob_manager(config: Config) -> BlobStoreManager:
+    return manager_from_config(config, f"file://{config.data_dir / 'blobs'}")
+
+
+def load_index(blobs: BlobStoreManager, blob_id: str, where: str) -> SnapshotIndex:
+    try:
+        return SnapshotIndex.loads(blobs.get_bytes(blob_id), f"{where}: snapshot index {blob_id}")
+    except InvalidSnapshotIndex as exc:
+        raise RestoreError(str(exc)) from exc
+
+
+class BlobStoreBackupManager(TaskBackupManager):
+    def __init__(self, context: BackendContext) -> None:
+        self.ctx = context
+        self.blobs = blob_manager(context.config)
+        self.skip_sst = context.config.get_bool("blob.store.sst.checksum.skip", True)
+        self.previous: dict[str, tuple[str, SnapshotIndex]] = {}
+
+    def _where(self, store: str) -> str:
+        return f"task {self.ctx.task.name} store {store}"
+
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        markers = {} if checkpoint is None else checkpoint.state_checkpoint_markers.get(NAME, {})
+        for store in self.ctx.stores:
+            if store in markers:
+                self.previous[store] = (
+                    markers[store],
+                    load_index(self.blobs, markers[store], self._where(store)),
+                )
+        backed_up = set(self.ctx.config.stores)
+        for store, index_id in markers.items():
+            if store not in backed_up:  # the store is gone from the job: so is its snapshot
+                with contextlib.suppress(BlobNotFound):
+                    delete_snapshot(self.blobs, index_id, self._where(store))
+                    log.info("%s: deleted the snapshot of a store no longer in the job", store)
+
+    def snapshot(self, checkpoint_id: CheckpointId) -> dict[str, str]:
+        return {}  # the local checkpoint directory is the snapshot; the upload reads it
+
+    def upload(
+        self, checkpoint_id: CheckpointId, snapshot_markers: Mapping[str, str]
+    ) -> Future[dict[str, str]]:
+        return commit_pool(len(self.ctx.stores)).submit(self._upload, checkpoint_id)
+
+    def _upload(self, checkpoint_id: CheckpointId) -> dict[str, str]:
+        markers = {}
+        for store in self.ctx.stores:
+            started = time.monotonic()
+            local = self.ctx.local.checkpoint_dir(store, str(checkpoint_id))
+            prev_id, prev = self.previous.get(store, (None, None))
+            diff = diff_dir(
+                local, prev.dir_index if prev else None, skip_sst_checksum=self.skip_sst
+            )
+            files = diff.files_to_upload()
+            with ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sparkpoint-upload") as pool:
+                ids = dict(zip(files, pool.map(self.blobs.put_file, files), strict=True))
+                sums = dict(zip(files, pool.map(crc32_of, files), strict=True))
+            meta = SnapshotMetadata(
+                str(checkpoint_id),
+                self.ctx.config.job_name,
+                self.ctx.config.job_id,
+                self.ctx.task.name.name,
+                store,
+            )
+            index = SnapshotIndex(int(time.time() * 1000), meta, diff.to_index(ids, sums), prev_id)
+            markers[store] = self.blobs.put_bytes(index.dumps())
+            log.info(
+                "%s: uploaded %d files (%d bytes), kept %d bytes, in %.2fs",
+                self._where(store),
+                len(files),
+                diff.bytes_to_upload(),
+                diff.retained_bytes(),
+                time.monotonic() - started,
+            )
+        return markers
+
+    def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
+        for store, index_id in markers.items():
+            index = load_index(self.blobs, index_id, self._where(store))
+            self.blobs.remove_ttl(index_id)
+            for _, f in index.dir_index.all_files():
+                for blob in f.blobs:
+                    self.blobs.remove_ttl(blob.blob_id)
+            for f in index.dir_index.all_removed():
+                for blob in f.blobs:
+                    self.blobs.delete(blob.blob_id)
+            if index.prev_snapshot_index_blob_id:
+                self.blobs.delete(index.prev_snapshot_index_blob_id)
+
+
+def delete_snapshot(blobs: BlobStoreManager, index_id: str, where: str) -> None:
+    """Delete a snapshot index and every blob it uses (a store no longer backed up here)."""
+    index = load_index(blobs, index_id, where)
+    for _, f in index.dir_index.all_files():
+        for blob in f.blobs:
+            blobs.delete(blob.blob_id)
+    blobs.delete(index_id)
+
+
+class BlobStoreRestoreManager(TaskRestoreManager):
+    def __init__(self, context: BackendContext) -> None:
+        self.ctx = context
+        self.blobs = blob_manager(context.config)
+        self.markers: Mapping[str, str] = {}
+
+    def init(self, checkpoint: Checkpoint | None) -> None:
+        self.markers = (
+            {} if checkpoint is None else checkpoint.state_checkpoint_markers.get(NAME, {})
+        )
+
+    def restore(self) -> list[RestoreStats]:
+        return [self._restore(store) for store in self.ctx.stores]
+
+    def _local_copies(self, store: str) -> dict[str, list[Path]]:
+        """Files of this store's other local checkpoints, by relative path (reusable if equal)."""
+        out: dict[str, list[Path]] = {}
+        parent = self.ctx.local.checkpoints_dir(store)
+        if parent.is_dir():
+            for ckpt in parent.iterdir():
+                for path in ckpt.rglob("*"):
+                    if path.is_file():
+                        out.setdefault(str(path.relative_to(ckpt)), []).append(path)
+        return out
+
+    def _restore(self, store: str) -> RestoreStats:
+        started = time.monotonic()
+        where = f"task {self.ctx.task.name} store {store}"
+        marker = self.markers.get(store)
+        target = self.ctx.local.store_dir(store)
+        if marker is None:
+            return RestoreStats(store, NAME)
+        index = load_index(self.blobs, marker, where)
+        if index.metadata.store_name != store:
+            raise RestoreError(
+                f"{where}: snapshot {marker} belongs to store {index.metadata.store_name}"
+            )
+        staging = target.with_name(f"{store}.restoring")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        root = staging.resolve()
+        copies = self._local_copies(store)
+        downloads: list[tuple[Path, FileIndex]] = []
+        reused = 0
+        for rel, f in index.dir_index.all_files():
+            dest = (staging / rel).resolve()
+            if not dest.is_relative_to(root) or dest == root:
+                raise RestoreError(
+                    f"{where}: snapshot {marker} names a file outside the store: {rel!r}"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            local = next(
+                (p for p in copies.get(rel, []) if same_file(p, f.metadata, f, False)), None
+            )
+            if local is not None:
+                os.link(local, dest)
+                reused += 1
+            else:
+                downloads.append((dest, f))
+        with ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sparkpoint-restore") as pool:
+            list(pool.map(lambda item: self._download(where, *item), downloads))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+        size = sum(f.metadata.size for _, f in downloads)
+        log.info(
+            "%s: restored %d files (%d bytes) from the blob store, reused %d local files",
+            where,
+            len(downloads),
+            size,
+            reused,
+        )
+        return RestoreStats(store, NAME, len(downloads), size, time.monotonic() - started)
+
+    def _download(self, where: str, dest: Path, f: FileIndex) -> None:
+        if len(f.blobs) != 1 or f.blobs[0].offset != 0:
+            raise RestoreError(f"{where}: file {f.file_name}: multi-blob files are not supported")
+        self.blobs.get_file(f.blobs[0].blob_id, dest)
+        size = dest.stat().st_size
+        if size != f.metadata.size or crc32_of(dest) != f.checksum:
+            raise RestoreError(
+                f"{where}: file {f.file_name} from blob {f.blobs[0].blob_id} is corrupt "
+                f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
+            )
+        os.chmod(dest, int(f.metadata.permissions, 8))
+
+
+class BlobStoreAdmin(StateBackendAdmin):
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def create_resources(self) -> None:
+        swept = blob_manager(self.config).sweep()
+        if swept:
+            log.info("blob store: deleted %d expired uploads that no commit adopted", len(swept))
+
+    def validate_resources(self) -> None:
+        blob_manager(self.config)  # the URL is reachable and usable
+
+
+class BlobStoreStateBackendFactory(StateBackendFactory):
+    name = NAME
+
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
+        return BlobStoreBackupManager(context)
+
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
+        return BlobStoreRestoreManager(context)
+
+    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
+        return BlobStoreAdmin(config)
