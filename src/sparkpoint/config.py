@@ -284,6 +284,38 @@ KEYS: tuple[ConfigKey, ...] = (
         "upload while processing continues (true), or wait for uploads inside the batch",
         _bool,
     ),
+    ConfigKey(
+        "blob.store.url",
+        None,
+        "an fsspec URL: file://, s3://, abfs://, gs://, ...",
+        "where the blob store backend keeps snapshots (default file://<job.data.dir>/blobs)",
+    ),
+    ConfigKey(
+        "blob.store.manager.factory",
+        "fsspec",
+        "fsspec",
+        "the blob store manager (one implementation over fsspec serves every URL)",
+        _one_of("fsspec"),
+    ),
+    ConfigKey(
+        "blob.store.ttl.ms", "86400000", "an integer >= 1", "life of unadopted uploads", _int(1)
+    ),
+    ConfigKey(
+        "blob.store.max.retries", "5", "an integer >= 0", "retries of a blob operation", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.retry.max.duration.ms", "60000", "an integer >= 0", "retry budget", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.retry.backoff.ms", "100", "an integer >= 0", "first retry backoff", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.sst.checksum.skip",
+        "true",
+        "true | false",
+        "compare immutable .sst files by name, size and permissions only",
+        _bool,
+    ),
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
 )
 

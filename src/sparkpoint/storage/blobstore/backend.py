@@ -51,7 +51,8 @@ from sparkpoint.storage.blobstore.manager import (
     BlobNotFound,
     BlobStoreManager,
     manager_from_config,
-)from sparkpoint.storage.commit import commit_pool
+)
+from sparkpoint.storage.commit import commit_pool
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
