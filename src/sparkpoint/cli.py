@@ -312,6 +312,53 @@ def state_dump(
         out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
 
 
+@state_app.command("show")
+def state_show(
+    job: JobArg,
+    task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    store: Annotated[str | None, typer.Option(help="Only this store.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Show each store's current blob store snapshot: checkpoint id, files, bytes, blob store.
+
+    Example: `sparkpoint state show job.yaml --store user-counts --json`
+    """
+    from sparkpoint.tools.state import blob_snapshots
+
+    rows = [
+        r
+        for r in blob_snapshots(_config(job, set_))
+        if (task is None or r["task"] == task) and (store is None or r["store"] == store)
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no blob store snapshots (is stores.<s>.backup.factories set to blobstore?)")
+    for r in rows:
+        print(
+            f"{r['task']} / {r['store']}: checkpoint {r['checkpoint-id']}, {r['files']} files, "
+            f"{r['bytes']:,} bytes, index {r['snapshot-index']} in {r['blob-store']}"
+        )
+
+
+@state_app.command("check")
+def state_check(job: JobArg, set_: SetOpt = None) -> None:
+    """Check that every blob every checkpoint references exists; exit 1 if any is missing.
+
+    Example: `sparkpoint state check job.yaml`
+    """
+    from sparkpoint.tools.state import check_blobs
+
+    problems = check_blobs(_config(job, set_))
+    for line in problems:
+        print(line)
+    if problems:
+        raise typer.Exit(1)
+    print("ok: every referenced blob exists")
+
+
 @config_app.command("show")
 def config_show(job: JobArg, set_: SetOpt = None) -> None:
     """Print the config the coordinator would use, and where each value comes from.

@@ -66,3 +66,15 @@ def assert_committed_state_matches_its_offsets(config: Config) -> None:
     for checkpoint in CheckpointManager(config).read_all().values():
         offsets.update(checkpoint.input_offsets)
     assert committed_counts(config) == dict(counts_at_offsets(config, offsets))
+
+
+def live_counts(config: Config) -> dict[str, int]:
+    """The live stores' contents (not the committed checkpoints), over every task."""
+    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+
+    out: dict[str, int] = {}
+    for task_dir in sorted(config.store_base_dir.iterdir()):
+        engine = RocksDBEngine("user-counts", task_dir / "user-counts")
+        out.update({k.decode(): int.from_bytes(v, "big", signed=True) for k, v in engine.all()})
+        engine.close()
+    return out

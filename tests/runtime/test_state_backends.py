@@ -28,6 +28,7 @@ from tests.runtime.helpers import (
     counts_at_offsets,
     emitted_counts,
     generate,
+    live_counts,
 )
 
 CHANGELOG = "filelog.user-counts-changelog"
@@ -55,18 +56,6 @@ def run(config: Config, **kwargs: object) -> JobCoordinator:
     finally:
         coordinator.close()
     return coordinator
-
-
-def live_counts(config: Config) -> dict[str, int]:
-    """The live stores' contents (not the committed checkpoints)."""
-    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
-
-    out: dict[str, int] = {}
-    for task_dir in sorted(config.store_base_dir.iterdir()):
-        engine = RocksDBEngine("user-counts", task_dir / "user-counts")
-        out.update({k.decode(): int.from_bytes(v, "big", signed=True) for k, v in engine.all()})
-        engine.close()
-    return out
 
 
 def changelog_view(config: Config) -> dict[str, int]:
@@ -241,7 +230,7 @@ def test_unknown_backend_is_an_error_at_start(tmp_path: Path) -> None:
     config = make(tmp_path, **{"stores.user-counts.backup.factories": "tape"})
     generate(config, tmp_path / "a.yaml", 10, seed=46)
     with pytest.raises(
-        ConfigError, match="store user-counts lists unknown backend 'tape'; known: changelog"
+        ConfigError, match="store user-counts lists unknown backend 'tape'; known: blobstore, changelog"
     ):
         JobCoordinator(config, InlineRunner()).start()
 

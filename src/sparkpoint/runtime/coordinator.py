@@ -403,6 +403,10 @@ class JobCoordinator:
                 self.listener.on_batch(report)
         else:
             summary.lag = self._lags(self.metadata(ssps))
+        # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
+        # so a stopped job leaves no superseded local checkpoints or remote snapshots behind
+        end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
+        self.run_batch(end, commit=False)
         summary.seconds = time.monotonic() - started
         summary.stopped_by = self.stop_reason
         if self.listener:

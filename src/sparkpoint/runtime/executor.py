@@ -231,6 +231,7 @@ class TaskBatch:
             max_delay_ms=self.config.get_int("task.commit.max.delay.ms"),
             timeout_ms=self.config.get_int("task.commit.timeout.ms"),
             pool_size=self.plan.task_count,
+            committed=self.plan.last_checkpoint_id,
         )
 
     # -- 3. input

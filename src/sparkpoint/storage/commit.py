@@ -17,7 +17,9 @@ Because records are on disk, the next batch of the task sees them in whatever wo
   reported as an error at the next commit, with task, store and checkpoint id. Nothing is lost
   silently, and the state stays at the last written checkpoint.
 * While an upload runs, a new commit is skipped until it has run ``task.commit.max.delay.ms``;
-  after that the commit waits for it, and fails the task after ``task.commit.timeout.ms``.
+  after that the commit waits for it, and fails the task after ``task.commit.timeout.ms``. A
+  commit is also skipped while a finished one waits to be written by the driver, so each
+  snapshot builds on a written checkpoint (incremental backends diff against it).
 * With ``task.commit.async.enabled=false`` (and always for the final commit of a run) the batch
   waits for its uploads before returning.
 * If the task moves to another host mid-upload, the new host never sees the record; the commit
@@ -136,9 +138,11 @@ class TaskCommitManager:
         max_delay_ms: int,
         timeout_ms: int,
         pool_size: int,
+        committed: str | None = None,
     ) -> None:
         self.task = task
         self.run_id = run_id
+        self.committed = committed
         self.local = local
         self.engines = dict(engines)  # a copy: the upload thread outlives the batch
         self.backups = backups
@@ -216,6 +220,11 @@ class TaskCommitManager:
         """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
         outcome = CommitOutcome()
         self._raise_failures()
+        if not wait and self.completed(self.committed):
+            # the previous commit finished but the driver has not written it yet (it will right
+            # after this batch): commit next time, so every snapshot builds on a written one
+            outcome.skipped = True
+            return outcome
         running = self._in_flight()
         if running is not None:
             age = time.time() * 1000 - running.started_ms

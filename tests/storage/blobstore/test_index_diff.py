@@ -1,0 +1,138 @@
+"""Snapshot index serde and validation; the directory diff."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.storage.blobstore.diff import diff_dir
+from sparkpoint.storage.blobstore.index import (
+    DirIndex,
+    FileBlob,
+    FileIndex,
+    FileMetadata,
+    InvalidSnapshotIndex,
+    SnapshotIndex,
+    SnapshotMetadata,
+)
+
+
+def file_index(name: str, size: int = 3, checksum: int = 7) -> FileIndex:
+    return FileIndex(
+        name, (FileBlob(f"blob-{name}", 0),), FileMetadata(1, 2, size, "0", "0", "644"), checksum
+    )
+
+
+def snapshot(dir_index: DirIndex) -> SnapshotIndex:
+    return SnapshotIndex(
+        5, SnapshotMetadata("1-2", "job", "1", "Partition 0", "s"), dir_index, "prev"
+    )
+
+
+def test_round_trip() -> None:
+    sub = DirIndex("sub", (file_index("b"),), (), (), ())
+    idx = snapshot(DirIndex("", (file_index("a"),), (file_index("old"),), (sub,), ()))
+    again = SnapshotIndex.loads(idx.dumps())
+    assert again == idx
+    data = json.loads(idx.dumps())
+    assert set(data) == {
+        "schema-version",
+        "creation-time-millis",
+        "snapshot-metadata",
+        "dir-index",
+        "prev-snapshot-index-blob-id",
+    }
+    assert data["dir-index"]["files-present"][0]["file-metadata"]["size"] == 3
+    assert [p for p, _ in again.dir_index.all_files()] == ["a", "sub/b"]
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/b", "..", "", "x\0y"])
+def test_unsafe_names_are_rejected(bad: str) -> None:
+    data = json.loads(snapshot(DirIndex("", (file_index("a"),))).dumps())
+    data["dir-index"]["files-present"][0]["file-name"] = bad
+    with pytest.raises(InvalidSnapshotIndex, match="unsafe file name"):
+        SnapshotIndex.loads(json.dumps(data).encode())
+    data = json.loads(snapshot(DirIndex("", (), (), (DirIndex("ok"),))).dumps())
+    data["dir-index"]["sub-dirs-present"][0]["dir-name"] = bad
+    with pytest.raises(InvalidSnapshotIndex, match="unsafe directory name"):
+        SnapshotIndex.loads(json.dumps(data).encode())
+
+
+def test_corrupt_index_is_rejected() -> None:
+    with pytest.raises(InvalidSnapshotIndex, match="not valid JSON"):
+        SnapshotIndex.loads(b"{nope")
+    data = json.loads(snapshot(DirIndex("")).dumps())
+    del data["dir-index"]["files-present"]
+    with pytest.raises(InvalidSnapshotIndex, match="missing field 'files-present'"):
+        SnapshotIndex.loads(json.dumps(data).encode())
+    data = json.loads(snapshot(DirIndex("", (file_index("a"), file_index("a")))).dumps())
+    with pytest.raises(InvalidSnapshotIndex, match="duplicate file names"):
+        SnapshotIndex.loads(json.dumps(data).encode())
+    data = json.loads(snapshot(DirIndex("")).dumps())
+    data["schema-version"] = 99
+    with pytest.raises(InvalidSnapshotIndex, match="unsupported schema version 99"):
+        SnapshotIndex.loads(json.dumps(data).encode())
+
+
+def write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, mode)
+
+
+def uploaded(diff_result: object, local: Path) -> DirIndex:
+    from sparkpoint.storage.blobstore.diff import DirDiff, crc32_of
+
+    assert isinstance(diff_result, DirDiff)
+    files = diff_result.files_to_upload()
+    return diff_result.to_index({p: f"id-{p.name}" for p in files}, {p: crc32_of(p) for p in files})
+
+
+def test_diff_added_changed_unchanged_removed(tmp_path: Path) -> None:
+    one = tmp_path / "one"
+    write(one / "same", b"aaa")
+    write(one / "changed", b"bbb")
+    write(one / "gone", b"ccc")
+    write(one / "perm", b"ddd")
+    write(one / "000001.sst", b"sst")
+    write(one / "sub" / "x", b"x")
+    write(one / "oldsub" / "y", b"y")
+    write(one / "CHECKPOINT", b"ignored")
+    first = diff_dir(one, None)
+    assert sorted(p.name for p in first.files_to_upload()) == [
+        "000001.sst",
+        "changed",
+        "gone",
+        "perm",
+        "same",
+        "x",
+        "y",
+    ]
+    prev = uploaded(first, one)
+    two = tmp_path / "two"
+    write(two / "same", b"aaa")
+    write(two / "changed", b"BBB")  # same size, other content: the checksum tells
+    write(two / "perm", b"ddd", 0o600)
+    write(two / "000001.sst", b"sst")
+    write(two / "new", b"eee")
+    write(two / "sub" / "x", b"x")
+    write(two / "sub" / "z", b"z")
+    second = diff_dir(two, prev)
+    assert sorted(p.name for p in second.files_to_upload()) == ["changed", "new", "perm", "z"]
+    assert sorted(f.file_name for f in second.retained) == ["000001.sst", "same"]
+    assert sorted(f.file_name for f in second.removed) == ["changed", "gone", "perm"]
+    assert [d.dir_name for d in second.sub_dirs_removed] == ["oldsub"]
+    index = uploaded(second, two)
+    assert sorted(f.file_name for f in index.all_removed()) == ["changed", "gone", "perm", "y"]
+    assert sorted(p for p, _ in index.all_files()) == [
+        "000001.sst",
+        "changed",
+        "new",
+        "perm",
+        "same",
+        "sub/x",
+        "sub/z",
+    ]

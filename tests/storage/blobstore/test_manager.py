@@ -1,0 +1,82 @@
+"""The blob store manager contract, run against every store the tests can start."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.storage.blobstore.manager import BlobNotFound, BlobStoreError, BlobStoreManager
+
+
+@pytest.fixture(params=["local"])
+def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStoreManager]:
+    manager = BlobStoreManager(f"file://{tmp_path / 'blobs'}", backoff_ms=1, max_retries=3)
+    yield manager
+    manager.close()
+
+
+class TestBlobStoreContract:
+    def test_put_get_round_trip(self, blobs: BlobStoreManager, tmp_path: Path) -> None:
+        src = tmp_path / "f"
+        src.write_bytes(b"x" * 10_000)
+        a = blobs.put_file(src)
+        b = blobs.put_bytes(b"hello")
+        assert a != b
+        dest = tmp_path / "out"
+        blobs.get_file(a, dest)
+        assert dest.read_bytes() == b"x" * 10_000
+        assert blobs.get_bytes(b) == b"hello"
+
+    def test_missing_blob(self, blobs: BlobStoreManager, tmp_path: Path) -> None:
+        with pytest.raises(BlobNotFound, match="blob nope not found"):
+            blobs.get_bytes("nope")
+        with pytest.raises(BlobNotFound):
+            blobs.get_file("nope", tmp_path / "x")
+        with pytest.raises(BlobNotFound, match="cannot remove its TTL"):
+            blobs.remove_ttl("nope")
+        blobs.delete("nope")  # idempotent
+
+    def test_delete(self, blobs: BlobStoreManager) -> None:
+        a = blobs.put_bytes(b"1")
+        blobs.delete(a)
+        assert not blobs.exists(a)
+        blobs.delete(a)
+
+    def test_unadopted_uploads_expire_and_adopted_ones_stay(self, blobs: BlobStoreManager) -> None:
+        kept, orphan = blobs.put_bytes(b"kept"), blobs.put_bytes(b"orphan")
+        assert blobs.has_ttl(kept) and blobs.has_ttl(orphan)
+        blobs.remove_ttl(kept)
+        blobs.remove_ttl(kept)  # idempotent
+        assert blobs.sweep() == []  # nothing expired yet
+        later = 10**15
+        assert blobs.sweep(now_ms=later) == [orphan]
+        assert blobs.exists(kept) and not blobs.exists(orphan)
+
+    def test_transient_errors_are_retried(
+        self, blobs: BlobStoreManager, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = blobs.fs.pipe_file
+        calls = {"n": 0}
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] <= 2:
+                raise ConnectionError("transient")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(blobs.fs, "pipe_file", flaky)
+        blob = blobs.put_bytes(b"data")
+        assert blobs.get_bytes(blob) == b"data" and calls["n"] >= 3
+
+    def test_persistent_errors_give_up_with_a_clear_error(
+        self, blobs: BlobStoreManager, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError("down")
+
+        monkeypatch.setattr(blobs.fs, "pipe_file", broken)
+        with pytest.raises(BlobStoreError, match=r"failed after 4 attempts: down"):
+            blobs.put_bytes(b"data")
