@@ -230,7 +230,8 @@ def test_unknown_backend_is_an_error_at_start(tmp_path: Path) -> None:
     config = make(tmp_path, **{"stores.user-counts.backup.factories": "tape"})
     generate(config, tmp_path / "a.yaml", 10, seed=46)
     with pytest.raises(
-        ConfigError, match="store user-counts lists unknown backend 'tape'; known: blobstore, changelog"
+        ConfigError,
+        match="store user-counts lists unknown backend 'tape'; known: blobstore, changelog",
     ):
         JobCoordinator(config, InlineRunner()).start()
 
