@@ -31,7 +31,8 @@ fi
 
 stamp=.venv/.sparkpoint-installed
 want=$(sha1sum pyproject.toml | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ] \
+   && [ -x .venv/node/node_modules/.bin/azurite-blob ]; then
   exit 0
 fi
 say "creating .venv with $PY and installing sparkpoint (first run takes about a minute)"
@@ -42,5 +43,16 @@ if ! .venv/bin/python -m pip install -q -e '.[dev]' >.venv/install.log 2>&1; the
   say "pip install failed (full log: .venv/install.log)"; exit 4
 fi
 .venv/bin/python -c 'import sparkpoint, pyspark, rocksdict' || { say "installation failed"; exit 4; }
+# Azurite (Azure Blob Storage emulator) for the blob store tests, from the npm registry
+if [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
+  if command -v npm >/dev/null 2>&1; then
+    say "installing azurite (npm) into .venv/node for the Azure blob store tests"
+    npm install --silent --no-audit --no-fund --prefix .venv/node azurite@3 >.venv/npm.log 2>&1 \
+      || { tail -n 20 .venv/npm.log >&2; say "npm install azurite failed"; exit 4; }
+  else
+    say "npm not found: the Azure blob store tests need azurite (apt-get install -y npm)"
+    exit 3
+  fi
+fi
 echo "$want" > "$stamp"
 say "ready: .venv ($(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"

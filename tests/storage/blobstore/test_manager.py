@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparkpoint.storage.blobstore.manager import BlobNotFound, BlobStoreError, BlobStoreManager
+from sparkpoint.storage.blobstore.manager import (
+    BlobNotFound,
+    BlobStoreError,
+    BlobStoreManager,
+    manager_from_config,
+)
+from sparkpoint.testing.services import AzuriteBlob, MotoS3
 
 
-@pytest.fixture(params=["local"])
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
+    with MotoS3(tmp_path_factory.mktemp("moto")) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteBlob]:
+    with AzuriteBlob(tmp_path_factory.mktemp("azurite")) as service:
+        yield service
+
+
+@pytest.fixture(params=["local", "s3", "azure"])
 def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStoreManager]:
-    manager = BlobStoreManager(f"file://{tmp_path / 'blobs'}", backoff_ms=1, max_retries=3)
+    retry = {"blob.store.retry.backoff.ms": "1", "blob.store.max.retries": "3"}
+    name = f"t{uuid.uuid4().hex[:12]}"
+    if request.param == "local":
+        config = {"blob.store.url": f"file://{tmp_path / 'blobs'}"}
+    elif request.param == "s3":
+        config = request.getfixturevalue("s3").config(name)
+    else:
+        config = request.getfixturevalue("azurite").config(name)
+    manager = manager_from_config({**config, **retry}, "")
     yield manager
     manager.close()
 

@@ -1,0 +1,164 @@
+"""Blob store services on loopback for tests: S3 (``moto_server``) and Azure Blob (Azurite).
+
+Each starts its server on a free 127.0.0.1 port, waits until it answers (polling, with a
+deadline), gives the ``blob.store.*`` config to reach it, and stops it on exit. A missing
+server program is an error that says how to install it, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from sparkpoint.testing.spark_cluster import free_port
+
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], name: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited at start (code {proc.returncode})")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers, even if with an error status
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not answer at {url} within {timeout}s") from None
+            time.sleep(0.1)
+
+
+class _Service:
+    name = ""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self, cmd: list[str], probe: str) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.work_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.work_dir)
+        try:
+            _wait_http(probe, self.proc, self.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class MotoS3(_Service):
+    """An S3 endpoint from ``moto_server`` (pip install 'moto[server]')."""
+
+    name = "moto_server"
+
+    def __enter__(self) -> MotoS3:
+        exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
+            "moto_server"
+        )
+        if exe is None:
+            raise RuntimeError("moto_server not found: pip install 'moto[server]'")
+        self._start(
+            [exe, "-H", "127.0.0.1", "-p", str(self.port)], f"http://127.0.0.1:{self.port}/"
+        )
+        return self
+
+    def config(self, bucket: str) -> dict[str, str]:
+        import fsspec
+
+        fs = fsspec.filesystem(
+            "s3", key="test", secret="test", endpoint_url=f"http://127.0.0.1:{self.port}"
+        )
+        if not fs.exists(bucket):
+            fs.mkdir(bucket)
+        return {
+            "blob.store.url": f"s3://{bucket}/sparkpoint",
+            "blob.store.options.key": "test",
+            "blob.store.options.secret": "test",
+            "blob.store.options.endpoint_url": f"http://127.0.0.1:{self.port}",
+        }
+
+
+def azurite_blob_exe() -> str | None:
+    here = Path(__file__).resolve()
+    for root in (Path(sys.prefix), *here.parents):
+        candidate = root / "node" / "node_modules" / ".bin" / "azurite-blob"
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("azurite-blob")
+
+
+class AzuriteBlob(_Service):
+    """An Azure Blob endpoint from Azurite (npm package ``azurite``; bootstrap installs it)."""
+
+    name = "azurite-blob"
+
+    def __enter__(self) -> AzuriteBlob:
+        exe = azurite_blob_exe()
+        if exe is None:
+            raise RuntimeError(
+                "azurite-blob not found: run scripts/bootstrap.sh (it installs azurite with npm "
+                "into .venv/node) or npm install -g azurite"
+            )
+        data = self.work_dir / "azurite"
+        data.mkdir(parents=True, exist_ok=True)
+        self._start(
+            [
+                exe,
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.port),
+                "--location",
+                str(data),
+                "--skipApiVersionCheck",
+                "--silent",
+                "--loose",
+            ],
+            f"http://127.0.0.1:{self.port}/devstoreaccount1?comp=list",
+        )
+        return self
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{self.port}/devstoreaccount1;"
+        )
+
+    def config(self, container: str) -> dict[str, str]:
+        import fsspec
+
+        fs = fsspec.filesystem("abfs", connection_string=self.connection_string)
+        if not fs.exists(container):
+            fs.mkdir(container)
+        return {
+            "blob.store.url": f"abfs://{container}/sparkpoint",
+            "blob.store.options.connection_string": self.connection_string,
+        }
