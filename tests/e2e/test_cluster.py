@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +78,44 @@ def test_private_store_dirs_restore_from_the_changelog(
                 state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
     assert state == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
+
+
+def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> None:
+    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.testing.services import AzuriteBlob
+    from tests.e2e.cli import popen
+
+    with (
+        AzuriteBlob(tmp_path / "azurite") as azurite,
+        StandaloneCluster(tmp_path / "c2", workers=2) as c2,
+    ):
+        blob = azurite.config("state")
+        sets = cluster_sets(
+            tmp_path,
+            "stores.user-counts.backup.factories=blobstore",
+            "job.logged.store.base.dir={cwd}/state",
+            "task.checkpoint.read.versions=2",
+            "task.batch.max.messages=500",
+            *(f"{k}={v}" for k, v in blob.items()),
+        )
+        set_args = [a for s in sets for a in ("--set", s)]
+        config = load_config(JOB, parse_overrides(sets))
+        sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+        expected = generate(config, tmp_path / "job.yaml", 40_000, seed=23, users=100)
+        log = tmp_path / "run.log"
+        driver = popen(
+            "run", str(JOB), "--until-caught-up", "--master", c2.master_url, *set_args, log=log
+        )
+        manager = CheckpointManager(config)
+        deadline = time.monotonic() + 240
+        while len(manager.read_all()) < 4:
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        c2.kill_worker(0)  # a lost host: its executor and its private state are gone
+        assert driver.wait(300) == 0, log.read_text()[-3000:]
+        assert "done (caught up)" in log.read_text()
+        assert c2.alive_workers() == 1
+        # the committed state, read from the snapshots in Azurite (no local copy here)
+        assert committed_counts(config) == dict(expected)
+        assert_at_least_once(emitted_counts(config), expected)
+        assert sp("state", "check", str(JOB), *set_args).stdout.startswith("ok")

@@ -73,6 +73,7 @@ class TestBlobStoreContract:
         blobs.delete(a)
 
     def test_unadopted_uploads_expire_and_adopted_ones_stay(self, blobs: BlobStoreManager) -> None:
+        assert blobs.sweep() == []  # an empty store has nothing to sweep
         kept, orphan = blobs.put_bytes(b"kept"), blobs.put_bytes(b"orphan")
         assert blobs.has_ttl(kept) and blobs.has_ttl(orphan)
         blobs.remove_ttl(kept)

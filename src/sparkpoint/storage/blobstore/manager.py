@@ -150,8 +150,12 @@ class BlobStoreManager:
     def sweep(self, now_ms: int | None = None) -> list[str]:
         """Delete every blob whose TTL has expired (uploads no commit adopted); returns them."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-        expired = []
-        for path in self.fs.ls(f"{self.root}/ttl", detail=False):
+        expired: list[str] = []
+        try:
+            markers = self.fs.ls(f"{self.root}/ttl", detail=False)
+        except FileNotFoundError:
+            return expired  # object stores have no empty "directories": nothing to sweep
+        for path in markers:
             blob_id = str(path).rstrip("/").rsplit("/", 1)[-1]
             try:
                 expiry = int(self.fs.cat_file(path))
