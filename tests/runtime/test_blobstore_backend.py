@@ -153,3 +153,18 @@ def test_dual_commit_with_the_changelog_then_restore_from_either(tmp_path: Path)
         coordinator.close()
         assert {i.source for r in results for i in r.restored} == {keep}
         assert live_counts(config) == dict(expected), keep
+
+
+def test_upload_metrics_reach_the_driver(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"task.commit.async.enabled": "false"})
+    generate(config, tmp_path / "a.yaml", 600, seed=66)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    first, _ = coordinator.run_batch(end, commit=True)
+    assert first.uploads["files-uploaded"] > 0 and first.uploads["bytes-uploaded"] > 0
+    assert first.uploads["upload-ms"] >= 0
+    second, _ = coordinator.run_batch(end, commit=True)
+    # the second snapshot re-uses the first one's unchanged files
+    assert second.uploads["bytes-retained"] > 0
+    coordinator.close()

@@ -79,6 +79,7 @@ class BatchReport:
     task_seconds: float  # summed over tasks: the executor time the batch's work took
     lag: dict[str, int]
     restored: list[tuple[str, RestoreInfo]]
+    uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
 
 
 @dataclass
@@ -329,6 +330,12 @@ class JobCoordinator:
             lag={},
             restored=[(r.task, i) for r in results for i in r.restored if i.source != "in-process"],
         )
+        for r in results:
+            for metrics in r.upload_metrics:
+                for key, value in metrics.items():
+                    report.uploads[key] = report.uploads.get(key, 0) + value
+        if report.uploads:
+            log.info("batch %d commits: %s", self._batch, report.uploads)
         return report, results
 
     def _lags(self, meta: Mapping[SystemStreamPartition, PartitionMetadata]) -> dict[str, int]:

@@ -276,6 +276,7 @@ class TaskBatch:
             elif plan.wait_for_uploads:
                 committer.wait_all()
             completed = committer.completed(plan.last_checkpoint_id)
+            upload_metrics = committer.completed_metrics(plan.last_checkpoint_id)
             t_commit = time.monotonic()
         finally:
             for manager in backups.values():
@@ -300,6 +301,7 @@ class TaskBatch:
             processed=processed,
             sent=collector.sent,
             completed_checkpoints=completed,
+            upload_metrics=upload_metrics,
             commit_started=outcome.started,
             commit_skipped=outcome.skipped,
             restored=self.restored,

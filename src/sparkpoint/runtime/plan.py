@@ -88,6 +88,7 @@ class TaskBatchResult:
     processed: int
     sent: int
     completed_checkpoints: list[str] = field(default_factory=list)  # V2 JSON, oldest first
+    upload_metrics: list[dict[str, int]] = field(default_factory=list)  # one per completed
     commit_started: str | None = None
     commit_skipped: bool = False
     restored: list[RestoreInfo] = field(default_factory=list)

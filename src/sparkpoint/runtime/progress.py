@@ -80,6 +80,13 @@ class ProgressDisplay:
         else:
             lag = sum(report.lag.values())
             commit = f" commit {report.commit_seconds * 1000:.0f} ms" if report.committed else ""
+            up = report.uploads
+            if "files-uploaded" in up:
+                commit += (
+                    f" (uploaded {up['files-uploaded']} files,"
+                    f" {up.get('bytes-uploaded', 0):,} bytes,"
+                    f" kept {up.get('bytes-retained', 0):,} bytes)"
+                )
             self.console.print(
                 f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s "
                 f"({self._rate:,.0f}/s), lag {lag}{commit}",

@@ -100,6 +100,10 @@ class TaskBackupManager(ABC):
     def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
         """Delete what the committed checkpoint no longer needs. Idempotent."""
 
+    def stats(self) -> dict[str, int]:
+        """Counters of the last upload (e.g. files and bytes uploaded), for display and logs."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,7 @@ class CommitRecord:
     started_ms: int
     checkpoint: dict[str, Any]
     error: str = ""
+    metrics: dict[str, int] = field(default_factory=dict)
 
     def dumps(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -187,6 +188,15 @@ class TaskCommitManager:
         floor = CheckpointId.parse(after) if after else None
         return [
             json.dumps(r.checkpoint, separators=(",", ":"))
+            for r in self.records()
+            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
+        ]
+
+    def completed_metrics(self, after: str | None) -> list[dict[str, int]]:
+        """Upload metrics of the commits :meth:`completed` reports (same order)."""
+        floor = CheckpointId.parse(after) if after else None
+        return [
+            r.metrics
             for r in self.records()
             if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
         ]
@@ -306,6 +316,10 @@ class TaskCommitManager:
                     self.local.write_checkpoint_file(store, record.checkpoint_id, text)
             maybe_crash(self.config, "after-local-checkpoint-write")
             record.checkpoint = checkpoint.to_json()
+            record.metrics = {"upload-ms": int(time.time() * 1000) - record.started_ms}
+            for manager in self.backups.values():
+                for key, value in manager.stats().items():
+                    record.metrics[key] = record.metrics.get(key, 0) + value
             record.state = DONE
         except InjectedCrash:
             raise  # a simulated dying worker records nothing: the upload is lost

@@ -82,6 +82,10 @@ class BlobStoreBackupManager(TaskBackupManager):
         self.blobs = blob_manager(context.config)
         self.skip_sst = context.config.get_bool("blob.store.sst.checksum.skip", True)
         self.previous: dict[str, tuple[str, SnapshotIndex]] = {}
+        self._stats: dict[str, int] = {}
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
 
     def _where(self, store: str) -> str:
         return f"task {self.ctx.task.name} store {store}"
@@ -111,6 +115,7 @@ class BlobStoreBackupManager(TaskBackupManager):
 
     def _upload(self, checkpoint_id: CheckpointId) -> dict[str, str]:
         markers = {}
+        self._stats = {}
         for store in self.ctx.stores:
             started = time.monotonic()
             local = self.ctx.local.checkpoint_dir(store, str(checkpoint_id))
@@ -131,6 +136,12 @@ class BlobStoreBackupManager(TaskBackupManager):
             )
             index = SnapshotIndex(int(time.time() * 1000), meta, diff.to_index(ids, sums), prev_id)
             markers[store] = self.blobs.put_bytes(index.dumps())
+            for key, value in (
+                ("files-uploaded", len(files)),
+                ("bytes-uploaded", diff.bytes_to_upload()),
+                ("bytes-retained", diff.retained_bytes()),
+            ):
+                self._stats[key] = self._stats.get(key, 0) + value
             log.info(
                 "%s: uploaded %d files (%d bytes), kept %d bytes, in %.2fs",
                 self._where(store),
