@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench bench-commit clean
+.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -28,6 +28,9 @@ bench: setup
 
 bench-commit: setup
 	@.venv/bin/python bench/commit.py
+
+bench-blobstore: setup
+	@.venv/bin/python bench/blobstore.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

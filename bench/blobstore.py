@@ -1,0 +1,111 @@
+"""Benchmark: the blob store backend (issue 5), measured side by side in one run.
+
+For a RocksDB store of about 1 GB (``--size-mb``): restore time from the blob store (a local
+directory) versus changelog replay versus a plain copy of the same files on the same disk (the
+physical limit); and the bytes a commit uploads after updating 1% of the keys, as a share of
+the store's size.
+
+Usage: ``make bench-blobstore`` or ``.venv/bin/python bench/blobstore.py [--size-mb 1000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from commit import fill_store, job_config, restore  # bench/commit.py, beside this file
+
+from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.model import TaskModel, TaskName
+from sparkpoint.storage.backend import BackendContext
+from sparkpoint.storage.blobstore.backend import BlobStoreBackupManager, BlobStoreRestoreManager
+from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-mb", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sp-bench-") as tmp:
+        config = job_config(
+            tmp, **{"stores.s.factory": "rocksdb", "stores.s.changelog": "filelog.s-changelog"}
+        )
+        systems = Systems(config)
+        systems.admin("filelog").create_stream(StreamSpec("s-changelog", 1, compacted=True))
+        task = TaskModel(TaskName("Partition 0"), frozenset(), 0)
+        local, _ = fill_store(config, task, args.size_mb)
+        cid = max(p.name for p in local.checkpoints_dir("s").iterdir())
+        size = dir_bytes(local.checkpoint_dir("s", cid))
+        print(
+            f"store: {size / 1e6:,.0f} MB in "
+            f"{len(list(local.checkpoint_dir('s', cid).iterdir()))} files"
+        )
+
+        ctx = BackendContext(config, task, ["s"], systems, local)
+        backup = BlobStoreBackupManager(ctx)
+        backup.init(None)
+        t0 = time.perf_counter()
+        markers = backup.upload(CheckpointId.parse(cid), {}).result()
+        print(
+            f"first upload: {backup.stats()['bytes-uploaded'] / 1e6:,.0f} MB "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
+        first = CheckpointV2(CheckpointId.parse(cid), {}, {"blobstore": markers})
+        backup.clean_up(first.checkpoint_id, markers)
+
+        # 1. restore on a "new host": nothing of the store on local disk
+        fresh = LocalTaskState(Path(tmp) / "newhost", task.name)
+        rctx = BackendContext(config, task, ["s"], systems, fresh)
+        manager = BlobStoreRestoreManager(rctx)
+        manager.init(first)
+        t0 = time.perf_counter()
+        manager.restore()
+        blob_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        shutil.copytree(local.checkpoint_dir("s", cid), Path(tmp) / "plain-copy")
+        copy_s = time.perf_counter() - t0
+        changelog_s, entries = restore(config, task, local)
+        print(
+            f"restore: blob store {blob_s:.1f}s, changelog replay {changelog_s:.1f}s "
+            f"({entries:,} entries), plain copy {copy_s:.1f}s"
+        )
+        print(
+            f"  changelog / blob = {changelog_s / blob_s:.1f}x (target >= 20)   "
+            f"blob / plain copy = {blob_s / copy_s:.2f}x (target <= 2)"
+        )
+
+        # 2. update 1% of the keys, commit, and see what the upload sends
+        engine = RocksDBEngine("s", local.store_dir("s"))
+        n = args.size_mb * 1000
+        keys = random.Random(1).sample(range(n), n // 100)
+        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(1000)) for i in keys)
+        engine.flush()
+        cid2 = CheckpointId.create()
+        engine.checkpoint(local.checkpoint_dir("s", str(cid2)))
+        engine.close()
+        backup = BlobStoreBackupManager(ctx)
+        backup.init(first)
+        backup.upload(cid2, {}).result()
+        sent = backup.stats()["bytes-uploaded"]
+        total = dir_bytes(local.checkpoint_dir("s", str(cid2)))
+        print(
+            f"after updating 1% of keys: uploaded {sent / 1e6:,.1f} MB of {total / 1e6:,.0f} MB "
+            f"= {sent / total:.1%} of the store (target < 10%)"
+        )
+
+
+if __name__ == "__main__":
+    main()
