@@ -38,6 +38,7 @@ def dir_bytes(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=1000)
+    parser.add_argument("--value-bytes", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sp-bench-") as tmp:
         config = job_config(
@@ -46,7 +47,7 @@ def main() -> None:
         systems = Systems(config)
         systems.admin("filelog").create_stream(StreamSpec("s-changelog", 1, compacted=True))
         task = TaskModel(TaskName("Partition 0"), frozenset(), 0)
-        local, _ = fill_store(config, task, args.size_mb)
+        local, _ = fill_store(config, task, args.size_mb, args.value_bytes)
         cid = max(p.name for p in local.checkpoints_dir("s").iterdir())
         size = dir_bytes(local.checkpoint_dir("s", cid))
         print(
@@ -89,9 +90,9 @@ def main() -> None:
 
         # 2. update 1% of the keys, commit, and see what the upload sends
         engine = RocksDBEngine("s", local.store_dir("s"))
-        n = args.size_mb * 1000
+        n = args.size_mb * 1_000_000 // args.value_bytes
         keys = random.Random(1).sample(range(n), n // 100)
-        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(1000)) for i in keys)
+        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(args.value_bytes)) for i in keys)
         engine.flush()
         cid2 = CheckpointId.create()
         engine.checkpoint(local.checkpoint_dir("s", str(cid2)))

@@ -84,24 +84,29 @@ def throughput(spark: object, events: int) -> dict[str, float]:
     return rates
 
 
-def fill_store(config: Config, task: TaskModel, size_mb: int) -> tuple[LocalTaskState, int]:
-    """A RocksDB store of about ``size_mb`` MB written through the changelog backend."""
+def fill_store(
+    config: Config, task: TaskModel, size_mb: int, value_bytes: int = 1000
+) -> tuple[LocalTaskState, int]:
+    """A RocksDB store of about ``size_mb`` MB written through the changelog backend, compacted
+    (a settled LSM tree, as a store is after running a while)."""
     local = LocalTaskState(config.store_base_dir, task.name)
     engine = RocksDBEngine("s", local.store_dir("s"))
     ctx = BackendContext(config, task, ["s"], Systems(config), local, {"s": engine})
     backup = ChangelogBackupManager(ctx)
     logged = backup.wrap_engine("s", engine)
-    value = os.urandom(1000)
-    n = size_mb * 1000
+    vb = value_bytes
+    value = os.urandom(vb)
+    n = size_mb * 1_000_000 // vb
     for start in range(0, n, 5000):
         # incompressible values, so the store really is about size_mb on disk
-        block = os.urandom(1000 * 5000)
+        block = os.urandom(vb * 5000)
         logged.write_batch(
-            (f"key-{i:09d}".encode(), block[(i - start) * 1000 : (i - start + 1) * 1000])
+            (f"key-{i:09d}".encode(), block[(i - start) * vb : (i - start + 1) * vb])
             for i in range(start, min(n, start + 5000))
         )
     backup.snapshot(CheckpointId.create())
     engine.flush()
+    engine.compact()
     # the pause a commit makes: flush + local RocksDB checkpoint + changelog snapshot
     pauses = []
     for _ in range(5):

@@ -115,6 +115,10 @@ class RocksDBEngine(KeyValueEngine):
     def persistent(self) -> bool:
         return True
 
+    def compact(self) -> None:
+        """Compact the whole key range (a maintenance operation; blocks until done)."""
+        self._d().compact_range(None, None)
+
     def checkpoint(self, destination: Path) -> None:
         if destination.exists():
             raise StoreError(
