@@ -67,7 +67,26 @@ def main() -> None:
         first = CheckpointV2(CheckpointId.parse(cid), {}, {"blobstore": markers})
         backup.clean_up(first.checkpoint_id, markers)
 
-        # 1. restore on a "new host": nothing of the store on local disk
+        # 1. update 1% of the keys, commit, and see what the upload sends
+        engine = RocksDBEngine("s", local.store_dir("s"))
+        n = args.size_mb * 1_000_000 // args.value_bytes
+        keys = random.Random(1).sample(range(n), n // 100)
+        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(args.value_bytes)) for i in keys)
+        engine.flush()
+        cid2 = CheckpointId.create()
+        engine.checkpoint(local.checkpoint_dir("s", str(cid2)))
+        engine.close()
+        backup = BlobStoreBackupManager(ctx)
+        backup.init(first)
+        backup.upload(cid2, {}).result()
+        sent = backup.stats()["bytes-uploaded"]
+        total = dir_bytes(local.checkpoint_dir("s", str(cid2)))
+        print(
+            f"after updating 1% of keys: uploaded {sent / 1e6:,.1f} MB of {total / 1e6:,.0f} MB "
+            f"= {sent / total:.1%} of the store (target < 10%)"
+        )
+
+        # 2. restore on a "new host": nothing of the store on local disk
         fresh = LocalTaskState(Path(tmp) / "newhost", task.name)
         rctx = BackendContext(config, task, ["s"], systems, fresh)
         manager = BlobStoreRestoreManager(rctx)
@@ -86,25 +105,6 @@ def main() -> None:
         print(
             f"  changelog / blob = {changelog_s / blob_s:.1f}x (target >= 20)   "
             f"blob / plain copy = {blob_s / copy_s:.2f}x (target <= 2)"
-        )
-
-        # 2. update 1% of the keys, commit, and see what the upload sends
-        engine = RocksDBEngine("s", local.store_dir("s"))
-        n = args.size_mb * 1_000_000 // args.value_bytes
-        keys = random.Random(1).sample(range(n), n // 100)
-        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(args.value_bytes)) for i in keys)
-        engine.flush()
-        cid2 = CheckpointId.create()
-        engine.checkpoint(local.checkpoint_dir("s", str(cid2)))
-        engine.close()
-        backup = BlobStoreBackupManager(ctx)
-        backup.init(first)
-        backup.upload(cid2, {}).result()
-        sent = backup.stats()["bytes-uploaded"]
-        total = dir_bytes(local.checkpoint_dir("s", str(cid2)))
-        print(
-            f"after updating 1% of keys: uploaded {sent / 1e6:,.1f} MB of {total / 1e6:,.0f} MB "
-            f"= {sent / total:.1%} of the store (target < 10%)"
         )
 
 

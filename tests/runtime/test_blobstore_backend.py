@@ -168,3 +168,46 @@ def test_upload_metrics_reach_the_driver(tmp_path: Path) -> None:
     # the second snapshot re-uses the first one's unchanged files
     assert second.uploads["bytes-retained"] > 0
     coordinator.close()
+
+
+def test_restore_reuses_identical_local_files_and_downloads_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make(tmp_path, **{"task.commit.async.enabled": "false"})
+    expected = generate(config, tmp_path / "a.yaml", 900, seed=67)
+    run(config)
+    # lose the live store and the committed local checkpoint, but keep an older local one
+    for task_dir in config.store_base_dir.iterdir():
+        shutil.rmtree(task_dir / "user-counts")
+        checkpoints = sorted((task_dir / "user-counts.checkpoints").iterdir())
+        assert len(checkpoints) == 1
+        older = checkpoints[0].with_name("0-0")  # pretend it is an older checkpoint of the store
+        checkpoints[0].rename(older)
+    caplog.set_level("INFO")
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    end = {s: ts.resume[s] for ts in coordinator.tasks.values() for s in ts.model.ssps}
+    _, results = coordinator.run_batch(end, commit=False)
+    coordinator.close()
+    assert {i.source for r in results for i in r.restored} == {"blobstore"}
+    assert "reused" in caplog.text and "restored 0 files" in caplog.text  # every file was local
+    assert live_counts(config) == dict(expected)
+
+
+def test_snapshot_of_a_removed_store_is_deleted(tmp_path: Path) -> None:
+    config = make(
+        tmp_path,
+        **{"stores.old.factory": "rocksdb", "stores.old.backup.factories": "blobstore"},
+    )
+    generate(config, tmp_path / "a.yaml", 300, seed=68)
+    run(config)
+    old_indexes = {r["snapshot-index"] for r in blob_snapshots(config) if r["store"] == "old"}
+    assert len(old_indexes) == 4
+    values = {k: v for k, v in config.to_dict().items() if not k.startswith("stores.old.")}
+    without = load_config(None, values)
+    generate(without, tmp_path / "b.yaml", 50, seed=69)
+    run(without)
+    blobs = blob_manager(without)
+    assert not any(blobs.exists(i) for i in old_indexes)
+    assert {r["store"] for r in blob_snapshots(without)} == {"user-counts"}
+    assert check_blobs(without) == []
