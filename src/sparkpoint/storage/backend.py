@@ -140,19 +140,39 @@ class StateBackendAdmin(ABC):
         """Raise a clear error if existing resources cannot serve the job."""
 
 
+class NoResources(StateBackendAdmin):
+    """The admin of a backend with no job-wide resources."""
+
+    def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
+        pass
+
+    def create_resources(self) -> None:
+        pass
+
+    def validate_resources(self) -> None:
+        pass
+
+
 class StateBackendFactory(ABC):
-    """Makes a backend's managers. Subclasses need a no-argument constructor."""
+    """Makes a backend's managers from its classes. Subclasses need a no-argument constructor.
+
+    A backend sets ``backup_class``, ``restore_class`` and (if it has job-wide resources)
+    ``admin_class``; it overrides the methods only to build its managers differently.
+    """
 
     name: str = ""
+    backup_class: type[TaskBackupManager]
+    restore_class: type[TaskRestoreManager]
+    admin_class: type[StateBackendAdmin] = NoResources
 
-    @abstractmethod
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager: ...
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
+        return self.backup_class(context)  # type: ignore[call-arg]
 
-    @abstractmethod
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager: ...
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
+        return self.restore_class(context)  # type: ignore[call-arg]
 
-    @abstractmethod
-    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin: ...
+    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
+        return self.admin_class(config, model, systems)  # type: ignore[call-arg]
 
     def has_marker(
         self, config: Config, checkpoint: Checkpoint | None, store: str, task: TaskModel

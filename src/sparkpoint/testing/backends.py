@@ -22,19 +22,15 @@ from pathlib import Path
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.id import CheckpointId
-from sparkpoint.config import Config
-from sparkpoint.model import JobModel
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
-    StateBackendAdmin,
     StateBackendFactory,
     TaskBackupManager,
     TaskRestoreManager,
 )
 from sparkpoint.storage.commit import commit_pool
 from sparkpoint.storage.local import CHECKPOINT_FILE, task_dir_name
-from sparkpoint.system.registry import Systems
 
 NAME = "sparkpoint.testing.backends:CopyStateBackendFactory"
 
@@ -112,22 +108,7 @@ class CopyRestore(TaskRestoreManager):
         return out
 
 
-class _Admin(StateBackendAdmin):
-    def create_resources(self) -> None:
-        pass
-
-    def validate_resources(self) -> None:
-        pass
-
-
 class CopyStateBackendFactory(StateBackendFactory):
     name = NAME
-
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
-        return CopyBackup(context)
-
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
-        return CopyRestore(context)
-
-    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
-        return _Admin()
+    backup_class = CopyBackup
+    restore_class = CopyRestore

@@ -154,6 +154,8 @@ class BlobStoreBackupManager(TaskBackupManager):
 
     def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
         for store, index_id in markers.items():
+            if store not in self.ctx.stores:
+                continue  # a store gone from the job: init() deleted its snapshot
             index = load_index(self.blobs, index_id, self._where(store))
             self.blobs.remove_ttl(index_id)
             for _, f in index.dir_index.all_files():
@@ -263,7 +265,7 @@ class BlobStoreRestoreManager(TaskRestoreManager):
 
 
 class BlobStoreAdmin(StateBackendAdmin):
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
         self.config = config
 
     def create_resources(self) -> None:
@@ -278,11 +280,6 @@ class BlobStoreAdmin(StateBackendAdmin):
 class BlobStoreStateBackendFactory(StateBackendFactory):
     name = NAME
 
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
-        return BlobStoreBackupManager(context)
-
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
-        return BlobStoreRestoreManager(context)
-
-    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
-        return BlobStoreAdmin(config)
+    backup_class = BlobStoreBackupManager
+    restore_class = BlobStoreRestoreManager
+    admin_class = BlobStoreAdmin

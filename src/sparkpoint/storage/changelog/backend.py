@@ -244,14 +244,9 @@ class ChangelogAdmin(StateBackendAdmin):
 class ChangelogStateBackendFactory(StateBackendFactory):
     name = NAME
 
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
-        return ChangelogBackupManager(context)
-
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
-        return ChangelogRestoreManager(context)
-
-    def admin(self, config: Config, model: JobModel, systems: Systems) -> StateBackendAdmin:
-        return ChangelogAdmin(config, model, systems)
+    backup_class = ChangelogBackupManager
+    restore_class = ChangelogRestoreManager
+    admin_class = ChangelogAdmin
 
     def has_marker(
         self, config: Config, checkpoint: Checkpoint | None, store: str, task: TaskModel
