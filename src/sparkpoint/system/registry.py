@@ -18,7 +18,6 @@ from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, S
 
 BUILTIN: dict[str, tuple[str, str]] = {
     "filelog": ("sparkpoint.system.filelog:FileLogSystemFactory", "built in"),
-    "kafka": ("sparkpoint.system.kafka:KafkaSystemFactory", "pip install confluent-kafka"),
 }
 
 
