@@ -256,16 +256,15 @@ class JobCoordinator:
         ts.last_processed = dict(result.last_processed)
         ts.processed += result.processed
         for info in result.restored:
-            if info.source != "in-process":
-                log.info(
-                    "task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
-                    result.task,
-                    info.store,
-                    info.source,
-                    info.entries,
-                    info.bytes,
-                    info.seconds,
-                )
+            log.info(
+                "task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
+                result.task,
+                info.store,
+                info.source,
+                info.entries,
+                info.bytes,
+                info.seconds,
+            )
         written = False
         for text in result.completed_checkpoints:
             checkpoint = CheckpointV2.loads(text)
@@ -328,7 +327,7 @@ class JobCoordinator:
             commit_seconds=max((r.commit_seconds for r in results), default=0.0),
             task_seconds=sum(r.total_seconds for r in results),
             lag={},
-            restored=[(r.task, i) for r in results for i in r.restored if i.source != "in-process"],
+            restored=[(r.task, i) for r in results for i in r.restored],
         )
         for r in results:
             for metrics in r.upload_metrics:

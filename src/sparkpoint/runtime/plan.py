@@ -70,7 +70,7 @@ class RestoreInfo:
     """How a task's state was established at the start of a batch."""
 
     store: str
-    source: str  # "local-checkpoint" | "empty" | "in-process"
+    source: str  # "local-checkpoint", "empty", or the backend it came from
     entries: int
     bytes: int
     seconds: float

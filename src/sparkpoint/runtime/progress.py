@@ -67,6 +67,8 @@ class ProgressDisplay:
         self._last = report
         self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
         for task, info in report.restored:
+            if info.source != "local-checkpoint" and info.entries == 0 and info.bytes == 0:
+                continue  # a fresh start: nothing was restored
             line = (
                 f"restore {task} store {info.store}: {info.source}, {info.entries} entries, "
                 f"{info.bytes} bytes, {info.seconds:.2f}s"
