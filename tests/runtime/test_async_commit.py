@@ -57,12 +57,12 @@ def test_commit_is_skipped_while_the_upload_runs_within_max_delay(tmp_path: Path
 
 
 def test_commit_blocks_after_max_delay_until_the_upload_finishes(tmp_path: Path) -> None:
-    config = make(tmp_path, **{"testing.copy.delay.ms": "400", "task.commit.max.delay.ms": "0"})
+    config = make(tmp_path, **{"testing.copy.delay.ms": "1500", "task.commit.max.delay.ms": "0"})
     coordinator, end = batches(config)
     coordinator.run_batch(end, commit=True)
     _, second = coordinator.run_batch(end, commit=True)
     assert not second[0].commit_skipped and second[0].commit_started
-    assert second[0].commit_seconds >= 0.2  # it waited for the previous upload
+    assert second[0].commit_seconds >= 0.5  # it waited for the previous (1.5 s) upload
     # the previous commit finished while we waited: it is reported for the driver to write
     assert len(second[0].completed_checkpoints) >= 1
     coordinator.close()
