@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from sparkpoint.config import KEYS, Config, load_config, parse_overrides
+from sparkpoint.config import KEYS, Config, load_config, parse_overrides, redact
 from sparkpoint.errors import SparkpointError, UserError
 
 app = typer.Typer(
@@ -377,8 +377,12 @@ def config_show(job: JobArg, set_: SetOpt = None) -> None:
     for key, value, source in config_sources(job, overrides):
         note = ""
         if last and source != "default" and last.get(key) != value:
-            note = f"  [last run: {last[key]}]" if key in last else "  [new since last run]"
-        print(f"{key}={value}  ({source}){note}")
+            note = (
+                f"  [last run: {redact(key, last[key])}]"
+                if key in last
+                else "  [new since last run]"
+            )
+        print(f"{key}={redact(key, value)}  ({source}){note}")
 
 
 @config_app.command("keys")

@@ -329,6 +329,19 @@ def _declared(key: str) -> ConfigKey | None:
     return None
 
 
+_SECRET = re.compile(
+    r"secret|password|passwd|token|credential|connection[_.]?string|account[_.]?key|sas|(^|[._])key$",
+    re.I,
+)
+
+
+def redact(key: str, value: str) -> str:
+    """``value``, or a mask when ``key`` names a credential (for logs and printed config)."""
+    if key.startswith(("blob.store.options.", "systems.", "spark.")) and _SECRET.search(key):
+        return "****" if value else value
+    return value
+
+
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Flatten nested mappings to dotted keys; lists become comma-separated strings."""
     out: dict[str, str] = {}

@@ -75,3 +75,24 @@ def test_heartbeat_marks_the_job_running_until_it_stops(tmp_path: Path) -> None:
     assert is_running(store, now_ms=stale) is None  # a driver that stopped beating long ago
     beat.stop()
     assert read_liveness(store) is None
+
+
+def test_credentials_never_reach_logs_or_printed_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sparkpoint.config import redact
+
+    secret = {
+        "blob.store.options.secret": "hunter2",
+        "blob.store.options.connection_string": "AccountKey=abc",
+    }
+    store = CoordinatorStreamStore(config(tmp_path))
+    store_config(store, config(tmp_path, **{"blob.store.options.secret": "old-secret"}))
+    with caplog.at_level(logging.WARNING):
+        diff = store_config(CoordinatorStreamStore(config(tmp_path)), config(tmp_path, **secret))
+    text = caplog.text + "\n".join(diff)
+    assert "hunter2" not in text and "old-secret" not in text and "AccountKey=abc" not in text
+    assert "~ blob.store.options.secret: **** -> ****" in diff
+    assert redact("blob.store.options.key", "AKIA") == "****"
+    assert redact("blob.store.url", "s3://bucket/x") == "s3://bucket/x"
+    assert redact("task.commit.ms", "100") == "100"

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sparkpoint.config import Config
+from sparkpoint.config import Config, redact
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG, SET_CONFIG, CoordinatorStreamStore
 from sparkpoint.model import JobModel
@@ -36,11 +36,11 @@ def config_diff(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
     lines = []
     for key in sorted(set(old) | set(new)):
         if key not in old:
-            lines.append(f"+ {key}={new[key]}")
+            lines.append(f"+ {key}={redact(key, new[key])}")
         elif key not in new:
-            lines.append(f"- {key} (was {old[key]})")
+            lines.append(f"- {key} (was {redact(key, old[key])})")
         elif old[key] != new[key]:
-            lines.append(f"~ {key}: {old[key]} -> {new[key]}")
+            lines.append(f"~ {key}: {redact(key, old[key])} -> {redact(key, new[key])}")
     return lines
 
 
