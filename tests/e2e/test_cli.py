@@ -45,8 +45,15 @@ def test_every_subcommand_has_help_with_an_example() -> None:
         ["stream", "write"],
         ["stream", "read"],
         ["checkpoint", "show"],
+        ["checkpoint", "set"],
         ["state", "dump"],
+        ["state", "show"],
+        ["state", "check"],
         ["config", "show"],
+        ["config", "keys"],
+        ["startpoint", "set"],
+        ["startpoint", "list"],
+        ["startpoint", "delete"],
     ):
         out = sp(*cmd, "--help").stdout
         assert "Example" in out, cmd
