@@ -9,6 +9,7 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import StreamNotFound, TaskError
+from sparkpoint.model import SystemStreamPartition
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
@@ -102,3 +103,21 @@ def test_max_batches_stops_with_a_commit(tmp_path: Path) -> None:
         o for c in CheckpointManager(config).read_all().values() for o in c.input_offsets.values()
     ]
     assert offsets == ["19"] * 4
+
+
+def test_metadata_streams_are_compacted_at_start(tmp_path: Path) -> None:
+    config = make(tmp_path, **{"task.batch.max.messages": "50", "task.commit.ms": "0"})
+    generate(config, tmp_path / "job.yaml", 1000, seed=5)
+    run(config, until_caught_up=True)
+    manager = CheckpointManager(config)
+    before = manager.read_all()
+    admin = Systems(config).admin("filelog")
+    ssp = SystemStreamPartition("filelog", manager.stream, 0)
+    written = int(admin.get_metadata([ssp])[ssp].upcoming)
+    assert written > 40  # many commits of 4 tasks in 2 versions
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    coordinator.close()
+    records = Systems(config).consumer("filelog").read(ssp, "0", str(written))
+    assert len(records) == 8  # the newest V1 and V2 message per task
+    assert CheckpointManager(config).read_all() == before

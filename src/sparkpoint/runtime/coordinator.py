@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
-from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.checkpoint.offsets import OffsetManager
 from sparkpoint.config import Config
-from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
 from sparkpoint.metadata.job_state import Heartbeat, assign_changelog_partitions, store_config
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
 from sparkpoint.runtime.plan import (
@@ -164,6 +164,7 @@ class JobCoordinator:
     def start(self) -> JobModel:
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()
+        self._compact_metadata_streams()
         self.metadata_store = CoordinatorStreamStore(
             self.config, self.systems, source="coordinator"
         )
@@ -197,6 +198,23 @@ class JobCoordinator:
         if self.listener:
             self.listener.on_start(model)
         return model
+
+    def _compact_metadata_streams(self) -> None:
+        """Compact the coordinator and checkpoint streams at start, so that bootstrapping them
+        reads one record per key, not every heartbeat and commit since the job was created."""
+        streams = [
+            (
+                self.config.coordinator_system,
+                coordinator_stream_name(self.config.job_name, self.config.job_id),
+            ),
+            (self.config.checkpoint_system, checkpoint_stream_name(self.config)),
+        ]
+        for system, stream in streams:
+            admin = self.systems.admin(system)
+            if stream in admin.list_streams():
+                result = admin.compact(stream, 0)
+                if result is not None and result[0] != result[1]:
+                    log.info("compacted %s.%s: %d -> %d records", system, stream, *result)
 
     def _prepare_backends(self, model: JobModel) -> None:
         """Check every store's backends by name, then create and validate their resources."""

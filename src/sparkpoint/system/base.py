@@ -105,6 +105,12 @@ class SystemAdmin(ABC):
         Returns the upcoming offset when every record is older.
         """
 
+    def compact(self, stream: str, partition: int) -> tuple[int, int] | None:
+        """Keep only the newest record per key of a compacted stream's partition, if this system
+        compacts on request; returns (records before, after), or ``None`` when the system
+        compacts by itself (as Kafka does) or not at all."""
+        return None
+
     def resolve_startpoint_to_offset(
         self, ssp: SystemStreamPartition, startpoint: Startpoint
     ) -> str:
