@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sparkpoint.model import SystemStream, SystemStreamPartition
 
@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     from sparkpoint.startpoint.model import Startpoint
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A raw record as stored in a stream partition: bytes in, bytes out."""
+class Record(NamedTuple):
+    """A raw record as stored in a stream partition: bytes in, bytes out.
+
+    A named tuple rather than a dataclass: readers create one per record on the hot path, and a
+    tuple is built several times faster.
+    """
 
     offset: str
     key: bytes | None

@@ -54,6 +54,11 @@ class _Index(Sequence[tuple[int, int, int]]):
         entry: tuple[int, int, int] = fmt.INDEX.unpack_from(self._data, i * fmt.INDEX_SIZE)
         return entry
 
+    def offsets(self, i: int, j: int) -> list[int]:
+        """The offsets of entries ``i`` to ``j - 1``, read in one pass."""
+        raw = self._data[i * fmt.INDEX_SIZE : j * fmt.INDEX_SIZE]
+        return [entry[0] for entry in fmt.INDEX.iter_unpack(raw)]
+
     def first_at_or_after(self, offset: int) -> int:
         """Index position of the first record with an offset >= ``offset``."""
         return bisect.bisect_left(range(self._n), offset, key=lambda i: self[i][0])
@@ -147,19 +152,11 @@ class PartitionLog:
             end_pos = last_pos + fmt.HEADER_SIZE + fmt.HEADER.unpack(head)[2]
             log_file.seek(first_pos)
             buf = log_file.read(end_pos - first_pos)
-            records: list[Record] = []
-            pos = 0
-            expected = [index[k][0] for k in range(i, j)]
-            for want in expected:
-                try:
-                    rec, offset, size = fmt.decode_at(buf, pos)
-                except fmt.FormatError as exc:
-                    raise self._corrupt(want, exc.reason) from None
-                if offset != want:
-                    raise self._corrupt(want, f"record says offset {offset}")
-                records.append(rec)
-                pos += size
-            return records
+            expected = index.offsets(i, j)
+            try:
+                return fmt.decode_span(buf, expected)
+            except fmt.FormatError as exc:
+                raise self._corrupt(exc.offset, exc.reason) from None
 
     def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
         return CorruptRecordError(f"corrupt record in {self.label} at offset {offset}: {reason}")
