@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore clean
+.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -31,6 +31,9 @@ bench-commit: setup
 
 bench-blobstore: setup
 	@.venv/bin/python bench/blobstore.py
+
+bench-filelog: setup
+	@.venv/bin/python bench/filelog.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache
