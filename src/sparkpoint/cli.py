@@ -65,9 +65,10 @@ def _setup_logging(verbose: bool) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-def _with_job_dir_on_path(config: Config, job: Path) -> Config:
-    """Let the driver and every Python worker import modules that sit beside the job file."""
-    job_dir = str(job.resolve().parent)
+def _with_dir_on_path(config: Config, directory: Path) -> Config:
+    """Let the driver and every Python worker import modules from ``directory`` (the job
+    file's or the pipeline module's)."""
+    job_dir = str(directory)
     sys.path.insert(0, job_dir)
     paths = [job_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
@@ -78,7 +79,13 @@ def _with_job_dir_on_path(config: Config, job: Path) -> Config:
 
 @app.command()
 def run(
-    job: JobArg,
+    job: Annotated[
+        str,
+        typer.Argument(
+            help="The job file (YAML or .properties), or module:attribute of a DataFrame "
+            "Pipeline (the current directory is on the import path)."
+        ),
+    ],
     until_caught_up: Annotated[
         bool,
         typer.Option(help="Read every input up to its newest offset at start, commit, exit 0."),
@@ -94,24 +101,41 @@ def run(
 ) -> None:
     """Run a job: the driver plans micro-batches and Spark runs one partition per task.
 
-    Ctrl-C or SIGTERM finishes the current batch, commits every task and exits 0.
+    A job file runs the low-level task API (`task.class`); `module:attribute` runs a DataFrame
+    pipeline (`sparkpoint.runtime.pipeline.Pipeline`). Both share checkpoints, state backends
+    and startpoints. Ctrl-C or SIGTERM finishes the current batch, commits every task and
+    exits 0.
 
     Example: `sparkpoint run job.yaml --until-caught-up --set task.commit.ms=2000`
+
+    Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
-    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator
+    from sparkpoint.runtime.pipeline import DataFrameRunner, load_pipeline
     from sparkpoint.runtime.progress import ProgressDisplay
     from sparkpoint.runtime.spark import SparkRunner, spark_session
 
     _setup_logging(verbose)
-    config = _config(job, set_)
-    config.require("task.class")
-    config = _with_job_dir_on_path(config, job)
+    path = Path(job)
+    pipeline = None
+    if ":" in job and not path.exists():
+        pipeline, module_dir = load_pipeline(job)
+        config = _with_dir_on_path(
+            pipeline.load_config(parse_overrides(set_ or [])), module_dir
+        )
+    else:
+        config = _config(path, set_)
+        config.require("task.class")
+        config = _with_dir_on_path(config, path.resolve().parent)
     if not config.inputs:
         raise UserError("task.inputs is empty: list the job's input streams as system.stream")
     display = ProgressDisplay()
     err.print(f"starting Spark ({master or config.get_str('spark.master') or 'local[*]'}) ...")
     spark = spark_session(config, master)
-    coordinator = JobCoordinator(config, SparkRunner(spark), listener=display)
+    runner: BatchRunner = (
+        SparkRunner(spark) if pipeline is None else DataFrameRunner(spark, pipeline, config)
+    )
+    coordinator = JobCoordinator(config, runner, listener=display)
 
     def on_signal(signum: int, _frame: Any) -> None:
         coordinator.stop(f"signal {signal.Signals(signum).name}")

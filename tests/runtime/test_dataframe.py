@@ -24,17 +24,9 @@ def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
     meta = coordinator.metadata(coordinator.all_ssps())
-    ranges = {
-        name: [
-            (s.system, s.stream, s.partition, ts.resume[s], meta[s].upcoming)
-            for s in ts.model.sorted_ssps()
-        ]
-        for name, ts in coordinator.tasks.items()
-    }
+    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
     coordinator.close()
-    df = batch_dataframe(
-        spark, config.to_dict(), ranges, value_schema="user STRING, page STRING, ts LONG"
-    )
+    df = batch_dataframe(spark, plans, value_schema="user STRING, page STRING, ts LONG")
     assert df.rdd.getNumPartitions() == 4
     per_partition = df.rdd.mapPartitions(lambda rows: [sorted({r.task for r in rows})]).collect()
     assert per_partition == [["Partition 0"], ["Partition 1"], ["Partition 2"], ["Partition 3"]]
@@ -45,6 +37,6 @@ def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(
     assert counts == dict(expected)
     row = df.filter("partition = 1").orderBy("offset").first()
     assert row.key == row.value.user and row.stream == "pageviews" and row.offset == "0"
-    raw = batch_dataframe(spark, config.to_dict(), ranges)
+    raw = batch_dataframe(spark, plans)
     assert raw.schema["value"].dataType.simpleString() == "string"
     assert raw.count() == 400

@@ -12,6 +12,7 @@ Stopping (a signal, ``max_batches``, a task's ``coordinator.shutdown()``, or bei
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from sparkpoint.config import Config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
 from sparkpoint.metadata.job_state import Heartbeat, assign_changelog_partitions, store_config
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
+from sparkpoint.runtime.batchlog import BatchLog
 from sparkpoint.runtime.plan import (
     EMPTY_STATE,
     RestoreInfo,
@@ -44,7 +46,13 @@ log = logging.getLogger(__name__)
 
 
 class BatchRunner(Protocol):
-    """Runs one micro-batch: one plan per task, results in any order."""
+    """Runs one micro-batch: one plan per task, results in any order.
+
+    A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
+    ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
+    :class:`~sparkpoint.runtime.batchlog.BatchLog` and replayed with the same ids and end
+    offsets after a restart.
+    """
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...
 
@@ -141,6 +149,9 @@ class JobCoordinator:
         self.startpoints: StartpointManager | None = None
         self.tasks: dict[str, TaskState] = {}
         self._batch = 0
+        self.exact_batches = bool(getattr(runner, "exact_batches", False))
+        self.batch_log: BatchLog | None = None
+        self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
         self._last_window = time.monotonic()
 
@@ -195,9 +206,40 @@ class JobCoordinator:
                 startpoints=set(sps),
             )
         self.model = model
+        if self.exact_batches:
+            self._open_batch_log(bool(fanned))
         if self.listener:
             self.listener.on_start(model)
         return model
+
+    def _cmp(self, ssp: SystemStreamPartition, a: str, b: str) -> int:
+        return self.systems.admin(ssp.system).offset_comparator(a, b)
+
+    def _checkpointed(self) -> dict[SystemStreamPartition, str]:
+        return {s: o for ts in self.tasks.values() for s, o in ts.from_checkpoint.items()}
+
+    def _open_batch_log(self, startpoints: bool) -> None:
+        assert self.metadata_store is not None
+        self.batch_log = BatchLog(self.metadata_store)
+        replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
+        if replay and startpoints:
+            log.warning(
+                "startpoints apply: batches %d-%d after the last checkpoint are not replayed "
+                "with their old ids; sinks see new batch ids from %d",
+                replay[0][0],
+                replay[-1][0],
+                self.batch_log.last_id + 1,
+            )
+            replay = []
+        self._replay = replay
+        self.batch_log.prune(self._checkpointed(), self._cmp)
+        self._batch = self.batch_log.last_id
+        if replay:
+            log.info(
+                "replaying batches %d-%d (logged before the last stop, not yet checkpointed)",
+                replay[0][0],
+                replay[-1][0],
+            )
 
     def _compact_metadata_streams(self) -> None:
         """Compact the coordinator and checkpoint streams at start, so that bootstrapping them
@@ -322,9 +364,13 @@ class JobCoordinator:
         commit: bool,
         window: bool = False,
         wait: bool = False,
+        batch_id: int | None = None,
     ) -> tuple[BatchReport, list[TaskBatchResult]]:
-        """One micro-batch; ``wait`` makes tasks finish their uploads before returning."""
-        self._batch += 1
+        """One micro-batch; ``wait`` makes tasks finish their uploads before returning.
+        ``batch_id`` replays a logged batch under its old id."""
+        self._batch = self._batch + 1 if batch_id is None else batch_id
+        if self.batch_log is not None:
+            self.batch_log.record(self._batch, end)
         plans = self._plans(end, commit=commit, window=window, wait=wait)
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
@@ -332,6 +378,8 @@ class JobCoordinator:
         committed = False
         for result in sorted(results, key=lambda r: r.task):
             committed = self._apply(result) or committed
+        if committed and self.batch_log is not None:
+            self.batch_log.prune(self._checkpointed(), self._cmp)
         if commit or committed:
             self._last_commit = time.monotonic()
         if window:
@@ -354,6 +402,31 @@ class JobCoordinator:
         if report.uploads:
             log.info("batch %d commits: %s", self._batch, report.uploads)
         return report, results
+
+    def _replay_ends(
+        self, logged: Mapping[SystemStreamPartition, str]
+    ) -> dict[SystemStreamPartition, str]:
+        """A logged batch's ends; an SSP already past it (its checkpoint covers the batch)
+        reads nothing."""
+        out = {}
+        for ts in self.tasks.values():
+            for s in ts.model.ssps:
+                e = logged.get(s, ts.resume[s])
+                out[s] = e if self._cmp(s, ts.resume[s], e) < 0 else ts.resume[s]
+        return out
+
+    def _bounded(
+        self, end: Mapping[SystemStreamPartition, str]
+    ) -> dict[SystemStreamPartition, str]:
+        """Ends at most ``task.batch.max.messages`` past each SSP's next offset (numeric
+        offsets; others read to ``end``)."""
+        limit = self.config.get_int("task.batch.max.messages")
+        out = dict(end)
+        for ts in self.tasks.values():
+            for s in ts.model.ssps:
+                with contextlib.suppress(ValueError):
+                    out[s] = str(min(int(end[s]), int(ts.resume[s]) + limit))
+        return out
 
     def _lags(self, meta: Mapping[SystemStreamPartition, PartitionMetadata]) -> dict[str, int]:
         lags = {}
@@ -393,7 +466,13 @@ class JobCoordinator:
                 self._account(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
-            pending = any(
+            replay_id = None
+            if self._replay:
+                replay_id, logged = self._replay.pop(0)
+                end = self._replay_ends(logged)
+            elif self.exact_batches:
+                end = self._bounded(end)
+            pending = replay_id is not None or any(
                 self.systems.admin(s.system).offset_comparator(ts.resume[s], end[s]) < 0
                 for ts in self.tasks.values()
                 for s in ts.model.ssps
@@ -407,7 +486,9 @@ class JobCoordinator:
             if not pending and not commit_due and not window_due:
                 self.stop_event.wait(poll)
                 continue
-            report, results = self.run_batch(end, commit=commit_due, window=window_due)
+            report, results = self.run_batch(
+                end, commit=commit_due, window=window_due, batch_id=replay_id
+            )
             last_committed = all(r.state_id.startswith("ckpt:") for r in results)
             report.lag = self._lags(self.metadata(ssps))
             self._account(summary, report)

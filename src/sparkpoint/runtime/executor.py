@@ -53,7 +53,7 @@ from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.system.base import IncomingMessageEnvelope
+from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,11 @@ class _ProcessCache:
 _CACHE = _ProcessCache()
 
 
+def worker_config(values: dict[str, str]) -> tuple[Config, Systems]:
+    """The config and systems this Python worker keeps for a job's config values."""
+    return _CACHE.config(values)
+
+
 def load_task_class(path: str) -> type[StreamTask]:
     """Import ``module:Class`` (or ``module.Class``) named by ``task.class``."""
     module, sep, attr = path.partition(":")
@@ -92,7 +97,7 @@ def load_task_class(path: str) -> type[StreamTask]:
     return cls
 
 
-class _Coordinator:
+class BatchCoordinator:
     def __init__(self) -> None:
         self.commit_requested = False
         self.shutdown_requested = False
@@ -139,13 +144,13 @@ class TaskBatch:
         self.backup_names = {
             s: store_backends(self.config, s, "backup") for s in self.config.stores
         }
-        self._last_processed: dict[SystemStreamPartition, str] = {}
+        self.last_processed: dict[SystemStreamPartition, str] = {}
 
     # -- 1. state
     def _persistent(self, store: str) -> bool:
         return engine_kind(store, self.config.require(f"stores.{store}.factory")) == "rocksdb"
 
-    def _opener(self, store: str) -> Callable[[], KeyValueEngine]:
+    def opener(self, store: str) -> Callable[[], KeyValueEngine]:
         factory = self.config.require(f"stores.{store}.factory")
         return lambda: open_engine(store, factory, self.local.store_dir(store))
 
@@ -163,8 +168,8 @@ class TaskBatch:
         if marker == plan.expected_state_id and self._memory_stores_match(marker):
             for store in self.config.stores:
                 cached = _CACHE.memory.get((self.task.name, store))
-                self.engines[store] = cached[1] if cached else self._opener(store)()
-            self._last_processed = dict(plan.last_processed)
+                self.engines[store] = cached[1] if cached else self.opener(store)()
+            self.last_processed = dict(plan.last_processed)
             return dict(plan.resume)
         if marker is not None or plan.expected_state_id != EMPTY_STATE:
             log.info(
@@ -177,18 +182,20 @@ class TaskBatch:
         self.local.clear_marker()
         for store in self.config.stores:
             _CACHE.memory.pop((self.task.name, store), None)
-        openers = {s: self._opener(s) for s in self.config.stores}
+        openers = {s: self.opener(s) for s in self.config.stores}
         self.engines, self.restored = restore_stores(
             self.config, self.systems, plan.task, self.local, self.last_checkpoint, openers
         )
-        self._last_processed = dict(plan.checkpoint_last_processed)
+        self.last_processed = dict(plan.checkpoint_last_processed)
         return dict(plan.from_checkpoint)
 
-    def _backups(self) -> dict[str, TaskBackupManager]:
-        names = sorted({n for ns in self.backup_names.values() for n in ns})
+    def backup_managers(self, *, init: bool = True) -> dict[str, TaskBackupManager]:
+        """Backup managers of the open stores; ``init`` reads the last checkpoint's markers
+        (needed to commit, not to log writes)."""
+        names = sorted({n for s, ns in self.backup_names.items() if s in self.engines for n in ns})
         managers: dict[str, TaskBackupManager] = {}
         for name in names:
-            stores = [s for s, ns in self.backup_names.items() if name in ns]
+            stores = [s for s, ns in self.backup_names.items() if name in ns and s in self.engines]
             context = BackendContext(
                 self.config,
                 self.plan.task,
@@ -198,10 +205,11 @@ class TaskBatch:
                 {s: self.engines[s] for s in stores},
             )
             managers[name] = backend_factory(name).backup_manager(context)
-            managers[name].init(self.last_checkpoint)
+            if init:
+                managers[name].init(self.last_checkpoint)
         return managers
 
-    def _stores(
+    def wrapped_stores(
         self, backups: Mapping[str, TaskBackupManager]
     ) -> dict[str, KeyValueStore[Any, Any]]:
         stores: dict[str, KeyValueStore[Any, Any]] = {}
@@ -235,7 +243,7 @@ class TaskBatch:
         )
 
     # -- 3. input
-    def _input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
+    def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
         k = self.config.stream_key(stream, "samza.key.serde") or "string"
         m = self.config.stream_key(stream, "samza.msg.serde") or "json"
         return (
@@ -243,21 +251,24 @@ class TaskBatch:
             load_serde(m, self.config, key=f"streams.{stream.stream}.samza.msg.serde"),
         )
 
+    def begin(self) -> dict[SystemStreamPartition, str]:
+        """Step 1: establish state (keep or restore); the next offset to read per SSP."""
+        next_offsets = self._establish_state()
+        self.local.clear_marker()
+        return next_offsets
+
     def run(self) -> TaskBatchResult:
         plan = self.plan
         t0 = time.monotonic()
-        next_offsets = self._establish_state()
-        self.local.clear_marker()
+        next_offsets = self.begin()
         context = _Context(self.task, plan.task.ssps, self.config)
-        coordinator = _Coordinator()
+        coordinator = BatchCoordinator()
         collector = OutputCollector(self.config, self.systems, self.task)
         processed = 0
         backups: dict[str, TaskBackupManager] = {}
         try:
-            backups = self._backups()
-            committer = self._committer(backups)
-            committer.clean_up(self.last_checkpoint)
-            context.stores = self._stores(backups)
+            backups = self.backup_managers()
+            context.stores = self.wrapped_stores(backups)
             task = load_task_class(self.config.require("task.class"))()
             task.init(context)
             for ssp in plan.task.sorted_ssps():
@@ -265,23 +276,50 @@ class TaskBatch:
             if plan.window:
                 task.window(collector, coordinator)
             task.close()
-            t_proc = time.monotonic()
             collector.close()
+            return self.finish(
+                backups,
+                next_offsets,
+                processed=processed,
+                sent=collector.sent,
+                coordinator=coordinator,
+                started=t0,
+                processed_at=time.monotonic(),
+            )
+        finally:
+            self.close(backups)
+
+    def finish(
+        self,
+        backups: Mapping[str, TaskBackupManager],
+        next_offsets: dict[SystemStreamPartition, str],
+        *,
+        processed: int,
+        sent: int,
+        coordinator: BatchCoordinator,
+        started: float,
+        processed_at: float,
+    ) -> TaskBatchResult:
+        """Steps 2, 5 and 6 once the batch's messages are handled and its output is durable:
+        clean up after the committed checkpoint, commit if due or asked for, close the stores
+        and write the marker of the new state."""
+        plan = self.plan
+        try:
+            committer = self._committer(backups)
+            committer.clean_up(self.last_checkpoint)
             outcome = CommitOutcome()
             if plan.commit or coordinator.commit_requested:
                 wait = plan.wait_for_uploads or not self.config.get_bool(
                     "task.commit.async.enabled", True
                 )
-                outcome = committer.commit(self._last_processed, wait=wait)
+                outcome = committer.commit(self.last_processed, wait=wait)
             elif plan.wait_for_uploads:
                 committer.wait_all()
             completed = committer.completed(plan.last_checkpoint_id)
             upload_metrics = committer.completed_metrics(plan.last_checkpoint_id)
             t_commit = time.monotonic()
         finally:
-            for manager in backups.values():
-                manager.close()
-            self._close_persistent()
+            self.close(backups)
         finished_now = outcome.started is not None and any(
             str(parse_checkpoint(c).checkpoint_id) == outcome.started for c in completed
         )
@@ -297,9 +335,9 @@ class TaskBatch:
             batch=plan.batch,
             state_id=state_id,
             next_offsets=next_offsets,
-            last_processed=self._last_processed,
+            last_processed=self.last_processed,
             processed=processed,
-            sent=collector.sent,
+            sent=sent,
             completed_checkpoints=completed,
             upload_metrics=upload_metrics,
             commit_started=outcome.started,
@@ -307,11 +345,17 @@ class TaskBatch:
             restored=self.restored,
             commit_requested=coordinator.commit_requested,
             shutdown_requested=coordinator.shutdown_requested,
-            process_seconds=t_proc - t0,
-            commit_seconds=t_commit - t_proc,
-            total_seconds=time.monotonic() - t0,
+            process_seconds=processed_at - started,
+            commit_seconds=t_commit - processed_at,
+            total_seconds=time.monotonic() - started,
             executor=f"{socket.gethostname()}:{os.getpid()}",
         )
+
+    def close(self, backups: Mapping[str, TaskBackupManager]) -> None:
+        """Close backup managers and persistent engines (idempotent)."""
+        for manager in backups.values():
+            manager.close()
+        self._close_persistent()
 
     def _process_ssp(
         self,
@@ -319,7 +363,7 @@ class TaskBatch:
         next_offsets: dict[SystemStreamPartition, str],
         task: StreamTask,
         collector: OutputCollector,
-        coordinator: _Coordinator,
+        coordinator: BatchCoordinator,
     ) -> int:
         start = next_offsets.get(ssp)
         end = self.plan.end.get(ssp)
@@ -334,15 +378,9 @@ class TaskBatch:
             records = consumer.read(ssp, start, end, self.plan.max_messages)
         finally:
             consumer.close()
-        key_serde, msg_serde = self._input_serdes(ssp.system_stream)
+        key_serde, msg_serde = self.input_serdes(ssp.system_stream)
         for rec in records:
-            try:
-                key = None if rec.key is None else key_serde.from_bytes(rec.key)
-                msg = None if rec.value is None else msg_serde.from_bytes(rec.value)
-            except (ValueError, TypeError, UnicodeDecodeError) as exc:
-                raise TaskError(
-                    f"task {self.task}: cannot decode message at {ssp} offset {rec.offset}: {exc}"
-                ) from exc
+            key, msg = self.decode(ssp, rec, key_serde, msg_serde)
             envelope = IncomingMessageEnvelope(ssp, rec.offset, key, msg, rec.timestamp)
             try:
                 task.process(envelope, collector, coordinator)
@@ -353,14 +391,34 @@ class TaskBatch:
                 ) from exc
         if records:
             last = records[-1].offset
-            self._last_processed[ssp] = last
+            self.last_processed[ssp] = last
             next_offsets[ssp] = admin.offset_after(ssp, last)
         return len(records)
 
+    def decode(
+        self,
+        ssp: SystemStreamPartition,
+        rec: Record,
+        key_serde: Serde[Any],
+        msg_serde: Serde[Any] | None,
+    ) -> tuple[Any, Any]:
+        """A record's key and message through the stream's serdes (``msg_serde=None`` keeps the
+        raw value); an error names the task, SSP and offset."""
+        try:
+            key = None if rec.key is None else key_serde.from_bytes(rec.key)
+            if msg_serde is None or rec.value is None:
+                return key, rec.value
+            return key, msg_serde.from_bytes(rec.value)
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            raise TaskError(
+                f"task {self.task}: cannot decode message at {ssp} offset {rec.offset}: {exc}"
+            ) from exc
+
     def _close_persistent(self) -> None:
-        for engine in self.engines.values():
+        for name, engine in list(self.engines.items()):
             if engine.persistent:
                 engine.close()
+                del self.engines[name]
 
     def _keep_memory_engines(self, state_id: str) -> None:
         """In-memory stores live on in this worker, tagged with the state they hold."""

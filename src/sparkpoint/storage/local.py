@@ -3,6 +3,7 @@
 Layout under ``job.logged.store.base.dir``::
 
     <task>/STATE                       JSON {"state-id": ...}; absent while the state is changing
+    <task>/FRAME-*                     notes of the DataFrame API's batch phases (frame_task)
     <task>/<store>/                    the live store
     <task>/<store>.checkpoints/<id>/   a local checkpoint of the store (RocksDB hard links)
                                        with a CHECKPOINT file holding the checkpoint JSON
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import TaskName
@@ -82,6 +84,21 @@ class LocalTaskState:
     def write_marker(self, state_id: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id}).encode())
+
+    def read_note(self, name: str) -> dict[str, Any] | None:
+        """A small JSON note kept beside the state (see :mod:`sparkpoint.runtime.frame_task`)."""
+        try:
+            data = json.loads((self.dir / name).read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            log.warning("task %s: unreadable note %s in %s; ignoring it", self.task, name, self.dir)
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_note(self, name: str, data: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.dir / name, json.dumps(data).encode())
 
     def restore_from_checkpoint(self, store: str, checkpoint_id: str | None) -> bool:
         """Replace the live store with its local checkpoint; ``False`` (and empty) if none.

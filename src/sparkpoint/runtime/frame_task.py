@@ -1,0 +1,257 @@
+"""The executor side of a DataFrame pipeline's micro-batch: read, stateful steps, finish.
+
+A DataFrame batch runs as several Spark jobs (one per output, then one to finish), and Spark may
+compute a part of it more than once (a second output reading the batch again, a retried Spark
+task). The work of one task is therefore split into phases, tied together by small notes in the
+task's state directory (:meth:`~sparkpoint.storage.local.LocalTaskState.write_note`), each
+naming the run and batch it belongs to:
+
+* **read** (:func:`read_rows`, called by the batch source for the task's Spark partition). The
+  first time in a batch it establishes state exactly as the low-level executor does (keep the
+  live stores if the marker says so, else restore the last checkpoint) and notes where reading
+  starts (``FRAME-BATCH``). Any later computation of the source in the same batch reuses that
+  note, so it reads the same messages and touches no state. After the last message it notes
+  where reading ended (``FRAME-READ``).
+* **stateful step** (:func:`step_state`): opens the stores on the partition of the task. Store
+  updates are not idempotent, so a step refuses to run twice in one batch (``FRAME-STEP-*``);
+  the pipeline runner caches each step's output so that Spark does not recompute it.
+* **finish** (:func:`finish_batch`, one Spark job after every output is written): commit when
+  due and report to the driver, through the same :class:`~sparkpoint.runtime.executor.TaskBatch`
+  code as the low-level API, so commits, backups, restore and the marker work the same.
+
+All phases of a task must run where its state is (``job.logged.store.base.dir``): always true
+in local mode or with a shared directory; on a cluster with private directories Spark's
+locality preference for the cached batch keeps them together, and a phase that lands elsewhere
+fails the batch with an error rather than mixing states.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
+from sparkpoint.runtime.plan import RestoreInfo, TaskBatchPlan, TaskBatchResult
+from sparkpoint.storage.backend import TaskBackupManager
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.kv.factory import engine_kind
+
+BATCH_NOTE = "FRAME-BATCH"
+READ_NOTE = "FRAME-READ"
+READ_CHUNK = 10_000
+
+
+def batch_key(plan: TaskBatchPlan) -> str:
+    return f"{plan.run_id}:{plan.batch}"
+
+
+def _offsets(data: Mapping[str, str]) -> dict[SystemStreamPartition, str]:
+    return {SystemStreamPartition.parse(k): str(v) for k, v in data.items()}
+
+
+def _texts(data: Mapping[SystemStreamPartition, str]) -> dict[str, str]:
+    return {str(k): v for k, v in data.items()}
+
+
+def require_persistent_stores(config: Config) -> None:
+    """DataFrame pipelines run a task's phases in different Python workers: stores must live
+    on disk (an in-memory store would exist in one worker only)."""
+    for store in config.stores:
+        factory = config.require(f"stores.{store}.factory")
+        if engine_kind(store, factory) != "rocksdb":
+            raise ConfigError(
+                f"stores.{store}.factory={factory!r}: DataFrame pipelines need persistent stores "
+                "(set it to rocksdb); an in-memory store lives in one Python worker only"
+            )
+
+
+def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
+    """Establish state once per batch; later calls in the same batch reuse the note."""
+    key = batch_key(batch.plan)
+    note = batch.local.read_note(BATCH_NOTE)
+    if note is not None and note.get("batch") == key:
+        batch.last_processed = _offsets(note["last_processed"])
+        return _offsets(note["start"])
+    require_persistent_stores(batch.config)
+    try:
+        start = batch.begin()
+    finally:
+        batch.close({})
+    batch.local.write_note(
+        BATCH_NOTE,
+        {
+            "batch": key,
+            "start": _texts(start),
+            "last_processed": _texts(batch.last_processed),
+            "restored": [asdict(r) for r in batch.restored],
+        },
+    )
+    return start
+
+
+def read_rows(plan: TaskBatchPlan, value_fields: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """The task's messages of this batch as rows ``(task, stream, partition, offset, key,
+    value, timestamp)``. ``value_fields`` non-empty: values are decoded by the stream's serde and
+    become a tuple of those fields; empty: JSON and string values stay text, bytes stay bytes."""
+    batch = TaskBatch(plan)
+    start = _begin(batch)
+    last_processed = dict(batch.last_processed)
+    next_offsets = dict(start)
+    processed = 0
+    task = plan.task.name.name
+    for ssp in plan.task.sorted_ssps():
+        offset, end = start.get(ssp), plan.end.get(ssp)
+        if offset is None or end is None:
+            continue
+        key_serde, msg_serde = batch.input_serdes(ssp.system_stream)
+        structured = bool(value_fields)
+        value_serde = msg_serde if structured else None
+        text = msg_serde.name in ("json", "string")
+        admin = batch.systems.admin(ssp.system)
+        consumer = batch.systems.consumer(ssp.system)
+        try:
+            while admin.offset_comparator(offset, end) < 0:
+                records = consumer.read(ssp, offset, end, READ_CHUNK)
+                if not records:
+                    break
+                for rec in records:
+                    key, value = batch.decode(ssp, rec, key_serde, value_serde)
+                    if structured:
+                        value = (
+                            tuple(value.get(f) for f in value_fields)
+                            if isinstance(value, dict)
+                            else None
+                        )
+                    elif text and value is not None:
+                        value = value.decode("utf-8")
+                    if key is not None and not isinstance(key, (str, bytes)):
+                        key = str(key)
+                    yield (task, ssp.stream, ssp.partition, rec.offset, key, value, rec.timestamp)
+                processed += len(records)
+                last_processed[ssp] = records[-1].offset
+                offset = next_offsets[ssp] = admin.offset_after(ssp, records[-1].offset)
+        finally:
+            consumer.close()
+    batch.local.write_note(
+        READ_NOTE,
+        {
+            "batch": batch_key(plan),
+            "next": _texts(next_offsets),
+            "last_processed": _texts(last_processed),
+            "processed": processed,
+        },
+    )
+
+
+class StepState:
+    """What a stateful step's function gets for its task: the stores, with vectorised
+    ``get_all`` / ``put_all`` / ``delete_all`` (one store call for a whole Arrow batch)."""
+
+    def __init__(
+        self,
+        task: TaskName,
+        config: Config,
+        stores: Mapping[str, KeyValueStore[Any, Any]],
+        step: str,
+    ) -> None:
+        self.task_name = task
+        self.config = config
+        self.step = step
+        self._stores = dict(stores)
+
+    def store(self, name: str) -> KeyValueStore[Any, Any]:
+        try:
+            return self._stores[name]
+        except KeyError:
+            known = ", ".join(sorted(self._stores)) or "none"
+            raise TaskError(
+                f"task {self.task_name}: stateful step {self.step!r} has no store {name!r} "
+                f"(declare it in stores=[...] of the step; it has: {known})"
+            ) from None
+
+
+def _note_name(step: str) -> str:
+    return "FRAME-STEP-" + re.sub(r"[^A-Za-z0-9_.-]", "_", step)
+
+
+@contextmanager
+def step_state(plan: TaskBatchPlan, step: str, stores: Sequence[str]) -> Iterator[StepState]:
+    """Open ``stores`` of the plan's task for one stateful step of this batch; flush and close
+    them when the step's function has produced its last output."""
+    batch = TaskBatch(plan)
+    key = batch_key(plan)
+    note = batch.local.read_note(BATCH_NOTE)
+    if note is None or note.get("batch") != key:
+        raise TaskError(
+            f"task {batch.task}: stateful step {step!r} of batch {plan.batch} ran on an executor "
+            f"where the task's input of this batch was not read (no note in {batch.local.dir}); "
+            "the task's state is elsewhere. Use a job.logged.store.base.dir every executor "
+            "shares, or raise spark.locality.wait so the step runs beside its cached input"
+        )
+    step_note = _note_name(step)
+    done = batch.local.read_note(step_note)
+    if done is not None and done.get("batch") == key:
+        raise TaskError(
+            f"task {batch.task}: stateful step {step!r} was computed twice in batch "
+            f"{plan.batch} (a retried Spark task, or its DataFrame evicted from the cache); "
+            "its store updates are not idempotent, so the batch fails; restart the job and it "
+            "resumes from the last checkpoint with state and offsets that match"
+        )
+    batch.local.write_note(step_note, {"batch": key})
+    backups: dict[str, TaskBackupManager] = {}
+    try:
+        batch.engines = {s: batch.opener(s)() for s in stores}
+        backups = batch.backup_managers(init=False)
+        opened = batch.wrapped_stores(backups)
+        yield StepState(batch.task, batch.config, opened, step)
+        for store in opened.values():
+            store.flush()
+    finally:
+        batch.close(backups)
+
+
+def finish_batch(plan: TaskBatchPlan) -> TaskBatchResult:
+    """After the batch's outputs are written: commit if due, report (one Spark task per task)."""
+    started = time.monotonic()
+    batch = TaskBatch(plan)
+    key = batch_key(plan)
+    note = batch.local.read_note(BATCH_NOTE)
+    processed = 0
+    if note is None or note.get("batch") != key:
+        # nothing read this task's partition here: its state is as the batch found it
+        require_persistent_stores(batch.config)
+        next_offsets = batch.begin()
+    else:
+        read = batch.local.read_note(READ_NOTE)
+        if read is None or read.get("batch") != key:
+            raise TaskError(
+                f"task {batch.task}: batch {plan.batch} read only part of its input (a limit(), "
+                "take() or first() on the batch stops reading early), so sparkpoint cannot tell "
+                "which messages were processed; write whole DataFrames to outputs"
+            )
+        batch.engines = {s: batch.opener(s)() for s in batch.config.stores}
+        batch.last_processed = _offsets(read["last_processed"])
+        batch.restored = [RestoreInfo(**r) for r in note.get("restored", [])]
+        next_offsets = _offsets(read["next"])
+        processed = int(read["processed"])
+    backups: dict[str, TaskBackupManager] = {}
+    try:
+        backups = batch.backup_managers()
+        return batch.finish(
+            backups,
+            next_offsets,
+            processed=processed,
+            sent=0,
+            coordinator=BatchCoordinator(),
+            started=started,
+            processed_at=time.monotonic(),
+        )
+    finally:
+        batch.close(backups)

@@ -1,0 +1,411 @@
+"""The DataFrame API: a job is a function from each micro-batch's DataFrame to its outputs.
+
+::
+
+    def build(batch: Batch) -> list[Output]:
+        views = batch.df.select("task", "value.user", "value.page")
+        counts = batch.stateful(views, count_views, "user STRING, count LONG",
+                                stores=["user-counts"])
+        return [batch.to_stream(counts, "filelog.user-counts", key="user"),
+                batch.to_sink(views, ParquetSink("out/views"))]
+
+    job = Pipeline(build, config="job.yaml", value_schema="user STRING, page STRING, ts LONG")
+
+``sparkpoint run module:job`` runs it. Everything around the function is the runtime the
+low-level task API uses: the same coordinator plans the batches, the same executor code
+establishes and restores state, commits (sync snapshot, async upload), writes checkpoints and
+applies startpoints (see :mod:`sparkpoint.runtime.frame_task` for how a task's batch is split
+into phases). Per batch, :class:`DataFrameRunner`
+
+1. builds ``batch.df``: one Spark partition per task (:mod:`sparkpoint.runtime.dataframe`);
+2. calls the function, which may use any Spark SQL. :meth:`Batch.stateful` runs a function on
+   the partition of each task with the task's stores (``mapInArrow`` or ``mapInPandas``); its
+   input must still be partitioned by task (no shuffle before it), which is checked;
+3. writes each output once, in order: a sparkpoint stream (at-least-once, partitioned by a key
+   column exactly as the low-level collector does), or a :class:`Sink` given the batch id;
+4. runs one Spark job in which every task commits when due and reports to the driver.
+
+Batch ids are durable (:mod:`sparkpoint.runtime.batchlog`): after a crash the batches after the
+last checkpoint are replayed with their old ids and input, so a sink that records the ids it
+committed (:class:`ParquetSink`) never writes a batch twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any, Protocol
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.fsutil import atomic_write
+from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.runtime.dataframe import batch_dataframe
+from sparkpoint.runtime.frame_task import (
+    StepState,
+    finish_batch,
+    require_persistent_stores,
+    step_state,
+)
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.spark import SparkRunner, user_error_from
+
+log = logging.getLogger(__name__)
+
+StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
+
+
+class Sink(Protocol):
+    """Where a DataFrame output goes; called once per batch with its durable id."""
+
+    def write(self, df: Any, batch_id: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """Rows sent to a sparkpoint stream: the message is the ``value`` column, or every column
+    as a JSON-like dict; the partition comes from the ``key`` column (as in the task API)."""
+
+    df: Any
+    stream: SystemStream
+    key: str | None = None
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class SinkOutput:
+    df: Any
+    sink: Sink
+
+
+Output = StreamOutput | SinkOutput
+
+
+class ParquetSink:
+    """Parquet files under ``path/batch_id=<id>/``; a batch id it has committed is skipped.
+
+    Each batch overwrites its own directory (a retry of an unfinished batch replaces its
+    partial files) and then records its id in ``path/_sparkpoint/last-batch``; reading ``path``
+    with Spark gives every batch once, with a ``batch_id`` column.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def _commit_file(self) -> Path:
+        return self.path / "_sparkpoint" / "last-batch"
+
+    def last_committed(self) -> int | None:
+        try:
+            return int(json.loads(self._commit_file.read_text())["batch"])
+        except FileNotFoundError:
+            return None
+
+    def write(self, df: Any, batch_id: int) -> None:
+        last = self.last_committed()
+        if last is not None and batch_id <= last:
+            log.info("parquet sink %s: batch %d already written; skipped", self.path, batch_id)
+            return
+        df.write.mode("overwrite").parquet(str(self.path / f"batch_id={batch_id}"))
+        self._commit_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self._commit_file, json.dumps({"batch": batch_id}).encode())
+
+
+_SHUFFLE = re.compile(r"(?<!Broadcast)Exchange (\S+)|^\W*(Coalesce \d+)", re.MULTILINE)
+
+
+def shuffle_in(df: Any) -> str | None:
+    """The first operator of ``df``'s physical plan that moves rows between partitions."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    m = _SHUFFLE.search(plan)
+    return None if m is None else (m.group(1) or m.group(2))
+
+
+def partitioning_error(step: str, detail: str) -> ConfigError:
+    return ConfigError(
+        f"stateful step {step!r} needs its input partitioned by task, but {detail}. A stateful "
+        "step gets the stores of one task, so it must run on the batch's own partitions: apply "
+        "it to batch.df (select, filter, withColumn and broadcast joins keep the partitioning) "
+        "before any repartition(), groupBy(), distinct(), sort or non-broadcast join, and keep "
+        "the 'task' column; aggregate per key inside the step with its stores instead"
+    )
+
+
+class _Step:
+    """The function ``mapInArrow``/``mapInPandas`` runs for a stateful step (picklable)."""
+
+    def __init__(
+        self,
+        plans: Sequence[TaskBatchPlan],
+        name: str,
+        stores: Sequence[str],
+        fn: StepFunction,
+        pandas: bool,
+    ) -> None:
+        self.plans = list(plans)
+        self.name = name
+        self.stores = list(stores)
+        self.fn = fn
+        self.pandas = pandas
+
+    def _check(self, chunks: Iterable[Any], task: str) -> Iterator[Any]:
+        for chunk in chunks:
+            if self.pandas:
+                tasks = set(chunk["task"].unique())
+            else:
+                tasks = set(chunk.column("task").unique().to_pylist())
+            if tasks - {task}:
+                other = sorted(str(t) for t in tasks - {task})[0]
+                raise partitioning_error(
+                    self.name, f"rows of task {other} reached the partition of task {task}"
+                )
+            yield chunk
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        index = context.partitionId() if context is not None else 0
+        if index >= len(self.plans):
+            raise partitioning_error(
+                self.name, f"its input has more partitions than the job's {len(self.plans)} tasks"
+            )
+        plan = self.plans[index]
+        it = iter(chunks)
+        first = next(it, None)  # the batch source has established the task's state by now
+        rows = self._check(chain([] if first is None else [first], it), plan.task.name.name)
+        with step_state(plan, self.name, self.stores) as state:
+            yield from self.fn(state, rows)
+
+
+class _StreamWriter:
+    """Sends a DataFrame's rows to a stream from each partition (picklable)."""
+
+    def __init__(self, config: Mapping[str, str], output: StreamOutput) -> None:
+        self.config = dict(config)
+        self.stream = output.stream
+        self.key = output.key
+        self.value = output.value
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from sparkpoint.runtime.executor import worker_config
+        from sparkpoint.runtime.output import OutputCollector
+        from sparkpoint.system.base import OutgoingMessageEnvelope
+
+        config, systems = worker_config(self.config)
+        task = ""
+        collector = OutputCollector(config, systems, TaskName("pipeline-output"))
+        try:
+            for chunk in chunks:
+                for row in chunk.to_pylist():
+                    task = task or str(row.get("task") or "")
+                    key = None if self.key is None else row[self.key]
+                    message = row if self.value is None else row[self.value]
+                    collector.send(OutgoingMessageEnvelope(self.stream, key, message))
+            collector.flush()
+        finally:
+            collector.close()
+        yield pa.RecordBatch.from_pydict({"task": [task], "sent": [collector.sent]})
+
+
+class Batch:
+    """What a pipeline function gets for one micro-batch."""
+
+    def __init__(
+        self, spark: Any, df: Any, batch_id: int, plans: Sequence[TaskBatchPlan], config: Config
+    ) -> None:
+        self.spark = spark
+        self.df = df
+        self.id = batch_id
+        self.config = config
+        self._plans = list(plans)
+        self._steps: dict[str, list[str]] = {}
+        self._cached: list[Any] = []
+
+    def stateful(
+        self,
+        df: Any,
+        fn: StepFunction,
+        schema: str,
+        *,
+        stores: Sequence[str] | None = None,
+        name: str | None = None,
+        pandas: bool = False,
+    ) -> Any:
+        """``fn(state, chunks)`` on each task's partition of ``df``: ``chunks`` are Arrow
+        record batches (pandas DataFrames with ``pandas=True``), ``state.store(name)`` the
+        task's stores (``get_all``/``put_all`` take a whole column). Returns the DataFrame of
+        what ``fn`` yields, with ``schema`` (DDL), computed once per batch."""
+        step = str(name or getattr(fn, "__name__", "step"))
+        used = list(self.config.stores) if stores is None else list(stores)
+        for store in used:
+            if store not in self.config.stores:
+                raise ConfigError(
+                    f"stateful step {step!r}: no store {store!r} (configure "
+                    f"stores.{store}.factory); stores: {', '.join(self.config.stores) or 'none'}"
+                )
+        if step in self._steps:
+            raise ConfigError(f"two stateful steps are named {step!r}: give one name=...")
+        for other, theirs in self._steps.items():
+            shared = sorted(set(theirs) & set(used))
+            if shared:
+                raise ConfigError(
+                    f"stateful steps {other!r} and {step!r} both use store {shared[0]!r}; a "
+                    "store belongs to one step per pipeline (pass stores=[...] to each step)"
+                )
+        if "task" not in df.columns:
+            raise partitioning_error(step, "its input has no 'task' column")
+        moved = shuffle_in(df)
+        if moved is not None:
+            raise partitioning_error(step, f"its input was shuffled ({moved})")
+        self._steps[step] = used
+        function = _Step(self._plans, step, used, fn, pandas)
+        out = df.mapInPandas(function, schema) if pandas else df.mapInArrow(function, schema)
+        from pyspark import StorageLevel
+
+        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(out)
+        return out
+
+    def to_stream(
+        self, df: Any, stream: str, *, key: str | None = None, value: str | None = None
+    ) -> StreamOutput:
+        """Send ``df`` to ``system.stream``; partitioned by the ``key`` column."""
+        return StreamOutput(df, SystemStream.parse(stream), key, value)
+
+    def to_sink(self, df: Any, sink: Sink) -> SinkOutput:
+        return SinkOutput(df, sink)
+
+    def release(self) -> None:
+        for df in self._cached:
+            df.unpersist()
+        self._cached.clear()
+
+
+PipelineFunction = Callable[[Batch], "Output | Iterable[Output]"]
+
+
+@dataclass
+class Pipeline:
+    """A DataFrame job: ``build`` maps each batch to outputs; ``config`` is a job file or the
+    config values themselves; ``value_schema`` decodes JSON input values into a struct."""
+
+    build: PipelineFunction
+    config: str | Path | Mapping[str, str]
+    value_schema: str | None = None
+    value_type: str = "STRING"
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def load_config(self, overrides: Mapping[str, str] | None = None) -> Config:
+        extra = {**self.overrides, **(overrides or {})}
+        if isinstance(self.config, Mapping):
+            return load_config(None, extra, base=self.config)
+        return load_config(self.config, extra)
+
+
+def load_pipeline(spec: str) -> tuple[Pipeline, Path]:
+    """Import ``module:attr`` (the current directory is on the path); the pipeline and the
+    directory its module lives in (which Python workers need on their path)."""
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+        obj = getattr(module, attr or "job")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{spec}: cannot import it ({exc})") from exc
+    if not isinstance(obj, Pipeline):
+        raise ConfigError(f"{spec} is a {type(obj).__name__}, not a sparkpoint Pipeline")
+    return obj, Path(module.__file__ or ".").resolve().parent
+
+
+def _outputs(result: Output | Iterable[Output] | None) -> list[Output]:
+    if result is None:
+        return []
+    if isinstance(result, (StreamOutput, SinkOutput)):
+        return [result]
+    outputs = list(result)
+    for out in outputs:
+        if not isinstance(out, (StreamOutput, SinkOutput)):
+            raise ConfigError(
+                f"a pipeline returns outputs made by batch.to_stream(...) or batch.to_sink(...), "
+                f"not {type(out).__name__}"
+            )
+    return outputs
+
+
+class DataFrameRunner:
+    """Runs a :class:`Pipeline`'s micro-batches (the coordinator's :class:`BatchRunner`)."""
+
+    exact_batches = True
+
+    def __init__(self, spark: Any, pipeline: Pipeline, config: Config) -> None:
+        if not config.inputs:
+            raise ConfigError("task.inputs is empty: list the job's input streams as system.stream")
+        require_persistent_stores(config)
+        self.spark = spark
+        self.pipeline = pipeline
+        self.config = config
+        self.finisher = SparkRunner(spark, finish_batch)
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        self.spark.sparkContext.setJobDescription(f"sparkpoint batch {batch}")
+        source = batch_dataframe(
+            self.spark,
+            plans,
+            value_schema=self.pipeline.value_schema,
+            value_type=self.pipeline.value_type,
+        )
+        frame = Batch(self.spark, source, batch, plans, self.config)
+        sent: dict[str, int] = {}
+        try:
+            for output in _outputs(self.pipeline.build(frame)):
+                self._write(output, batch, sent)
+            results = self.finisher(batch, plans)
+        except SparkpointError:
+            raise
+        except Exception as exc:
+            err = user_error_from(exc)
+            if err is not None:
+                raise err from None
+            raise
+        finally:
+            frame.release()
+        by_task = {r.task: r for r in results}
+        for task, n in sent.items():
+            target = by_task.get(task) or (results[0] if results else None)
+            if target is not None:
+                target.sent += n
+        return results
+
+    def _write(self, output: Output, batch: int, sent: dict[str, int]) -> None:
+        if isinstance(output, SinkOutput):
+            output.sink.write(output.df, batch)
+            return
+        writer = _StreamWriter(self.config.to_dict(), output)
+        for row in output.df.mapInArrow(writer, "task STRING, sent LONG").collect():
+            sent[row.task] = sent.get(row.task, 0) + int(row.sent)
+
+
+__all__ = [
+    "Batch",
+    "DataFrameRunner",
+    "Output",
+    "ParquetSink",
+    "Pipeline",
+    "Sink",
+    "SinkOutput",
+    "StepState",
+    "StreamOutput",
+    "load_pipeline",
+]

@@ -1,0 +1,135 @@
+"""The DataFrame API on the shared runtime: same state and output as the task API."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pageviews_pipeline import job as example_pipeline
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.pipeline import Batch, DataFrameRunner, Output, Pipeline
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.streams import read_json_lines
+from tests.conftest import pageviews_config
+from tests.runtime.helpers import (
+    assert_committed_state_matches_its_offsets,
+    committed_counts,
+    generate,
+)
+
+
+def _run(config: Config, runner: Any) -> None:
+    coordinator = JobCoordinator(config, runner)
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+
+
+def _output(config: Config) -> Counter[tuple[str, str, int]]:
+    rows = read_json_lines(config, Systems(config), SystemStream("filelog", "user-counts"))
+    return Counter((str(r["key"]), r["value"]["user"], int(r["value"]["count"])) for r in rows)
+
+
+def test_dataframe_example_equals_the_task_example(tmp_path: Path, spark: Any) -> None:
+    outputs = {}
+    states = {}
+    for name in ("task", "frame"):
+        values = pageviews_config(
+            tmp_path / name, **{"task.batch.max.messages": "700", "task.commit.ms": "0"}
+        )
+        config = load_config(None, values)
+        Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+        expected = generate(config, tmp_path / name / "job.yaml", 3000, seed=5, users=40)
+        runner = (
+            InlineRunner() if name == "task" else DataFrameRunner(spark, example_pipeline, config)
+        )
+        _run(config, runner)
+        states[name] = committed_counts(config)
+        assert states[name] == dict(expected)
+        assert_committed_state_matches_its_offsets(config)
+        outputs[name] = _output(config)
+    assert states["task"] == states["frame"]
+    assert outputs["task"] == outputs["frame"]
+    assert sum(outputs["frame"].values()) == 3000
+    enriched = spark.read.parquet(str(tmp_path / "frame" / "data" / "enriched-views"))
+    assert enriched.count() == 3000
+    assert enriched.filter("page = '/docs'").select("title").distinct().collect()[0][0] == (
+        "Documentation"
+    )
+    assert enriched.filter("page = '/careers'").select("title").distinct().collect()[0][0] is None
+
+
+def _passthrough(state: Any, chunks: Any) -> Any:
+    state.store("user-counts")
+    yield from chunks
+
+
+def _small_job(tmp_path: Path, **overrides: str) -> Config:
+    config = load_config(None, pageviews_config(tmp_path, **overrides))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 200, seed=9, users=10)
+    return config
+
+
+def _run_pipeline(spark: Any, config: Config, build: Any) -> None:
+    pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
+    _run(config, DataFrameRunner(spark, pipeline, config))
+
+
+def test_stateful_step_after_repartition_fails_saying_how_to_fix_it(
+    tmp_path: Path, spark: Any
+) -> None:
+    def build(batch: Batch) -> Output:
+        shuffled = batch.df.select("task", "value.user").repartition(3)
+        out = batch.stateful(shuffled, _passthrough, "task STRING, user STRING")
+        return batch.to_stream(out, "filelog.copy", key="user")
+
+    with pytest.raises(ConfigError) as err:
+        _run_pipeline(spark, _small_job(tmp_path), build)
+    message = str(err.value)
+    assert "stateful step '_passthrough' needs its input partitioned by task" in message
+    assert "RoundRobinPartitioning" in message
+    assert "before any repartition()" in message
+
+
+def test_partitioning_is_also_checked_where_the_plan_does_not_show_it(
+    tmp_path: Path, spark: Any
+) -> None:
+    def build(batch: Batch) -> Output:
+        doubled = batch.df.union(batch.df).select("task", "value.user")
+        out = batch.stateful(doubled, _passthrough, "task STRING, user STRING")
+        return batch.to_stream(out, "filelog.copy", key="user")
+
+    with pytest.raises(ConfigError, match="more partitions than the job's 4 tasks"):
+        _run_pipeline(spark, _small_job(tmp_path), build)
+
+
+def test_store_misuse_is_reported_before_anything_runs(tmp_path: Path, spark: Any) -> None:
+    def two_steps(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        batch.stateful(views, _passthrough, "task STRING, user STRING", name="a")
+        out = batch.stateful(views, _passthrough, "task STRING, user STRING", name="b")
+        return batch.to_stream(out, "filelog.copy", key="user")
+
+    with pytest.raises(ConfigError, match="steps 'a' and 'b' both use store 'user-counts'"):
+        _run_pipeline(spark, _small_job(tmp_path / "a"), two_steps)
+
+    def no_task(batch: Batch) -> Output:
+        out = batch.stateful(batch.df.select("key"), _passthrough, "key STRING")
+        return batch.to_stream(out, "filelog.copy")
+
+    with pytest.raises(ConfigError, match="its input has no 'task' column"):
+        _run_pipeline(spark, _small_job(tmp_path / "b"), no_task)
+
+    memory = _small_job(tmp_path / "c", **{"stores.user-counts.factory": "in-memory"})
+    with pytest.raises(ConfigError, match="DataFrame pipelines need persistent stores"):
+        _run_pipeline(spark, memory, no_task)
