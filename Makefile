@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog clean
+.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog bench-dataframe clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -34,6 +34,9 @@ bench-blobstore: setup
 
 bench-filelog: setup
 	@.venv/bin/python bench/filelog.py
+
+bench-dataframe: setup
+	@.venv/bin/python bench/dataframe.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

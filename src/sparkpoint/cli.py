@@ -120,9 +120,7 @@ def run(
     pipeline = None
     if ":" in job and not path.exists():
         pipeline, module_dir = load_pipeline(job)
-        config = _with_dir_on_path(
-            pipeline.load_config(parse_overrides(set_ or [])), module_dir
-        )
+        config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
     else:
         config = _config(path, set_)
         config.require("task.class")

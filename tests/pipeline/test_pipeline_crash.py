@@ -27,7 +27,8 @@ N = 60_000
 
 def _views(path: Path) -> Counter[tuple[str, int]]:
     table = pq.read_table(path)
-    return Counter(zip(table.column("user").to_pylist(), table.column("ts").to_pylist()))
+    users, stamps = table.column("user").to_pylist(), table.column("ts").to_pylist()
+    return Counter(zip(users, stamps, strict=True))
 
 
 def test_kill_9_mid_run_then_restart_exact_state_and_parquet_once(tmp_path: Path) -> None:
