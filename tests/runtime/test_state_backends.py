@@ -250,3 +250,23 @@ def test_v1_checkpoints_carry_changelog_offsets(tmp_path: Path) -> None:
     run(config, until_caught_up=True)  # restores from the V1 form (the default read version)
     assert json.dumps(committed_counts(config), sort_keys=True)
     assert_committed_state_matches_its_offsets(config)
+
+
+def test_a_checkpoint_without_a_marker_for_any_restore_backend_is_an_error_naming_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sparkpoint.checkpoint.checkpoint import CheckpointV1
+    from sparkpoint.checkpoint.id import CheckpointId
+    from sparkpoint.model import TaskModel, TaskName
+    from sparkpoint.runtime.restore import choose_restore_backend
+
+    config = make(tmp_path, **{"stores.user-counts.backup.factories": "blobstore"})
+    ssp = SystemStreamPartition("filelog", "pageviews", 0)
+    task = TaskModel(TaskName.for_partition(0), frozenset({ssp}), 0)
+    v1 = CheckpointV1(CheckpointId.create(), {ssp: "41"})
+    assert choose_restore_backend(config, "user-counts", task, v1) == "blobstore"
+    assert "has no marker for any restore backend (blobstore)" in caplog.text
+    assert "task.checkpoint.read.versions=2" in caplog.text
+    caplog.clear()
+    assert choose_restore_backend(config, "user-counts", task, None) == "blobstore"
+    assert caplog.text == ""

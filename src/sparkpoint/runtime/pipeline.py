@@ -37,6 +37,7 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -368,10 +369,23 @@ class DataFrameRunner:
         )
         frame = Batch(self.spark, source, batch, plans, self.config)
         sent: dict[str, int] = {}
+        t0 = time.monotonic()
         try:
-            for output in _outputs(self.pipeline.build(frame)):
+            outputs = _outputs(self.pipeline.build(frame))
+            t1 = time.monotonic()
+            for output in outputs:
                 self._write(output, batch, sent)
+            t2 = time.monotonic()
             results = self.finisher(batch, plans)
+            log.info(
+                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, "
+                "tasks finished in %.2fs",
+                batch,
+                t1 - t0,
+                len(outputs),
+                t2 - t1,
+                time.monotonic() - t2,
+            )
         except SparkpointError:
             raise
         except Exception as exc:

@@ -57,6 +57,17 @@ def choose_restore_backend(
                 with_marker[0],
             )
         return with_marker[0]
+    if checkpoint is not None:
+        log.error(
+            "task %s store %s: checkpoint %s has no marker for any restore backend (%s); "
+            "restoring %s from its beginning. A V1 checkpoint holds changelog offsets only: "
+            "read V2 checkpoints (task.checkpoint.read.versions=2) to restore from a blob store",
+            task.name,
+            store,
+            checkpoint.checkpoint_id,
+            ", ".join(names),
+            names[0],
+        )
     return names[0]
 
 
