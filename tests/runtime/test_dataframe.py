@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkpoint.config import load_config
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.dataframe import batch_dataframe
@@ -40,3 +42,53 @@ def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(
     raw = batch_dataframe(spark, plans)
     assert raw.schema["value"].dataType.simpleString() == "string"
     assert raw.count() == 400
+
+
+def _plans_over(tmp_path: Path, records: list[tuple[bytes | None, bytes | None]]) -> Any:
+    from sparkpoint.system.base import Record
+
+    config = load_config(None, pageviews_config(tmp_path))
+    systems = Systems(config)
+    systems.admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    producer = systems.producer("filelog")
+    for key, value in records:
+        producer.send("pageviews", 1, Record("", key, value, 1_700_000_000_000))
+    producer.flush()
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    meta = coordinator.metadata(coordinator.all_ssps())
+    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
+    coordinator.close()
+    return plans
+
+
+def test_values_decode_in_bulk_and_odd_ones_one_by_one(tmp_path: Path, spark: Any) -> None:
+    plans = _plans_over(
+        tmp_path,
+        [
+            (b"a", b'{"user": "a", "ts": 5, "extra": [1]}'),
+            (b"b", None),  # a tombstone: a null struct
+            (b"c", b'{\n  "user": "c"\n}'),  # pretty JSON: not one line, decoded one by one
+            (None, b'{"user": "d", "ts": 7}'),
+        ],
+    )
+    df = batch_dataframe(spark, plans, value_schema="user STRING, ts LONG")
+    rows = [(r.key, r.value, r.offset) for r in df.orderBy("offset").collect()]
+    assert rows == [
+        ("a", ("a", 5), "0"),
+        ("b", None, "1"),
+        ("c", ("c", None), "2"),
+        (None, ("d", 7), "3"),
+    ]
+
+
+def test_a_value_that_is_not_json_fails_naming_task_ssp_and_offset(
+    tmp_path: Path, spark: Any
+) -> None:
+    plans = _plans_over(tmp_path, [(b"a", b'{"user": "a"}'), (b"b", b"{not json")])
+    df = batch_dataframe(spark, plans, value_schema="user STRING")
+    with pytest.raises(Exception) as err:
+        df.collect()
+    assert "task Partition 1: cannot decode message at filelog.pageviews.1 offset 1" in str(
+        err.value
+    )

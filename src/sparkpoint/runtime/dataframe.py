@@ -1,8 +1,9 @@
 """A micro-batch as a Spark DataFrame, read through a Python data source.
 
 :func:`batch_dataframe` turns the coordinator's plans for one batch into a DataFrame with **one
-Spark partition per task**, in plan order, read on the executors (no driver-side collect) by
-:func:`sparkpoint.runtime.frame_task.read_rows`, which also establishes the task's state. Columns:
+Spark partition per task**, in plan order, read on the executors as Arrow batches (no
+driver-side collect) by :func:`sparkpoint.runtime.frame_task.read_batches`, which also
+establishes the task's state. Columns:
 ``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
 decoded by the stream's key serde into a string; the value by the stream's value serde: with
 ``value_schema`` (a DDL string such as ``"user STRING, page STRING, ts LONG"``) JSON values
@@ -35,17 +36,17 @@ class _TaskPartition(InputPartition):
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], field_names: list[str]) -> None:
+    def __init__(self, options: Mapping[str, str], schema: Any) -> None:
         self.plans: list[TaskBatchPlan] = pickle.loads(base64.b64decode(options["plans"]))
-        self.field_names = field_names
+        self.schema = schema  # the Arrow schema of the batches read() yields
 
     def partitions(self) -> list[_TaskPartition]:
         return [_TaskPartition(i, plan) for i, plan in enumerate(self.plans)]
 
-    def read(self, partition: _TaskPartition) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
-        from sparkpoint.runtime.frame_task import read_rows
+    def read(self, partition: _TaskPartition) -> Iterator[Any]:  # type: ignore[override]
+        from sparkpoint.runtime.frame_task import read_batches
 
-        return read_rows(partition.plan, self.field_names)
+        return read_batches(partition.plan, self.schema)
 
 
 class BatchDataSource(DataSource):
@@ -61,9 +62,9 @@ class BatchDataSource(DataSource):
         return SCHEMA.format(value=value_type)
 
     def reader(self, schema: Any) -> _Reader:
-        value_type = schema["value"].dataType
-        names = [f.name for f in value_type.fields] if hasattr(value_type, "fields") else []
-        return _Reader(self.options, names)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return _Reader(self.options, to_arrow_schema(schema))
 
 
 def batch_dataframe(

@@ -6,7 +6,7 @@ task). The work of one task is therefore split into phases, tied together by sma
 task's state directory (:meth:`~sparkpoint.storage.local.LocalTaskState.write_note`), each
 naming the run and batch it belongs to:
 
-* **read** (:func:`read_rows`, called by the batch source for the task's Spark partition). The
+* **read** (:func:`read_batches`, called by the batch source for the task's Spark partition). The
   first time in a batch it establishes state exactly as the low-level executor does (keep the
   live stores if the marker says so, else restore the last checkpoint) and notes where reading
   starts (``FRAME-BATCH``). Any later computation of the source in the same batch reuses that
@@ -27,12 +27,16 @@ fails the batch with an error rather than mixing states.
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, TaskError
@@ -42,6 +46,7 @@ from sparkpoint.runtime.plan import RestoreInfo, TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind
+from sparkpoint.system.base import Record
 
 BATCH_NOTE = "FRAME-BATCH"
 READ_NOTE = "FRAME-READ"
@@ -96,24 +101,20 @@ def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
     return start
 
 
-def read_rows(plan: TaskBatchPlan, value_fields: Sequence[str]) -> Iterator[tuple[Any, ...]]:
-    """The task's messages of this batch as rows ``(task, stream, partition, offset, key,
-    value, timestamp)``. ``value_fields`` non-empty: values are decoded by the stream's serde and
-    become a tuple of those fields; empty: JSON and string values stay text, bytes stay bytes."""
+def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The task's messages of this batch as Arrow record batches with ``schema`` (columns
+    ``task, stream, partition, offset, key, value, timestamp``). A struct ``value`` is decoded
+    from JSON in bulk by Arrow; other values stay text (JSON, string serdes) or bytes."""
     batch = TaskBatch(plan)
     start = _begin(batch)
     last_processed = dict(batch.last_processed)
     next_offsets = dict(start)
     processed = 0
-    task = plan.task.name.name
     for ssp in plan.task.sorted_ssps():
         offset, end = start.get(ssp), plan.end.get(ssp)
         if offset is None or end is None:
             continue
-        key_serde, msg_serde = batch.input_serdes(ssp.system_stream)
-        structured = bool(value_fields)
-        value_serde = msg_serde if structured else None
-        text = msg_serde.name in ("json", "string")
+        decoder = _ChunkDecoder(batch, ssp, schema)
         admin = batch.systems.admin(ssp.system)
         consumer = batch.systems.consumer(ssp.system)
         try:
@@ -121,19 +122,7 @@ def read_rows(plan: TaskBatchPlan, value_fields: Sequence[str]) -> Iterator[tupl
                 records = consumer.read(ssp, offset, end, READ_CHUNK)
                 if not records:
                     break
-                for rec in records:
-                    key, value = batch.decode(ssp, rec, key_serde, value_serde)
-                    if structured:
-                        value = (
-                            tuple(value.get(f) for f in value_fields)
-                            if isinstance(value, dict)
-                            else None
-                        )
-                    elif text and value is not None:
-                        value = value.decode("utf-8")
-                    if key is not None and not isinstance(key, (str, bytes)):
-                        key = str(key)
-                    yield (task, ssp.stream, ssp.partition, rec.offset, key, value, rec.timestamp)
+                yield decoder.decode(records)
                 processed += len(records)
                 last_processed[ssp] = records[-1].offset
                 offset = next_offsets[ssp] = admin.offset_after(ssp, records[-1].offset)
@@ -148,6 +137,81 @@ def read_rows(plan: TaskBatchPlan, value_fields: Sequence[str]) -> Iterator[tupl
             "processed": processed,
         },
     )
+
+
+class _ChunkDecoder:
+    """Turns a chunk of one SSP's records into an Arrow record batch."""
+
+    def __init__(self, batch: TaskBatch, ssp: SystemStreamPartition, schema: pa.Schema) -> None:
+        self.batch = batch
+        self.ssp = ssp
+        self.schema = schema
+        self.key_serde, self.msg_serde = batch.input_serdes(ssp.system_stream)
+        self.value_type = schema.field("value").type
+        self.task = batch.plan.task.name.name
+
+    def decode(self, records: Sequence[Record]) -> pa.RecordBatch:
+        n = len(records)
+        arrays = [
+            pa.array([self.task] * n, pa.string()),
+            pa.array([self.ssp.stream] * n, pa.string()),
+            pa.array([self.ssp.partition] * n, pa.int32()),
+            pa.array([r.offset for r in records], pa.string()),
+            self._keys(records),
+            self._values(records),
+            pa.array([r.timestamp for r in records], pa.int64()),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _keys(self, records: Sequence[Record]) -> pa.Array:
+        if self.key_serde.name == "string":
+            try:
+                return pa.array([r.key for r in records], pa.binary()).cast(pa.string())
+            except pa.ArrowInvalid:
+                pass  # not UTF-8 somewhere: the serde names the record below
+        keys = [self.batch.decode(self.ssp, r, self.key_serde, None)[0] for r in records]
+        return pa.array([None if k is None else str(k) for k in keys], pa.string())
+
+    def _values(self, records: Sequence[Record]) -> pa.Array:
+        raw = [r.value for r in records]
+        if not pa.types.is_struct(self.value_type):
+            data = pa.array(raw, pa.binary())
+            if self.msg_serde.name in ("json", "string"):
+                try:
+                    return data.cast(pa.string())
+                except pa.ArrowInvalid:
+                    self._decode_each(records)  # raises naming the record
+            return data
+        if self.msg_serde.name == "json" and not any(v is not None and b"\n" in v for v in raw):
+            try:
+                return self._json_structs(raw)
+            except pa.ArrowInvalid:
+                pass  # a value Arrow cannot parse: decode one by one for a precise error
+        values = self._decode_each(records)
+        names = [f.name for f in self.value_type]
+        return pa.array(
+            [{f: v.get(f) for f in names} if isinstance(v, dict) else None for v in values],
+            self.value_type,
+        )
+
+    def _json_structs(self, raw: Sequence[bytes | None]) -> pa.Array:
+        text = b"\n".join(b"{}" if v is None else v for v in raw)
+        table = pa_json.read_json(
+            io.BytesIO(text),
+            read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(text) + 1)),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=pa.schema(list(self.value_type)),
+                unexpected_field_behavior="ignore",
+            ),
+        )
+        if table.num_rows != len(raw):
+            raise pa.ArrowInvalid("row count differs")
+        columns = [table.column(f.name).combine_chunks() for f in self.value_type]
+        mask = pa.array([v is None for v in raw], pa.bool_())
+        return pa.StructArray.from_arrays(columns, fields=list(self.value_type), mask=mask)
+
+    def _decode_each(self, records: Sequence[Record]) -> list[Any]:
+        return [self.batch.decode(self.ssp, r, self.key_serde, self.msg_serde)[1] for r in records]
 
 
 class StepState:
