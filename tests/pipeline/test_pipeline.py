@@ -10,7 +10,7 @@ import pytest
 from pageviews_pipeline import job as example_pipeline
 
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
@@ -133,3 +133,52 @@ def test_store_misuse_is_reported_before_anything_runs(tmp_path: Path, spark: An
     memory = _small_job(tmp_path / "c", **{"stores.user-counts.factory": "in-memory"})
     with pytest.raises(ConfigError, match="DataFrame pipelines need persistent stores"):
         _run_pipeline(spark, memory, no_task)
+
+
+def _count_with_pandas(state: Any, frames: Any) -> Any:
+    counts = state.store("user-counts")
+    for frame in frames:
+        per_user = frame.groupby("user", sort=False).size()
+        users = [str(u) for u in per_user.index]
+        new = [(c or 0) + int(n) for c, n in zip(counts.get_all(users), per_user, strict=True)]
+        counts.put_all(zip(users, new, strict=True))
+        yield frame.assign(n=1).groupby("user", as_index=False)["n"].sum()
+
+
+def test_a_pandas_step_keeps_the_same_state(tmp_path: Path, spark: Any) -> None:
+    config = _small_job(tmp_path, **{"task.batch.max.messages": "30", "task.commit.ms": "0"})
+
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _count_with_pandas, "user STRING, n LONG", pandas=True)
+        return batch.to_stream(out, "filelog.per-batch", key="user")
+
+    _run_pipeline(spark, config, build)
+    assert_committed_state_matches_its_offsets(config)
+    assert sum(committed_counts(config).values()) == 200
+    sent = read_json_lines(config, Systems(config), SystemStream("filelog", "per-batch"))
+    assert sum(int(r["value"]["n"]) for r in sent) == 200
+
+
+def test_a_step_computed_twice_in_a_batch_fails_instead_of_counting_twice(
+    tmp_path: Path, spark: Any
+) -> None:
+    config = _small_job(tmp_path)
+
+    def build(batch: Batch) -> list[Output]:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _count_with_pandas, "user STRING, n LONG", pandas=True)
+        out.unpersist()  # defeat the cache: the second output recomputes the step
+        return [batch.to_stream(out, "filelog.a", key="user"), batch.to_stream(out, "filelog.b")]
+
+    with pytest.raises(TaskError, match="stateful step '_count_with_pandas' was computed twice"):
+        _run_pipeline(spark, config, build)
+
+    def fixed(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _count_with_pandas, "user STRING, n LONG", pandas=True)
+        return batch.to_stream(out, "filelog.a", key="user")
+
+    _run_pipeline(spark, config, fixed)  # the restart resumes from the last checkpoint
+    assert sum(committed_counts(config).values()) == 200
+    assert_committed_state_matches_its_offsets(config)
