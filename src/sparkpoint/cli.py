@@ -121,6 +121,9 @@ def run(
     if ":" in job and not path.exists():
         pipeline, module_dir = load_pipeline(job)
         config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
+        if not config.get("spark.locality.wait"):
+            # wait for the executor that read a task's batch: its state is there
+            config = config.with_overrides({"spark.locality.wait": "30s"})
     else:
         config = _config(path, set_)
         config.require("task.class")

@@ -119,3 +119,32 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
         assert committed_counts(config) == dict(expected)
         assert_at_least_once(emitted_counts(config), expected)
         assert sp("state", "check", str(JOB), *set_args).stdout.startswith("ok")
+
+
+def test_dataframe_pipeline_with_private_store_dirs(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """The DataFrame example on two executors that do not share state directories: stores are
+    backed up to the changelog, and the committed state is exact."""
+
+    sets = cluster_sets(
+        tmp_path,
+        "stores.user-counts.changelog=filelog.user-counts-changelog",
+        "job.logged.store.base.dir={cwd}/state",
+    )
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    expected = generate(config, tmp_path / "job.yaml", 20_000, seed=25, users=100)
+    pipeline = "pageviews_pipeline:job"
+    result = sp("run", pipeline, "--until-caught-up", "--master", cluster.master_url, *set_args)
+    assert "done (caught up)" in result.stderr, result.stderr
+    state: dict[str, int] = {}
+    systems = Systems(config)
+    for p in range(4):
+        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
+        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
+            if rec.value is not None:
+                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
+    assert state == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)

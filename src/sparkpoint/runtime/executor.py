@@ -428,10 +428,14 @@ class TaskBatch:
         self.engines.clear()
 
 
+def setup_worker_logging(config: Mapping[str, str]) -> None:
+    """Executors log warnings and errors; restores and commits reach the driver's display."""
+    if not logging.getLogger().handlers:
+        level = config.get("job.executor.log.level", "WARNING").upper()
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:
     """Run one task's micro-batch (called inside a Spark Python worker)."""
-    if not logging.getLogger().handlers:
-        # executors log warnings and errors; restores and commits reach the driver's display
-        level = plan.config.get("job.executor.log.level", "WARNING").upper()
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_worker_logging(plan.config)
     return TaskBatch(plan).run()

@@ -15,19 +15,24 @@ naming the run and batch it belongs to:
 * **stateful step** (:func:`step_state`): opens the stores on the partition of the task. Store
   updates are not idempotent, so a step refuses to run twice in one batch (``FRAME-STEP-*``);
   the pipeline runner caches each step's output so that Spark does not recompute it.
-* **finish** (:func:`finish_batch`, one Spark job after every output is written): commit when
-  due and report to the driver, through the same :class:`~sparkpoint.runtime.executor.TaskBatch`
-  code as the low-level API, so commits, backups, restore and the marker work the same.
+* **finish** (:func:`finish_batch`, one Spark job over the cached batch after every output is
+  written): commit when due and report to the driver, through the same
+  :class:`~sparkpoint.runtime.executor.TaskBatch` code as the low-level API, so commits,
+  backups, restore and the marker work the same.
 
-All phases of a task must run where its state is (``job.logged.store.base.dir``): always true
-in local mode or with a shared directory; on a cluster with private directories Spark's
-locality preference for the cached batch keeps them together, and a phase that lands elsewhere
-fails the batch with an error rather than mixing states.
+The phases of a task must run where its state is (``job.logged.store.base.dir``): always true
+in local mode or with a shared directory. On a cluster with private directories the runner
+caches the batch, so Spark's locality preference sends the stateful steps and the finish to the
+executor that read it. A stateful step that still lands elsewhere fails the batch; a finish
+that lands elsewhere (or finds a step missing) drops the batch's progress for that task:
+it restores the last checkpoint there, trimming the changelog of the steps' writes, and the
+input is read again in the next batch, so state always matches its offsets.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,6 +52,8 @@ from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind
 from sparkpoint.system.base import Record
+
+log = logging.getLogger(__name__)
 
 BATCH_NOTE = "FRAME-BATCH"
 READ_NOTE = "FRAME-READ"
@@ -281,28 +288,52 @@ def step_state(plan: TaskBatchPlan, step: str, stores: Sequence[str]) -> Iterato
         batch.close(backups)
 
 
-def finish_batch(plan: TaskBatchPlan) -> TaskBatchResult:
-    """After the batch's outputs are written: commit if due, report (one Spark task per task)."""
+def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | None:
+    """The READ note if this executor holds the whole batch of the task (its read and every
+    stateful step); ``None`` if the batch ran elsewhere, or partly here."""
+    key = batch_key(batch.plan)
+    note = batch.local.read_note(BATCH_NOTE)
+    if note is None or note.get("batch") != key:
+        return None
+    read = batch.local.read_note(READ_NOTE)
+    if read is None or read.get("batch") != key:
+        raise TaskError(
+            f"task {batch.task}: batch {batch.plan.batch} read only part of its input (a "
+            "limit(), take() or first() on the batch stops reading early), so sparkpoint cannot "
+            "tell which messages were processed; write whole DataFrames to outputs"
+        )
+    for step in steps:
+        done = batch.local.read_note(_note_name(step))
+        if done is None or done.get("batch") != key:
+            return None
+    batch.restored = [RestoreInfo(**r) for r in note.get("restored", [])]
+    return read
+
+
+def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
+    """After the batch's outputs are written: commit if due and report (on the executor that
+    holds the task's cached batch). ``steps`` are the pipeline's stateful steps."""
     started = time.monotonic()
     batch = TaskBatch(plan)
-    key = batch_key(plan)
-    note = batch.local.read_note(BATCH_NOTE)
+    read = _batch_is_here(batch, steps)
     processed = 0
-    if note is None or note.get("batch") != key:
-        # nothing read this task's partition here: its state is as the batch found it
+    if read is None:
         require_persistent_stores(batch.config)
+        if steps:
+            # Stateful steps may have changed the stores (and their changelogs) elsewhere:
+            # restore the checkpoint here (which trims the changelog) and read the input again.
+            log.warning(
+                "task %s: batch %d did not run wholly on this executor (%s); its progress is "
+                "dropped and its input is read again from the last checkpoint",
+                batch.task,
+                plan.batch,
+                batch.local.dir,
+            )
+            batch.local.clear_marker()
         next_offsets = batch.begin()
     else:
-        read = batch.local.read_note(READ_NOTE)
-        if read is None or read.get("batch") != key:
-            raise TaskError(
-                f"task {batch.task}: batch {plan.batch} read only part of its input (a limit(), "
-                "take() or first() on the batch stops reading early), so sparkpoint cannot tell "
-                "which messages were processed; write whole DataFrames to outputs"
-            )
         batch.engines = {s: batch.opener(s)() for s in batch.config.stores}
         batch.last_processed = _offsets(read["last_processed"])
-        batch.restored = [RestoreInfo(**r) for r in note.get("restored", [])]
         next_offsets = _offsets(read["next"])
         processed = int(read["processed"])
     backups: dict[str, TaskBackupManager] = {}

@@ -23,7 +23,8 @@ into phases). Per batch, :class:`DataFrameRunner`
    input must still be partitioned by task (no shuffle before it), which is checked;
 3. writes each output once, in order: a sparkpoint stream (at-least-once, partitioned by a key
    column exactly as the low-level collector does), or a :class:`Sink` given the batch id;
-4. runs one Spark job in which every task commits when due and reports to the driver.
+4. runs one Spark job over the cached batch in which every task commits when due and reports
+   to the driver (the batch is cached so that every phase of a task runs where it was read).
 
 Batch ids are durable (:mod:`sparkpoint.runtime.batchlog`): after a crash the batches after the
 last checkpoint are replayed with their old ids and input, so a sink that records the ids it
@@ -35,6 +36,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import pickle
 import re
 import sys
 import time
@@ -56,7 +58,7 @@ from sparkpoint.runtime.frame_task import (
     step_state,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.spark import SparkRunner, user_error_from
+from sparkpoint.runtime.spark import user_error_from
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +221,28 @@ class _StreamWriter:
         yield pa.RecordBatch.from_pydict({"task": [task], "sent": [collector.sent]})
 
 
+class _Finisher:
+    """The finish phase on each task's cached partition: commit, then report (picklable)."""
+
+    def __init__(self, plans: Sequence[TaskBatchPlan], steps: Sequence[str]) -> None:
+        self.plans = list(plans)
+        self.steps = list(steps)
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from sparkpoint.runtime.executor import setup_worker_logging
+
+        for _ in chunks:
+            pass
+        context = TaskContext.get()
+        plan = self.plans[context.partitionId() if context is not None else 0]
+        setup_worker_logging(plan.config)
+        result = finish_batch(plan, self.steps)
+        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]})
+
+
 class Batch:
     """What a pipeline function gets for one micro-batch."""
 
@@ -357,17 +381,19 @@ class DataFrameRunner:
         self.spark = spark
         self.pipeline = pipeline
         self.config = config
-        self.finisher = SparkRunner(spark, finish_batch)
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        from pyspark import StorageLevel
+
         self.spark.sparkContext.setJobDescription(f"sparkpoint batch {batch}")
         source = batch_dataframe(
             self.spark,
             plans,
             value_schema=self.pipeline.value_schema,
             value_type=self.pipeline.value_type,
-        )
+        ).persist(StorageLevel.MEMORY_AND_DISK)
         frame = Batch(self.spark, source, batch, plans, self.config)
+        frame._cached.append(source)
         sent: dict[str, int] = {}
         t0 = time.monotonic()
         try:
@@ -376,7 +402,8 @@ class DataFrameRunner:
             for output in outputs:
                 self._write(output, batch, sent)
             t2 = time.monotonic()
-            results = self.finisher(batch, plans)
+            finish = source.mapInArrow(_Finisher(plans, list(frame._steps)), "result BINARY")
+            results = [pickle.loads(row.result) for row in finish.collect()]
             log.info(
                 "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, "
                 "tasks finished in %.2fs",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -75,21 +74,17 @@ def user_error_from(exc: BaseException) -> SparkpointError | None:
 
 
 class SparkRunner:
-    """Runs a batch as one Spark job with one partition per task, calling ``task_fn`` (the
-    low-level executor by default) on each task's plan."""
+    """Runs a batch as one Spark job with one partition per task."""
 
-    def __init__(
-        self, spark: Any, task_fn: Callable[[TaskBatchPlan], TaskBatchResult] = run_task_batch
-    ) -> None:
+    def __init__(self, spark: Any) -> None:
         self.spark = spark
         self.sc = spark.sparkContext
-        self.task_fn = task_fn
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         self.sc.setJobDescription(f"sparkpoint batch {batch}")
         rdd = self.sc.parallelize(plans, max(1, len(plans)))
         try:
-            results: list[TaskBatchResult] = rdd.map(self.task_fn).collect()
+            results: list[TaskBatchResult] = rdd.map(run_task_batch).collect()
         except Exception as exc:
             err = user_error_from(exc)
             if err is not None:
