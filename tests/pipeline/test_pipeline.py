@@ -182,3 +182,35 @@ def test_a_step_computed_twice_in_a_batch_fails_instead_of_counting_twice(
     _run_pipeline(spark, config, fixed)  # the restart resumes from the last checkpoint
     assert sum(committed_counts(config).values()) == 200
     assert_committed_state_matches_its_offsets(config)
+
+
+def _explode(state: Any, chunks: Any) -> Any:
+    for chunk in chunks:
+        if chunk.num_rows:
+            raise ValueError(f"bad view of {chunk.column('user')[0]}")
+        yield chunk
+
+
+def test_an_error_in_a_step_names_the_task_and_the_step(tmp_path: Path, spark: Any) -> None:
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _explode, "task STRING, user STRING")
+        return batch.to_stream(out, "filelog.copy", key="user")
+
+    with pytest.raises(TaskError, match=r"task Partition \d: stateful step '_explode' failed: "):
+        _run_pipeline(spark, _small_job(tmp_path), build)
+
+
+def test_an_output_to_an_unknown_system_or_column_is_a_config_error(
+    tmp_path: Path, spark: Any
+) -> None:
+    def to(stream: str, key: str) -> Any:
+        def build(batch: Batch) -> Output:
+            return batch.to_stream(batch.df.select("task", "value.user"), stream, key=key)
+
+        return build
+
+    with pytest.raises(ConfigError, match="output stream 'kafka.copy': no system 'kafka'"):
+        _run_pipeline(spark, _small_job(tmp_path / "a"), to("kafka.copy", "user"))
+    with pytest.raises(ConfigError, match="no column 'usr'; columns: task, user"):
+        _run_pipeline(spark, _small_job(tmp_path / "b"), to("filelog.copy", "usr"))

@@ -12,7 +12,7 @@ naming the run and batch it belongs to:
   starts (``FRAME-BATCH``). Any later computation of the source in the same batch reuses that
   note, so it reads the same messages and touches no state. After the last message it notes
   where reading ended (``FRAME-READ``).
-* **stateful step** (:func:`step_state`): opens the stores on the partition of the task. Store
+* **stateful step** (:func:`run_step`): opens the stores on the partition of the task. Store
   updates are not idempotent, so a step refuses to run twice in one batch (``FRAME-STEP-*``);
   the pipeline runner caches each step's output so that Spark does not recompute it.
 * **finish** (:func:`finish_batch`, one Spark job over the cached batch after every output is
@@ -35,8 +35,7 @@ import io
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -44,7 +43,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.plan import RestoreInfo, TaskBatchPlan, TaskBatchResult
@@ -252,10 +251,16 @@ def _note_name(step: str) -> str:
     return "FRAME-STEP-" + re.sub(r"[^A-Za-z0-9_.-]", "_", step)
 
 
-@contextmanager
-def step_state(plan: TaskBatchPlan, step: str, stores: Sequence[str]) -> Iterator[StepState]:
-    """Open ``stores`` of the plan's task for one stateful step of this batch; flush and close
-    them when the step's function has produced its last output."""
+def run_step(
+    plan: TaskBatchPlan,
+    step: str,
+    stores: Sequence[str],
+    fn: Callable[[StepState, Iterator[Any]], Iterator[Any]],
+    chunks: Iterator[Any],
+) -> Iterator[Any]:
+    """Run one stateful step of this batch on the plan's task: open ``stores``, yield what
+    ``fn(state, chunks)`` yields, then flush and close them. An error in ``fn`` fails the batch
+    with a :class:`TaskError` naming the task and step (and a retry of it says why it failed)."""
     batch = TaskBatch(plan)
     key = batch_key(plan)
     note = batch.local.read_note(BATCH_NOTE)
@@ -269,11 +274,12 @@ def step_state(plan: TaskBatchPlan, step: str, stores: Sequence[str]) -> Iterato
     step_note = _note_name(step)
     done = batch.local.read_note(step_note)
     if done is not None and done.get("batch") == key:
+        earlier = f" (it failed: {done['error']})" if done.get("error") else ""
         raise TaskError(
             f"task {batch.task}: stateful step {step!r} was computed twice in batch "
-            f"{plan.batch} (a retried Spark task, or its DataFrame evicted from the cache); "
-            "its store updates are not idempotent, so the batch fails; restart the job and it "
-            "resumes from the last checkpoint with state and offsets that match"
+            f"{plan.batch}{earlier}: a retried Spark task, or its DataFrame evicted from the "
+            "cache. Its store updates are not idempotent, so the batch fails; restart the job "
+            "and it resumes from the last checkpoint with state and offsets that match"
         )
     batch.local.write_note(step_note, {"batch": key})
     backups: dict[str, TaskBackupManager] = {}
@@ -281,7 +287,14 @@ def step_state(plan: TaskBatchPlan, step: str, stores: Sequence[str]) -> Iterato
         batch.engines = {s: batch.opener(s)() for s in stores}
         backups = batch.backup_managers(init=False)
         opened = batch.wrapped_stores(backups)
-        yield StepState(batch.task, batch.config, opened, step)
+        try:
+            yield from fn(StepState(batch.task, batch.config, opened, step), chunks)
+        except SparkpointError:
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            batch.local.write_note(step_note, {"batch": key, "error": error})
+            raise TaskError(f"task {batch.task}: stateful step {step!r} failed: {error}") from exc
         for store in opened.values():
             store.flush()
     finally:

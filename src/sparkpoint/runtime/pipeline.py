@@ -55,7 +55,7 @@ from sparkpoint.runtime.frame_task import (
     StepState,
     finish_batch,
     require_persistent_stores,
-    step_state,
+    run_step,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import user_error_from
@@ -185,8 +185,7 @@ class _Step:
         it = iter(chunks)
         first = next(it, None)  # the batch source has established the task's state by now
         rows = self._check(chain([] if first is None else [first], it), plan.task.name.name)
-        with step_state(plan, self.name, self.stores) as state:
-            yield from self.fn(state, rows)
+        yield from run_step(plan, self.name, self.stores, self.fn, rows)
 
 
 class _StreamWriter:
@@ -306,7 +305,19 @@ class Batch:
         self, df: Any, stream: str, *, key: str | None = None, value: str | None = None
     ) -> StreamOutput:
         """Send ``df`` to ``system.stream``; partitioned by the ``key`` column."""
-        return StreamOutput(df, SystemStream.parse(stream), key, value)
+        target = SystemStream.parse(stream)
+        if target.system not in self.config.systems:
+            raise ConfigError(
+                f"output stream {stream!r}: no system {target.system!r} (configure "
+                f"systems.{target.system}.factory); systems: {', '.join(self.config.systems)}"
+            )
+        for column in (key, value):
+            if column is not None and column not in df.columns:
+                raise ConfigError(
+                    f"output stream {stream!r}: no column {column!r}; columns: "
+                    f"{', '.join(df.columns)}"
+                )
+        return StreamOutput(df, target, key, value)
 
     def to_sink(self, df: Any, sink: Sink) -> SinkOutput:
         return SinkOutput(df, sink)
