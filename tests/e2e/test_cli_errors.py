@@ -48,3 +48,12 @@ def test_corrupt_record_stops_the_job_with_its_location(tmp_path: Path) -> None:
     proc = sp("run", str(JOB), "--until-caught-up", "--set", sets[0], check=False)
     assert proc.returncode != 0
     assert_one_line_error(proc.stderr, "pageviews", "partition 1", "offset")
+
+
+def test_run_of_a_pipeline_that_cannot_be_imported() -> None:
+    proc = sp("run", "no_such_module:job", check=False)
+    assert proc.returncode == 2
+    assert_one_line_error(proc.stderr, "no_such_module:job: cannot import it")
+    proc = sp("run", "pageviews_task:PageViewCounter", check=False)
+    assert proc.returncode == 2
+    assert_one_line_error(proc.stderr, "is the class PageViewCounter, not a sparkpoint Pipeline")

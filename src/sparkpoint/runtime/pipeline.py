@@ -361,7 +361,11 @@ def load_pipeline(spec: str) -> tuple[Pipeline, Path]:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{spec}: cannot import it ({exc})") from exc
     if not isinstance(obj, Pipeline):
-        raise ConfigError(f"{spec} is a {type(obj).__name__}, not a sparkpoint Pipeline")
+        kind = f"the class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
+        raise ConfigError(
+            f"{spec} is {kind}, not a sparkpoint Pipeline (a task class runs from a job file: "
+            "task.class=module:Class, then sparkpoint run job.yaml)"
+        )
     return obj, Path(module.__file__ or ".").resolve().parent
 
 
