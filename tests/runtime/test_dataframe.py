@@ -44,10 +44,12 @@ def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(
     assert raw.count() == 400
 
 
-def _plans_over(tmp_path: Path, records: list[tuple[bytes | None, bytes | None]]) -> Any:
+def _plans_over(
+    tmp_path: Path, records: list[tuple[bytes | None, bytes | None]], **overrides: str
+) -> Any:
     from sparkpoint.system.base import Record
 
-    config = load_config(None, pageviews_config(tmp_path))
+    config = load_config(None, pageviews_config(tmp_path, **overrides))
     systems = Systems(config)
     systems.admin("filelog").create_stream(StreamSpec("pageviews", 4))
     producer = systems.producer("filelog")
@@ -92,3 +94,17 @@ def test_a_value_that_is_not_json_fails_naming_task_ssp_and_offset(
     assert "task Partition 1: cannot decode message at filelog.pageviews.1 offset 1" in str(
         err.value
     )
+
+
+def test_values_as_text_or_bytes_whatever_the_serde(tmp_path: Path, spark: Any) -> None:
+    plans = _plans_over(
+        tmp_path,
+        [(b"a", b"\xff\x00raw"), (b"b", b"text")],
+        **{"streams.pageviews.samza.msg.serde": "bytes"},
+    )
+    raw = batch_dataframe(spark, plans, value_type="BINARY").orderBy("offset").collect()
+    assert [r.value for r in raw] == [bytearray(b"\xff\x00raw"), bytearray(b"text")]
+    with pytest.raises(Exception, match="offset 0 is not UTF-8 text; read this input with"):
+        batch_dataframe(spark, plans).collect()
+    with pytest.raises(Exception, match="value_schema decodes JSON, but stream filelog.pageviews"):
+        batch_dataframe(spark, plans, value_schema="user STRING").collect()

@@ -145,6 +145,14 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     )
 
 
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _ChunkDecoder:
     """Turns a chunk of one SSP's records into an Arrow record batch."""
 
@@ -182,13 +190,23 @@ class _ChunkDecoder:
         raw = [r.value for r in records]
         if not pa.types.is_struct(self.value_type):
             data = pa.array(raw, pa.binary())
-            if self.msg_serde.name in ("json", "string"):
-                try:
-                    return data.cast(pa.string())
-                except pa.ArrowInvalid:
-                    self._decode_each(records)  # raises naming the record
-            return data
-        if self.msg_serde.name == "json" and not any(v is not None and b"\n" in v for v in raw):
+            if pa.types.is_binary(self.value_type):
+                return data  # the raw bytes, whatever the serde
+            try:
+                return data.cast(pa.string())
+            except pa.ArrowInvalid:
+                bad = next(r for r in records if r.value is not None and not _utf8(r.value))
+                raise TaskError(
+                    f"task {self.task}: message at {self.ssp} offset {bad.offset} is not UTF-8 "
+                    "text; read this input with value_type='BINARY'"
+                ) from None
+        if self.msg_serde.name != "json":
+            raise ConfigError(
+                f"value_schema decodes JSON, but stream {self.ssp.system_stream} uses the "
+                f"{self.msg_serde.name!r} serde (streams.{self.ssp.stream}.samza.msg.serde); "
+                "read it with value_type='STRING' or 'BINARY' instead"
+            )
+        if not any(v is not None and b"\n" in v for v in raw):
             try:
                 return self._json_structs(raw)
             except pa.ArrowInvalid:
