@@ -214,3 +214,17 @@ def test_an_output_to_an_unknown_system_or_column_is_a_config_error(
         _run_pipeline(spark, _small_job(tmp_path / "a"), to("kafka.copy", "user"))
     with pytest.raises(ConfigError, match="no column 'usr'; columns: task, user"):
         _run_pipeline(spark, _small_job(tmp_path / "b"), to("filelog.copy", "usr"))
+
+
+def test_a_function_sink_gets_every_batch_once_with_growing_ids(tmp_path: Path, spark: Any) -> None:
+    seen: list[tuple[int, int]] = []
+    config = _small_job(tmp_path, **{"task.batch.max.messages": "40"})
+
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        return batch.to_sink(views, lambda df, batch_id: seen.append((batch_id, df.count())))
+
+    _run_pipeline(spark, config, build)
+    assert sum(n for _, n in seen) == 200
+    ids = [b for b, _ in seen]
+    assert ids == sorted(set(ids)) and len(ids) >= 3

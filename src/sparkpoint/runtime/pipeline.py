@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
@@ -65,10 +65,21 @@ log = logging.getLogger(__name__)
 StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
 
 
+@runtime_checkable
 class Sink(Protocol):
     """Where a DataFrame output goes; called once per batch with its durable id."""
 
     def write(self, df: Any, batch_id: int) -> None: ...
+
+
+class FunctionSink:
+    """A sink made of a function ``fn(df, batch_id)``."""
+
+    def __init__(self, fn: Callable[[Any, int], None]) -> None:
+        self.fn = fn
+
+    def write(self, df: Any, batch_id: int) -> None:
+        self.fn(df, batch_id)
 
 
 @dataclass(frozen=True)
@@ -319,8 +330,14 @@ class Batch:
                 )
         return StreamOutput(df, target, key, value)
 
-    def to_sink(self, df: Any, sink: Sink) -> SinkOutput:
-        return SinkOutput(df, sink)
+    def to_sink(self, df: Any, sink: Sink | Callable[[Any, int], None]) -> SinkOutput:
+        """Write ``df`` with ``sink.write(df, batch_id)``, or call ``sink(df, batch_id)`` (as
+        with Spark's ``foreachBatch``); the id is durable, so a sink can skip ids it wrote."""
+        if isinstance(sink, Sink):
+            return SinkOutput(df, sink)
+        if callable(sink):
+            return SinkOutput(df, FunctionSink(sink))
+        raise ConfigError(f"a sink has write(df, batch_id) or is a function; got {sink!r}")
 
     def release(self) -> None:
         for df in self._cached:
@@ -456,6 +473,7 @@ class DataFrameRunner:
 __all__ = [
     "Batch",
     "DataFrameRunner",
+    "FunctionSink",
     "Output",
     "ParquetSink",
     "Pipeline",
