@@ -228,3 +228,16 @@ def test_a_function_sink_gets_every_batch_once_with_growing_ids(tmp_path: Path, 
     assert sum(n for _, n in seen) == 200
     ids = [b for b, _ in seen]
     assert ids == sorted(set(ids)) and len(ids) >= 3
+
+
+def test_a_pipeline_must_build_the_same_steps_every_batch(tmp_path: Path, spark: Any) -> None:
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        if batch.id % 2 == 0:
+            views = batch.stateful(views, _passthrough, "task STRING, user STRING")
+        return batch.to_stream(views, "filelog.copy", key="user")
+
+    config = _small_job(tmp_path, **{"task.batch.max.messages": "30"})
+    changed = r"stateful steps changed from \[\] to \['_passthrough'\]"
+    with pytest.raises(ConfigError, match=changed):
+        _run_pipeline(spark, config, build)

@@ -410,6 +410,7 @@ class DataFrameRunner:
         if not config.inputs:
             raise ConfigError("task.inputs is empty: list the job's input streams as system.stream")
         require_persistent_stores(config)
+        self.steps: list[str] | None = None  # the stateful steps of the first batch
         self.spark = spark
         self.pipeline = pipeline
         self.config = config
@@ -430,6 +431,14 @@ class DataFrameRunner:
         t0 = time.monotonic()
         try:
             outputs = _outputs(self.pipeline.build(frame))
+            steps = sorted(frame._steps)
+            if self.steps is not None and steps != self.steps:
+                raise ConfigError(
+                    f"batch {batch}: the pipeline's stateful steps changed from "
+                    f"{self.steps} to {steps}; build the same steps for every batch (a step "
+                    "may get no rows, but it must be there), or state would miss messages"
+                )
+            self.steps = steps
             t1 = time.monotonic()
             for output in outputs:
                 self._write(output, batch, sent)
