@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.spark_cluster import StandaloneCluster
@@ -36,13 +37,32 @@ def cluster_sets(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneCluster) -> None:
-    # without a state backend both workers keep state on one path of this machine
-    sets = cluster_sets(tmp_path)
+def prepared(
+    tmp_path: Path, sets: list[str], events: int, seed: int
+) -> tuple[Config, list[str], Counter[str]]:
+    """The job's config and --set arguments, with ``events`` page views generated."""
     set_args = [a for s in sets for a in ("--set", s)]
     config = load_config(JOB, parse_overrides(sets))
     sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "job.yaml", 30_000, seed=21, users=100)
+    return config, set_args, generate(config, tmp_path / "job.yaml", events, seed=seed, users=100)
+
+
+def changelog_state(config: Config) -> dict[str, int]:
+    """The store as its changelog says (newest value per key, over every partition)."""
+    systems = Systems(config)
+    state: dict[str, int] = {}
+    for p in range(4):
+        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
+        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
+            if rec.value is not None:
+                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
+    return state
+
+
+def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneCluster) -> None:
+    # without a state backend both workers keep state on one path of this machine
+    sets = cluster_sets(tmp_path)
+    config, set_args, expected = prepared(tmp_path, sets, 30_000, 21)
     result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert "done (caught up)" in result.stderr, result.stderr
     assert cluster.alive_workers() == 2
@@ -60,23 +80,13 @@ def test_private_store_dirs_restore_from_the_changelog(
         "stores.user-counts.changelog=filelog.user-counts-changelog",
         "job.logged.store.base.dir={cwd}/state",  # each executor's own working directory
     )
-    set_args = [a for s in sets for a in ("--set", s)]
-    config = load_config(JOB, parse_overrides(sets))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "job.yaml", 30_000, seed=22, users=100)
+    config, set_args, expected = prepared(tmp_path, sets, 30_000, 22)
     result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert "done (caught up)" in result.stderr, result.stderr
     # tasks ran on both executors, and a task that landed where its state was not restored it
     restores = r"restore Partition \d store user-counts: changelog, \d+ entries"
     assert re.search(restores, result.stderr), result.stderr
-    systems = Systems(config)
-    state: dict[str, int] = {}
-    for p in range(4):
-        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
-        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
-            if rec.value is not None:
-                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
-    assert state == dict(expected)
+    assert changelog_state(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
 
 
@@ -98,10 +108,7 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
             "task.batch.max.messages=500",
             *(f"{k}={v}" for k, v in blob.items()),
         )
-        set_args = [a for s in sets for a in ("--set", s)]
-        config = load_config(JOB, parse_overrides(sets))
-        sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-        expected = generate(config, tmp_path / "job.yaml", 40_000, seed=23, users=100)
+        config, set_args, expected = prepared(tmp_path, sets, 40_000, 23)
         log = tmp_path / "run.log"
         driver = popen(
             "run", str(JOB), "--until-caught-up", "--master", c2.master_url, *set_args, log=log
@@ -132,19 +139,9 @@ def test_dataframe_pipeline_with_private_store_dirs(
         "stores.user-counts.changelog=filelog.user-counts-changelog",
         "job.logged.store.base.dir={cwd}/state",
     )
-    set_args = [a for s in sets for a in ("--set", s)]
-    config = load_config(JOB, parse_overrides(sets))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "job.yaml", 20_000, seed=25, users=100)
+    config, set_args, expected = prepared(tmp_path, sets, 20_000, 25)
     pipeline = "pageviews_pipeline:job"
     result = sp("run", pipeline, "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert "done (caught up)" in result.stderr, result.stderr
-    state: dict[str, int] = {}
-    systems = Systems(config)
-    for p in range(4):
-        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
-        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
-            if rec.value is not None:
-                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
-    assert state == dict(expected)
+    assert changelog_state(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
