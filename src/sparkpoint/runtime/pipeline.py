@@ -46,6 +46,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pyspark.sql import functions as F
+
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write
@@ -443,7 +445,10 @@ class DataFrameRunner:
             for output in outputs:
                 self._write(output, batch, sent)
             t2 = time.monotonic()
-            finish = source.mapInArrow(_Finisher(plans, list(frame._steps)), "result BINARY")
+            # on the cached partitions (locality), without shipping their rows to Python:
+            # offsets are never null, and a predicate Spark cannot fold keeps the partitions
+            cached = source.select("offset").where(F.col("offset").isNull())
+            finish = cached.mapInArrow(_Finisher(plans, list(frame._steps)), "result BINARY")
             results = [pickle.loads(row.result) for row in finish.collect()]
             log.info(
                 "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, "
