@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pageviews_pipeline import count_views
 from pageviews_pipeline import job as example_pipeline
 
 from sparkpoint.config import Config, load_config
@@ -39,10 +40,19 @@ def _output(config: Config) -> Counter[tuple[str, str, int]]:
     return Counter((str(r["key"]), r["value"]["user"], int(r["value"]["count"])) for r in rows)
 
 
+def _counts_only(batch: Batch) -> Output:
+    """The example's counts alone: its one stream output also finishes the batch's tasks."""
+    views = batch.df.select("task", "value.user")
+    counts = batch.stateful(views, count_views, "user STRING, count LONG")
+    return batch.to_stream(counts, "filelog.user-counts", key="user")
+
+
 def test_dataframe_example_equals_the_task_example(tmp_path: Path, spark: Any) -> None:
     outputs = {}
     states = {}
-    for name in ("task", "frame"):
+    stream_only = Pipeline(_counts_only, example_pipeline.config, example_pipeline.value_schema)
+    pipelines = {"frame": example_pipeline, "stream-only": stream_only}
+    for name in ("task", "frame", "stream-only"):
         values = pageviews_config(
             tmp_path / name, **{"task.batch.max.messages": "700", "task.commit.ms": "0"}
         )
@@ -50,15 +60,15 @@ def test_dataframe_example_equals_the_task_example(tmp_path: Path, spark: Any) -
         Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
         expected = generate(config, tmp_path / name / "job.yaml", 3000, seed=5, users=40)
         runner = (
-            InlineRunner() if name == "task" else DataFrameRunner(spark, example_pipeline, config)
+            InlineRunner() if name == "task" else DataFrameRunner(spark, pipelines[name], config)
         )
         _run(config, runner)
         states[name] = committed_counts(config)
         assert states[name] == dict(expected)
         assert_committed_state_matches_its_offsets(config)
         outputs[name] = _output(config)
-    assert states["task"] == states["frame"]
-    assert outputs["task"] == outputs["frame"]
+    assert states["task"] == states["frame"] == states["stream-only"]
+    assert outputs["task"] == outputs["frame"] == outputs["stream-only"]
     assert sum(outputs["frame"].values()) == 3000
     enriched = spark.read.parquet(str(tmp_path / "frame" / "data" / "enriched-views"))
     assert enriched.count() == 3000

@@ -202,13 +202,18 @@ class _Step:
 
 
 class _StreamWriter:
-    """Sends a DataFrame's rows to a stream from each partition (picklable)."""
+    """Sends a DataFrame's rows to a stream from each partition (picklable). With ``finisher``
+    (the batch's last output, on the task partitions) each partition then finishes its task in
+    the same Spark task, which saves the batch a Spark job."""
 
-    def __init__(self, config: Mapping[str, str], output: StreamOutput) -> None:
+    def __init__(
+        self, config: Mapping[str, str], output: StreamOutput, finisher: _Finisher | None
+    ) -> None:
         self.config = dict(config)
         self.stream = output.stream
         self.key = output.key
         self.value = output.value
+        self.finisher = finisher
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -227,32 +232,44 @@ class _StreamWriter:
                     key = None if self.key is None else row[self.key]
                     message = row if self.value is None else row[self.value]
                     collector.send(OutgoingMessageEnvelope(self.stream, key, message))
-            collector.flush()
+            collector.flush()  # durable before the task commits
         finally:
             collector.close()
-        yield pa.RecordBatch.from_pydict({"task": [task], "sent": [collector.sent]})
+        result = None if self.finisher is None else self.finisher.finish()
+        columns = {"task": [task], "sent": [collector.sent], "result": [result]}
+        types = [("task", pa.string()), ("sent", pa.int64()), ("result", pa.binary())]
+        yield pa.RecordBatch.from_pydict(columns, schema=pa.schema(types))
+
+
+def _on_task_partitions(df: Any, tasks: int) -> bool:
+    """Whether partition ``i`` of ``df`` is task ``i``'s (no shuffle, as many partitions)."""
+    return shuffle_in(df) is None and bool(df.rdd.getNumPartitions() == tasks)
 
 
 class _Finisher:
-    """The finish phase on each task's cached partition: commit, then report (picklable)."""
+    """The finish phase of each task's partition: commit, then report (picklable)."""
 
     def __init__(self, plans: Sequence[TaskBatchPlan], steps: Sequence[str]) -> None:
         self.plans = list(plans)
         self.steps = list(steps)
 
-    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+    def finish(self) -> bytes:
+        """Finish the task of the current Spark partition; its pickled result."""
         from pyspark import TaskContext
 
         from sparkpoint.runtime.executor import setup_worker_logging
 
-        for _ in chunks:
-            pass
         context = TaskContext.get()
         plan = self.plans[context.partitionId() if context is not None else 0]
         setup_worker_logging(plan.config)
-        result = finish_batch(plan, self.steps)
-        yield pa.RecordBatch.from_pydict({"result": [pickle.dumps(result)]})
+        return pickle.dumps(finish_batch(plan, self.steps))
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for _ in chunks:
+            pass
+        yield pa.RecordBatch.from_pydict({"result": [self.finish()]})
 
 
 class Batch:
@@ -442,22 +459,27 @@ class DataFrameRunner:
                 )
             self.steps = steps
             t1 = time.monotonic()
-            for output in outputs:
-                self._write(output, batch, sent)
+            finisher = _Finisher(plans, steps)
+            last = outputs[-1] if outputs else None
+            folded = isinstance(last, StreamOutput) and _on_task_partitions(last.df, len(plans))
+            results: list[TaskBatchResult] = []
+            for i, output in enumerate(outputs):
+                fold = finisher if folded and i == len(outputs) - 1 else None
+                results = self._write(output, batch, sent, fold) or results
             t2 = time.monotonic()
-            # on the cached partitions (locality), without shipping their rows to Python:
-            # offsets are never null, and a predicate Spark cannot fold keeps the partitions
-            cached = source.select("offset").where(F.col("offset").isNull())
-            finish = cached.mapInArrow(_Finisher(plans, list(frame._steps)), "result BINARY")
-            results = [pickle.loads(row.result) for row in finish.collect()]
+            if not folded:
+                # on the cached partitions (locality), without shipping their rows to Python:
+                # offsets are never null, and a predicate Spark cannot fold keeps the partitions
+                cached = source.select("offset").where(F.col("offset").isNull())
+                finish = cached.mapInArrow(finisher, "result BINARY")
+                results = [pickle.loads(row.result) for row in finish.collect()]
             log.info(
-                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, "
-                "tasks finished in %.2fs",
+                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, tasks finished %s",
                 batch,
                 t1 - t0,
                 len(outputs),
                 t2 - t1,
-                time.monotonic() - t2,
+                "with the last output" if folded else f"in {time.monotonic() - t2:.2f}s",
             )
         except SparkpointError:
             raise
@@ -475,13 +497,21 @@ class DataFrameRunner:
                 target.sent += n
         return results
 
-    def _write(self, output: Output, batch: int, sent: dict[str, int]) -> None:
+    def _write(
+        self, output: Output, batch: int, sent: dict[str, int], finisher: _Finisher | None
+    ) -> list[TaskBatchResult]:
+        """Write one output; the tasks' results if ``finisher`` finished them on the way."""
         if isinstance(output, SinkOutput):
             output.sink.write(output.df, batch)
-            return
-        writer = _StreamWriter(self.config.to_dict(), output)
-        for row in output.df.mapInArrow(writer, "task STRING, sent LONG").collect():
+            return []
+        writer = _StreamWriter(self.config.to_dict(), output, finisher)
+        schema = "task STRING, sent LONG, result BINARY"
+        results = []
+        for row in output.df.mapInArrow(writer, schema).collect():
             sent[row.task] = sent.get(row.task, 0) + int(row.sent)
+            if row.result is not None:
+                results.append(pickle.loads(row.result))
+        return results
 
 
 __all__ = [
