@@ -270,3 +270,35 @@ def test_a_checkpoint_without_a_marker_for_any_restore_backend_is_an_error_namin
     caplog.clear()
     assert choose_restore_backend(config, "user-counts", task, None) == "blobstore"
     assert caplog.text == ""
+
+
+def changelog_records(config: Config) -> int:
+    systems = Systems(config)
+    return sum(
+        len(
+            systems.consumer("filelog").read(
+                SystemStreamPartition("filelog", "user-counts-changelog", p), "0", "10000000"
+            )
+        )
+        for p in range(4)
+    )
+
+
+def test_changelogs_are_compacted_up_to_the_checkpoints_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 3000, seed=44, users=20)
+    run(config, until_caught_up=True)
+    written = changelog_records(config)
+    assert written >= 3000  # one entry per view
+    caplog.set_level("INFO")
+    run(config, until_caught_up=True)  # nothing new: the start compacts
+    assert "compacted changelog filelog.user-counts-changelog." in caplog.text
+    assert changelog_records(config) <= 20 + 4 * 4  # about one entry per user is left
+    assert changelog_view(config) == dict(expected)
+    shutil.rmtree(config.store_base_dir)  # restore from the compacted changelog
+    expected += generate(config, tmp_path / "b.yaml", 500, seed=45, users=20)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_committed_state_matches_its_offsets(config)

@@ -111,6 +111,26 @@ def test_two_processes_append_to_one_partition(system: SystemUnderTest) -> None:
         assert mine == list(range(2000))  # all there, once, in the writer's order
 
 
+def test_bounded_compaction_keeps_everything_from_the_bound_on(system: SystemUnderTest) -> None:
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(10):
+        producer.send("s", 0, rec(f"k{i % 3}", f"v{i}", i))
+    producer.flush()
+    consumer = system.factory.get_consumer("fl", system.config)
+
+    def replay(end: int) -> dict[bytes | None, bytes | None]:
+        return {r.key: r.value for r in consumer.read(SSP, "0", str(end))}
+
+    before = {end: replay(end) for end in range(6, 11)}
+    assert admin.compact("s", 0, "6") == (10, 7)  # offsets 0-5: one record per key is left
+    got = consumer.read(SSP, "0", "100")
+    assert [r.offset for r in got] == ["3", "4", "5", "6", "7", "8", "9"]
+    assert {end: replay(end) for end in range(6, 11)} == before  # same state at every end
+    assert admin.compact("s", 0, "6") == (7, 7)  # nothing more to drop: left as it is
+
+
 def test_compaction_keeps_newest_per_key_with_offsets(system: SystemUnderTest) -> None:
     admin = system.factory.get_admin("fl", system.config)
     admin.create_stream(StreamSpec("s", 1, compacted=True))

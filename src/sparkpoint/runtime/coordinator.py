@@ -37,7 +37,7 @@ from sparkpoint.runtime.plan import (
     checkpoint_state_id,
 )
 from sparkpoint.startpoint.manager import StartpointManager
-from sparkpoint.storage.backend import backend_factory, store_backends
+from sparkpoint.storage.backend import StateBackendAdmin, backend_factory, store_backends
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.faults import maybe_crash
@@ -181,9 +181,11 @@ class JobCoordinator:
         )
         store_config(self.metadata_store, self.config)
         model = assign_changelog_partitions(self.metadata_store, model)
-        self._prepare_backends(model)
+        admins = self._prepare_backends(model)
         self.checkpoints.create_resources()
         checkpoints = self.checkpoints.read_all()
+        for admin in admins:
+            admin.compact(checkpoints)
         meta = self.metadata(ssps)
         self.startpoints = StartpointManager(
             self.metadata_store, max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
@@ -258,16 +260,19 @@ class JobCoordinator:
                 if result is not None and result[0] != result[1]:
                     log.info("compacted %s.%s: %d -> %d records", system, stream, *result)
 
-    def _prepare_backends(self, model: JobModel) -> None:
+    def _prepare_backends(self, model: JobModel) -> list[StateBackendAdmin]:
         """Check every store's backends by name, then create and validate their resources."""
         names: set[str] = set()
         for store in self.config.stores:
             for kind in ("backup", "restore"):
                 names.update(store_backends(self.config, store, kind))
+        admins = []
         for name in sorted(names):
             admin = backend_factory(name).admin(self.config, model, self.systems)
             admin.create_resources()
             admin.validate_resources()
+            admins.append(admin)
+        return admins
 
     # -- the loop
     def stop(self, reason: str = "stopped") -> None:

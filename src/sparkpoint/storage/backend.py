@@ -36,7 +36,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel
+from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, TaskName
 
 if TYPE_CHECKING:
     from sparkpoint.storage.kv.base import KeyValueEngine
@@ -138,6 +138,9 @@ class StateBackendAdmin(ABC):
     @abstractmethod
     def validate_resources(self) -> None:
         """Raise a clear error if existing resources cannot serve the job."""
+
+    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
+        """Bound the backend's storage by the tasks' last checkpoints (at job start)."""
 
 
 class NoResources(StateBackendAdmin):

@@ -108,10 +108,13 @@ class SystemAdmin(ABC):
         Returns the upcoming offset when every record is older.
         """
 
-    def compact(self, stream: str, partition: int) -> tuple[int, int] | None:
+    def compact(
+        self, stream: str, partition: int, up_to: str | None = None
+    ) -> tuple[int, int] | None:
         """Keep only the newest record per key of a compacted stream's partition, if this system
-        compacts on request; returns (records before, after), or ``None`` when the system
-        compacts by itself (as Kafka does) or not at all."""
+        compacts on request (with ``up_to``: only among records before that offset); returns
+        (records before, after), or ``None`` when the system compacts by itself (as Kafka
+        does) or not at all."""
         return None
 
     def resolve_startpoint_to_offset(

@@ -25,7 +25,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel, TaskName
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -95,7 +95,7 @@ class ChangelogBackupManager(TaskBackupManager):
         return done
 
     def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
-        pass  # compaction of the changelog stream keeps it bounded
+        pass  # the admin compacts changelogs up to the checkpoints at job start
 
     def close(self) -> None:
         for producer in self._producers.values():
@@ -220,6 +220,7 @@ class ChangelogAdmin(StateBackendAdmin):
     def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
         self.config = config
         self.systems = systems
+        self.model = model
         self.partitions = max((t.changelog_partition for t in model.tasks.values()), default=-1) + 1
         self.stores = [s for s in config.stores if NAME in store_backends(config, s, "backup")]
 
@@ -239,6 +240,29 @@ class ChangelogAdmin(StateBackendAdmin):
                     f"store {store}: changelog {ss} has {have} partitions but the job's tasks "
                     f"need {self.partitions}; create a new changelog stream for the new task count"
                 )
+
+    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
+        """Compact each changelog partition up to its task's checkpointed changelog offset:
+        replaying it to that offset still gives the checkpointed state, and the writes after
+        it (which a transactional restore trims) stay as they are. Partitions of tasks without
+        a checkpoint are left alone."""
+        for store in self.stores:
+            for task in self.model.tasks.values():
+                ssp = changelog_ssp(self.config, store, task.changelog_partition)
+                marker = marker_for(self.config, checkpoints.get(task.name), store, ssp)
+                if marker is None or marker.offset is None:
+                    continue
+                admin = self.systems.admin(ssp.system)
+                up_to = admin.offset_after(ssp, marker.offset)
+                result = admin.compact(ssp.stream, ssp.partition, up_to)
+                if result is not None and result[0] != result[1]:
+                    log.info(
+                        "store %s: compacted changelog %s up to offset %s: %d -> %d records",
+                        store,
+                        ssp,
+                        up_to,
+                        *result,
+                    )
 
 
 class ChangelogStateBackendFactory(StateBackendFactory):

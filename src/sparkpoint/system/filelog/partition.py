@@ -24,6 +24,7 @@ import fcntl
 import logging
 import mmap
 import os
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -248,12 +249,15 @@ class PartitionLog:
                 os.fsync(index_file.fileno())
             return entries[0][0], entries[-1][0]
 
-    def compact(self) -> tuple[int, int]:
-        """Keep only the newest record per key (keyless records are all kept).
+    def compact(self, up_to: int | None = None) -> tuple[int, int]:
+        """Keep only the newest record per key (keyless records are all kept); with ``up_to``,
+        only among the records before that offset, keeping every record from it on.
 
         Offsets are preserved (they become sparse). Deletes (value ``None``) are kept as
-        tombstones so that readers replaying the stream learn of them. Returns records before
-        and after. Readers see the old or the new generation, never a mix.
+        tombstones so that readers replaying the stream learn of them. Replaying the compacted
+        partition up to any offset at or after ``up_to`` gives the same value per key as
+        before. Returns records before and after. Readers see the old or the new generation,
+        never a mix.
         """
         with self._locked():
             log_path, index_path = self._files()
@@ -262,11 +266,22 @@ class PartitionLog:
             if meta.newest is None:
                 return 0, 0
             records = self.read(int(meta.oldest), int(meta.upcoming), None)
+            bound = (
+                len(records)
+                if up_to is None
+                else bisect_left(records, up_to, key=lambda r: int(r.offset))
+            )
             newest: dict[bytes, int] = {}
-            for i, rec in enumerate(records):
+            for i, rec in enumerate(records[:bound]):
                 if rec.key is not None:
                     newest[rec.key] = i
-            keep = [r for i, r in enumerate(records) if r.key is None or newest[r.key] == i]
+            keep = [
+                r
+                for i, r in enumerate(records)
+                if i >= bound or r.key is None or newest[r.key] == i
+            ]
+            if len(keep) == len(records):
+                return len(records), len(keep)
             gen = self._gen() + 1
             new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
             parts, index_bytes, pos, max_ts = [], bytearray(), 0, -(2**63)

@@ -139,9 +139,10 @@ class FileLogAdmin(SystemAdmin):
     def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
         return str(self._s.log(ssp.stream, ssp.partition).offset_for_timestamp(timestamp_ms))
 
-    def compact(self, stream: str, partition: int) -> tuple[int, int]:
+    def compact(self, stream: str, partition: int, up_to: str | None = None) -> tuple[int, int]:
         """Compact one partition (see :meth:`PartitionLog.compact`)."""
-        return self._s.log(stream, partition).compact()
+        bound = None if up_to is None else int(up_to)
+        return self._s.log(stream, partition).compact(bound)
 
 
 class FileLogConsumer(SystemConsumer):
