@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog bench-dataframe clean
+.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -37,6 +37,9 @@ bench-filelog: setup
 
 bench-dataframe: setup
 	@.venv/bin/python bench/dataframe.py
+
+bench-changelog: setup
+	@.venv/bin/python bench/changelog_compaction.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache
