@@ -7,8 +7,8 @@ establishes the task's state. Columns:
 ``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
 decoded by the stream's key serde into a string; the value by the stream's value serde: with
 ``value_schema`` (a DDL string such as ``"user STRING, page STRING, ts LONG"``) JSON values
-become a struct of those fields (missing fields are null), otherwise JSON and string values are
-strings and bytes values binary (``value_type="BINARY"``).
+become a struct of those fields (missing fields are null); otherwise ``value_type`` decides:
+``STRING`` (UTF-8 text, the default) or ``BINARY`` (the raw bytes, whatever the serde).
 """
 
 from __future__ import annotations

@@ -6,14 +6,17 @@
    stores and read on from where the last batch stopped. Otherwise restore every store to the
    last committed checkpoint (:mod:`sparkpoint.runtime.restore`: local checkpoint, else a state
    backend) and read from the checkpoint's offsets. State and offsets therefore always match.
-2. Clean up after the committed checkpoint (older local checkpoints, backends' ``clean_up``),
-   clear the marker, wrap the stores for their backup backends, ``init`` the user's task.
+2. Clear the marker, wrap the stores for their backup backends, ``init`` the user's task.
 3. Read each input SSP's planned range and call ``process`` per message; ``window`` if due.
 4. Flush output producers (at-least-once: output is durable before any commit names it).
-5. Commit when due or asked for (:mod:`sparkpoint.storage.commit`: synchronous snapshot, then
-   the upload, asynchronous unless the plan says to wait), and report every commit whose upload
-   has finished, for the driver to write to the checkpoint stream.
+5. Clean up after the committed checkpoint (older local checkpoints, backends' ``clean_up``),
+   then commit when due or asked for (:mod:`sparkpoint.storage.commit`: synchronous snapshot,
+   then the upload, asynchronous unless the plan says to wait), and report every commit whose
+   upload has finished, for the driver to write to the checkpoint stream.
 6. Close the stores and write the marker for the new state.
+
+Steps 1 and 5-6 are :meth:`TaskBatch.begin` and :meth:`TaskBatch.finish`, which the DataFrame
+API's phases (:mod:`sparkpoint.runtime.frame_task`) call as well.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ def worker_config(values: dict[str, str]) -> tuple[Config, Systems]:
     return _CACHE.config(values)
 
 
+def persistent_store(config: Config, store: str) -> bool:
+    """Whether ``store`` lives on disk (RocksDB) rather than in one process's memory."""
+    return engine_kind(store, config.require(f"stores.{store}.factory")) == "rocksdb"
+
+
 def load_task_class(path: str) -> type[StreamTask]:
     """Import ``module:Class`` (or ``module.Class``) named by ``task.class``."""
     module, sep, attr = path.partition(":")
@@ -147,8 +155,6 @@ class TaskBatch:
         self.last_processed: dict[SystemStreamPartition, str] = {}
 
     # -- 1. state
-    def _persistent(self, store: str) -> bool:
-        return engine_kind(store, self.config.require(f"stores.{store}.factory")) == "rocksdb"
 
     def opener(self, store: str) -> Callable[[], KeyValueEngine]:
         factory = self.config.require(f"stores.{store}.factory")
@@ -156,7 +162,7 @@ class TaskBatch:
 
     def _memory_stores_match(self, marker: str) -> bool:
         for store in self.config.stores:
-            if not self._persistent(store):
+            if not persistent_store(self.config, store):
                 cached = _CACHE.memory.get((self.task.name, store))
                 if cached is None or cached[0] != marker:
                     return False
@@ -300,7 +306,7 @@ class TaskBatch:
         started: float,
         processed_at: float,
     ) -> TaskBatchResult:
-        """Steps 2, 5 and 6 once the batch's messages are handled and its output is durable:
+        """Steps 5 and 6 once the batch's messages are handled and its output is durable:
         clean up after the committed checkpoint, commit if due or asked for, close the stores
         and write the marker of the new state."""
         plan = self.plan

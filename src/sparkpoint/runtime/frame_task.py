@@ -45,11 +45,10 @@ import pyarrow.json as pa_json
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
+from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch, persistent_store
 from sparkpoint.runtime.plan import RestoreInfo, TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.kv.factory import engine_kind
 from sparkpoint.system.base import Record
 
 log = logging.getLogger(__name__)
@@ -75,8 +74,8 @@ def require_persistent_stores(config: Config) -> None:
     """DataFrame pipelines run a task's phases in different Python workers: stores must live
     on disk (an in-memory store would exist in one worker only)."""
     for store in config.stores:
-        factory = config.require(f"stores.{store}.factory")
-        if engine_kind(store, factory) != "rocksdb":
+        if not persistent_store(config, store):
+            factory = config.require(f"stores.{store}.factory")
             raise ConfigError(
                 f"stores.{store}.factory={factory!r}: DataFrame pipelines need persistent stores "
                 "(set it to rocksdb); an in-memory store lives in one Python worker only"
@@ -110,7 +109,8 @@ def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
 def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The task's messages of this batch as Arrow record batches with ``schema`` (columns
     ``task, stream, partition, offset, key, value, timestamp``). A struct ``value`` is decoded
-    from JSON in bulk by Arrow; other values stay text (JSON, string serdes) or bytes."""
+    from JSON in bulk by Arrow; otherwise the value column's type decides: text (UTF-8) or
+    the raw bytes."""
     batch = TaskBatch(plan)
     start = _begin(batch)
     last_processed = dict(batch.last_processed)

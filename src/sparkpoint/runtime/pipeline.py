@@ -155,6 +155,14 @@ def partitioning_error(step: str, detail: str) -> ConfigError:
     )
 
 
+def _partition_index() -> int:
+    """The Spark partition this Python worker is computing (partition ``i`` is ``plans[i]``)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
 class _Step:
     """The function ``mapInArrow``/``mapInPandas`` runs for a stateful step (picklable)."""
 
@@ -186,10 +194,7 @@ class _Step:
             yield chunk
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        index = context.partitionId() if context is not None else 0
+        index = _partition_index()
         if index >= len(self.plans):
             raise partitioning_error(
                 self.name, f"its input has more partitions than the job's {len(self.plans)} tasks"
@@ -255,12 +260,9 @@ class _Finisher:
 
     def finish(self) -> bytes:
         """Finish the task of the current Spark partition; its pickled result."""
-        from pyspark import TaskContext
-
         from sparkpoint.runtime.executor import setup_worker_logging
 
-        context = TaskContext.get()
-        plan = self.plans[context.partitionId() if context is not None else 0]
+        plan = self.plans[_partition_index()]
         setup_worker_logging(plan.config)
         return pickle.dumps(finish_batch(plan, self.steps))
 
