@@ -18,16 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from commit import fill_store, job_config, restore  # bench/commit.py, beside this file
+from commit import fill_store, restore, store_job  # bench/commit.py, beside this file
 
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
-from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.storage.backend import BackendContext
 from sparkpoint.storage.blobstore.backend import BlobStoreBackupManager, BlobStoreRestoreManager
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 
 
@@ -41,12 +39,8 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sp-bench-") as tmp:
-        config = job_config(
-            tmp, **{"stores.s.factory": "rocksdb", "stores.s.changelog": "filelog.s-changelog"}
-        )
+        config, task = store_job(tmp)
         systems = Systems(config)
-        systems.admin("filelog").create_stream(StreamSpec("s-changelog", 1, compacted=True))
-        task = TaskModel(TaskName("Partition 0"), frozenset(), 0)
         local, _ = fill_store(config, task, args.size_mb, args.value_bytes)
         cid = max(p.name for p in local.checkpoints_dir("s").iterdir())
         size = dir_bytes(local.checkpoint_dir("s", cid))

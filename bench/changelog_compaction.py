@@ -14,11 +14,10 @@ import os
 import tempfile
 import time
 
-from commit import job_config, restore  # bench/commit.py
+from commit import CHANGELOG, restore, store_job  # bench/commit.py
 
-from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 
 
@@ -28,25 +27,21 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=10)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sp-bench-") as tmp:
-        config = job_config(
-            tmp, **{"stores.s.factory": "rocksdb", "stores.s.changelog": "filelog.s-changelog"}
-        )
+        config, task = store_job(tmp)
         systems = Systems(config)
         admin = systems.admin("filelog")
-        admin.create_stream(StreamSpec("s-changelog", 1, compacted=True))
         producer = systems.producer("filelog")
         value = os.urandom(100)
         for _ in range(args.updates):
             for i in range(args.keys):
-                producer.send("s-changelog", 0, Record("", f"key-{i:09d}".encode(), value, 0))
+                producer.send(CHANGELOG, 0, Record("", f"key-{i:09d}".encode(), value, 0))
         producer.flush()
-        task = TaskModel(TaskName("Partition 0"), frozenset(), 0)
         local = LocalTaskState(config.store_base_dir, task.name)
         local.store_dir("s").mkdir(parents=True)
         before, entries_before = restore(config, task, local)
         t0 = time.perf_counter()
         upcoming = str(args.keys * args.updates)
-        counts = admin.compact("s-changelog", 0, upcoming)
+        counts = admin.compact(CHANGELOG, 0, upcoming)
         compaction = time.perf_counter() - t0
         after, entries_after = restore(config, task, local)
     print(

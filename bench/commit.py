@@ -53,6 +53,19 @@ def job_config(tmp: str, **extra: str) -> Config:
     return load_config(None, values)
 
 
+CHANGELOG = "s-changelog"
+
+
+def store_job(tmp: str) -> tuple[Config, TaskModel]:
+    """A job with one RocksDB store ``s`` logged to ``filelog.s-changelog`` (created), and the
+    task whose store the benchmarks fill and restore."""
+    config = job_config(
+        tmp, **{"stores.s.factory": "rocksdb", "stores.s.changelog": f"filelog.{CHANGELOG}"}
+    )
+    Systems(config).admin("filelog").create_stream(StreamSpec(CHANGELOG, 1, compacted=True))
+    return config, TaskModel(TaskName("Partition 0"), frozenset(), 0)
+
+
 def throughput(spark: object, events: int) -> dict[str, float]:
     modes = {
         "no backup": {},
@@ -134,7 +147,7 @@ def restore(config: Config, task: TaskModel, local: LocalTaskState) -> tuple[flo
         openers={"s": lambda: RocksDBEngine("s", local.store_dir("s"))},
     )
     manager = ChangelogRestoreManager(ctx)
-    ssp = SystemStreamPartition("filelog", "s-changelog", 0)
+    ssp = SystemStreamPartition("filelog", CHANGELOG, 0)
     meta = Systems(config).admin("filelog").get_metadata([ssp])[ssp]
     from sparkpoint.storage.changelog.marker import ChangelogMarker
 
@@ -165,13 +178,7 @@ def main() -> None:
     print("2-3. commit pause and changelog restore by store size")
     for size in (int(s) for s in args.sizes_mb.split(",")):
         with tempfile.TemporaryDirectory(prefix="sp-bench-") as tmp:
-            config = job_config(
-                tmp, **{"stores.s.factory": "rocksdb", "stores.s.changelog": "filelog.s-changelog"}
-            )
-            Systems(config).admin("filelog").create_stream(
-                StreamSpec("s-changelog", 1, compacted=True)
-            )
-            task = TaskModel(TaskName("Partition 0"), frozenset(), 0)
+            config, task = store_job(tmp)
             t0 = time.perf_counter()
             local, pause_us = fill_store(config, task, size)
             fill = time.perf_counter() - t0
