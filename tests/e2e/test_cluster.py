@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.config import Config, load_config, parse_overrides
-from sparkpoint.model import SystemStreamPartition
-from sparkpoint.system.registry import Systems
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, sp
-from tests.runtime.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.runtime.helpers import (
+    assert_at_least_once,
+    changelog_view,
+    committed_counts,
+    emitted_counts,
+    generate,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -47,18 +51,6 @@ def prepared(
     return config, set_args, generate(config, tmp_path / "job.yaml", events, seed=seed, users=100)
 
 
-def changelog_state(config: Config) -> dict[str, int]:
-    """The store as its changelog says (newest value per key, over every partition)."""
-    systems = Systems(config)
-    state: dict[str, int] = {}
-    for p in range(4):
-        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
-        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
-            if rec.value is not None:
-                state[(rec.key or b"").decode()] = int.from_bytes(rec.value, "big", signed=True)
-    return state
-
-
 def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneCluster) -> None:
     # without a state backend both workers keep state on one path of this machine
     sets = cluster_sets(tmp_path)
@@ -86,7 +78,7 @@ def test_private_store_dirs_restore_from_the_changelog(
     # tasks ran on both executors, and a task that landed where its state was not restored it
     restores = r"restore Partition \d store user-counts: changelog, \d+ entries"
     assert re.search(restores, result.stderr), result.stderr
-    assert changelog_state(config) == dict(expected)
+    assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
 
 
@@ -143,5 +135,5 @@ def test_dataframe_pipeline_with_private_store_dirs(
     pipeline = "pageviews_pipeline:job"
     result = sp("run", pipeline, "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert "done (caught up)" in result.stderr, result.stderr
-    assert changelog_state(config) == dict(expected)
+    assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)

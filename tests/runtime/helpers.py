@@ -78,3 +78,20 @@ def live_counts(config: Config) -> dict[str, int]:
         out.update({k.decode(): int.from_bytes(v, "big", signed=True) for k, v in engine.all()})
         engine.close()
     return out
+
+
+def changelog_view(config: Config) -> dict[str, int]:
+    """The store as its changelog says: the newest value per key over every partition."""
+    from sparkpoint.model import SystemStreamPartition
+
+    systems = Systems(config)
+    out: dict[str, int] = {}
+    for p in range(4):
+        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
+        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
+            key = (rec.key or b"").decode()
+            if rec.value is None:
+                out.pop(key, None)
+            else:
+                out[key] = int.from_bytes(rec.value, "big", signed=True)
+    return out

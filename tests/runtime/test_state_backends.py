@@ -24,6 +24,7 @@ from tests.conftest import pageviews_config
 from tests.runtime.helpers import (
     assert_at_least_once,
     assert_committed_state_matches_its_offsets,
+    changelog_view,
     committed_counts,
     counts_at_offsets,
     emitted_counts,
@@ -56,21 +57,6 @@ def run(config: Config, **kwargs: object) -> JobCoordinator:
     finally:
         coordinator.close()
     return coordinator
-
-
-def changelog_view(config: Config) -> dict[str, int]:
-    """The newest value per key in the changelog stream."""
-    systems = Systems(config)
-    out: dict[str, int] = {}
-    for p in range(4):
-        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
-        for rec in systems.consumer("filelog").read(ssp, "0", "1000000"):
-            key = (rec.key or b"").decode()
-            if rec.value is None:
-                out.pop(key, None)
-            else:
-                out[key] = int.from_bytes(rec.value, "big", signed=True)
-    return out
 
 
 def test_lost_host_restores_from_the_changelog(
