@@ -150,9 +150,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey(
         "task.checkpoint.read.versions",
-        "1",
+        "2,1",
         "a list of versions from 1, 2 (by priority)",
-        "checkpoint versions read at start, in priority order",
+        "checkpoint versions read at start, in priority order (Samza's default is 1; V1 "
+        "checkpoints carry no blob-store markers)",
     ),
     ConfigKey(
         "task.live.checkpoint.max.age",
@@ -261,6 +262,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "true",
         "true | false",
         "restore state to exactly its checkpoint (true) or to the newest changelog entry",
+        _bool,
+    ),
+    ConfigKey(
+        "task.transactional.state.retain.existing.state",
+        "false",
+        "true | false",
+        "with no checkpointed changelog offset, restore the whole changelog (true) instead of "
+        "trimming it (Samza's default is true)",
         _bool,
     ),
     ConfigKey(

@@ -43,3 +43,8 @@ class CheckpointNotFound(CheckpointError, LookupError):
 
 class TaskError(SparkpointError):
     """User task code failed; names the task and the message being processed."""
+
+
+class RestoreError(UserError):
+    """A store cannot be brought to the state its checkpoint commits to; names the task, the
+    store, the checkpoint and the fix. The job stops rather than run on wrong state."""

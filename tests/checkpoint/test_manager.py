@@ -49,15 +49,16 @@ def test_dual_write_puts_both_versions_on_the_stream(tmp_path: Path) -> None:
     assert raw_types(m) == ["checkpoint", "checkpoint-v2"]
 
 
-def test_v1_is_read_by_default_and_v2_when_configured(tmp_path: Path) -> None:
+def test_v2_is_read_by_default_and_v1_when_configured(tmp_path: Path) -> None:
+    """A deliberate difference from Samza (default 1): V2 first, so blob-store markers are read."""
     m = manager(tmp_path)
     c = ckpt("5", {"changelog": {"s": "x"}})
     m.write_checkpoint(T, c)
-    v1 = CheckpointManager(m._config).read_last_checkpoint(T)
-    assert isinstance(v1, CheckpointV1) and v1.input_offsets == {SSP: "5"}
+    assert CheckpointManager(m._config).read_last_checkpoint(T) == c
     # switching read versions by config moves between them on the same stream
-    v2 = CheckpointManager(config(tmp_path, **{"task.checkpoint.read.versions": "2,1"}))
-    assert v2.read_last_checkpoint(T) == c
+    v1 = CheckpointManager(config(tmp_path, **{"task.checkpoint.read.versions": "1"}))
+    got = v1.read_last_checkpoint(T)
+    assert isinstance(got, CheckpointV1) and got.input_offsets == {SSP: "5"}
 
 
 def test_reader_of_v1_only_skips_v2_and_unknown_messages(tmp_path: Path) -> None:
@@ -67,18 +68,21 @@ def test_reader_of_v1_only_skips_v2_and_unknown_messages(tmp_path: Path) -> None
     key = json.dumps({"taskName": T.name, "type": "checkpoint-v9"}).encode()
     producer.send(m.stream, 0, Record("", key, b"{}", 0))
     producer.flush()
-    reader = CheckpointManager(m._config)
+    reader = CheckpointManager(config(tmp_path, **{"task.checkpoint.read.versions": "1"}))
     assert reader.read_all() == {}
     assert CheckpointManager(config(tmp_path, **{"task.checkpoint.read.versions": "2"})).read_all()
 
 
 def test_the_five_step_migration_by_config_alone(tmp_path: Path) -> None:
     # 1. today: write V1 only, read V1
-    step1 = manager(tmp_path, **{"task.checkpoint.write.versions": "1"})
+    step1 = manager(
+        tmp_path,
+        **{"task.checkpoint.write.versions": "1", "task.checkpoint.read.versions": "1"},
+    )
     step1.write_checkpoint(T, ckpt("1"))
     assert CheckpointManager(step1._config).read_last_checkpoint(T).input_offsets[SSP] == "1"  # type: ignore[union-attr]
     # 2. write both, still read V1
-    step2 = manager(tmp_path)
+    step2 = manager(tmp_path, **{"task.checkpoint.read.versions": "1"})
     c2 = ckpt("2")
     step2.write_checkpoint(T, c2)
     got = CheckpointManager(step2._config).read_last_checkpoint(T)

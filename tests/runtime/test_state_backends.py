@@ -12,6 +12,7 @@ from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError
+from sparkpoint.failpoints import POINTS, InjectedCrash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
@@ -19,7 +20,6 @@ from sparkpoint.storage.commit import CommitError
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY
-from sparkpoint.testing.faults import POINTS, InjectedCrash
 from tests.conftest import pageviews_config
 from tests.runtime.helpers import (
     assert_at_least_once,
@@ -238,24 +238,32 @@ def test_v1_checkpoints_carry_changelog_offsets(tmp_path: Path) -> None:
     assert_committed_state_matches_its_offsets(config)
 
 
-def test_a_checkpoint_without_a_marker_for_any_restore_backend_is_an_error_naming_the_fix(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_v1_checkpoint_cannot_restore_a_blob_store_backed_store(tmp_path: Path) -> None:
+    """Issue 11: with only V1 read, a blob-store store used to restore EMPTY and keep its
+    offsets; now the restore stops and names the fix."""
     from sparkpoint.checkpoint.checkpoint import CheckpointV1
     from sparkpoint.checkpoint.id import CheckpointId
+    from sparkpoint.errors import RestoreError
     from sparkpoint.model import TaskModel, TaskName
-    from sparkpoint.runtime.restore import choose_restore_backend
+    from sparkpoint.storage.restore import restore_candidates
 
     config = make(tmp_path, **{"stores.user-counts.backup.factories": "blobstore"})
     ssp = SystemStreamPartition("filelog", "pageviews", 0)
     task = TaskModel(TaskName.for_partition(0), frozenset({ssp}), 0)
     v1 = CheckpointV1(CheckpointId.create(), {ssp: "41"})
-    assert choose_restore_backend(config, "user-counts", task, v1) == "blobstore"
-    assert "has no marker for any restore backend (blobstore)" in caplog.text
-    assert "task.checkpoint.read.versions=2" in caplog.text
-    caplog.clear()
-    assert choose_restore_backend(config, "user-counts", task, None) == "blobstore"
-    assert caplog.text == ""
+    with pytest.raises(RestoreError) as err:
+        restore_candidates(config, "user-counts", task, v1)
+    assert "store user-counts" in str(err.value) and str(v1.checkpoint_id) in str(err.value)
+    assert "task.checkpoint.read.versions=2,1" in str(err.value)
+    assert restore_candidates(config, "user-counts", task, None) == ["blobstore"]
+    # a V2 checkpoint naming the store under a backend no longer listed for restore
+    v2 = CheckpointV2(CheckpointId.create(), {ssp: "41"}, {"changelog": {"user-counts": "m"}})
+    with pytest.raises(RestoreError, match="stores.user-counts.restore.factories"):
+        restore_candidates(config, "user-counts", task, v2)
+    # a V2 checkpoint without the store at all: the store is new, it starts fresh
+    assert restore_candidates(
+        config, "user-counts", task, CheckpointV2(v2.checkpoint_id, {}, {})
+    ) == ["blobstore"]
 
 
 def changelog_records(config: Config) -> int:

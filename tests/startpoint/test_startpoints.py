@@ -262,3 +262,20 @@ def test_apply_now_on_a_running_job(tmp_path: Path) -> None:
     assert again == list(range(10, 20))
     assert committed() == {"filelog.in.0": "19", "filelog.in.1": "19"}
     assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
+
+
+def test_ssp_task_startpoint_wins_over_ssp_startpoint_of_the_same_age(tmp_path: Path) -> None:
+    """Samza's TestStartpointManager precedence rule: on equal creation times the SSP+task
+    startpoint (the more specific) wins, whichever was written first."""
+    config = make(tmp_path, 2, broadcast=True)
+    ssp = SystemStreamPartition("filelog", "in", 0)
+    task = TaskName("Partition 1")
+    now = int(time.time() * 1000)
+    for order in ((None, task), (task, None)):
+        manager = StartpointManager(CoordinatorStreamStore(config))
+        for who in order:
+            offset = "7" if who is not None else "3"
+            manager.write_startpoint(ssp, StartpointSpecific(offset, creation_timestamp=now), who)
+        fanned = manager.fan_out({task: [ssp]})
+        assert fanned[task][ssp] == StartpointSpecific("7", creation_timestamp=now)
+        manager.remove_fan_out_for_task(task, {ssp})

@@ -4,9 +4,10 @@ Each message's key is JSON ``{"taskName": ..., "type": ...}`` with type ``checkp
 ``checkpoint-v2`` (V2); the value is the checkpoint's JSON, and the last message per key wins.
 
 Writing: every commit is written in each version of ``task.checkpoint.write.versions`` (default
-``1,2``), all in one durable append. Reading: ``task.checkpoint.read.versions`` (default ``1``)
-lists versions by priority; the checkpoint of the first version present is used, unless one of a
-lower priority is more than ``task.live.checkpoint.max.age`` ms newer (by checkpoint id). A read
+``1,2``), all in one durable append. Reading: ``task.checkpoint.read.versions`` (default
+``2,1``, where Samza's is ``1``: V1 carries no blob-store markers) lists versions by priority;
+the checkpoint of the first version present is used, unless one of a lower priority is more
+than ``task.live.checkpoint.max.age`` ms newer (by checkpoint id). A read
 always returns one whole message, so offsets and state markers always come from one commit.
 Readers skip message types and versions they do not know; a message of a known type that cannot
 be parsed is an error naming the stream, offset and task.
@@ -62,7 +63,7 @@ class CheckpointManager:
         self._read_upto: str | None = None
         self._latest: dict[int, dict[TaskName, Checkpoint]] = {v: {} for v in TYPES}
         self.write_versions = parse_versions(config, "task.checkpoint.write.versions", "1,2")
-        self.read_versions = parse_versions(config, "task.checkpoint.read.versions", "1")
+        self.read_versions = parse_versions(config, "task.checkpoint.read.versions", "2,1")
         self.max_age_ms = config.get_int("task.live.checkpoint.max.age", 600_000)
 
     def create_resources(self) -> None:

@@ -25,22 +25,34 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.checkpoint.offsets import OffsetManager
 from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.failpoints import maybe_crash
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
 from sparkpoint.metadata.job_state import Heartbeat, assign_changelog_partitions, store_config
-from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, group_by_partition
+from sparkpoint.model import (
+    JobModel,
+    SystemStreamPartition,
+    TaskModel,
+    TaskName,
+    group_by_partition,
+)
 from sparkpoint.runtime.batchlog import BatchLog
 from sparkpoint.runtime.plan import (
     EMPTY_STATE,
-    RestoreInfo,
     TaskBatchPlan,
     TaskBatchResult,
     checkpoint_state_id,
 )
 from sparkpoint.startpoint.manager import StartpointManager
-from sparkpoint.storage.backend import StateBackendAdmin, backend_factory, store_backends
+from sparkpoint.storage.backend import (
+    RestoreStats,
+    StateBackendAdmin,
+    backend_factory,
+    known_backends,
+    store_backends,
+)
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
-from sparkpoint.testing.faults import maybe_crash
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +98,7 @@ class BatchReport:
     commit_seconds: float
     task_seconds: float  # summed over tasks: the executor time the batch's work took
     lag: dict[str, int]
-    restored: list[tuple[str, RestoreInfo]]
+    restored: list[tuple[str, RestoreStats]]
     uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
 
 
@@ -122,6 +134,26 @@ def job_model(config: Config, systems: Systems) -> JobModel:
     """The job's tasks: one per input partition number, each also reading broadcast inputs."""
     inputs, shared = systems.job_inputs(config.inputs, config.broadcast_inputs)
     return group_by_partition(config.job_name, config.job_id, inputs, shared)
+
+
+def check_checkpoint_versions(config: Config, store: str, checkpoints: CheckpointManager) -> None:
+    """Refuse versions that cannot carry the markers of a store's restore backends: a backend
+    whose markers live only in V2 needs V2 checkpoints written and read."""
+    v2_only = [
+        n for n in store_backends(config, store, "restore") if not backend_factory(n).markers_in_v1
+    ]
+    if not v2_only:
+        return
+    for key, versions in (
+        ("task.checkpoint.write.versions", checkpoints.write_versions),
+        ("task.checkpoint.read.versions", checkpoints.read_versions),
+    ):
+        if 2 not in versions:
+            raise ConfigError(
+                f"{key}={','.join(map(str, versions))}: store {store} restores from "
+                f"{', '.join(v2_only)}, whose markers only V2 checkpoints carry; include 2 "
+                f"(the default: write 1,2 and read 2,1)"
+            )
 
 
 class JobCoordinator:
@@ -186,6 +218,7 @@ class JobCoordinator:
         checkpoints = self.checkpoints.read_all()
         for admin in admins:
             admin.compact(checkpoints)
+        self._delete_unused_state(model, checkpoints)
         meta = self.metadata(ssps)
         self.startpoints = StartpointManager(
             self.metadata_store, max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
@@ -266,6 +299,7 @@ class JobCoordinator:
         for store in self.config.stores:
             for kind in ("backup", "restore"):
                 names.update(store_backends(self.config, store, kind))
+            check_checkpoint_versions(self.config, store, self.checkpoints)
         admins = []
         for name in sorted(names):
             admin = backend_factory(name).admin(self.config, model, self.systems)
@@ -273,6 +307,15 @@ class JobCoordinator:
             admin.validate_resources()
             admins.append(admin)
         return admins
+
+    def _delete_unused_state(
+        self, model: JobModel, checkpoints: Mapping[TaskName, Checkpoint]
+    ) -> None:
+        """Step 5 of restore: each backend any checkpoint names deletes what stores that no
+        longer use it left behind."""
+        named = {n for c in checkpoints.values() for n in c.state_checkpoint_markers}
+        for name in sorted(n for n in named if n in known_backends()):
+            backend_factory(name).admin(self.config, model, self.systems).delete_unused(checkpoints)
 
     # -- the loop
     def stop(self, reason: str = "stopped") -> None:

@@ -37,16 +37,15 @@ from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import (
     EMPTY_STATE,
-    RestoreInfo,
     TaskBatchPlan,
     TaskBatchResult,
     checkpoint_state_id,
     parse_checkpoint,
 )
-from sparkpoint.runtime.restore import restore_stores
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.storage.backend import (
     BackendContext,
+    RestoreStats,
     TaskBackupManager,
     backend_factory,
     store_backends,
@@ -56,6 +55,7 @@ from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.restore import restore_stores
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
@@ -145,7 +145,7 @@ class TaskBatch:
         self.task = plan.task.name
         self.local = LocalTaskState(self.config.store_base_dir, self.task)
         self.engines: dict[str, KeyValueEngine] = {}
-        self.restored: list[RestoreInfo] = []
+        self.restored: list[RestoreStats] = []
         self.last_checkpoint = (
             parse_checkpoint(plan.last_checkpoint) if plan.last_checkpoint else None
         )

@@ -46,8 +46,8 @@ from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch, persistent_store
-from sparkpoint.runtime.plan import RestoreInfo, TaskBatchPlan, TaskBatchResult
-from sparkpoint.storage.backend import TaskBackupManager
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.storage.backend import RestoreStats, TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import Record
 
@@ -337,7 +337,7 @@ def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | N
         done = batch.local.read_note(_note_name(step))
         if done is None or done.get("batch") != key:
             return None
-    batch.restored = [RestoreInfo(**r) for r in note.get("restored", [])]
+    batch.restored = [RestoreStats(**r) for r in note.get("restored", [])]
     return read
 
 

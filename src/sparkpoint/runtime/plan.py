@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.model import SystemStreamPartition, TaskModel
+from sparkpoint.storage.backend import RestoreStats
 
 EMPTY_STATE = "empty"
 
@@ -66,17 +67,6 @@ class TaskBatchPlan:
 
 
 @dataclass
-class RestoreInfo:
-    """How a task's state was established at the start of a batch."""
-
-    store: str
-    source: str  # "local-checkpoint", "empty", or the backend it came from
-    entries: int
-    bytes: int
-    seconds: float
-
-
-@dataclass
 class TaskBatchResult:
     """What a task did in one batch."""
 
@@ -91,7 +81,7 @@ class TaskBatchResult:
     upload_metrics: list[dict[str, int]] = field(default_factory=list)  # one per completed
     commit_started: str | None = None
     commit_skipped: bool = False
-    restored: list[RestoreInfo] = field(default_factory=list)
+    restored: list[RestoreStats] = field(default_factory=list)
     commit_requested: bool = False
     shutdown_requested: bool = False
     process_seconds: float = 0.0

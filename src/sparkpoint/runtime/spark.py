@@ -15,7 +15,14 @@ from importlib import resources
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, CorruptRecordError, SparkpointError, TaskError, UserError
+from sparkpoint.errors import (
+    ConfigError,
+    CorruptRecordError,
+    RestoreError,
+    SparkpointError,
+    TaskError,
+    UserError,
+)
 from sparkpoint.runtime.executor import run_task_batch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 
@@ -26,6 +33,7 @@ _ERRORS: dict[str, type[SparkpointError]] = {
     "StoreError": SparkpointError,
     "CheckpointError": SparkpointError,
     "StreamNotFound": UserError,
+    "RestoreError": RestoreError,
 }
 
 

@@ -107,7 +107,7 @@ class StartpointManager:
                         if self._fresh(key, sp, now):
                             candidates.append(sp)
                 if candidates:
-                    current[ssp] = max(candidates, key=lambda s: s.creation_timestamp)
+                    current[ssp] = _precedence(candidates)
             if current:
                 result[task] = current
                 updates[task.name] = json.dumps(
@@ -157,3 +157,13 @@ class StartpointManager:
             return False
         self.store.delete(APPLY_NOW, "request")
         return True
+
+
+def _precedence(candidates: list[Startpoint]) -> Startpoint:
+    """Of an SSP-only and an SSP+task startpoint (in that order), the newer one; on equal
+    creation times the SSP+task one, which is the more specific (Samza's rule)."""
+    best = candidates[0]
+    for sp in candidates[1:]:
+        if sp.creation_timestamp >= best.creation_timestamp:
+            best = sp
+    return best

@@ -124,6 +124,13 @@ class TaskRestoreManager(ABC):
         for the task.
         """
 
+    def discard_uncommitted(self) -> None:  # noqa: B027 - optional hook
+        """The context's stores were restored to the checkpoint from elsewhere (a local
+        checkpoint, another backend) and are open in ``context.engines``: drop or undo what this
+        backend holds beyond the checkpoint, so a later restore from it cannot bring back writes
+        of an uncommitted batch. Idempotent. Backends whose copies are immutable and named by
+        their markers (a blob store) have nothing to undo."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
 
@@ -141,6 +148,11 @@ class StateBackendAdmin(ABC):
 
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
         """Bound the backend's storage by the tasks' last checkpoints (at job start)."""
+
+    def delete_unused(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
+        """Delete remote state the tasks' last checkpoints name for stores that no longer use
+        this backend (gone from the job, or moved to another backend). Run at job start for
+        every backend that any checkpoint names, configured or not. Idempotent."""
 
 
 class NoResources(StateBackendAdmin):
@@ -164,6 +176,8 @@ class StateBackendFactory(ABC):
     """
 
     name: str = ""
+    #: whether a V1 checkpoint carries this backend's markers (as changelog SSP offsets)
+    markers_in_v1: bool = False
     backup_class: type[TaskBackupManager]
     restore_class: type[TaskRestoreManager]
     admin_class: type[StateBackendAdmin] = NoResources

@@ -37,22 +37,32 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.errors import SparkpointError
+from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.testing.faults import InjectedCrash, maybe_crash
 
 log = logging.getLogger(__name__)
 
-UPLOADING, DONE, FAILED = "uploading", "done", "failed"
+
+class CommitState(StrEnum):
+    """Where a commit's asynchronous stage is; the ``state`` of its commit record."""
+
+    UPLOADING = "uploading"
+    DONE = "done"
+    FAILED = "failed"
+
+
+UPLOADING, DONE, FAILED = CommitState.UPLOADING, CommitState.DONE, CommitState.FAILED
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -63,6 +73,21 @@ _active: set[tuple[str, str]] = set()
 
 class CommitError(SparkpointError):
     """A commit's asynchronous stage failed or timed out; names task, store and checkpoint."""
+
+
+def _start_upload(
+    manager: TaskBackupManager, checkpoint_id: CheckpointId, markers: Mapping[str, str]
+) -> Future[dict[str, str]]:
+    """``manager.upload(...)``; an upload that raises at once becomes a failed future, so the
+    commit fails like any other failed upload instead of staying "uploading"."""
+    try:
+        return manager.upload(checkpoint_id, markers)
+    except InjectedCrash:
+        raise
+    except Exception as exc:
+        failed: Future[dict[str, str]] = Future()
+        failed.set_exception(exc)
+        return failed
 
 
 def commit_pool(tasks: int) -> ThreadPoolExecutor:
@@ -100,7 +125,7 @@ def _alive(record: CommitRecord, task: TaskName) -> bool:
 class CommitRecord:
     run_id: str
     checkpoint_id: str
-    state: str
+    state: CommitState
     host: str
     pid: int
     started_ms: int
@@ -113,7 +138,9 @@ class CommitRecord:
 
     @classmethod
     def load(cls, path: Path) -> CommitRecord:
-        return cls(**json.loads(path.read_bytes()))
+        record = cls(**json.loads(path.read_bytes()))
+        record.state = CommitState(record.state)
+        return record
 
 
 @dataclass
@@ -201,24 +228,41 @@ class TaskCommitManager:
             if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
         ]
 
-    def _raise_failures(self) -> None:
-        for r in self.records():
-            lost = r.state == UPLOADING and not _alive(r, self.task)
-            if r.state == FAILED or lost:
-                reason = (
-                    r.error
-                    if r.state == FAILED
-                    else (f"the upload was lost: worker {r.pid} on {r.host} died while uploading")
-                )
-                # the record has been reported; the next attempt starts clean
-                (self.dir / r.checkpoint_id).unlink(missing_ok=True)
-                raise CommitError(f"task {self.task}: commit {r.checkpoint_id} failed: {reason}")
+    def _check(self) -> CommitRecord | None:
+        """Raise the first failed or lost upload of this run; else the upload still running.
 
-    def _in_flight(self) -> CommitRecord | None:
+        One read of the records answers both questions, so an upload that fails while this
+        runs is seen either as failed or as still running (and then waited for), never missed
+        until a later commit. A record seen uploading whose upload is no longer active here is
+        read again: it may have finished or failed in between.
+        """
+        running = None
         for r in self.records():
-            if r.state == UPLOADING and _alive(r, self.task):
-                return r
-        return None
+            if r.state == UPLOADING and not _alive(r, self.task):
+                r = self._reload(r)
+            if r.state == FAILED:
+                self._report(r, r.error)
+            elif r.state == UPLOADING and not _alive(r, self.task):
+                self._report(
+                    r, f"the upload was lost: worker {r.pid} on {r.host} died while uploading"
+                )
+            elif r.state == UPLOADING and running is None:
+                running = r
+        return running
+
+    def _reload(self, record: CommitRecord) -> CommitRecord:
+        try:
+            return CommitRecord.load(self.dir / record.checkpoint_id)
+        except (ValueError, TypeError, OSError):
+            return record
+
+    def _report(self, record: CommitRecord, reason: str) -> None:
+        # the record has been reported; the next attempt starts clean
+        (self.dir / record.checkpoint_id).unlink(missing_ok=True)
+        raise CommitError(f"task {self.task}: commit {record.checkpoint_id} failed: {reason}")
+
+    def _raise_failures(self) -> None:
+        self._check()
 
     # -- the sequence
     def commit(
@@ -229,13 +273,12 @@ class TaskCommitManager:
     ) -> CommitOutcome:
         """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
         outcome = CommitOutcome()
-        self._raise_failures()
+        running = self._check()
         if not wait and self.completed(self.committed):
             # the previous commit finished but the driver has not written it yet (it will right
             # after this batch): commit next time, so every snapshot builds on a written one
             outcome.skipped = True
             return outcome
-        running = self._in_flight()
         if running is not None:
             age = time.time() * 1000 - running.started_ms
             if age < self.max_delay_ms and not wait:
@@ -273,7 +316,7 @@ class TaskCommitManager:
         outcome.started = str(cid)
         # 4-5: upload, then the checkpoint into each local checkpoint directory
         _active.add((self.task.name, str(cid)))
-        futures = {name: m.upload(cid, snapshot[name]) for name, m in self.backups.items()}
+        futures = {name: _start_upload(m, cid, snapshot[name]) for name, m in self.backups.items()}
         if all(f.done() for f in futures.values()):
             self._finish(record, futures)
         else:

@@ -5,6 +5,7 @@ Layout under ``job.logged.store.base.dir``::
     <task>/STATE                       JSON {"state-id": ...}; absent while the state is changing
     <task>/FRAME-*                     notes of the DataFrame API's batch phases (frame_task)
     <task>/<store>/                    the live store
+    <task>/<store>.restoring/          the store while a restore rebuilds it (then renamed)
     <task>/<store>.checkpoints/<id>/   a local checkpoint of the store (RocksDB hard links)
                                        with a CHECKPOINT file holding the checkpoint JSON
 
@@ -57,6 +58,10 @@ class LocalTaskState:
     def store_dir(self, store: str) -> Path:
         return self.dir / store
 
+    def staging_dir(self, store: str) -> Path:
+        """Where a store is rebuilt before it is renamed into place (removed on failure)."""
+        return self.dir / f"{store}.restoring"
+
     def checkpoints_dir(self, store: str) -> Path:
         return self.dir / f"{store}.checkpoints"
 
@@ -106,16 +111,15 @@ class LocalTaskState:
         Writes only inside this task's directory.
         """
         live = self.store_dir(store)
-        if live.exists():
-            shutil.rmtree(live)
+        for stale in (live, self.staging_dir(store)):
+            if stale.exists():
+                shutil.rmtree(stale)
         if checkpoint_id is None:
             return False
         source = self.checkpoint_dir(store, checkpoint_id)
         if not (source / CHECKPOINT_FILE).exists():
             return False
-        staging = live.with_name(live.name + ".restoring")
-        if staging.exists():
-            shutil.rmtree(staging)
+        staging = self.staging_dir(store)
         shutil.copytree(source, staging, copy_function=_link_or_copy)
         (staging / CHECKPOINT_FILE).unlink()
         os.replace(staging, live)

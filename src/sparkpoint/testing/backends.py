@@ -6,7 +6,8 @@ Its upload really runs asynchronously on the commit pool, and can be slowed or m
 
 * ``testing.copy.dir``: where copies go (``<dir>/<task>/<store>/<checkpoint id>/``);
 * ``testing.copy.delay.ms``: how long each upload sleeps before copying;
-* ``testing.copy.fail.flag``: while this file exists, the next upload deletes it and fails.
+* ``testing.copy.fail.flag``: while this file exists, the next upload deletes it and fails;
+* ``testing.copy.fail.sync.flag``: the same, but ``upload()`` itself raises (before any future).
 
 Its marker is the checkpoint id of the copy; restore copies it back into the store directory.
 """
@@ -46,6 +47,7 @@ class CopyBackup(TaskBackupManager):
         self.ctx = context
         self.delay = context.config.get_int("testing.copy.delay.ms", 0) / 1000
         self.fail_flag = context.config.get_str("testing.copy.fail.flag", "") or ""
+        self.sync_fail_flag = context.config.get_str("testing.copy.fail.sync.flag", "") or ""
 
     def init(self, checkpoint: Checkpoint | None) -> None:
         pass
@@ -56,6 +58,9 @@ class CopyBackup(TaskBackupManager):
     def upload(
         self, checkpoint_id: CheckpointId, snapshot_markers: Mapping[str, str]
     ) -> Future[dict[str, str]]:
+        if self.sync_fail_flag and os.path.exists(self.sync_fail_flag):
+            os.unlink(self.sync_fail_flag)
+            raise OSError("injected synchronous upload failure")
         return commit_pool(len(self.ctx.stores)).submit(self._upload, str(checkpoint_id))
 
     def _upload(self, cid: str) -> dict[str, str]:

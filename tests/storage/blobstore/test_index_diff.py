@@ -101,9 +101,11 @@ def test_diff_added_changed_unchanged_removed(tmp_path: Path) -> None:
     write(one / "sub" / "x", b"x")
     write(one / "oldsub" / "y", b"y")
     write(one / "CHECKPOINT", b"ignored")
+    write(one / "IDENTITY", b"db-1")
     first = diff_dir(one, None)
     assert sorted(p.name for p in first.files_to_upload()) == [
         "000001.sst",
+        "IDENTITY",
         "changed",
         "gone",
         "perm",
@@ -120,15 +122,17 @@ def test_diff_added_changed_unchanged_removed(tmp_path: Path) -> None:
     write(two / "new", b"eee")
     write(two / "sub" / "x", b"x")
     write(two / "sub" / "z", b"z")
+    write(two / "IDENTITY", b"db-1")  # the same database
     second = diff_dir(two, prev)
     assert sorted(p.name for p in second.files_to_upload()) == ["changed", "new", "perm", "z"]
-    assert sorted(f.file_name for f in second.retained) == ["000001.sst", "same"]
+    assert sorted(f.file_name for f in second.retained) == ["000001.sst", "IDENTITY", "same"]
     assert sorted(f.file_name for f in second.removed) == ["changed", "gone", "perm"]
     assert [d.dir_name for d in second.sub_dirs_removed] == ["oldsub"]
     index = uploaded(second, two)
     assert sorted(f.file_name for f in index.all_removed()) == ["changed", "gone", "perm", "y"]
     assert sorted(p for p, _ in index.all_files()) == [
         "000001.sst",
+        "IDENTITY",
         "changed",
         "new",
         "perm",
@@ -136,3 +140,21 @@ def test_diff_added_changed_unchanged_removed(tmp_path: Path) -> None:
         "sub/x",
         "sub/z",
     ]
+
+
+def test_a_rebuilt_database_is_uploaded_in_full(tmp_path: Path) -> None:
+    """A store rebuilt from a changelog reuses SST names (another IDENTITY): nothing of the
+    previous snapshot may be reused, since its blobs belong to other files."""
+    one = tmp_path / "one"
+    write(one / "000001.sst", b"old")
+    write(one / "OPTIONS", b"same")
+    write(one / "IDENTITY", b"db-1")
+    prev = uploaded(diff_dir(one, None), one)
+    two = tmp_path / "two"
+    write(two / "000001.sst", b"new")  # same name and size, other content
+    write(two / "OPTIONS", b"same")
+    write(two / "IDENTITY", b"db-2")
+    diff = diff_dir(two, prev)
+    assert sorted(p.name for p in diff.files_to_upload()) == ["000001.sst", "IDENTITY", "OPTIONS"]
+    assert diff.retained == []
+    assert sorted(f.file_name for f in diff.removed) == ["000001.sst", "IDENTITY", "OPTIONS"]

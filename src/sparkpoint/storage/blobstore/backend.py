@@ -30,8 +30,8 @@ from pathlib import Path
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
-from sparkpoint.errors import SparkpointError
-from sparkpoint.model import JobModel
+from sparkpoint.errors import RestoreError
+from sparkpoint.model import JobModel, TaskName
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -39,6 +39,7 @@ from sparkpoint.storage.backend import (
     StateBackendFactory,
     TaskBackupManager,
     TaskRestoreManager,
+    store_backends,
 )
 from sparkpoint.storage.blobstore.diff import crc32_of, diff_dir, same_file
 from sparkpoint.storage.blobstore.index import (
@@ -59,10 +60,6 @@ log = logging.getLogger(__name__)
 
 NAME = "blobstore"
 FILE_THREADS = 8
-
-
-class RestoreError(SparkpointError):
-    """A snapshot could not be restored (missing or corrupt blob, unsafe index)."""
 
 
 def blob_manager(config: Config) -> BlobStoreManager:
@@ -93,17 +90,19 @@ class BlobStoreBackupManager(TaskBackupManager):
     def init(self, checkpoint: Checkpoint | None) -> None:
         markers = {} if checkpoint is None else checkpoint.state_checkpoint_markers.get(NAME, {})
         for store in self.ctx.stores:
-            if store in markers:
-                self.previous[store] = (
+            if store not in markers:
+                continue
+            try:
+                index = load_index(self.blobs, markers[store], self._where(store))
+            except BlobNotFound:
+                log.warning(
+                    "%s: the previous snapshot index %s is missing; the next snapshot uploads "
+                    "every file",
+                    self._where(store),
                     markers[store],
-                    load_index(self.blobs, markers[store], self._where(store)),
                 )
-        backed_up = set(self.ctx.config.stores)
-        for store, index_id in markers.items():
-            if store not in backed_up:  # the store is gone from the job: so is its snapshot
-                with contextlib.suppress(BlobNotFound):
-                    delete_snapshot(self.blobs, index_id, self._where(store))
-                    log.info("%s: deleted the snapshot of a store no longer in the job", store)
+                continue
+            self.previous[store] = (markers[store], index)
 
     def snapshot(self, checkpoint_id: CheckpointId) -> dict[str, str]:
         return {}  # the local checkpoint directory is the snapshot; the upload reads it
@@ -135,6 +134,7 @@ class BlobStoreBackupManager(TaskBackupManager):
                 store,
             )
             index = SnapshotIndex(int(time.time() * 1000), meta, diff.to_index(ids, sums), prev_id)
+            index.validate(self._where(store))
             markers[store] = self.blobs.put_bytes(index.dumps())
             for key, value in (
                 ("files-uploaded", len(files)),
@@ -155,12 +155,26 @@ class BlobStoreBackupManager(TaskBackupManager):
     def clean_up(self, checkpoint_id: CheckpointId, markers: Mapping[str, str]) -> None:
         for store, index_id in markers.items():
             if store not in self.ctx.stores:
-                continue  # a store gone from the job: init() deleted its snapshot
+                continue  # no longer backed up here: the admin deletes it at job start
             index = load_index(self.blobs, index_id, self._where(store))
             self.blobs.remove_ttl(index_id)
+            missing = []
             for _, f in index.dir_index.all_files():
                 for blob in f.blobs:
-                    self.blobs.remove_ttl(blob.blob_id)
+                    try:
+                        self.blobs.remove_ttl(blob.blob_id)
+                    except BlobNotFound:
+                        missing.append(blob.blob_id)
+            if missing:  # nothing left to protect; restore from this snapshot will fail
+                log.warning(
+                    "%s: snapshot %s of checkpoint %s misses %d blob(s) (%s); a restore from it "
+                    "falls back to the next restore backend",
+                    self._where(store),
+                    index_id,
+                    checkpoint_id,
+                    len(missing),
+                    ", ".join(missing[:3]),
+                )
             for f in index.dir_index.all_removed():
                 for blob in f.blobs:
                     self.blobs.delete(blob.blob_id)
@@ -214,7 +228,7 @@ class BlobStoreRestoreManager(TaskRestoreManager):
             raise RestoreError(
                 f"{where}: snapshot {marker} belongs to store {index.metadata.store_name}"
             )
-        staging = target.with_name(f"{store}.restoring")
+        staging = self.ctx.local.staging_dir(store)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         root = staging.resolve()
@@ -261,12 +275,28 @@ class BlobStoreRestoreManager(TaskRestoreManager):
                 f"{where}: file {f.file_name} from blob {f.blobs[0].blob_id} is corrupt "
                 f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
             )
-        os.chmod(dest, int(f.metadata.permissions, 8))
+        os.chmod(dest, f.metadata.mode)
 
 
 class BlobStoreAdmin(StateBackendAdmin):
     def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
         self.config = config
+
+    def delete_unused(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
+        """Delete the snapshots of stores that are gone from the job or no longer back up to
+        the blob store (moved to another backend), as named by the tasks' last checkpoints."""
+        blobs: BlobStoreManager | None = None
+        for task, checkpoint in sorted(checkpoints.items()):
+            for store, index_id in checkpoint.state_checkpoint_markers.get(NAME, {}).items():
+                if store in self.config.stores and NAME in store_backends(
+                    self.config, store, "backup"
+                ):
+                    continue
+                blobs = blobs or blob_manager(self.config)
+                where = f"task {task.name} store {store}"
+                with contextlib.suppress(BlobNotFound):
+                    delete_snapshot(blobs, index_id, where)
+                    log.info("%s: deleted the snapshot of a store no longer backed up here", where)
 
     def create_resources(self) -> None:
         swept = blob_manager(self.config).sweep()

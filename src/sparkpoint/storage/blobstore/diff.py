@@ -2,8 +2,10 @@
 
 Files compare equal by name, size, permission bits and CRC32 (timestamps are ignored). With
 ``skip_sst_checksum`` an ``.sst`` file (immutable in RocksDB) compares by name, size and
-permissions only, which avoids reading unchanged gigabytes at every commit. ``CHECKPOINT`` and
-``OFFSET`` files are never part of a snapshot.
+permissions only, which avoids reading unchanged gigabytes at every commit. Files are compared at
+all only while the directory holds the same RocksDB database as the previous snapshot (same
+``IDENTITY`` file); a database rebuilt from scratch reuses SST names, so it is uploaded in full.
+``CHECKPOINT`` and ``OFFSET`` files are never part of a snapshot.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkpoint.storage.blobstore.index import DirIndex, FileBlob, FileIndex, FileMetadata
+from sparkpoint.storage.kv.rocksdb import IDENTITY
 
 IGNORED = frozenset({"CHECKPOINT", "OFFSET"})
 CHUNK = 1 << 20
@@ -41,11 +44,21 @@ def metadata_of(path: Path) -> FileMetadata:
 
 
 def same_file(path: Path, meta: FileMetadata, old: FileIndex, skip_sst_checksum: bool) -> bool:
-    if old.metadata.size != meta.size or old.metadata.permissions != meta.permissions:
+    if old.metadata.size != meta.size or old.metadata.mode != meta.mode:
         return False
     if skip_sst_checksum and path.name.endswith(".sst"):
         return True
     return crc32_of(path) == old.checksum
+
+
+def _same_database(local: Path, previous: DirIndex | None) -> bool:
+    old = (
+        next((f for f in previous.files_present if f.file_name == IDENTITY), None)
+        if previous
+        else None
+    )
+    path = local / IDENTITY
+    return old is not None and path.is_file() and crc32_of(path) == old.checksum
 
 
 @dataclass
@@ -91,7 +104,17 @@ class DirDiff:
 def diff_dir(
     local: Path, previous: DirIndex | None, *, skip_sst_checksum: bool = True, name: str = ""
 ) -> DirDiff:
-    """Compare ``local`` with ``previous`` (``None``: everything is new)."""
+    """Compare ``local`` with ``previous`` (``None``: everything is new).
+
+    A directory that holds another database than ``previous`` describes (rebuilt from a
+    changelog: another ``IDENTITY``) is uploaded in full and every previous file is removed, so a
+    new snapshot never reuses a blob of a snapshot whose files it did not come from.
+    """
+    if previous is not None and not name and not _same_database(local, previous):
+        fresh = diff_dir(local, None, skip_sst_checksum=skip_sst_checksum)
+        fresh.removed.extend(previous.files_present)
+        fresh.sub_dirs_removed.extend(previous.sub_dirs_present)
+        return fresh
     old_files = {f.file_name: f for f in previous.files_present} if previous else {}
     old_dirs = {d.dir_name: d for d in previous.sub_dirs_present} if previous else {}
     result = DirDiff(name)

@@ -15,6 +15,7 @@ wrong, never a partial result.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,12 @@ class FileMetadata:
     size: int
     owner: str
     group: str
-    permissions: str  # octal, e.g. "644"
+    permissions: str  # octal ("644") as sparkpoint writes it, or Samza's "rw-r--r--"
+
+    @property
+    def mode(self) -> int:
+        """The permission bits, from either form."""
+        return parse_permissions(self.permissions)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,14 +79,31 @@ class FileMetadata:
         size = _get(d, "size", int, where)
         if size < 0:
             raise InvalidSnapshotIndex(f"{where}: negative size")
+        permissions = _get(d, "permissions", str, where)
+        try:
+            parse_permissions(permissions)
+        except ValueError as exc:
+            raise InvalidSnapshotIndex(f"{where}: {exc}") from None
         return cls(
             _get(d, "creation-time-millis", int, where),
             _get(d, "last-modified-time-millis", int, where),
             size,
             _get(d, "owner", str, where),
             _get(d, "group", str, where),
-            _get(d, "permissions", str, where),
+            permissions,
         )
+
+
+_RWX = re.compile(r"[r-][w-][x-][r-][w-][x-][r-][w-][x-]")
+
+
+def parse_permissions(text: str) -> int:
+    """``"644"`` (octal) or ``"rw-r--r--"`` (POSIX, as Samza writes them) to mode bits."""
+    if re.fullmatch(r"[0-7]{1,4}", text):
+        return int(text, 8)
+    if _RWX.fullmatch(text):
+        return sum(1 << (8 - i) for i, c in enumerate(text) if c != "-")
+    raise ValueError(f"permissions {text!r} are neither octal (644) nor rwx (rw-r--r--)")
 
 
 @dataclass(frozen=True)
@@ -241,10 +264,24 @@ class SnapshotIndex:
         prev = d.get("prev-snapshot-index-blob-id")
         if prev is not None:
             check_name(prev, "blob")
-        return cls(
+        index = cls(
             _get(d, "creation-time-millis", int, where),
             meta,
             DirIndex.from_json(_get(d, "dir-index", dict, where)),
             prev,
             version,
         )
+        index.validate(where)
+        return index
+
+    def validate(self, where: str = "snapshot index") -> None:
+        """Reject an index whose clean-up would delete a blob it still uses: no blob may be
+        both in a file present and in a file removed."""
+        present = {b.blob_id for _, f in self.dir_index.all_files() for b in f.blobs}
+        removed = {b.blob_id for f in self.dir_index.all_removed() for b in f.blobs}
+        shared = sorted(present & removed)
+        if shared:
+            raise InvalidSnapshotIndex(
+                f"{where}: blob(s) {', '.join(shared[:3])} are listed both as present and as "
+                f"removed (deleting them would break this snapshot)"
+            )

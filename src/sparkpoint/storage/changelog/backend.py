@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, RestoreError
 from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel, TaskName
 from sparkpoint.storage.backend import (
     BackendContext,
@@ -38,7 +38,7 @@ from sparkpoint.storage.backend import (
 from sparkpoint.storage.changelog.logged import LoggedEngine
 from sparkpoint.storage.changelog.marker import ChangelogMarker
 from sparkpoint.storage.kv.base import KeyValueEngine
-from sparkpoint.system.base import Record, StreamSpec, SystemProducer
+from sparkpoint.system.base import Record, StreamSpec, SystemAdmin, SystemProducer
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -130,39 +130,117 @@ class ChangelogRestoreManager(TaskRestoreManager):
     def restore(self) -> list[RestoreStats]:
         return [self._restore_store(store) for store in self.ctx.stores]
 
+    def discard_uncommitted(self) -> None:
+        """Trim each store's changelog after the checkpointed offset: the store (restored from
+        its local checkpoint or another backend) is at the checkpoint, so every key written
+        after it gets its restored value or a tombstone appended."""
+        for store in self.ctx.stores:
+            ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
+            admin = self.ctx.systems.admin(ssp.system)
+            meta = admin.get_metadata([ssp])[ssp]
+            marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
+            if marker is None or marker.offset is None:
+                start = meta.oldest  # nothing of this store is committed in the changelog
+            else:
+                start = admin.offset_after(ssp, marker.offset)
+            if not self._in_range(admin, start, meta.oldest, meta.upcoming):
+                log.warning(
+                    "task %s store %s: changelog %s (offsets %s..%s) does not hold the "
+                    "checkpointed offset %s; not trimming it",
+                    self.ctx.task.name,
+                    store,
+                    ssp,
+                    meta.oldest,
+                    meta.upcoming,
+                    None if marker is None else marker.offset,
+                )
+                continue
+            if admin.offset_comparator(start, meta.upcoming) < 0:
+                self._trim_logged(store, ssp, self.ctx.engine(store), start, meta.upcoming)
+
+    @staticmethod
+    def _in_range(admin: SystemAdmin, offset: str, oldest: str, upcoming: str) -> bool:
+        return (
+            admin.offset_comparator(oldest, offset) <= 0
+            and admin.offset_comparator(offset, upcoming) <= 0
+        )
+
+    def _replay_range(
+        self, store: str, ssp: SystemStreamPartition, admin: SystemAdmin
+    ) -> tuple[str, str, bool]:
+        """``(start, end, trim)``: replay ``[start, end)``, then trim ``[end, upcoming)`` if
+        ``trim`` (Samza's TransactionalStateTaskRestoreManager rules)."""
+        meta = admin.get_metadata([ssp])[ssp]
+        task = self.ctx.task.name
+        if not self.transactional:
+            return meta.oldest, meta.upcoming, False
+        marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
+        if marker is None or marker.offset is None:
+            if self.ctx.config.get_bool("task.transactional.state.retain.existing.state", False):
+                log.warning(
+                    "task %s store %s: no checkpointed changelog offset and "
+                    "task.transactional.state.retain.existing.state=true: restoring the whole "
+                    "changelog %s (no transactional guarantee for this restore)",
+                    task,
+                    store,
+                    ssp,
+                )
+                return meta.oldest, meta.upcoming, False
+            # nothing committed: nothing to restore, everything to trim
+            return meta.oldest, meta.oldest, True
+        if marker.ssp != ssp:
+            raise RestoreError(
+                f"task {task} store {store}: the checkpoint's changelog marker names {marker.ssp} "
+                f"but the store's changelog is {ssp} (stores.{store}.changelog changed?). "
+                f"Restore the old stores.{store}.changelog, or remove the store's state "
+                f"deliberately with a new checkpoint"
+            )
+        end = admin.offset_after(ssp, marker.offset)
+        if meta.newest is None or not self._in_range(
+            admin, marker.offset, meta.oldest, meta.newest
+        ):
+            log.error(
+                "task %s store %s: checkpointed changelog offset %s is outside what changelog "
+                "%s holds (offsets %s..%s): it was truncated (retention) or recreated. Restoring "
+                "everything it holds, with no transactional guarantee, and trimming nothing",
+                task,
+                store,
+                marker.offset,
+                ssp,
+                meta.oldest,
+                meta.newest,
+            )
+            return meta.oldest, meta.upcoming, False
+        return meta.oldest, end, True
+
     def _restore_store(self, store: str) -> RestoreStats:
         started = time.monotonic()
         ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
         admin = self.ctx.systems.admin(ssp.system)
-        meta = admin.get_metadata([ssp])[ssp]
         engine = self.ctx.engine(store)
-        marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
-        if not self.transactional:
-            end = meta.upcoming
-        elif self._checkpoint is None:
-            end = meta.oldest  # nothing committed: nothing to restore, everything to trim
-        elif marker is None:
-            log.error(
-                "task %s store %s: the checkpoint has no changelog marker; "
-                "restoring the whole changelog %s",
-                self.ctx.task.name,
-                store,
-                ssp,
-            )
-            end = meta.upcoming
-        else:
-            end = meta.oldest if marker.offset is None else admin.offset_after(ssp, marker.offset)
-        entries, size = self._replay(ssp, engine, meta.oldest, end)
-        if self.transactional and admin.offset_comparator(end, meta.upcoming) < 0:
-            trimmed = self._trim(ssp, engine, end, meta.upcoming)
-            log.info(
-                "task %s store %s: trimmed %d changelog entries after the checkpoint",
-                self.ctx.task.name,
-                store,
-                trimmed,
-            )
+        start, end, trim = self._replay_range(store, ssp, admin)
+        entries, size = self._replay(ssp, engine, start, end)
+        upcoming = admin.get_metadata([ssp])[ssp].upcoming
+        if trim and admin.offset_comparator(end, upcoming) < 0:
+            self._trim_logged(store, ssp, engine, end, upcoming)
         engine.flush()
         return RestoreStats(store, NAME, entries, size, time.monotonic() - started)
+
+    def _trim_logged(
+        self,
+        store: str,
+        ssp: SystemStreamPartition,
+        engine: KeyValueEngine,
+        start: str,
+        end: str,
+    ) -> None:
+        trimmed = self._trim(ssp, engine, start, end)
+        log.info(
+            "task %s store %s: trimmed %d changelog entries after the checkpoint",
+            self.ctx.task.name,
+            store,
+            trimmed,
+        )
 
     def _read(self, ssp: SystemStreamPartition, start: str, end: str) -> list[Record]:
         consumer = self.ctx.systems.consumer(ssp.system)
@@ -267,6 +345,7 @@ class ChangelogAdmin(StateBackendAdmin):
 
 class ChangelogStateBackendFactory(StateBackendFactory):
     name = NAME
+    markers_in_v1 = True
 
     backup_class = ChangelogBackupManager
     restore_class = ChangelogRestoreManager
@@ -284,5 +363,5 @@ class ChangelogStateBackendFactory(StateBackendFactory):
         out = {}
         for raw in markers.values():
             m = ChangelogMarker.loads(raw)
-            out[m.ssp] = "" if m.offset is None else m.offset
+            out[m.ssp] = "null" if m.offset is None else m.offset  # Samza writes <id>:null
         return out

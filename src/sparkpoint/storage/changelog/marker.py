@@ -5,7 +5,8 @@ V2 form (the marker string in ``state-checkpoint-markers``)::
     {"version": 1, "changelog-ssp": {"system", "stream", "partition"}, "changelog-offset": "N"}
 
 ``changelog-offset`` is ``null`` when the partition was empty. V1 form, stored as the changelog
-SSP's offset in a V1 checkpoint: ``<checkpointId>:<offset>``.
+SSP's offset in a V1 checkpoint: ``<checkpointId>:<offset>``, with ``null`` for an empty
+partition as Samza writes it (``<checkpointId>:`` from older sparkpoint versions reads the same).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class ChangelogMarker:
             raise CheckpointError(f"invalid changelog marker {text!r}: {exc}") from exc
 
     def v1_offset(self, checkpoint_id: CheckpointId) -> str:
-        return f"{checkpoint_id}:{'' if self.offset is None else self.offset}"
+        return f"{checkpoint_id}:{'null' if self.offset is None else self.offset}"
 
     @classmethod
     def from_v1(cls, ssp: SystemStreamPartition, text: str) -> ChangelogMarker:
@@ -53,4 +54,4 @@ class ChangelogMarker:
                 f"invalid V1 changelog offset {text!r} for {ssp}: expected '<id>:<offset>'"
             )
         CheckpointId.parse(cid)
-        return cls(ssp, offset or None)
+        return cls(ssp, None if offset in ("", "null") else offset)

@@ -10,6 +10,7 @@ until ``open_timeout`` seconds have passed, then fails naming the store and path
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 from sparkpoint.errors import StoreError
 from sparkpoint.storage.kv.base import KeyValueEngine
 
+IDENTITY = "IDENTITY"  # RocksDB's unique id of a database, made when it is created
 log = logging.getLogger(__name__)
 
 
@@ -127,6 +129,9 @@ class RocksDBEngine(KeyValueEngine):
         destination.parent.mkdir(parents=True, exist_ok=True)
         self._d().flush(True)
         Checkpoint(self._d()).create_checkpoint(str(destination))
+        identity = self.path / IDENTITY
+        if identity.exists():  # which database the files belong to (see blobstore.diff)
+            shutil.copyfile(identity, destination / IDENTITY)
 
     def close(self) -> None:
         if self._db is not None:

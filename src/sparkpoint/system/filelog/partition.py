@@ -280,23 +280,40 @@ class PartitionLog:
                 for i, r in enumerate(records)
                 if i >= bound or r.key is None or newest[r.key] == i
             ]
-            if len(keep) == len(records):
-                return len(records), len(keep)
-            gen = self._gen() + 1
-            new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
-            parts, index_bytes, pos, max_ts = [], bytearray(), 0, -(2**63)
-            for rec in keep:
-                data = fmt.encode(int(rec.offset), rec.key, rec.value, rec.timestamp)
-                max_ts = max(max_ts, rec.timestamp)
-                index_bytes += fmt.INDEX.pack(int(rec.offset), pos, max_ts)
-                parts.append(data)
-                pos += len(data)
-            for path, content in ((new_log, b"".join(parts)), (new_index, bytes(index_bytes))):
-                with open(path, "wb") as f:
-                    f.write(content)
-                    f.flush()
-                    os.fsync(f.fileno())
-            self._write_current(gen)
-            log_path.unlink(missing_ok=True)
-            index_path.unlink(missing_ok=True)
+            if len(keep) != len(records):
+                self._rewrite(keep)
             return len(records), len(keep)
+
+    def delete_before(self, offset: int) -> int:
+        """Drop every record before ``offset``, as time-based retention does (the oldest
+        offset moves up; offsets are kept). Returns how many records were dropped."""
+        with self._locked():
+            log_path, index_path = self._files()
+            self._recover(log_path, index_path)
+            meta = self.metadata()
+            records = self.read(int(meta.oldest), int(meta.upcoming), None)
+            keep = [r for r in records if int(r.offset) >= offset]
+            if len(keep) != len(records):
+                self._rewrite(keep)
+            return len(records) - len(keep)
+
+    def _rewrite(self, keep: Sequence[Record]) -> None:
+        """Switch atomically to a new generation holding ``keep`` (under the lock)."""
+        log_path, index_path = self._files()
+        gen = self._gen() + 1
+        new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
+        parts, index_bytes, pos, max_ts = [], bytearray(), 0, -(2**63)
+        for rec in keep:
+            data = fmt.encode(int(rec.offset), rec.key, rec.value, rec.timestamp)
+            max_ts = max(max_ts, rec.timestamp)
+            index_bytes += fmt.INDEX.pack(int(rec.offset), pos, max_ts)
+            parts.append(data)
+            pos += len(data)
+        for path, content in ((new_log, b"".join(parts)), (new_index, bytes(index_bytes))):
+            with open(path, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        self._write_current(gen)
+        log_path.unlink(missing_ok=True)
+        index_path.unlink(missing_ok=True)

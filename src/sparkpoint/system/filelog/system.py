@@ -144,6 +144,11 @@ class FileLogAdmin(SystemAdmin):
         bound = None if up_to is None else int(up_to)
         return self._s.log(stream, partition).compact(bound)
 
+    def delete_records_before(self, stream: str, partition: int, offset: str) -> int:
+        """Drop the records of a partition before ``offset`` (retention, or an operator's
+        clean-up; Kafka's deleteRecords). Returns how many were dropped."""
+        return self._s.log(stream, partition).delete_before(int(offset))
+
 
 class FileLogConsumer(SystemConsumer):
     def __init__(self, streams: _Streams) -> None:

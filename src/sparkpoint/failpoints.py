@@ -1,4 +1,8 @@
-"""Fault injection: crash a job at a named point, once, to test recovery.
+"""Named failpoints: places in the commit and restore sequences where a job can be made to crash.
+
+They are part of the product (the commit and restore code call :func:`maybe_crash`) and are off
+unless configured: with no ``testing.crash.at`` key every call returns at once. Tests and the
+soak use them to crash a job at a chosen point, once, and check what a restart recovers.
 
 Set ``testing.crash.at`` to a point name and ``testing.crash.flag`` to a file path holding a
 number N; the point is passed N times, and the next time it is reached the file is deleted and

@@ -1,0 +1,299 @@
+"""Bringing a task's stores to its last committed checkpoint on this executor (DESIGN.md §3).
+
+For each store, in order of cost:
+
+1. a local checkpoint directory for exactly that checkpoint (it has its ``CHECKPOINT`` file,
+   written only after every upload of the commit finished): hard-link it into place;
+2. otherwise the backends of ``stores.<s>.restore.factories`` that have a marker for the store
+   in the checkpoint, in that order: the store directory is emptied and the first one rebuilds
+   it; if it fails (a missing or corrupt blob, an unreadable changelog) the next one is tried,
+   with an ERROR saying so, and when none is left the job stops with a :class:`RestoreError`;
+3. with no marker for the store in any restore backend:
+
+   * no checkpoint at all, or a V2 checkpoint with no marker for the store from any backend
+     (the store is new to the job): the first restore backend starts it fresh (the changelog
+     backend trims what an uncommitted run wrote);
+   * a checkpoint that shows committed state for the store that no configured restore backend
+     can reach (a V1 checkpoint read while a restore backend keeps its markers in V2 only, or
+     a V2 marker of a backend no longer listed in ``restore.factories``): a
+     :class:`RestoreError` naming the task, store, checkpoint and the fix. The job never
+     continues from an empty or older store while keeping newer input offsets;
+   * a store without any backend starts empty, with a WARNING when a checkpoint existed (its
+     state was only on the lost disk).
+
+After the store is at its checkpoint, every *other* backup backend of the store is told to
+discard what it holds beyond that checkpoint (the changelog appends the checkpointed value or a
+tombstone for every key written after its checkpointed offset), so a later restore from that
+backend on another executor cannot bring back writes of an uncommitted batch.
+
+In non-transactional mode the local checkpoint is not used: the changelog is replayed to its
+newest entry and nothing is discarded. Everything is written inside the task's own directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
+from sparkpoint.config import Config
+from sparkpoint.errors import RestoreError
+from sparkpoint.failpoints import InjectedCrash, maybe_crash
+from sparkpoint.model import TaskModel
+from sparkpoint.storage.backend import (
+    BackendContext,
+    RestoreStats,
+    backend_factory,
+    store_backends,
+)
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local-checkpoint"
+EMPTY = "empty"
+
+
+def _has_committed_state(checkpoint: Checkpoint, store: str) -> str | None:
+    """Why ``checkpoint`` shows committed state for ``store`` (or None if it shows none)."""
+    if isinstance(checkpoint, CheckpointV1):
+        return None  # V1 names changelog offsets only; the changelog backend reads those
+    owners = sorted(n for n, m in checkpoint.state_checkpoint_markers.items() if store in m)
+    return f"it has markers of {', '.join(owners)}" if owners else None
+
+
+def restore_candidates(
+    config: Config, store: str, task: TaskModel, checkpoint: Checkpoint | None
+) -> list[str]:
+    """The backends to try, in order, to restore ``store`` to ``checkpoint``.
+
+    An empty list means the store has no restore backend. Raises :class:`RestoreError` when
+    the checkpoint shows committed state for the store that no configured backend can restore.
+    """
+    names = store_backends(config, store, "restore")
+    if not names:
+        return []
+    with_marker = [
+        n for n in names if backend_factory(n).has_marker(config, checkpoint, store, task)
+    ]
+    if with_marker:
+        if with_marker[0] != names[0] and checkpoint is not None:
+            log.error(
+                "task %s store %s: preferred restore backend %s has no marker in checkpoint %s; "
+                "restoring from %s",
+                task.name,
+                store,
+                names[0],
+                checkpoint.checkpoint_id,
+                with_marker[0],
+            )
+        return with_marker
+    if checkpoint is None:
+        return [names[0]]  # nothing committed yet: start fresh
+    cid = checkpoint.checkpoint_id
+    v1_blind = [n for n in names if not backend_factory(n).markers_in_v1]
+    if isinstance(checkpoint, CheckpointV1) and v1_blind:
+        raise RestoreError(
+            f"task {task.name} store {store}: checkpoint {cid} is a V1 checkpoint, which holds "
+            f"no marker of the {', '.join(v1_blind)} backend, so the store's committed state "
+            f"cannot be found. Read V2 checkpoints first: task.checkpoint.read.versions=2,1 "
+            f"(and write them: task.checkpoint.write.versions must include 2)"
+        )
+    reason = _has_committed_state(checkpoint, store)
+    if reason is not None:
+        raise RestoreError(
+            f"task {task.name} store {store}: checkpoint {cid} has committed state for the store "
+            f"({reason}) but none of stores.{store}.restore.factories ({', '.join(names)}) has a "
+            f"marker for it. Add the backend that holds it to stores.{store}.restore.factories"
+        )
+    log.warning(
+        "task %s store %s: checkpoint %s has no state for this store (a store new to the job); "
+        "starting it fresh with %s",
+        task.name,
+        store,
+        cid,
+        names[0],
+    )
+    return [names[0]]
+
+
+@dataclass
+class _Pending:
+    store: str
+    candidates: list[str]
+    failures: list[str]
+
+
+class TaskRestore:
+    """Restores the stores of one task; see the module docstring. One use per batch."""
+
+    def __init__(
+        self,
+        config: Config,
+        systems: Systems,
+        task: TaskModel,
+        local: LocalTaskState,
+        checkpoint: Checkpoint | None,
+        open_engine: Mapping[str, Callable[[], KeyValueEngine]],
+    ) -> None:
+        self.config = config
+        self.systems = systems
+        self.task = task
+        self.local = local
+        self.checkpoint = checkpoint
+        self.open_engine = open_engine
+        self.transactional = config.get_bool("task.transactional.state.checkpoint.enabled", True)
+        self.engines: dict[str, KeyValueEngine] = {}
+        self.stats: list[RestoreStats] = []
+        self.restored_by: dict[str, str] = {}  # store -> where its state came from
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        return None if self.checkpoint is None else str(self.checkpoint.checkpoint_id)
+
+    def run(self) -> tuple[dict[str, KeyValueEngine], list[RestoreStats]]:
+        """Rebuild every store; returns the open (unwrapped) engines and what was done."""
+        pending: list[_Pending] = []
+        for store in self.config.stores:
+            start = time.monotonic()
+            if self.transactional and self.local.restore_from_checkpoint(store, self.checkpoint_id):
+                self._opened(store, LOCAL, RestoreStats(store, LOCAL, seconds=0.0), start)
+                continue
+            self.local.restore_from_checkpoint(store, None)  # empty the live directory
+            candidates = restore_candidates(self.config, store, self.task, self.checkpoint)
+            if candidates:
+                pending.append(_Pending(store, candidates, []))
+                continue
+            if self.checkpoint is not None:
+                log.warning(
+                    "task %s store %s: no local checkpoint %s on %s and no restore backend; "
+                    "starting EMPTY (configure a state backend to restore state on any executor)",
+                    self.task.name,
+                    store,
+                    self.checkpoint_id,
+                    socket.gethostname(),
+                )
+            self._opened(store, EMPTY, RestoreStats(store, EMPTY), start)
+        while pending:
+            backend = pending[0].candidates[0]
+            group = [p for p in pending if p.candidates[0] == backend]
+            pending = [p for p in pending if p.candidates[0] != backend]
+            pending.extend(self._restore_group(backend, group))
+        self._discard_uncommitted()
+        return self.engines, self.stats
+
+    def _opened(self, store: str, source: str, stats: RestoreStats, start: float) -> None:
+        if store not in self.engines:
+            self.engines[store] = self.open_engine[store]()
+        stats.seconds = time.monotonic() - start
+        self.stats.append(stats)
+        self.restored_by[store] = source
+
+    def _restore_group(self, backend: str, group: list[_Pending]) -> list[_Pending]:
+        """Restore ``group`` from ``backend``; the stores to retry elsewhere if it failed."""
+        stores = [p.store for p in group]
+        context = self._context(stores)
+        manager = backend_factory(backend).restore_manager(context)
+        try:
+            manager.init(self.checkpoint)
+            for stats in manager.restore():
+                self.engines[stats.store] = context.engine(stats.store)
+                self.stats.append(stats)
+                self.restored_by[stats.store] = backend
+                log.info(
+                    "task %s store %s: restored from %s: %d entries, %d bytes in %.2fs",
+                    self.task.name,
+                    stats.store,
+                    backend,
+                    stats.entries,
+                    stats.bytes,
+                    stats.seconds,
+                )
+                maybe_crash(self.config, "during-restore")
+        except InjectedCrash:
+            raise
+        except Exception as exc:
+            return self._failed(backend, group, context, exc)
+        finally:
+            manager.close()
+        for store in stores:  # a backend that restores files opens nothing itself
+            self.engines.setdefault(store, context.engine(store))
+        return []
+
+    def _failed(
+        self, backend: str, group: list[_Pending], context: BackendContext, exc: Exception
+    ) -> list[_Pending]:
+        reason = f"{type(exc).__name__}: {exc}"
+        retry = []
+        for p in group:
+            engine = context.engines.pop(p.store, None)
+            if engine is not None:
+                engine.close()
+            self.engines.pop(p.store, None)
+            self.stats = [s for s in self.stats if s.store != p.store]
+            self.local.restore_from_checkpoint(p.store, None)  # empty it again
+            p.failures.append(f"{backend}: {reason}")
+            p.candidates.pop(0)
+            if not p.candidates:
+                raise RestoreError(
+                    f"task {self.task.name} store {p.store}: cannot restore checkpoint "
+                    f"{self.checkpoint_id}: {'; '.join(p.failures)}. No other backend of "
+                    f"stores.{p.store}.restore.factories has a marker for it; repair the "
+                    f"backend's copy, or add another backend that holds the state"
+                ) from exc
+            log.error(
+                "task %s store %s: restore from %s failed (%s); falling back to %s",
+                self.task.name,
+                p.store,
+                backend,
+                reason,
+                p.candidates[0],
+            )
+            retry.append(p)
+        return retry
+
+    def _context(self, stores: list[str]) -> BackendContext:
+        return BackendContext(
+            self.config,
+            self.task,
+            stores,
+            self.systems,
+            self.local,
+            engines={s: self.engines[s] for s in stores if s in self.engines},
+            openers={s: self.open_engine[s] for s in stores},
+        )
+
+    def _discard_uncommitted(self) -> None:
+        """Tell every backup backend the store was not restored from to drop what it holds
+        beyond the checkpoint (transactional mode only)."""
+        if not self.transactional:
+            return
+        by_backend: dict[str, list[str]] = {}
+        for store, source in self.restored_by.items():
+            for name in store_backends(self.config, store, "backup"):
+                if name != source:
+                    by_backend.setdefault(name, []).append(store)
+        for name, stores in by_backend.items():
+            manager = backend_factory(name).restore_manager(self._context(stores))
+            try:
+                manager.init(self.checkpoint)
+                manager.discard_uncommitted()
+            finally:
+                manager.close()
+
+
+def restore_stores(
+    config: Config,
+    systems: Systems,
+    task: TaskModel,
+    local: LocalTaskState,
+    checkpoint: Checkpoint | None,
+    open_engine: Mapping[str, Callable[[], KeyValueEngine]],
+) -> tuple[dict[str, KeyValueEngine], list[RestoreStats]]:
+    """Rebuild every store of the task (see :class:`TaskRestore`)."""
+    return TaskRestore(config, systems, task, local, checkpoint, open_engine).run()

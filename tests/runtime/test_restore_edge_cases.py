@@ -1,0 +1,320 @@
+"""Restore and commit edge cases from Samza's own unit tests, and restore that never loses state.
+
+Each test names the Samza test class whose case it ports (issue 17) or the finding of issue 11
+it proves fixed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.checkpoint import CheckpointV1, CheckpointV2
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import RestoreError
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.storage.blobstore.manager import manager_from_config
+from sparkpoint.storage.changelog.marker import ChangelogMarker
+from sparkpoint.storage.commit import CommitError, CommitRecord, TaskCommitManager, _active
+from sparkpoint.system.registry import Systems
+from tests.runtime.helpers import (
+    assert_committed_state_matches_its_offsets,
+    changelog_view,
+    committed_counts,
+    counts_at_offsets,
+    generate,
+    live_counts,
+)
+from tests.runtime.test_async_commit import batches
+from tests.runtime.test_async_commit import make as make_copy_job
+from tests.runtime.test_state_backends import make, run
+
+CHANGELOG_SSP = SystemStreamPartition("filelog", "user-counts-changelog", 0)
+
+
+def checkpoint_offsets(config: Config) -> dict[SystemStreamPartition, str]:
+    return {
+        s: o
+        for c in CheckpointManager(config).read_all().values()
+        for s, o in c.input_offsets.items()
+    }
+
+
+def commit_then_uncommitted_batch(config: Config) -> None:
+    """One committed batch, then a batch that writes its changelog but never commits."""
+    first = JobCoordinator(config, InlineRunner())
+    first.start()
+    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
+    end = {s: m.upcoming for s, m in meta.items()}
+    first.run_batch(end, commit=True)
+    first.run_batch(end, commit=False)
+    first.close()
+
+
+def delete_data_blobs(config: Config) -> int:
+    """Delete the blobs of every file the tasks' last snapshots use (not the indexes)."""
+    from sparkpoint.storage.blobstore.backend import load_index
+
+    blobs = manager_from_config(config, f"file://{config.data_dir / 'blobs'}")
+    deleted = 0
+    for checkpoint in CheckpointManager(config).read_all().values():
+        for index_id in checkpoint.state_checkpoint_markers.get("blobstore", {}).values():
+            index = load_index(blobs, index_id, "test")
+            for _, f in index.dir_index.all_files():
+                for blob in f.blobs:
+                    blobs.delete(blob.blob_id)
+                    deleted += 1
+    return deleted
+
+
+def one_batch_without_commit(config: Config) -> None:
+    again = JobCoordinator(config, InlineRunner())
+    again.start()
+    again.run_batch(
+        {s: ts.resume[s] for ts in again.tasks.values() for s in ts.model.ssps}, commit=False
+    )
+    again.close()
+
+
+def test_restore_from_the_local_checkpoint_trims_the_changelog(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TestTransactionalStateTaskRestoreManager: with a usable local checkpoint the changelog
+    range after the checkpointed offset is still undone, so a restore on another host later
+    cannot replay the crashed batch's writes."""
+    config = make(tmp_path)
+    generate(config, tmp_path / "a.yaml", 2000, seed=61)
+    commit_then_uncommitted_batch(config)  # local state kept: the local checkpoint is there
+    at_checkpoint = dict(counts_at_offsets(config, checkpoint_offsets(config)))
+    assert changelog_view(config) != at_checkpoint
+    caplog.set_level("INFO")
+    one_batch_without_commit(config)
+    assert "restored from changelog" not in caplog.text  # the local checkpoint was used
+    assert "trimmed" in caplog.text
+    assert changelog_view(config) == at_checkpoint
+    shutil.rmtree(config.store_base_dir)  # now another host restores from the changelog
+    one_batch_without_commit(config)
+    assert live_counts(config) == at_checkpoint
+
+
+def test_checkpointed_changelog_offset_older_than_the_oldest_restores_what_is_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TestTransactionalStateTaskRestoreManager (checkpointed offset out of range): the
+    changelog lost its head (retention); restore what it holds, say so, and never tombstone
+    keys it could not read."""
+    config = make(tmp_path)
+    generate(config, tmp_path / "a.yaml", 1200, seed=62, users=30)
+    run(config, until_caught_up=True)
+    marker = ChangelogMarker.loads(
+        CheckpointManager(config)
+        .read_all()[TaskName("Partition 0")]
+        .state_checkpoint_markers["changelog"]["user-counts"]
+    )
+    assert marker.offset is not None
+    admin = Systems(config).admin("filelog")
+    upcoming = admin.get_metadata([CHANGELOG_SSP])[CHANGELOG_SSP].upcoming
+    producer = Systems(config).producer("filelog")
+    from sparkpoint.system.base import Record
+
+    producer.send("user-counts-changelog", 0, Record("", b"late", (5).to_bytes(8, "big"), 0))
+    producer.flush()
+    # retention drops everything up to and past the checkpointed offset: only "late" is left
+    assert admin.delete_records_before("user-counts-changelog", 0, upcoming) > 0
+    meta = admin.get_metadata([CHANGELOG_SSP])[CHANGELOG_SSP]
+    assert int(meta.oldest) > int(marker.offset)  # the checkpointed entry itself is gone
+    shutil.rmtree(config.store_base_dir)
+    caplog.set_level("INFO")
+    one_batch_without_commit(config)
+    assert "outside what changelog filelog.user-counts-changelog.0 holds" in caplog.text
+    assert f"checkpointed changelog offset {marker.offset}" in caplog.text
+    view = changelog_view(config)
+    assert view.get("late") == 5  # what was there was restored and not tombstoned
+
+
+def test_retain_existing_state_restores_the_whole_changelog_without_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """task.transactional.state.retain.existing.state: with no checkpointed changelog offset
+    the changelog is restored instead of wiped (a migration to transactional state)."""
+    config = make(tmp_path, **{"task.transactional.state.retain.existing.state": "true"})
+    producer = Systems(config).producer("filelog")
+    from sparkpoint.system.base import Record, StreamSpec
+
+    Systems(config).admin("filelog").create_stream(StreamSpec("user-counts-changelog", 4))
+    producer.send("user-counts-changelog", 0, Record("", b"kept", (9).to_bytes(8, "big"), 0))
+    producer.flush()
+    one_batch_without_commit(config)  # no input, no checkpoint
+    assert changelog_view(config) == {"kept": 9}
+    assert live_counts(config).get("kept") == 9
+    # without the setting the same changelog is trimmed: nothing was ever committed
+    config2 = make(tmp_path / "b")
+    Systems(config2).admin("filelog").create_stream(StreamSpec("user-counts-changelog", 4))
+    producer2 = Systems(config2).producer("filelog")
+    producer2.send("user-counts-changelog", 0, Record("", b"kept", (9).to_bytes(8, "big"), 0))
+    producer2.flush()
+    one_batch_without_commit(config2)
+    assert changelog_view(config2) == {}
+
+
+def test_an_upload_that_raises_at_once_fails_fast_and_the_retry_commits(
+    tmp_path: Path,
+) -> None:
+    """TestTaskStorageCommitManager (upload throws synchronously): the first commit fails naming
+    the cause, and the retried commit does not wait for an upload that never started."""
+    flag = tmp_path / "fail-sync"
+    flag.write_text("")
+    config = make_copy_job(
+        tmp_path,
+        **{
+            "testing.copy.fail.sync.flag": str(flag),
+            "task.commit.max.delay.ms": "0",
+            "task.commit.timeout.ms": "3000",
+        },
+    )
+    coordinator, end = batches(config)
+    with pytest.raises(CommitError, match="OSError: injected synchronous upload failure"):
+        coordinator.run_batch(end, commit=True, wait=True)
+    coordinator.close()
+    coordinator, end = batches(config)
+    _, results = coordinator.run_batch(end, commit=True, wait=True)
+    assert results[0].commit_started and len(results[0].completed_checkpoints) == 1
+    coordinator.close()
+    assert_committed_state_matches_its_offsets(config)
+
+
+class _FailsRightAfterTheCheck(TaskCommitManager):
+    """Simulates an upload that fails between reading the records and acting on them."""
+
+    def records(self) -> list[CommitRecord]:
+        out = super().records()
+        for r in out:
+            if r.state == "uploading":
+                failed = CommitRecord(**{**r.__dict__, "state": "failed", "error": "boom"})
+                self._write(failed)
+                _active.discard((self.task.name, r.checkpoint_id))
+        return out
+
+
+def test_an_upload_failing_during_the_check_is_reported_by_this_commit(tmp_path: Path) -> None:
+    """TestTaskStorageCommitManager: the failed-upload and upload-in-flight checks are one;
+    an upload failing between them is reported now, not a commit later."""
+    from sparkpoint.storage.local import LocalTaskState
+
+    task = TaskName("Partition 0")
+    local = LocalTaskState(tmp_path, task)
+    manager = _FailsRightAfterTheCheck(
+        task, "run", local, {}, {}, {}, config={}, max_delay_ms=0, timeout_ms=1000, pool_size=1
+    )
+    cid = str(CheckpointId.create())
+    import os
+    import socket
+
+    from sparkpoint.storage.commit import UPLOADING
+
+    manager._write(CommitRecord("run", cid, UPLOADING, socket.gethostname(), os.getpid(), 0, {}))
+    _active.add((task.name, cid))
+    with pytest.raises(CommitError, match=f"commit {cid} failed: boom"):
+        manager.commit({}, wait=False)
+
+
+def test_restore_falls_back_to_the_next_backend_when_a_blob_is_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 11 (SEP-28 fallback): dual commit, restore prefers the blob store, a blob of the
+    snapshot is gone: the changelog restores the store, with an ERROR saying so."""
+    config = make(
+        tmp_path,
+        **{
+            "stores.user-counts.backup.factories": "blobstore,changelog",
+            "stores.user-counts.restore.factories": "blobstore,changelog",
+        },
+    )
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=63, users=20)
+    run(config, until_caught_up=True)
+    assert delete_data_blobs(config) > 0
+    shutil.rmtree(config.store_base_dir)
+    caplog.set_level("INFO")
+    run(config, until_caught_up=True)
+    assert "restore from blobstore failed" in caplog.text
+    assert "falling back to changelog" in caplog.text
+    assert committed_counts(config) == dict(expected)
+
+
+def test_restore_stops_when_no_backend_can_restore_the_committed_state(tmp_path: Path) -> None:
+    """Issue 11: a blob-store-only store whose snapshot is damaged stops the job with an error
+    naming task, store, checkpoint and the fix; it never restarts empty."""
+    config = make(
+        tmp_path,
+        **{
+            "stores.user-counts.changelog": "",
+            "stores.user-counts.backup.factories": "blobstore",
+        },
+    )
+    generate(config, tmp_path / "a.yaml", 400, seed=64, users=10)
+    run(config, until_caught_up=True)
+    before = committed_counts(config)
+    assert delete_data_blobs(config) > 0
+    shutil.rmtree(config.store_base_dir)
+    with pytest.raises(RestoreError) as err:
+        run(config, until_caught_up=True)
+    text = str(err.value)
+    assert "store user-counts" in text and "cannot restore checkpoint" in text
+    assert "stores.user-counts.restore.factories" in text
+    offsets_after = checkpoint_offsets(config)
+    assert sum(1 for _ in offsets_after) > 0 and before  # the checkpoint was not advanced
+    assert not list(config.store_base_dir.rglob("*.restoring"))
+
+
+def test_default_read_versions_restore_a_blob_store_store_after_a_lost_host(
+    tmp_path: Path,
+) -> None:
+    """Issue 11, the new user's run: blob store backup and restore, every other key default;
+    lose the local state; the restart restores every count."""
+    config = make(
+        tmp_path,
+        **{"stores.user-counts.changelog": "", "stores.user-counts.backup.factories": "blobstore"},
+    )
+    assert config.get_list("task.checkpoint.read.versions") == ["2", "1"]  # the default
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=65, users=15)
+    run(config, until_caught_up=True)
+    shutil.rmtree(config.store_base_dir)
+    expected += generate(config, tmp_path / "b.yaml", 100, seed=66, users=15)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+
+
+def test_v1_null_changelog_offset_is_written_and_read_as_samza_does() -> None:
+    """TestCheckpointV1Serde / CheckpointedChangelogOffset: an empty changelog partition is
+    ``<id>:null`` in a V1 checkpoint, both ways."""
+    from sparkpoint.storage.changelog import ChangelogStateBackendFactory
+
+    cid = CheckpointId.create()
+    marker = ChangelogMarker(CHANGELOG_SSP, None)
+    offsets = ChangelogStateBackendFactory().marker_offsets(Config({}), {"s": marker.dumps()})
+    v1 = CheckpointV1.from_v2(CheckpointV2(cid, {}, {}), offsets)
+    assert v1.input_offsets[CHANGELOG_SSP] == f"{cid}:null"
+    assert marker.v1_offset(cid) == f"{cid}:null"
+    assert ChangelogMarker.from_v1(CHANGELOG_SSP, f"{cid}:null").offset is None
+    assert ChangelogMarker.from_v1(CHANGELOG_SSP, f"{cid}:").offset is None
+    assert ChangelogMarker.from_v1(CHANGELOG_SSP, f"{cid}:42").offset == "42"
+
+
+def test_a_store_moved_off_the_blob_store_has_its_snapshot_deleted(tmp_path: Path) -> None:
+    """TestBlobStoreRestoreManager (delete unused stores): a store that no longer backs up to
+    the blob store loses its remote snapshot at the next start, like a removed store."""
+    config = make(tmp_path, **{"stores.user-counts.backup.factories": "blobstore,changelog"})
+    generate(config, tmp_path / "a.yaml", 300, seed=67, users=10)
+    run(config, until_caught_up=True)
+    blob_dir = config.data_dir / "blobs"
+    assert any(p.is_file() and p.stat().st_size > 200 for p in blob_dir.rglob("*"))
+    moved = make(tmp_path, **{"stores.user-counts.backup.factories": "changelog"})
+    run(moved, until_caught_up=True)
+    assert not any(p.is_file() and p.stat().st_size > 200 for p in blob_dir.rglob("*"))
+    assert committed_counts(moved)
