@@ -24,7 +24,10 @@ def test_v2_round_trip_with_and_without_state() -> None:
     data = full.to_json()
     assert data["version"] == 2
     assert data["input-offsets"] == {"fl.pv.3": "41"}
-    assert data["state-checkpoint-markers"] == {"changelog": {"s": "x:y:z"}}
+    assert data["state-checkpoint-markers"] == {
+        "org.apache.samza.storage.KafkaChangelogStateBackendFactory": {"s": "x:y:z"}
+    }
+    assert list(data) == ["checkpoint-id", "input-offsets", "state-checkpoint-markers", "version"]
     assert CheckpointV2.loads(full.dumps()) == full
 
 

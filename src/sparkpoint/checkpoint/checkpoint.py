@@ -2,25 +2,40 @@
 
 V2 (SEP-28) holds a checkpoint id, input offsets and state checkpoint markers.
 
-JSON form (the reference's field names)::
+JSON form, Samza's (``CheckpointV2Serde``), field for field::
 
-    {"version": 2, "checkpoint-id": "<millis>-<nanos>",
+    {"checkpoint-id": "<millis>-<nanos>",
      "input-offsets": {"<system>.<stream>.<partition>": "<offset>"},
-     "state-checkpoint-markers": {"<backend factory>": {"<store>": "<marker>"}}}
+     "state-checkpoint-markers": {"<backend factory>": {"<store>": "<marker>"}},
+     "version": 2}
+
+The built-in backends are written under Samza's factory class names (:data:`SAMZA_FACTORIES`)
+and read under those or their sparkpoint names (``changelog``, ``blobstore``); in memory they are
+always the sparkpoint names. ``version`` may be absent on read.
 
 Input offsets are the offsets of the *last processed* message of each SSP (Samza's convention);
 reading resumes at the system admin's ``offset_after`` of it.
 
 V1 (Samza's original) is a flat map of SSP to offset, where a changelog SSP's offset has the
-form ``<checkpointId>:<changelog offset>``. sparkpoint's V1 JSON adds the checkpoint id, so a
-task's local state can be matched to a V1 checkpoint even for stores without a changelog::
+form ``<checkpointId>:<changelog offset>``. sparkpoint writes its own V1 JSON, which adds the
+checkpoint id so a task's local state can be matched to a V1 checkpoint even for stores without
+a changelog (a deliberate difference, see docs/samza-compatibility.md)::
 
     {"version": 1, "checkpoint-id": "<millis>-<nanos>",
      "offsets": {"<system>.<stream>.<partition>": "<offset>"}}
+
+and also reads Samza's (``CheckpointV1Serde``)::
+
+    {"SystemStreamPartition [<system>, <stream>, <partition>]":
+        {"system": ..., "partition": "<n>", "offset": ..., "stream": ...}}
+
+whose checkpoint id is taken from a changelog offset when it has one (else it is ``0-0``, which
+matches no local state and sorts before any sparkpoint checkpoint).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +52,14 @@ def _json(text: str | bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"checkpoint is not valid JSON: {exc}") from exc
+
+
+#: Samza's class names of the built-in state backend factories, by sparkpoint name
+SAMZA_FACTORIES = {
+    "changelog": "org.apache.samza.storage.KafkaChangelogStateBackendFactory",
+    "blobstore": "org.apache.samza.storage.blobstore.BlobStoreStateBackendFactory",
+}
+FROM_SAMZA = {v: k for k, v in SAMZA_FACTORIES.items()}
 
 
 def _frozen(m: Mapping[Any, Any]) -> Mapping[Any, Any]:
@@ -63,12 +86,13 @@ class CheckpointV2:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": self.VERSION,
             "checkpoint-id": str(self.checkpoint_id),
             "input-offsets": {str(s): o for s, o in sorted(self.input_offsets.items())},
             "state-checkpoint-markers": {
-                f: dict(sorted(m.items())) for f, m in sorted(self.state_checkpoint_markers.items())
+                SAMZA_FACTORIES.get(f, f): dict(sorted(m.items()))
+                for f, m in sorted(self.state_checkpoint_markers.items())
             },
+            "version": self.VERSION,
         }
 
     def dumps(self) -> str:
@@ -78,14 +102,14 @@ class CheckpointV2:
     def from_json(cls, data: Any) -> CheckpointV2:
         if not isinstance(data, Mapping):
             raise CheckpointError("checkpoint V2 must be a JSON object")
-        if data.get("version") != cls.VERSION:
+        if data.get("version", cls.VERSION) != cls.VERSION:
             raise CheckpointError(f"not a version 2 checkpoint: version={data.get('version')!r}")
         try:
             offsets = {
                 SystemStreamPartition.parse(k): str(v) for k, v in data["input-offsets"].items()
             }
             markers = {
-                str(f): {str(s): str(m) for s, m in stores.items()}
+                FROM_SAMZA.get(str(f), str(f)): {str(s): str(m) for s, m in stores.items()}
                 for f, stores in data.get("state-checkpoint-markers", {}).items()
             }
             return cls(CheckpointId.parse(str(data["checkpoint-id"])), offsets, markers)
@@ -126,6 +150,8 @@ class CheckpointV1:
 
     @classmethod
     def from_json(cls, data: Any) -> CheckpointV1:
+        if isinstance(data, Mapping) and "version" not in data:
+            return cls._from_samza(data)
         if not isinstance(data, Mapping) or data.get("version") != cls.VERSION:
             raise CheckpointError("not a version 1 checkpoint")
         try:
@@ -133,6 +159,29 @@ class CheckpointV1:
             return cls(CheckpointId.parse(str(data["checkpoint-id"])), offsets)
         except (KeyError, AttributeError, ValueError, TypeError) as exc:
             raise CheckpointError(f"malformed checkpoint V1: {exc}") from exc
+
+    @classmethod
+    def _from_samza(cls, data: Mapping[str, Any]) -> CheckpointV1:
+        """Samza's V1 form: ``{"SystemStreamPartition [...]": {system, stream, partition,
+        offset}}``; the checkpoint id comes from a changelog offset ``<id>:<offset>``."""
+        offsets: dict[SystemStreamPartition, str] = {}
+        ids: list[CheckpointId] = []
+        try:
+            for entry in data.values():
+                ssp = SystemStreamPartition(
+                    str(entry["system"]), str(entry["stream"]), int(entry["partition"])
+                )
+                offset = entry.get("offset")
+                if offset is None:
+                    continue
+                offsets[ssp] = str(offset)
+                head, sep, _ = str(offset).partition(":")
+                if sep:
+                    with contextlib.suppress(ValueError, CheckpointError):
+                        ids.append(CheckpointId.parse(head))
+        except (KeyError, AttributeError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"malformed Samza checkpoint V1: {exc}") from exc
+        return cls(max(ids) if ids else CheckpointId(0, 0), offsets)
 
     @classmethod
     def loads(cls, text: str | bytes) -> CheckpointV1:

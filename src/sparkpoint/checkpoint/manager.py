@@ -1,7 +1,9 @@
 """The checkpoint stream: one compacted, single-partition stream per job, written by the driver.
 
-Each message's key is JSON ``{"taskName": ..., "type": ...}`` with type ``checkpoint`` (V1) or
-``checkpoint-v2`` (V2); the value is the checkpoint's JSON, and the last message per key wins.
+Each message's key is Samza's JSON ``{"systemstreampartition-grouper-factory": ..., "taskName":
+..., "type": ...}`` with type ``checkpoint`` (V1) or ``checkpoint-v2`` (V2) (keys without the
+grouper factory, from earlier sparkpoint versions, are read too); the value is the checkpoint's
+JSON, and the last message per task and type wins.
 
 Writing: every commit is written in each version of ``task.checkpoint.write.versions`` (default
 ``1,2``), all in one durable append. Reading: ``task.checkpoint.read.versions`` (default
@@ -29,6 +31,8 @@ from sparkpoint.system.registry import Systems
 log = logging.getLogger(__name__)
 
 TYPES: dict[int, str] = {1: "checkpoint", 2: "checkpoint-v2"}
+#: what Samza writes in the key for its default grouper, which sparkpoint's grouping matches
+GROUPER_FACTORY = "org.apache.samza.container.grouper.stream.GroupByPartitionFactory"
 PARSERS: dict[int, type[CheckpointV1] | type[CheckpointV2]] = {1: CheckpointV1, 2: CheckpointV2}
 
 
@@ -71,7 +75,12 @@ class CheckpointManager:
         self._admin.create_stream(StreamSpec(self.stream, 1, compacted=True))
 
     def _key(self, task: TaskName, version: int) -> bytes:
-        return json.dumps({"taskName": task.name, "type": TYPES[version]}, sort_keys=True).encode()
+        key = {
+            "systemstreampartition-grouper-factory": GROUPER_FACTORY,
+            "taskName": task.name,
+            "type": TYPES[version],
+        }
+        return json.dumps(key, separators=(",", ":")).encode()
 
     def write_checkpoint(
         self,

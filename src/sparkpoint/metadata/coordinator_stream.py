@@ -1,18 +1,28 @@
 """The coordinator stream: a single-partition, compacted stream of the job's metadata.
 
-Message key: compact JSON ``[version, type, key]`` (version 1). Message value: a JSON map
-``{"host", "username", "source", "timestamp", "values": {...}}``; a delete is the same key with a
-null value. The message *type* is the metadata namespace: ``set-config`` (job config, values
-``{"value": ...}``), ``set-changelog`` (task -> changelog partition), and any namespace a
-component asks for (startpoints, liveness). Bootstrapping reads from the oldest offset to the
-newest; the last write per key wins and a delete removes it. A message that cannot be parsed is
-an error naming the stream and offset: silently skipping it could resurrect old config.
+Samza's wire format, so a job moved from Samza reads its existing coordinator topic:
+
+* key: compact JSON ``[1, namespace, key]``; a delete is the key with a null value; the last
+  write per key wins when the stream is bootstrapped (read from oldest to newest);
+* value in the ``set-*`` namespaces (Samza's message types: ``set-config``, ``set-changelog``,
+  ``set-container-host-assignment``, ...): the JSON envelope ``{"host", "source", "values",
+  "username", "timestamp"}`` whose ``values`` map holds the value under the type's field
+  (``value`` for config, ``Partition`` for changelog mappings; :data:`VALUE_FIELDS`);
+* value in any other namespace (startpoints, sparkpoint's liveness and batch log): the raw
+  UTF-8 bytes of the value, as Samza's metadata store writes them. Messages written by earlier
+  sparkpoint versions, which wrapped every value in the envelope, are read too.
+
+A message whose key is not a ``[1, namespace, key]`` triple (another tool's, a newer version's)
+is skipped with a WARNING; a ``set-*`` message whose value cannot be parsed is a
+:class:`CorruptMetadataError` naming the stream and offset, since skipping it could resurrect an
+older value.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import logging
 import socket
 import time
 from collections.abc import Mapping
@@ -28,6 +38,23 @@ from sparkpoint.system.registry import Systems
 VERSION = 1
 SET_CONFIG = "set-config"
 SET_CHANGELOG = "set-changelog"
+#: the field of ``values`` that holds the value, per Samza message type (others: ``value``)
+VALUE_FIELDS = {
+    SET_CONFIG: "value",
+    SET_CHANGELOG: "Partition",
+    "set-container-host-assignment": "host",
+    "set-task-container-assignment": "containerId",
+    "set-task-mode-assignment": "taskMode",
+    "set-task-partition-assignment": "taskNames",
+    "set-execution-env-container-id-mapping": "execution-env-container-id",
+    "set-job-coordinator-metadata": "meta-key",
+}
+log = logging.getLogger(__name__)
+
+
+def enveloped(namespace: str) -> bool:
+    """Whether values of ``namespace`` are wrapped in Samza's message envelope."""
+    return namespace.startswith("set-")
 
 
 class CorruptMetadataError(UserError):
@@ -42,33 +69,74 @@ def encode_key(namespace: str, key: str) -> bytes:
     return json.dumps([VERSION, namespace, key], separators=(",", ":")).encode()
 
 
-def encode_value(values: Mapping[str, Any], source: str) -> bytes:
+def encode_value(namespace: str, value: str, source: str) -> bytes:
+    """The message value Samza writes for ``value`` in ``namespace``."""
+    if not enveloped(namespace):
+        return value.encode()
     message = {
         "host": socket.gethostname(),
-        "username": getpass.getuser(),
         "source": source,
+        "values": {VALUE_FIELDS.get(namespace, "value"): value},
+        "username": getpass.getuser(),
         "timestamp": int(time.time() * 1000),
-        "values": dict(values),
     }
-    return json.dumps(message, separators=(",", ":"), sort_keys=True).encode()
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
-def decode(rec: Record, where: str) -> tuple[str, str, dict[str, Any] | None]:
-    """(namespace, key, message or None for a delete) of one coordinator stream record."""
+def _legacy_envelope(raw: bytes) -> str | None:
+    """The value of an envelope an earlier sparkpoint wrote in a raw namespace, if it is one."""
+    if not raw.startswith(b"{"):
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    values = data.get("values") if isinstance(data, dict) else None
+    if isinstance(values, dict) and {"host", "source", "timestamp"} <= set(data):
+        value = values.get("value")
+        return None if value is None else str(value)
+    return None
+
+
+def decode_key(rec: Record, where: str) -> tuple[str, str] | None:
+    """(namespace, key) of a record, or None (with a WARNING) for a key that is not ours."""
     try:
         version, namespace, key = json.loads(rec.key or b"")
         if version != VERSION:
             raise ValueError(f"unknown key version {version!r}")
-        message = None if rec.value is None else json.loads(rec.value)
-        if message is not None and not isinstance(message.get("values"), dict):
+        return str(namespace), str(key)
+    except (ValueError, TypeError) as exc:
+        log.warning("skipping a foreign coordinator stream message at %s: %s", where, exc)
+        return None
+
+
+def decode_value(namespace: str, raw: bytes, where: str) -> dict[str, Any] | None:
+    """The message of a record's value: the envelope (``values["value"]`` holds the value), or
+    None (with a WARNING) for a raw value that is not UTF-8."""
+    if not enveloped(namespace):
+        legacy = _legacy_envelope(raw)
+        if legacy is not None:
+            return {"values": {"value": legacy}}
+        try:
+            return {"values": {"value": raw.decode()}}
+        except UnicodeDecodeError:
+            log.warning("skipping a non-UTF-8 value in namespace %s at %s", namespace, where)
+            return None
+    try:
+        message = json.loads(raw)
+        values = message.get("values")
+        if not isinstance(values, dict):
             raise ValueError("value has no 'values' map")
-        return str(namespace), str(key), message
     except (ValueError, TypeError, AttributeError) as exc:
         raise CorruptMetadataError(f"corrupt coordinator stream message at {where}: {exc}") from exc
+    field = VALUE_FIELDS.get(namespace, "value")
+    if "value" not in values and field in values:
+        values["value"] = values[field]
+    return dict(message)
 
 
 class CoordinatorStreamStore(MetadataStore):
-    """A :class:`MetadataStore` on the job's coordinator stream; values live under ``value``."""
+    """A :class:`MetadataStore` on the job's coordinator stream (see the module docstring)."""
 
     def __init__(self, config: Config, systems: Systems | None = None, *, source: str = "") -> None:
         self._systems = systems or Systems(config)
@@ -90,14 +158,23 @@ class CoordinatorStreamStore(MetadataStore):
             consumer = self._systems.consumer(self._system)
             try:
                 for rec in consumer.read(self._ssp, start, meta.upcoming):
-                    namespace, key, message = decode(rec, f"{self._ssp} offset {rec.offset}")
-                    if message is None:
-                        self._data.get(namespace, {}).pop(key, None)
-                    else:
-                        self._data.setdefault(namespace, {})[key] = message
+                    self._apply(rec)
             finally:
                 consumer.close()
         self._next = meta.upcoming
+
+    def _apply(self, rec: Record) -> None:
+        where = f"{self._ssp} offset {rec.offset}"
+        decoded = decode_key(rec, where)
+        if decoded is None:
+            return
+        namespace, key = decoded
+        if rec.value is None:
+            self._data.get(namespace, {}).pop(key, None)
+            return
+        message = decode_value(namespace, rec.value, where)
+        if message is not None:
+            self._data.setdefault(namespace, {})[key] = message
 
     def message(self, namespace: str, key: str) -> dict[str, Any] | None:
         """The whole message last written for a key (with host, source, timestamp)."""
@@ -122,10 +199,12 @@ class CoordinatorStreamStore(MetadataStore):
                 self._producer.send(self.stream, 0, Record("", encode_key(namespace, key), None, 0))
                 self._data.get(namespace, {}).pop(key, None)
             else:
-                raw = encode_value({"value": value}, self._source)
+                raw = encode_value(namespace, value, self._source)
                 ts = int(time.time() * 1000)
                 self._producer.send(self.stream, 0, Record("", encode_key(namespace, key), raw, ts))
-                self._data.setdefault(namespace, {})[key] = json.loads(raw)
+                message = decode_value(namespace, raw, "a write")
+                if message is not None:
+                    self._data.setdefault(namespace, {})[key] = message
         self.flush()
 
     def all(self, namespace: str) -> dict[str, str]:

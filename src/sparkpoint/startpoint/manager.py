@@ -3,7 +3,7 @@
 Namespace ``samza-startpoint-v1`` holds startpoints as written, keyed ``system.stream.partition``
 (every task that reads the SSP) or ``system.stream.partition.<task name>`` (one task; for
 broadcast inputs). At job start the coordinator *fans out*: for each task and SSP it takes the
-newest of the two kinds, writes the task's startpoints under its name in
+newest of the two kinds (the SSP+task one on a tie), writes the task's startpoints under its name in
 ``samza-startpoint-v1-fan-out``, then deletes the originals it used. A fan-out entry is removed
 per SSP once a checkpoint covers it, so a restart before that commit applies it again.
 Startpoints older than ``task.startpoint.max.age.ms`` (default 12 h) are ignored with a WARNING.
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.startpoint.model import Startpoint
+from sparkpoint.startpoint.model import InvalidStartpoint, Startpoint
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,7 @@ class StartpointManager:
                     current[ssp] = _precedence(candidates)
             if current:
                 result[task] = current
-                updates[task.name] = json.dumps(
-                    {str(s): sp.to_json() for s, sp in sorted(current.items())}, sort_keys=True
-                )
+                updates[task.name] = dump_fan_out(current)
         if updates:
             self.store.put_all(FAN_OUT, updates)
         if used:
@@ -123,10 +121,7 @@ class StartpointManager:
         raw = self.store.get(FAN_OUT, task.name)
         if raw is None:
             return {}
-        return {
-            SystemStreamPartition.parse(k): Startpoint.loads(json.dumps(v))
-            for k, v in json.loads(raw).items()
-        }
+        return load_fan_out(raw, task)
 
     def remove_fan_out_for_task(
         self, task: TaskName, ssps: Iterable[SystemStreamPartition] | None = None
@@ -138,12 +133,7 @@ class StartpointManager:
                 current.pop(ssp, None)
         else:
             current = {}
-        value = (
-            json.dumps({str(s): sp.to_json() for s, sp in sorted(current.items())}, sort_keys=True)
-            if current
-            else None
-        )
-        self.store.put_all(FAN_OUT, {task.name: value})
+        self.store.put_all(FAN_OUT, {task.name: dump_fan_out(current) if current else None})
 
     # -- apply while running
     def request_apply_now(self) -> None:
@@ -157,6 +147,27 @@ class StartpointManager:
             return False
         self.store.delete(APPLY_NOW, "request")
         return True
+
+
+def dump_fan_out(fan_out: Mapping[SystemStreamPartition, Startpoint]) -> str:
+    """Samza's StartpointFanOutPerTask JSON: ``{"timestamp": ms, "fanOuts": {ssp: sp}}``."""
+    return json.dumps(
+        {
+            "timestamp": int(time.time() * 1000),
+            "fanOuts": {str(s): sp.to_json() for s, sp in sorted(fan_out.items())},
+        },
+        separators=(",", ":"),
+    )
+
+
+def load_fan_out(raw: str, task: TaskName) -> dict[SystemStreamPartition, Startpoint]:
+    """A task's fan-out, in Samza's form or the bare map earlier sparkpoint versions wrote."""
+    try:
+        data = json.loads(raw)
+        entries = data.get("fanOuts", data)
+        return {SystemStreamPartition.parse(k): Startpoint.from_json(v) for k, v in entries.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidStartpoint(f"task {task}: invalid startpoint fan-out {raw!r}: {exc}") from exc
 
 
 def _precedence(candidates: list[Startpoint]) -> Startpoint:

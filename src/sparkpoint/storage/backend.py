@@ -32,7 +32,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.checkpoint.checkpoint import FROM_SAMZA, Checkpoint
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
@@ -210,10 +210,7 @@ BUILTIN: dict[str, str] = {
     "changelog": "sparkpoint.storage.changelog:ChangelogStateBackendFactory",
     "blobstore": "sparkpoint.storage.blobstore:BlobStoreStateBackendFactory",
 }
-ALIASES = {
-    "org.apache.samza.storage.KafkaChangelogStateBackendFactory": "changelog",
-    "org.apache.samza.storage.blobstore.BlobStoreStateBackendFactory": "blobstore",
-}
+ALIASES = FROM_SAMZA  # Samza's factory class names work in config too
 
 
 def known_backends() -> list[str]:

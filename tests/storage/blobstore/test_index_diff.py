@@ -38,8 +38,7 @@ def test_round_trip() -> None:
     again = SnapshotIndex.loads(idx.dumps())
     assert again == idx
     data = json.loads(idx.dumps())
-    assert set(data) == {
-        "schema-version",
+    assert set(data) == {  # Samza's fields: no schema version
         "creation-time-millis",
         "snapshot-metadata",
         "dir-index",
@@ -158,3 +157,21 @@ def test_a_rebuilt_database_is_uploaded_in_full(tmp_path: Path) -> None:
     assert sorted(p.name for p in diff.files_to_upload()) == ["000001.sst", "IDENTITY", "OPTIONS"]
     assert diff.retained == []
     assert sorted(f.file_name for f in diff.removed) == ["000001.sst", "IDENTITY", "OPTIONS"]
+
+
+def test_an_index_using_a_blob_it_also_removes_is_rejected() -> None:
+    """TestDirIndex: no blob may be both present and removed (clean-up would delete it)."""
+    shared = file_index("a")
+    idx = snapshot(DirIndex("", (shared,), (shared,), (), ()))
+    with pytest.raises(
+        InvalidSnapshotIndex, match="blob-a are listed both as present and as removed"
+    ):
+        SnapshotIndex.loads(idx.dumps())
+
+
+@pytest.mark.parametrize("perm", ["rw-r--r-x-", "644x", "", "rwz------"])
+def test_bad_permissions_are_a_clear_error(perm: str) -> None:
+    data = json.loads(snapshot(DirIndex("", (file_index("a"),), (), (), ())).dumps())
+    data["dir-index"]["files-present"][0]["file-metadata"]["permissions"] = perm
+    with pytest.raises(InvalidSnapshotIndex, match="neither octal"):
+        SnapshotIndex.loads(json.dumps(data).encode())

@@ -266,6 +266,10 @@ class BlobStoreRestoreManager(TaskRestoreManager):
         return RestoreStats(store, NAME, len(downloads), size, time.monotonic() - started)
 
     def _download(self, where: str, dest: Path, f: FileIndex) -> None:
+        if not f.blobs and f.metadata.size == 0:  # Samza lists empty files without blobs
+            dest.touch()
+            os.chmod(dest, f.metadata.mode)
+            return
         if len(f.blobs) != 1 or f.blobs[0].offset != 0:
             raise RestoreError(f"{where}: file {f.file_name}: multi-blob files are not supported")
         self.blobs.get_file(f.blobs[0].blob_id, dest)

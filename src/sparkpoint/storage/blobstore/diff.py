@@ -10,13 +10,23 @@ all only while the directory holds the same RocksDB database as the previous sna
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import stat
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from sparkpoint.storage.blobstore.index import DirIndex, FileBlob, FileIndex, FileMetadata
+from sparkpoint.storage.blobstore.index import (
+    DirIndex,
+    FileBlob,
+    FileIndex,
+    FileMetadata,
+    format_permissions,
+)
 from sparkpoint.storage.kv.rocksdb import IDENTITY
 
 IGNORED = frozenset({"CHECKPOINT", "OFFSET"})
@@ -31,15 +41,23 @@ def crc32_of(path: Path) -> int:
     return crc
 
 
+def _name(lookup: Callable[[int], Any], ident: int) -> str:
+    try:
+        return str(lookup(ident)[0])
+    except (KeyError, OverflowError):
+        return str(ident)  # no name for this id on this host
+
+
 def metadata_of(path: Path) -> FileMetadata:
+    """A file's metadata as Samza records it: owner and group names, ``rw-r--r--``."""
     st = path.stat()
     return FileMetadata(
         int(st.st_ctime * 1000),
         int(st.st_mtime * 1000),
         st.st_size,
-        str(st.st_uid),
-        str(st.st_gid),
-        oct(stat.S_IMODE(st.st_mode))[2:],
+        _name(pwd.getpwuid, st.st_uid),
+        _name(grp.getgrgid, st.st_gid),
+        format_permissions(stat.S_IMODE(st.st_mode)),
     )
 
 

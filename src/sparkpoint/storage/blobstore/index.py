@@ -1,6 +1,8 @@
 """The blob store's snapshot index: which blobs make up a store's checkpoint directory.
 
-Immutable values with JSON forms using the reference field names. A ``SnapshotIndex`` records
+Immutable values with Samza's JSON form (``SnapshotIndexSerde``): dash-case fields, no version
+field (an index with ``"schema-version": 1``, as earlier sparkpoint versions wrote, is read too),
+permissions as ``rw-r--r--``, owner and group as names. A ``SnapshotIndex`` records
 when and for which job, task, store and checkpoint it was made, the ``DirIndex`` of the
 checkpoint directory, and the blob id of the previous snapshot index. A ``DirIndex`` lists the
 files and sub-directories present (and those removed since the previous snapshot, whose blobs
@@ -95,6 +97,11 @@ class FileMetadata:
 
 
 _RWX = re.compile(r"[r-][w-][x-][r-][w-][x-][r-][w-][x-]")
+
+
+def format_permissions(mode: int) -> str:
+    """Mode bits as ``rw-r--r--`` (Samza's PosixFilePermissions form)."""
+    return "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
 
 
 def parse_permissions(text: str) -> int:
@@ -235,7 +242,6 @@ class SnapshotIndex:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema-version": self.version,
             "creation-time-millis": self.creation_time_millis,
             "snapshot-metadata": self.metadata.to_json(),
             "dir-index": self.dir_index.to_json(),
@@ -243,7 +249,7 @@ class SnapshotIndex:
         }
 
     def dumps(self) -> bytes:
-        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
 
     @classmethod
     def loads(cls, data: bytes, where: str = "snapshot index") -> SnapshotIndex:
@@ -251,7 +257,7 @@ class SnapshotIndex:
             d = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidSnapshotIndex(f"{where} is not valid JSON: {exc}") from exc
-        version = _get(d, "schema-version", int, where)
+        version = d.get("schema-version", SCHEMA_VERSION) if isinstance(d, dict) else None
         if version != SCHEMA_VERSION:
             raise InvalidSnapshotIndex(f"{where}: unsupported schema version {version}")
         m = _get(d, "snapshot-metadata", dict, where)

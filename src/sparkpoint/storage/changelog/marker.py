@@ -1,8 +1,9 @@
 """The changelog backend's marker: which changelog partition, and its newest offset at a commit.
 
-V2 form (the marker string in ``state-checkpoint-markers``)::
+V2 form (the marker string in ``state-checkpoint-markers``), Samza's KafkaStateCheckpointMarker::
 
-    {"version": 1, "changelog-ssp": {"system", "stream", "partition"}, "changelog-offset": "N"}
+    {"version": 1, "changelog-ssp": {"system", "partition", "stream", "keyBucket": -1},
+     "changelog-offset": "N"}
 
 ``changelog-offset`` is ``null`` when the partition was empty. V1 form, stored as the changelog
 SSP's offset in a V1 checkpoint: ``<checkpointId>:<offset>``, with ``null`` for an empty
@@ -25,10 +26,15 @@ class ChangelogMarker:
     offset: str | None
 
     def dumps(self) -> str:
+        ssp = {
+            "system": self.ssp.system,
+            "partition": self.ssp.partition,
+            "stream": self.ssp.stream,
+            "keyBucket": -1,
+        }
         return json.dumps(
-            {"version": 1, "changelog-ssp": self.ssp.to_json(), "changelog-offset": self.offset},
+            {"version": 1, "changelog-ssp": ssp, "changelog-offset": self.offset},
             separators=(",", ":"),
-            sort_keys=True,
         )
 
     @classmethod
