@@ -318,3 +318,32 @@ def test_a_store_moved_off_the_blob_store_has_its_snapshot_deleted(tmp_path: Pat
     run(moved, until_caught_up=True)
     assert not any(p.is_file() and p.stat().st_size > 200 for p in blob_dir.rglob("*"))
     assert committed_counts(moved)
+
+
+def test_the_start_up_sweep_spares_a_checkpoint_whose_clean_up_never_ran(tmp_path: Path) -> None:
+    """The driver dies right after writing a checkpoint: its new blobs still carry TTLs. The
+    sweep at the next start adopts what the last checkpoints use before deleting expired
+    uploads, so a restore from that checkpoint still finds every blob."""
+    flag = tmp_path / "crash"
+    flag.write_text("0")
+    blob_only = {
+        "stores.user-counts.changelog": "",
+        "stores.user-counts.backup.factories": "blobstore",
+        "blob.store.ttl.ms": "1",  # every upload expires at once unless adopted
+    }
+    crashing = make(
+        tmp_path,
+        **blob_only,
+        **{"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)},
+    )
+    expected = generate(crashing, tmp_path / "a.yaml", 300, seed=68, users=10)
+    from sparkpoint.failpoints import InjectedCrash
+
+    with pytest.raises(InjectedCrash):
+        run(crashing, until_caught_up=True)
+    config = make(tmp_path, **blob_only)
+    at_checkpoint = dict(counts_at_offsets(config, checkpoint_offsets(config)))
+    assert at_checkpoint  # the crash came after a checkpoint with state
+    shutil.rmtree(config.store_base_dir)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)

@@ -303,7 +303,26 @@ class BlobStoreAdmin(StateBackendAdmin):
                     log.info("%s: deleted the snapshot of a store no longer backed up here", where)
 
     def create_resources(self) -> None:
-        swept = blob_manager(self.config).sweep()
+        pass  # a blob store needs nothing created; validate_resources checks it is reachable
+
+    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
+        """Sweep expired uploads (a crash mid-upload), after adopting everything the tasks'
+        last checkpoints use: a checkpoint whose clean-up never ran (the driver died right
+        after writing it) still has TTLs on its new blobs, which must not be swept."""
+        blobs = blob_manager(self.config)
+        for task, checkpoint in sorted(checkpoints.items()):
+            for store, index_id in checkpoint.state_checkpoint_markers.get(NAME, {}).items():
+                where = f"task {task.name} store {store}"
+                try:
+                    index = load_index(blobs, index_id, where)
+                    used = [b.blob_id for _, f in index.dir_index.all_files() for b in f.blobs]
+                    for blob_id in [index_id, *used]:
+                        blobs.remove_ttl(blob_id)
+                except (BlobNotFound, RestoreError) as exc:
+                    log.warning(
+                        "%s: cannot adopt snapshot %s before the sweep: %s", where, index_id, exc
+                    )
+        swept = blobs.sweep()
         if swept:
             log.info("blob store: deleted %d expired uploads that no commit adopted", len(swept))
 
