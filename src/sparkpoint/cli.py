@@ -506,18 +506,35 @@ def startpoint_list(
 @startpoint_app.command("delete")
 def startpoint_delete(
     job: JobArg,
-    stream: StreamOpt,
+    stream: Annotated[
+        str | None, typer.Option("--stream", help="Input stream name, or system.stream.")
+    ] = None,
     partition: PartitionsOpt = None,
     task: TaskOpt = None,
+    all_: Annotated[
+        bool,
+        typer.Option("--all", help="Every startpoint and fan-out of the job, on every stream."),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Delete startpoints of a stream (waiting or fanned out).
+    """Delete startpoints of a stream, or all of the job's (waiting or fanned out).
 
     Example: `sparkpoint startpoint delete job.yaml --stream pageviews --partition 0`
-    """
-    from sparkpoint.tools.startpoints import delete_startpoints
 
-    n = delete_startpoints(_config(job, set_), stream, partitions=partition, task=task)
+    Example: `sparkpoint startpoint delete job.yaml --all`
+    """
+    from sparkpoint.tools.startpoints import delete_all_startpoints, delete_startpoints
+
+    config = _config(job, set_)
+    if all_ == (stream is not None):
+        raise UserError("give either --stream (with --partition/--task) or --all")
+    if all_:
+        if partition or task:
+            raise UserError("--all deletes every startpoint: it takes no --partition or --task")
+        n = delete_all_startpoints(config)
+    else:
+        assert stream is not None
+        n = delete_startpoints(config, stream, partitions=partition, task=task)
     print(f"deleted {n} startpoint(s)")
 
 

@@ -279,3 +279,23 @@ def test_ssp_task_startpoint_wins_over_ssp_startpoint_of_the_same_age(tmp_path: 
         fanned = manager.fan_out({task: [ssp]})
         assert fanned[task][ssp] == StartpointSpecific("7", creation_timestamp=now)
         manager.remove_fan_out_for_task(task, {ssp})
+
+
+def test_delete_all_removes_every_startpoint_and_fan_out(tmp_path: Path) -> None:
+    """Samza's StartpointManager.deleteAllStartpoints and removeAllFanOuts, as a tool."""
+    from sparkpoint.tools.startpoints import delete_all_startpoints
+
+    config = make(tmp_path, 2, broadcast=True)
+    manager = StartpointManager(CoordinatorStreamStore(config))
+    ssp0, ssp1 = (
+        SystemStreamPartition("filelog", "in", 0),
+        SystemStreamPartition("filelog", "in", 1),
+    )
+    manager.write_startpoint(ssp0, StartpointOldest())
+    manager.fan_out({TaskName("Partition 0"): [ssp0]})  # now fanned out
+    manager.write_startpoint(ssp1, StartpointUpcoming(), TaskName("Partition 1"))  # waiting
+    before = list_startpoints(config)
+    assert sum(len(v) for v in before.values()) == 2
+    assert delete_all_startpoints(config) == 2
+    assert not any(list_startpoints(config).values())
+    assert delete_all_startpoints(config) == 0  # idempotent

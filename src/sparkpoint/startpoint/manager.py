@@ -135,6 +135,18 @@ class StartpointManager:
             current = {}
         self.store.put_all(FAN_OUT, {task.name: dump_fan_out(current) if current else None})
 
+    def delete_all(self) -> int:
+        """Delete every waiting startpoint and every fan-out; returns how many startpoints."""
+        self.store.refresh()
+        waiting = self.store.all(NAMESPACE)
+        fan_outs = self.store.all(FAN_OUT)
+        count = len(waiting) + sum(len(self.get_fan_out_for_task(TaskName(t))) for t in fan_outs)
+        if waiting:
+            self.store.put_all(NAMESPACE, dict.fromkeys(waiting))
+        if fan_outs:
+            self.store.put_all(FAN_OUT, dict.fromkeys(fan_outs))
+        return count
+
     # -- apply while running
     def request_apply_now(self) -> None:
         """Ask a running job to fan out and apply startpoints at its next batch boundary."""

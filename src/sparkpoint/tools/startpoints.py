@@ -170,3 +170,10 @@ def delete_startpoints(
             manager.remove_fan_out_for_task(TaskName(name), hit)
             removed += len(hit)
     return removed
+
+
+def delete_all_startpoints(config: Config) -> int:
+    """Delete every waiting startpoint and every task's fan-out (Samza's deleteAllStartpoints
+    and removeAllFanOuts); returns how many startpoints went."""
+    manager = _manager(config, Systems(config))
+    return manager.delete_all()
