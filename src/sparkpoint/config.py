@@ -246,6 +246,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "changelog stream of the store (used by the changelog backend)",
     ),
     ConfigKey(
+        "stores.<s>.clean.on.container.start",
+        "false",
+        "true | false",
+        "at every job start, delete the store's local state and restore it from its backend",
+        _bool,
+    ),
+    ConfigKey(
         "stores.<s>.backup.factories",
         None,
         "comma-separated backend names (changelog, blobstore, or registered ones)",
@@ -285,6 +292,27 @@ KEYS: tuple[ConfigKey, ...] = (
         "an integer >= 1 (milliseconds)",
         "fail the task when a commit waits longer than this for the previous upload",
         _int(1),
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.during.failures.enabled",
+        "false",
+        "true | false",
+        "log and skip failed or timed-out commits (up to the limits below) instead of failing",
+        _bool,
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.exception.max.limit",
+        "5",
+        "an integer >= 0",
+        "with skipping on: fail after more than this many successive failed commits",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.timeout.max.limit",
+        "2",
+        "an integer >= 0",
+        "with skipping on: fail after more than this many successive commit timeouts",
+        _int(0),
     ),
     ConfigKey(
         "task.commit.async.enabled",

@@ -117,3 +117,44 @@ def test_sync_mode_waits_for_the_upload_inside_the_batch(tmp_path: Path) -> None
     assert len(first[0].completed_checkpoints) == 1
     assert first[0].state_id == f"ckpt:{first[0].commit_started}"
     coordinator.close()
+
+
+def test_skip_commit_during_failures_logs_and_commits_next_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Samza's task.commit.skip.commit.during.failures.enabled: a failed upload is logged and
+    skipped; the next commit is written, and the state matches its offsets."""
+    flag = tmp_path / "fail"
+    flag.write_text("")
+    config = make(
+        tmp_path,
+        **{
+            "testing.copy.fail.flag": str(flag),
+            "task.commit.skip.commit.during.failures.enabled": "true",
+        },
+    )
+    coordinator, end = batches(config)
+    coordinator.run_batch(end, commit=True)  # its upload fails on the commit pool
+    coordinator.run_batch(end, commit=True, wait=True)
+    assert "injected upload failure; skipped (1 successive commit exceptions" in caplog.text
+    assert coordinator.tasks["Partition 0"].last_checkpoint is not None
+    coordinator.close()
+    assert_committed_state_matches_its_offsets(config)
+
+
+def test_skip_commit_during_failures_fails_past_its_limit(tmp_path: Path) -> None:
+    flag = tmp_path / "fail"
+    flag.write_text("")
+    config = make(
+        tmp_path,
+        **{
+            "testing.copy.fail.flag": str(flag),
+            "task.commit.skip.commit.during.failures.enabled": "true",
+            "task.commit.skip.commit.exception.max.limit": "0",
+        },
+    )
+    coordinator, end = batches(config)
+    coordinator.run_batch(end, commit=True)
+    with pytest.raises(CommitError, match=r"exception.max.limit=0"):
+        coordinator.run_batch(end, commit=True, wait=True)
+    coordinator.close()

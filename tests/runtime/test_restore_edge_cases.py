@@ -347,3 +347,48 @@ def test_the_start_up_sweep_spares_a_checkpoint_whose_clean_up_never_ran(tmp_pat
     shutil.rmtree(config.store_base_dir)
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
+
+
+def test_clean_on_container_start_restores_from_the_backend_at_every_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stores.<s>.clean.on.container.start: local state is dropped and restored each start."""
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=69, users=12)
+    run(config, until_caught_up=True)
+    cleaning = make(tmp_path, **{"stores.user-counts.clean.on.container.start": "true"})
+    caplog.set_level("INFO")
+    run(cleaning, until_caught_up=True)
+    assert caplog.text.count("restored from changelog") == 4  # every task, no local checkpoint
+    assert committed_counts(cleaning) == dict(expected)
+    caplog.clear()
+    run(config, until_caught_up=True)  # without the setting the local state is kept
+    assert "restored from changelog" not in caplog.text
+
+
+def test_a_local_checkpoint_that_differs_from_its_snapshot_is_not_trusted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Samza's BlobStoreRestoreManager: the local checkpoint is compared with the snapshot its
+    checkpoint names before it is used; a damaged one is replaced by a download."""
+    config = make(
+        tmp_path,
+        **{"stores.user-counts.changelog": "", "stores.user-counts.backup.factories": "blobstore"},
+    )
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=70, users=10)
+    run(config, until_caught_up=True)
+    damaged = 0
+    for task_dir in config.store_base_dir.iterdir():
+        for ckpt in (task_dir / "user-counts.checkpoints").iterdir():
+            sst = sorted(ckpt.glob("*.sst"))
+            if sst:
+                with open(sst[0], "ab") as f:
+                    f.write(b"garbage")  # another size: the disk lost or damaged the file
+                damaged += 1
+        (task_dir / "STATE").unlink()  # the task must establish its state again
+    assert damaged > 0
+    caplog.set_level("INFO")
+    run(config, until_caught_up=True)
+    assert "differs from snapshot" in caplog.text and "not using it" in caplog.text
+    assert "restored from blobstore" in caplog.text
+    assert committed_counts(config) == dict(expected)

@@ -224,16 +224,20 @@ class JobCoordinator:
             self.metadata_store, max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
         )
         fanned = self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+        clean_start = any(
+            self.config.get_bool(f"stores.{s}.clean.on.container.start") for s in self.config.stores
+        )
         for task in model.sorted_tasks():
             ckpt = checkpoints.get(task.name)
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
+            expected = checkpoint_state_id(str(ckpt.checkpoint_id)) if ckpt else EMPTY_STATE
+            if clean_start:  # no local state matches: every task restores at its first batch
+                expected = f"clean-start:{self.run_id}"
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,
-                expected_state_id=checkpoint_state_id(str(ckpt.checkpoint_id))
-                if ckpt
-                else EMPTY_STATE,
+                expected_state_id=expected,
                 resume=dict(nxt),
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),

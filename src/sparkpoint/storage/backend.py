@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.checkpoint import FROM_SAMZA, Checkpoint
@@ -123,6 +124,12 @@ class TaskRestoreManager(ABC):
         that restores entries writes them through ``context.engine(store)``, which stays open
         for the task.
         """
+
+    def local_checkpoint_mismatch(self, store: str, directory: Path) -> str | None:
+        """Why the local checkpoint ``directory`` of ``store`` does not hold what this backend's
+        marker says the checkpoint holds (None: it does, or the backend cannot tell). Checked
+        before a local checkpoint is trusted."""
+        return None
 
     def discard_uncommitted(self) -> None:  # noqa: B027 - optional hook
         """The context's stores were restored to the checkpoint from elsewhere (a local

@@ -20,6 +20,11 @@ Because records are on disk, the next batch of the task sees them in whatever wo
   after that the commit waits for it, and fails the task after ``task.commit.timeout.ms``. A
   commit is also skipped while a finished one waits to be written by the driver, so each
   snapshot builds on a written checkpoint (incremental backends diff against it).
+* With ``task.commit.skip.commit.during.failures.enabled`` (Samza's key, off by default) a
+  failed upload or a commit timeout is logged and the commit skipped, until more than
+  ``task.commit.skip.commit.exception.max.limit`` failures (or ``...timeout.max.limit``
+  timeouts) happen in a row; a finished upload resets both counts. Skipping loses no state:
+  the driver writes only finished commits, so the task stays at its last written checkpoint.
 * With ``task.commit.async.enabled=false`` (and always for the final commit of a run) the batch
   waits for its uploads before returning.
 * If the task moves to another host mid-upload, the new host never sees the record; the commit
@@ -144,6 +149,24 @@ class CommitRecord:
 
 
 @dataclass
+class SkipPolicy:
+    """Samza's task.commit.skip.commit.during.failures.* settings."""
+
+    enabled: bool = False
+    max_exceptions: int = 5
+    max_timeouts: int = 2
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, str]) -> SkipPolicy:
+        prefix = "task.commit.skip.commit."
+        return cls(
+            config.get(prefix + "during.failures.enabled", "false").lower() == "true",
+            int(config.get(prefix + "exception.max.limit") or 5),
+            int(config.get(prefix + "timeout.max.limit") or 2),
+        )
+
+
+@dataclass
 class CommitOutcome:
     started: str | None = None  # checkpoint id of a commit started in this batch
     skipped: bool = False
@@ -180,6 +203,44 @@ class TaskCommitManager:
         self.timeout_ms = timeout_ms
         self.pool_size = pool_size
         self.dir = local.dir / "commits"
+        self.skip = SkipPolicy.from_config(config)
+        self._failures_file = local.dir / "COMMIT-FAILURES"
+
+    # -- successive failures (task.commit.skip.commit.during.failures.*)
+    def _failures(self) -> dict[str, int]:
+        try:
+            data = json.loads(self._failures_file.read_bytes())
+            return {"exceptions": int(data["exceptions"]), "timeouts": int(data["timeouts"])}
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return {"exceptions": 0, "timeouts": 0}
+
+    def _tolerate(self, kind: str, limit: int, error: CommitError) -> None:
+        """Count a failure of ``kind``; re-raise unless skipping is on and within the limit."""
+        if not self.skip.enabled:
+            raise error
+        counts = self._failures()
+        counts[kind] += 1
+        atomic_write(self._failures_file, json.dumps(counts).encode())
+        if counts[kind] > limit:
+            raise CommitError(
+                f"{error} ({counts[kind]} successive commit {kind}, more than "
+                f"task.commit.skip.commit.{kind[:-1]}.max.limit={limit})"
+            ) from error
+        log.warning(
+            "%s; skipped (%d successive commit %s of at most %d tolerated)",
+            error,
+            counts[kind],
+            kind,
+            limit,
+        )
+
+    def _check_tolerating(self) -> CommitRecord | None:
+        """:meth:`_check`, with failures counted and skipped when the policy allows."""
+        while True:
+            try:
+                return self._check()
+            except CommitError as exc:
+                self._tolerate("exceptions", self.skip.max_exceptions, exc)
 
     # -- records
     def records(self) -> list[CommitRecord]:
@@ -273,7 +334,7 @@ class TaskCommitManager:
     ) -> CommitOutcome:
         """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
         outcome = CommitOutcome()
-        running = self._check()
+        running = self._check_tolerating()
         if not wait and self.completed(self.committed):
             # the previous commit finished but the driver has not written it yet (it will right
             # after this batch): commit next time, so every snapshot builds on a written one
@@ -290,8 +351,13 @@ class TaskCommitManager:
                 )
                 outcome.skipped = True
                 return outcome
-            outcome.waited_seconds += self._wait_for(running.checkpoint_id)
-            self._raise_failures()
+            try:
+                outcome.waited_seconds += self._wait_for(running.checkpoint_id)
+            except CommitError as exc:
+                self._tolerate("timeouts", self.skip.max_timeouts, exc)
+                outcome.skipped = True
+                return outcome
+            self._check_tolerating()
         # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
         for engine in self.engines.values():
             engine.flush()
@@ -364,6 +430,7 @@ class TaskCommitManager:
                 for key, value in manager.stats().items():
                     record.metrics[key] = record.metrics.get(key, 0) + value
             record.state = DONE
+            self._failures_file.unlink(missing_ok=True)  # a finished upload resets the counts
         except InjectedCrash:
             raise  # a simulated dying worker records nothing: the upload is lost
         except BaseException as exc:

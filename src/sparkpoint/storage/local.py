@@ -116,14 +116,18 @@ class LocalTaskState:
                 shutil.rmtree(stale)
         if checkpoint_id is None:
             return False
-        source = self.checkpoint_dir(store, checkpoint_id)
-        if not (source / CHECKPOINT_FILE).exists():
+        if not self.has_checkpoint(store, checkpoint_id):
             return False
+        source = self.checkpoint_dir(store, checkpoint_id)
         staging = self.staging_dir(store)
         shutil.copytree(source, staging, copy_function=_link_or_copy)
         (staging / CHECKPOINT_FILE).unlink()
         os.replace(staging, live)
         return True
+
+    def has_checkpoint(self, store: str, checkpoint_id: str) -> bool:
+        """Whether a complete local checkpoint (with its CHECKPOINT file) exists."""
+        return (self.checkpoint_dir(store, checkpoint_id) / CHECKPOINT_FILE).exists()
 
     def write_checkpoint_file(self, store: str, checkpoint_id: str, checkpoint_json: str) -> None:
         atomic_write(

@@ -3,7 +3,9 @@
 For each store, in order of cost:
 
 1. a local checkpoint directory for exactly that checkpoint (it has its ``CHECKPOINT`` file,
-   written only after every upload of the commit finished): hard-link it into place;
+   written only after every upload of the commit finished), once each restore backend agrees it
+   holds what the checkpoint names (the blob store compares it with the snapshot's files): hard-
+   link it into place. ``stores.<s>.clean.on.container.start`` skips this at every job start;
 2. otherwise the backends of ``stores.<s>.restore.factories`` that have a marker for the store
    in the checkpoint, in that order: the store directory is emptied and the first one rebuilds
    it; if it fails (a missing or corrupt blob, an unreadable changelog) the next one is tried,
@@ -161,7 +163,11 @@ class TaskRestore:
         pending: list[_Pending] = []
         for store in self.config.stores:
             start = time.monotonic()
-            if self.transactional and self.local.restore_from_checkpoint(store, self.checkpoint_id):
+            if (
+                self.transactional
+                and self._local_checkpoint_usable(store)
+                and self.local.restore_from_checkpoint(store, self.checkpoint_id)
+            ):
                 self._opened(store, LOCAL, RestoreStats(store, LOCAL, seconds=0.0), start)
                 continue
             self.local.restore_from_checkpoint(store, None)  # empty the live directory
@@ -186,6 +192,45 @@ class TaskRestore:
             pending.extend(self._restore_group(backend, group))
         self._discard_uncommitted()
         return self.engines, self.stats
+
+    def _local_checkpoint_usable(self, store: str) -> bool:
+        """Whether the local checkpoint of ``store`` (if any) may be used: not when the store is
+        cleaned at every start, nor when a restore backend says it differs from the copy the
+        checkpoint names (a disk that lost or damaged files)."""
+        if self.config.get_bool(f"stores.{store}.clean.on.container.start"):
+            self.local.clean_checkpoints(store, keep=set())
+            log.info(
+                "task %s store %s: stores.%s.clean.on.container.start: restoring from the backend",
+                self.task.name,
+                store,
+                store,
+            )
+            return False
+        cid = self.checkpoint_id
+        if cid is None or not self.local.has_checkpoint(store, cid):
+            return True
+        for name in store_backends(self.config, store, "restore"):
+            manager = backend_factory(name).restore_manager(self._context([store]))
+            try:
+                manager.init(self.checkpoint)
+                reason = manager.local_checkpoint_mismatch(
+                    store, self.local.checkpoint_dir(store, cid)
+                )
+            except Exception as exc:  # cannot verify: restore from a backend instead
+                reason = f"cannot be verified against {name}: {type(exc).__name__}: {exc}"
+            finally:
+                manager.close()
+            if reason is not None:
+                log.warning(
+                    "task %s store %s: local checkpoint %s %s; not using it",
+                    self.task.name,
+                    store,
+                    cid,
+                    reason,
+                )
+                self.local.clean_checkpoints(store, keep=set())
+                return False
+        return True
 
     def _opened(self, store: str, source: str, stats: RestoreStats, start: float) -> None:
         if store not in self.engines:

@@ -205,6 +205,21 @@ class BlobStoreRestoreManager(TaskRestoreManager):
     def restore(self) -> list[RestoreStats]:
         return [self._restore(store) for store in self.ctx.stores]
 
+    def local_checkpoint_mismatch(self, store: str, directory: Path) -> str | None:
+        """Compare the local checkpoint with the snapshot its checkpoint names: same files,
+        sizes and permissions, same checksums (SST files: same database and sizes)."""
+        marker = self.markers.get(store)
+        if marker is None:
+            return None
+        where = f"task {self.ctx.task.name} store {store}"
+        index = load_index(self.blobs, marker, where)
+        diff = diff_dir(directory, index.dir_index)
+        changed = [p.name for p in diff.files_to_upload()] + [f.file_name for f in diff.removed]
+        changed += [d.dir_name for d in diff.sub_dirs_removed]
+        if changed:
+            return f"differs from snapshot {marker} in {', '.join(sorted(changed)[:5])}"
+        return None
+
     def _local_copies(self, store: str) -> dict[str, list[Path]]:
         """Files of this store's other local checkpoints, by relative path (reusable if equal)."""
         out: dict[str, list[Path]] = {}
