@@ -17,7 +17,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.checkpoints import set_checkpoints
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import committed_counts, generate
+from tests.runtime.helpers import committed_counts, generate, live_counts
 
 
 def test_rewind_a_stopped_job(tmp_path: Path) -> None:
@@ -91,3 +91,65 @@ def test_refuses_while_the_job_runs(tmp_path: Path) -> None:
         assert set_checkpoints(config, offsets, force=True)
     finally:
         beat.stop()
+
+
+@pytest.mark.parametrize(
+    ("backends", "versions"),
+    [
+        # issue 11: dual commit, the old default of reading V1 only
+        ({"stores.user-counts.backup.factories": "changelog,blobstore"}, "1"),
+        # a job that only ever wrote V1: changelog markers come from the V1 changelog offsets
+        ({}, "1-only"),
+    ],
+)
+def test_checkpoint_set_keeps_the_state_restorable(
+    tmp_path: Path, backends: dict[str, str], versions: str
+) -> None:
+    """Issue 11: `checkpoint set` carries the last checkpoint's state markers forward, so a
+    restore after the rewind still finds the committed state (it used to restore an older or
+    empty store)."""
+    import shutil
+
+    read_write = (
+        {"task.checkpoint.read.versions": "1", "task.checkpoint.write.versions": "1"}
+        if versions == "1-only"
+        else {
+            "task.checkpoint.read.versions": "1",
+            "stores.user-counts.restore.factories": "changelog",
+        }
+    )
+    values = pageviews_config(
+        tmp_path,
+        **{
+            "task.commit.ms": "0",
+            "stores.user-counts.changelog": "filelog.user-counts-changelog",
+            **backends,
+            **read_write,
+        },
+    )
+    config = load_config(None, values)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 800, seed=32)
+    JobCoordinator(config, InlineRunner()).run(until_caught_up=True)
+    counts = committed_counts(config)
+    offsets = tmp_path / "offsets.yaml"
+    offsets.write_text("filelog.pageviews.0: 5\n")
+    written = set_checkpoints(config, offsets)[TaskName("Partition 0")]
+    expected_backends = {"changelog"} | ({"blobstore"} if backends else set())
+    assert set(written.state_checkpoint_markers) == expected_backends
+    if versions == "1-only":
+        v1 = CheckpointManager(config).read_version(1)[TaskName("Partition 0")]
+        changelog = SystemStreamPartition("filelog", "user-counts-changelog", 0)
+        assert v1.input_offsets[changelog].startswith(f"{written.checkpoint_id}:")
+    # lose every executor's disk; restore from the backends (blob store first if there is one)
+    shutil.rmtree(config.store_base_dir)
+    restore = {"stores.user-counts.restore.factories": "blobstore"} if backends else {}
+    again = load_config(None, {**values, **restore, "task.checkpoint.read.versions": "2,1"})
+    if versions == "1-only":
+        again = load_config(None, {**values, "task.checkpoint.read.versions": "1"})
+    coordinator = JobCoordinator(again, InlineRunner())
+    coordinator.start()
+    nothing_new = {s: ts.resume[s] for ts in coordinator.tasks.values() for s in ts.model.ssps}
+    coordinator.run_batch(nothing_new, commit=False)
+    coordinator.close()
+    assert live_counts(again) == counts  # the state as committed, not an older one

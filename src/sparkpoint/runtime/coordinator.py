@@ -50,6 +50,7 @@ from sparkpoint.storage.backend import (
     backend_factory,
     known_backends,
     store_backends,
+    v1_changelog_offsets,
 )
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
@@ -389,9 +390,7 @@ class JobCoordinator:
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
         """Step 6 of the commit: one message per configured version; then the driver's view."""
-        changelog_offsets: dict[SystemStreamPartition, str] = {}
-        for name, markers in checkpoint.state_checkpoint_markers.items():
-            changelog_offsets.update(backend_factory(name).marker_offsets(self.config, markers))
+        changelog_offsets = v1_changelog_offsets(self.config, checkpoint.state_checkpoint_markers)
         self.checkpoints.write_checkpoint(
             ts.model.name, checkpoint, changelog_offsets=changelog_offsets
         )

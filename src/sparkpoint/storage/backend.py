@@ -33,7 +33,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkpoint.checkpoint.checkpoint import FROM_SAMZA, Checkpoint
+from sparkpoint.checkpoint.checkpoint import FROM_SAMZA, Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
@@ -212,6 +212,12 @@ class StateBackendFactory(ABC):
         """For V1 checkpoints: the changelog SSP offsets this backend's markers imply."""
         return {}
 
+    def markers_from_v1(
+        self, config: Config, checkpoint: CheckpointV1, task: TaskModel
+    ) -> dict[str, str]:
+        """This backend's markers by store, from a V1 checkpoint (``markers_in_v1`` only)."""
+        return {}
+
 
 BUILTIN: dict[str, str] = {
     "changelog": "sparkpoint.storage.changelog:ChangelogStateBackendFactory",
@@ -268,4 +274,32 @@ def store_backends(config: Config, store: str, kind: str) -> list[str]:
                 f"known: {', '.join(known_backends())}"
             )
         out.append(canonical)
+    return out
+
+
+def checkpoint_markers(
+    config: Config, checkpoint: Checkpoint | None, task: TaskModel
+) -> dict[str, dict[str, str]]:
+    """Every backend's markers a checkpoint holds, by backend and store; a V1 checkpoint's
+    are recovered from its changelog offsets. What a tool writing a new checkpoint for the task
+    must carry forward, so the state stays restorable."""
+    if checkpoint is None:
+        return {}
+    if not isinstance(checkpoint, CheckpointV1):
+        return {n: dict(m) for n, m in checkpoint.state_checkpoint_markers.items()}
+    out = {}
+    for name in known_backends():
+        factory = backend_factory(name)
+        if factory.markers_in_v1 and (markers := factory.markers_from_v1(config, checkpoint, task)):
+            out[name] = markers
+    return out
+
+
+def v1_changelog_offsets(
+    config: Config, markers: Mapping[str, Mapping[str, str]]
+) -> dict[SystemStreamPartition, str]:
+    """The changelog SSP offsets a V1 checkpoint carries for these markers (by backend)."""
+    out: dict[SystemStreamPartition, str] = {}
+    for name, by_store in markers.items():
+        out.update(backend_factory(name).marker_offsets(config, by_store))
     return out

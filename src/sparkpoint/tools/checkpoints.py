@@ -29,6 +29,7 @@ from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskName
 from sparkpoint.runtime.coordinator import job_model
+from sparkpoint.storage.backend import checkpoint_markers, v1_changelog_offsets
 from sparkpoint.system.registry import Systems
 
 
@@ -113,18 +114,23 @@ def set_checkpoints(
     manager = CheckpointManager(config, systems)
     manager.create_resources()
     current = manager.read_all()
+    v2s = manager.read_version(2)
     written = {}
     for task, ssps in sorted(offsets.items()):
         last = current.get(task)
+        if last is not None and v2s.get(task, last).checkpoint_id == last.checkpoint_id:
+            last = v2s.get(task, last)  # the same commit's V2 form holds every backend's marker
         merged = dict(last.input_offsets) if last else {}
         merged = {s: o for s, o in merged.items() if s in model.tasks[task].ssps}
         merged.update(ssps)
+        # the state stays as committed: carry every backend's markers forward
+        markers = checkpoint_markers(config, last, model.tasks[task])
         checkpoint = CheckpointV2(
-            last.checkpoint_id if last else CheckpointId.create(),
-            merged,
-            dict(last.state_checkpoint_markers) if last else {},
+            last.checkpoint_id if last else CheckpointId.create(), merged, markers
         )
-        manager.write_checkpoint(task, checkpoint)
+        manager.write_checkpoint(
+            task, checkpoint, changelog_offsets=v1_changelog_offsets(config, markers)
+        )
         written[task] = checkpoint
     manager.close()
     return written

@@ -357,6 +357,18 @@ class ChangelogStateBackendFactory(StateBackendFactory):
         ssp = changelog_ssp(config, store, task.changelog_partition)
         return marker_for(config, checkpoint, store, ssp) is not None
 
+    def markers_from_v1(
+        self, config: Config, checkpoint: CheckpointV1, task: TaskModel
+    ) -> dict[str, str]:
+        out = {}
+        for store in config.stores:
+            if NAME in store_backends(config, store, "backup"):
+                ssp = changelog_ssp(config, store, task.changelog_partition)
+                marker = marker_for(config, checkpoint, store, ssp)
+                if marker is not None:
+                    out[store] = marker.dumps()
+        return out
+
     def marker_offsets(
         self, config: Config, markers: Mapping[str, str]
     ) -> dict[SystemStreamPartition, str]:
