@@ -369,19 +369,26 @@ def state_show(
 
 
 @state_app.command("check")
-def state_check(job: JobArg, set_: SetOpt = None) -> None:
-    """Check that every blob every checkpoint references exists; exit 1 if any is missing.
+def state_check(
+    job: JobArg,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Only check that blobs exist (no download).")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Check every blob every checkpoint references: present, right size and checksum (it
+    downloads them; --quick only checks they exist). Exit 1 naming each problem.
 
     Example: `sparkpoint state check job.yaml`
     """
     from sparkpoint.tools.state import check_blobs
 
-    problems = check_blobs(_config(job, set_))
+    problems = check_blobs(_config(job, set_), checksums=not quick)
     for line in problems:
         print(line)
     if problems:
         raise typer.Exit(1)
-    print("ok: every referenced blob exists")
+    print("ok: every referenced blob exists" + ("" if quick else " and matches its checksum"))
 
 
 @config_app.command("show")

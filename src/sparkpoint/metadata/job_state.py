@@ -58,9 +58,14 @@ def store_config(store: MetadataStore, config: Config) -> list[str]:
     return diff
 
 
+def stored_changelog_partitions(store: MetadataStore) -> dict[str, int]:
+    """The task -> changelog partition mapping the job last ran with (read only)."""
+    return {k: int(v) for k, v in store.all(SET_CHANGELOG).items()}
+
+
 def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobModel:
     """The model with stable changelog partitions, stored for the next run."""
-    mapping = {k: int(v) for k, v in store.all(SET_CHANGELOG).items()}
+    mapping = stored_changelog_partitions(store)
     used = set(mapping.values())
     added: dict[str, str | None] = {}
     for task in model.sorted_tasks():

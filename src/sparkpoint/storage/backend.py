@@ -67,6 +67,8 @@ class BackendContext:
     local: LocalTaskState  # the task's directories: store_dir(s), checkpoint_dir(s, id)
     engines: dict[str, KeyValueEngine] = field(default_factory=dict)
     openers: Mapping[str, Callable[[], KeyValueEngine]] = field(default_factory=dict)
+    #: restore into a scratch directory for reading only: write nothing to any backend
+    read_only: bool = False
 
     def engine(self, store: str) -> KeyValueEngine:
         """The store's open engine, opening it (in its directory) on first use."""

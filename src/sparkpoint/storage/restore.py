@@ -39,6 +39,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.config import Config
@@ -52,6 +53,7 @@ from sparkpoint.storage.backend import (
     store_backends,
 )
 from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.kv.factory import open_engine
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.registry import Systems
 
@@ -142,8 +144,13 @@ class TaskRestore:
         local: LocalTaskState,
         checkpoint: Checkpoint | None,
         open_engine: Mapping[str, Callable[[], KeyValueEngine]],
+        *,
+        stores: list[str] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.config = config
+        self.stores = list(config.stores) if stores is None else stores
+        self.read_only = read_only
         self.systems = systems
         self.task = task
         self.local = local
@@ -161,7 +168,7 @@ class TaskRestore:
     def run(self) -> tuple[dict[str, KeyValueEngine], list[RestoreStats]]:
         """Rebuild every store; returns the open (unwrapped) engines and what was done."""
         pending: list[_Pending] = []
-        for store in self.config.stores:
+        for store in self.stores:
             start = time.monotonic()
             if (
                 self.transactional
@@ -311,12 +318,13 @@ class TaskRestore:
             self.local,
             engines={s: self.engines[s] for s in stores if s in self.engines},
             openers={s: self.open_engine[s] for s in stores},
+            read_only=self.read_only,
         )
 
     def _discard_uncommitted(self) -> None:
         """Tell every backup backend the store was not restored from to drop what it holds
         beyond the checkpoint (transactional mode only)."""
-        if not self.transactional:
+        if not self.transactional or self.read_only:
             return
         by_backend: dict[str, list[str]] = {}
         for store, source in self.restored_by.items():
@@ -342,3 +350,24 @@ def restore_stores(
 ) -> tuple[dict[str, KeyValueEngine], list[RestoreStats]]:
     """Rebuild every store of the task (see :class:`TaskRestore`)."""
     return TaskRestore(config, systems, task, local, checkpoint, open_engine).run()
+
+
+def restore_for_reading(
+    config: Config,
+    systems: Systems,
+    task: TaskModel,
+    store: str,
+    checkpoint: Checkpoint,
+    directory: Path,
+) -> KeyValueEngine:
+    """The committed contents of ``store`` at ``checkpoint``, rebuilt in the scratch
+    ``directory`` from its restore backends (blob-store snapshot, or a changelog replay to the
+    checkpointed offset) without writing to any backend; the caller closes the engine."""
+    local = LocalTaskState(directory, task.name)
+    factory = config.require(f"stores.{store}.factory")
+    opener = {store: lambda: open_engine(store, factory, local.store_dir(store))}
+    restore = TaskRestore(
+        config, systems, task, local, checkpoint, opener, stores=[store], read_only=True
+    )
+    engines, _ = restore.run()
+    return engines[store]

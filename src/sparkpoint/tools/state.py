@@ -1,8 +1,8 @@
-"""Reading a job's committed state without running the job.
+"""Reading a job's committed state without running the job, from whichever copy holds it.
 
-The committed contents of a store are those of its local checkpoint for the task's last
-checkpoint (opened read-only, never modified). Until a state backend exists, that checkpoint is
-on the disk of the executor that made it; this tool reads ``job.logged.store.base.dir``.
+The committed contents of a store are those of its task's last checkpoint: read from the local
+checkpoint directory under ``job.logged.store.base.dir`` when this machine has it, else rebuilt
+from the store's state backends (:func:`sparkpoint.storage.restore.restore_for_reading`).
 """
 
 from __future__ import annotations
@@ -16,17 +16,28 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.job_state import stored_changelog_partitions
 from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.serde import load_serde
+from sparkpoint.storage.backend import store_backends
+from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.restore import restore_for_reading
 from sparkpoint.system.registry import Systems
 
 
 def committed_entries(
     config: Config, store: str, task: str | None = None
 ) -> Iterator[tuple[str, Any, Any]]:
-    """``(task, key, value)`` of a store's committed contents, task by task, in key order."""
+    """``(task, key, value)`` of a store's committed contents, task by task, in key order.
+
+    From the task's local checkpoint when this machine has it (opened read-only), else rebuilt
+    in a scratch directory from the store's restore backends (blob-store snapshot, or a replay
+    of the changelog up to the checkpointed offset), writing to no backend. Never from a live
+    store a running job may be writing.
+    """
     if store not in config.stores:
         known = ", ".join(config.stores) or "none"
         raise UserError(f"no store {store!r} in job {config.job_name}; stores: {known}")
@@ -34,55 +45,49 @@ def committed_entries(
     msg_serde = load_serde(config.get_str(f"stores.{store}.msg.serde") or "", config)
     systems = Systems(config)
     try:
-        manager = CheckpointManager(config, systems)
-        checkpoints = manager.read_all()
-        v2 = manager.read_version(2)
+        checkpoints = CheckpointManager(config, systems).read_all()
+        partitions = stored_changelog_partitions(
+            CoordinatorStreamStore(config, systems, source="state-tool")
+        )
+        names = sorted(checkpoints, key=lambda t: (len(t.name), t.name))
+        if task is not None:
+            if TaskName(task) not in checkpoints:
+                known = ", ".join(t.name for t in names) or "none"
+                raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
+            names = [TaskName(task)]
+        for name in names:
+            model = TaskModel(name, frozenset(), partitions.get(name.name, 0))
+            for key, value in _committed(config, systems, model, store, checkpoints[name]):
+                yield name.name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
     finally:
         systems.close()
-    names = sorted(checkpoints, key=lambda t: (len(t.name), t.name))
-    if task is not None:
-        if TaskName(task) not in checkpoints:
-            known = ", ".join(t.name for t in names) or "none"
-            raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
-        names = [TaskName(task)]
-    for name in names:
-        cid = str(checkpoints[name].checkpoint_id)
-        path = LocalTaskState(config.store_base_dir, name).checkpoint_dir(store, cid)
-        with tempfile.TemporaryDirectory(prefix="sparkpoint-dump-") as tmp:
-            if not path.is_dir():
-                snapshot = v2.get(name)
-                if snapshot is None or str(snapshot.checkpoint_id) != cid:
-                    snapshot = None
-                path = _from_blob_store(config, name, store, snapshot, Path(tmp)) or path
-            if not path.is_dir():
-                raise UserError(
-                    f"task {name} store {store}: checkpoint {cid} is not on this machine ({path}) "
-                    "and the store has no blob store snapshot"
-                )
-            engine = RocksDBEngine(store, path, read_only=True)
-            try:
-                for k, v in engine.all():
-                    yield name.name, key_serde.from_bytes(k), msg_serde.from_bytes(v)
-            finally:
-                engine.close()
 
 
-def _from_blob_store(
-    config: Config, task: TaskName, store: str, checkpoint: Checkpoint | None, tmp: Path
-) -> Path | None:
-    """Download the store's snapshot of ``checkpoint`` into ``tmp``; its directory, or None."""
-    from sparkpoint.storage.backend import BackendContext
-    from sparkpoint.storage.blobstore.backend import NAME, BlobStoreRestoreManager
-
-    if checkpoint is None or store not in checkpoint.state_checkpoint_markers.get(NAME, {}):
-        return None
-    model = TaskModel(task, frozenset(), 0)
-    local = LocalTaskState(tmp, task)
-    context = BackendContext(config, model, [store], Systems(config), local)
-    manager = BlobStoreRestoreManager(context)
-    manager.init(checkpoint)
-    manager.restore()
-    return local.store_dir(store)
+def _committed(
+    config: Config, systems: Systems, task: TaskModel, store: str, checkpoint: Checkpoint
+) -> Iterator[tuple[bytes, bytes]]:
+    cid = str(checkpoint.checkpoint_id)
+    local = LocalTaskState(config.store_base_dir, task.name)
+    if local.has_checkpoint(store, cid):
+        engine: KeyValueEngine = RocksDBEngine(
+            store, local.checkpoint_dir(store, cid), read_only=True
+        )
+        try:
+            yield from engine.all()
+        finally:
+            engine.close()
+        return
+    if not store_backends(config, store, "restore"):
+        raise UserError(
+            f"task {task.name} store {store}: checkpoint {cid} is not on this machine "
+            f"({local.checkpoint_dir(store, cid)}) and the store has no state backend"
+        )
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-state-") as tmp:
+        engine = restore_for_reading(config, systems, task, store, checkpoint, Path(tmp))
+        try:
+            yield from engine.all()
+        finally:
+            engine.close()
 
 
 def blob_snapshots(config: Config) -> list[dict[str, Any]]:
@@ -110,13 +115,14 @@ def blob_snapshots(config: Config) -> list[dict[str, Any]]:
     return rows
 
 
-def check_blobs(config: Config) -> list[str]:
-    """Problems found walking every V2 checkpoint: snapshot indexes or file blobs that are missing.
-
-    An empty list means every blob every checkpoint references exists.
-    """
+def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
+    """Problems found walking every V2 checkpoint's blob-store snapshots: snapshot indexes or
+    file blobs that are missing, unreadable, or (with ``checksums``, the default; it downloads
+    every blob) of the wrong size or checksum. An empty list means every snapshot any checkpoint
+    names can be restored as it was committed."""
     from sparkpoint.checkpoint.manager import CheckpointManager
     from sparkpoint.storage.blobstore.backend import NAME, blob_manager
+    from sparkpoint.storage.blobstore.diff import crc32_of
     from sparkpoint.storage.blobstore.index import InvalidSnapshotIndex, SnapshotIndex
     from sparkpoint.storage.blobstore.manager import BlobNotFound
 
@@ -130,8 +136,26 @@ def check_blobs(config: Config) -> list[str]:
             except (BlobNotFound, InvalidSnapshotIndex) as exc:
                 problems.append(f"{where}: snapshot index {index_id}: {exc}")
                 continue
-            for rel, f in index.dir_index.all_files():
-                for blob in f.blobs:
-                    if not blobs.exists(blob.blob_id):
-                        problems.append(f"{where}: file {rel}: blob {blob.blob_id} is missing")
+            with tempfile.TemporaryDirectory(prefix="sparkpoint-check-") as tmp:
+                for rel, f in index.dir_index.all_files():
+                    for blob in f.blobs:
+                        if not checksums:
+                            if not blobs.exists(blob.blob_id):
+                                problems.append(
+                                    f"{where}: file {rel}: blob {blob.blob_id} is missing"
+                                )
+                            continue
+                        copy = Path(tmp) / blob.blob_id
+                        try:
+                            blobs.get_file(blob.blob_id, copy)
+                        except BlobNotFound:
+                            problems.append(f"{where}: file {rel}: blob {blob.blob_id} is missing")
+                            continue
+                        size = copy.stat().st_size
+                        if size != f.metadata.size or crc32_of(copy) != f.checksum:
+                            problems.append(
+                                f"{where}: file {rel}: blob {blob.blob_id} is corrupt (size "
+                                f"{size}, expected {f.metadata.size}, or checksum mismatch)"
+                            )
+                        copy.unlink()
     return problems

@@ -221,7 +221,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         start, end, trim = self._replay_range(store, ssp, admin)
         entries, size = self._replay(ssp, engine, start, end)
         upcoming = admin.get_metadata([ssp])[ssp].upcoming
-        if trim and admin.offset_comparator(end, upcoming) < 0:
+        if trim and not self.ctx.read_only and admin.offset_comparator(end, upcoming) < 0:
             self._trim_logged(store, ssp, engine, end, upcoming)
         engine.flush()
         return RestoreStats(store, NAME, entries, size, time.monotonic() - started)
