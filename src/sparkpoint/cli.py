@@ -94,7 +94,10 @@ def run(
         int | None, typer.Option(help="Stop (with a commit) after N batches.")
     ] = None,
     master: Annotated[
-        str | None, typer.Option(help="Spark master URL (default: spark.master or local[*]).")
+        str | None,
+        typer.Option(
+            help="Spark master URL (default: spark.master, else local[*,4]: 4 tries per task)."
+        ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     set_: SetOpt = None,
@@ -113,7 +116,7 @@ def run(
     from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator
     from sparkpoint.runtime.pipeline import DataFrameRunner, load_pipeline
     from sparkpoint.runtime.progress import ProgressDisplay
-    from sparkpoint.runtime.spark import SparkRunner, spark_session
+    from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner, spark_session
 
     _setup_logging(verbose)
     path = Path(job)
@@ -131,7 +134,8 @@ def run(
     if not config.inputs:
         raise UserError("task.inputs is empty: list the job's input streams as system.stream")
     display = ProgressDisplay()
-    err.print(f"starting Spark ({master or config.get_str('spark.master') or 'local[*]'}) ...")
+    shown = master or config.get_str("spark.master") or DEFAULT_MASTER
+    err.print(f"starting Spark ({shown}) ...")
     spark = spark_session(config, master)
     runner: BatchRunner = (
         SparkRunner(spark) if pipeline is None else DataFrameRunner(spark, pipeline, config)

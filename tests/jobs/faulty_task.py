@@ -36,3 +36,15 @@ class FailingCounter(PageViewCounter):
         ):
             os.unlink(self.flag)
             raise RuntimeError(f"injected failure at {envelope.ssp} offset {envelope.offset}")
+
+
+class DyingTask(PageViewCounter):
+    """Kills its Python worker on every message: Spark retries, then gives up."""
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        os._exit(3)

@@ -37,6 +37,11 @@ _ERRORS: dict[str, type[SparkpointError]] = {
 }
 
 
+#: local mode with up to 4 attempts per task (``local[N,F]``): a task whose Python worker dies
+#: is retried, as spark.task.maxFailures (default 4) does on a cluster
+DEFAULT_MASTER = "local[*,4]"
+
+
 def log4j_config() -> str:
     return str(resources.files("sparkpoint.runtime") / "conf" / "log4j2.properties")
 
@@ -50,7 +55,7 @@ def spark_session(config: Config, master: str | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"sparkpoint-{config.job_name}-{config.job_id}")
-    master = master or config.get_str("spark.master") or "local[*]"
+    master = master or config.get_str("spark.master") or DEFAULT_MASTER
     builder = builder.master(master)
     defaults = {
         "spark.ui.enabled": "false",
@@ -81,6 +86,19 @@ def user_error_from(exc: BaseException) -> SparkpointError | None:
     return cls(found.group(2).strip())
 
 
+def task_failure_from(exc: BaseException, batch: int) -> SparkpointError | None:
+    """One line for a batch Spark gave up on after retrying a task (a worker that kept dying)."""
+    text = str(exc)
+    m = re.search(r"failed (\d+) times?, most recent failure: Lost task [^:]*: ([^\n]+)", text)
+    if m is None:
+        return None
+    reason = re.sub(r"^[\w.$]+Exception: ", "", m.group(2)).strip()
+    return SparkpointError(
+        f"batch {batch}: a task failed {m.group(1)} times (Spark's attempts), last: {reason}; "
+        f"nothing was committed for it: the next run resumes from the last checkpoint"
+    )
+
+
 class SparkRunner:
     """Runs a batch as one Spark job with one partition per task."""
 
@@ -94,7 +112,7 @@ class SparkRunner:
         try:
             results: list[TaskBatchResult] = rdd.map(run_task_batch).collect()
         except Exception as exc:
-            err = user_error_from(exc)
+            err = user_error_from(exc) or task_failure_from(exc, batch)
             if err is not None:
                 raise err from None
             raise

@@ -1,0 +1,53 @@
+"""A Python worker that dies mid-batch is retried (local[N,F] by default), and a task that keeps
+failing ends the run with one line saying so (issue 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import load_config, parse_overrides
+from tests.e2e.cli import JOB, sp
+from tests.runtime.helpers import assert_committed_state_matches_its_offsets, generate
+
+pytestmark = pytest.mark.slow
+
+
+def _job(tmp_path: Path, *extra: str) -> tuple[list[str], object]:
+    sets = [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=0",
+        "task.batch.max.messages=500",
+        "stores.user-counts.changelog=filelog.user-counts-changelog",
+        *extra,
+    ]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    generate(config, tmp_path / "job.yaml", 6_000, seed=13, users=40)
+    return set_args, config
+
+
+def test_a_python_worker_killed_mid_commit_is_retried(tmp_path: Path) -> None:
+    flag = tmp_path / "crash"
+    flag.write_text("3")  # the 4th snapshot kills its Python worker (os._exit)
+    set_args, config = _job(
+        tmp_path,
+        "testing.crash.at=after-snapshot",
+        f"testing.crash.flag={flag}",
+        "testing.crash.mode=exit",
+    )
+    run = sp("run", str(JOB), "--until-caught-up", *set_args, timeout=400)
+    assert "local[*,4]" in run.stderr
+    assert not flag.exists()  # the crash happened, and the retried task went on
+    assert_committed_state_matches_its_offsets(config)  # type: ignore[arg-type]
+
+
+def test_a_task_that_keeps_failing_ends_the_run_with_one_line(tmp_path: Path) -> None:
+    set_args, _ = _job(tmp_path, "task.class=faulty_task:DyingTask")
+    run = sp("run", str(JOB), "--until-caught-up", *set_args, check=False, timeout=400)
+    assert run.returncode == 1, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: SparkpointError: batch 1: a task failed 4 times"), last
+    assert "Traceback" not in run.stderr
