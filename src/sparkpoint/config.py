@@ -330,9 +330,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "blob.store.manager.factory",
         "fsspec",
-        "fsspec",
-        "the blob store manager (one implementation over fsspec serves every URL)",
-        _one_of("fsspec"),
+        "fsspec | module:function",
+        "the blob store manager (fsspec serves every URL; a function (config, url) for others)",
+        lambda v: v == "fsspec" or bool(re.fullmatch(r"[\w.]+:\w+", v)),
     ),
     ConfigKey(
         "blob.store.ttl.ms", "86400000", "an integer >= 1", "life of unadopted uploads", _int(1)

@@ -20,6 +20,7 @@ at ``blob.store.retry.backoff.ms``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import random
 import time
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sparkpoint.errors import SparkpointError
+from sparkpoint.errors import ConfigError, SparkpointError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -145,20 +146,24 @@ class BlobStoreManager:
             self._retry(f"remove TTL of {blob_id}", lambda: self.fs.rm_file(self._ttl(blob_id)))
 
     def has_ttl(self, blob_id: str) -> bool:
-        return bool(self.fs.exists(self._ttl(blob_id)))
+        return bool(
+            self._retry(f"stat TTL of {blob_id}", lambda: self.fs.exists(self._ttl(blob_id)))
+        )
 
     def sweep(self, now_ms: int | None = None) -> list[str]:
         """Delete every blob whose TTL has expired (uploads no commit adopted); returns them."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         expired: list[str] = []
         try:
-            markers = self.fs.ls(f"{self.root}/ttl", detail=False)
+            markers = self._retry(
+                "list TTL markers", lambda: self.fs.ls(f"{self.root}/ttl", detail=False)
+            )
         except FileNotFoundError:
             return expired  # object stores have no empty "directories": nothing to sweep
         for path in markers:
             blob_id = str(path).rstrip("/").rsplit("/", 1)[-1]
             try:
-                expiry = int(self.fs.cat_file(path))
+                expiry = int(self._retry(f"read {path}", lambda p=path: self.fs.cat_file(p)))  # type: ignore[misc]
             except (FileNotFoundError, ValueError):
                 continue
             if expiry <= now_ms:
@@ -171,7 +176,20 @@ class BlobStoreManager:
 
 
 def manager_from_config(config: Mapping[str, str], default_url: str) -> BlobStoreManager:
-    """The job's blob store manager (``blob.store.*`` keys)."""
+    """The job's blob store manager (``blob.store.*`` keys). ``blob.store.manager.factory`` is
+    ``fsspec`` (the default) or ``module:function`` taking ``(config, default_url)``, such as
+    the fault kit's :func:`sparkpoint.testing.faults.flaky_blob_store`."""
+    factory = config.get("blob.store.manager.factory") or "fsspec"
+    if factory != "fsspec":
+        module, _, attr = factory.partition(":")
+        try:
+            make = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(
+                f"blob.store.manager.factory={factory!r}: cannot import it ({exc})"
+            ) from None
+        manager: BlobStoreManager = make(config, default_url)
+        return manager
     prefix = "blob.store.options."
     options = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
     return BlobStoreManager(
