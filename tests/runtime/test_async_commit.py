@@ -158,3 +158,31 @@ def test_skip_commit_during_failures_fails_past_its_limit(tmp_path: Path) -> Non
     with pytest.raises(CommitError, match=r"exception.max.limit=0"):
         coordinator.run_batch(end, commit=True, wait=True)
     coordinator.close()
+
+
+def test_a_commit_built_on_another_checkpoint_than_the_last_written_is_not_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the soak on a cluster: an upload that finished on an executor the task had left
+    was written after a commit the task made elsewhere from the same base, forking the chain of
+    snapshots (two clean-ups then deleted each other's blobs). The driver now writes a commit
+    only if it builds on the last written checkpoint."""
+    from dataclasses import replace
+
+    from sparkpoint.checkpoint.checkpoint import CheckpointV2
+    from sparkpoint.checkpoint.id import CheckpointId
+
+    config = make(tmp_path)
+    coordinator, end = batches(config)
+    _, results = coordinator.run_batch(end, commit=True, wait=True)
+    written = coordinator.tasks["Partition 0"].last_checkpoint
+    assert written is not None
+    stale = CheckpointV2(CheckpointId.create(), written.input_offsets, {})
+    forked = replace(results[0], completed_checkpoints=[stale.dumps()], completed_bases=["1-1"])
+    caplog.set_level("INFO")
+    assert not coordinator._apply(forked)
+    assert "built on 1-1 instead of the last written" in caplog.text
+    assert coordinator.tasks["Partition 0"].last_checkpoint == written
+    on_top = replace(forked, completed_bases=[str(written.checkpoint_id)])
+    assert coordinator._apply(on_top)
+    coordinator.close()

@@ -379,10 +379,25 @@ class JobCoordinator:
                 info.seconds,
             )
         written = False
-        for text in result.completed_checkpoints:
+        bases = result.completed_bases or [None] * len(result.completed_checkpoints)
+        for text, base in zip(result.completed_checkpoints, bases, strict=True):
             checkpoint = CheckpointV2.loads(text)
             last = ts.last_checkpoint
             if last is not None and checkpoint.checkpoint_id <= last.checkpoint_id:
+                continue
+            last_id = None if last is None else str(last.checkpoint_id)
+            if base != last_id:
+                # built on another checkpoint than the last written one (the task ran on two
+                # executors at once, e.g. an upload that finished after the task moved): its
+                # snapshot forks the chain, and writing it would let two clean-ups delete each
+                # other's blobs. Dropped; its uploads expire with their TTL.
+                log.info(
+                    "task %s: not writing commit %s, built on %s instead of the last written %s",
+                    result.task,
+                    checkpoint.checkpoint_id,
+                    base,
+                    last_id,
+                )
                 continue
             self._write_checkpoint(ts, checkpoint)
             written = True
@@ -551,12 +566,11 @@ class JobCoordinator:
                 self.stop(f"reached --max-batches {max_batches}")
         if not last_committed:
             meta = self.metadata(ssps)
-            end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-            report, _ = self.run_batch(end, commit=True, wait=True)
-            report.lag = self._lags(meta)
-            self._account(summary, report)
-            if self.listener:
-                self.listener.on_batch(report)
+            for report in self._commit_all():
+                report.lag = self._lags(meta)
+                self._account(summary, report)
+                if self.listener:
+                    self.listener.on_batch(report)
         else:
             summary.lag = self._lags(self.metadata(ssps))
         # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
@@ -569,10 +583,22 @@ class JobCoordinator:
             self.listener.on_end(summary)
         return summary
 
+    def _commit_all(self, attempts: int = 3) -> list[BatchReport]:
+        """Batches that read nothing and commit every task, waiting for the uploads, until every
+        task's state is a written checkpoint (a task whose previous commit was still waiting to
+        be written commits again in the next one)."""
+        reports = []
+        for _ in range(attempts):
+            end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
+            report, results = self.run_batch(end, commit=True, wait=True)
+            reports.append(report)
+            if all(r.state_id.startswith("ckpt:") for r in results):
+                break
+        return reports
+
     def apply_startpoints_now(self) -> BatchReport:
         """Commit every task, fan out the waiting startpoints, and resume from them (no restart)."""
-        end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-        report, _ = self.run_batch(end, commit=True, wait=True)
+        report = self._commit_all()[-1]
         assert self.startpoints is not None
         fanned = self.startpoints.fan_out(
             {ts.model.name: ts.model.ssps for ts in self.tasks.values()}

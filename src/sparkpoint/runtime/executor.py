@@ -323,6 +323,7 @@ class TaskBatch:
                 committer.wait_all()
             completed = committer.completed(plan.last_checkpoint_id)
             upload_metrics = committer.completed_metrics(plan.last_checkpoint_id)
+            bases = committer.completed_bases(plan.last_checkpoint_id)
             t_commit = time.monotonic()
         finally:
             self.close(backups)
@@ -345,6 +346,7 @@ class TaskBatch:
             processed=processed,
             sent=sent,
             completed_checkpoints=completed,
+            completed_bases=bases,
             upload_metrics=upload_metrics,
             commit_started=outcome.started,
             commit_skipped=outcome.skipped,

@@ -78,6 +78,8 @@ class TaskBatchResult:
     processed: int
     sent: int
     completed_checkpoints: list[str] = field(default_factory=list)  # V2 JSON, oldest first
+    # the written checkpoint each completed one was built on (its snapshot's base), same order
+    completed_bases: list[str | None] = field(default_factory=list)
     upload_metrics: list[dict[str, int]] = field(default_factory=list)  # one per completed
     commit_started: str | None = None
     commit_skipped: bool = False

@@ -18,8 +18,12 @@ Because records are on disk, the next batch of the task sees them in whatever wo
   silently, and the state stays at the last written checkpoint.
 * While an upload runs, a new commit is skipped until it has run ``task.commit.max.delay.ms``;
   after that the commit waits for it, and fails the task after ``task.commit.timeout.ms``. A
-  commit is also skipped while a finished one waits to be written by the driver, so each
-  snapshot builds on a written checkpoint (incremental backends diff against it).
+  commit is also skipped while a finished one waits to be written by the driver; a batch that
+  must commit (``wait``) builds on that finished one instead (the backups are re-initialised
+  from it), and the driver writes both in order. Each record names the checkpoint it builds on,
+  and the driver writes a commit only if that is the last written checkpoint: a task that ran
+  on two executors at once (an upload finishing after the task moved) cannot fork the chain of
+  snapshots (incremental backends diff against their base).
 * With ``task.commit.skip.commit.during.failures.enabled`` (Samza's key, off by default) a
   failed upload or a commit timeout is logged and the commit skipped, until more than
   ``task.commit.skip.commit.exception.max.limit`` failures (or ``...timeout.max.limit``
@@ -137,6 +141,7 @@ class CommitRecord:
     checkpoint: dict[str, Any]
     error: str = ""
     metrics: dict[str, int] = field(default_factory=dict)
+    base: str | None = None  # the written checkpoint this commit's snapshot builds on
 
     def dumps(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -280,6 +285,25 @@ class TaskCommitManager:
             if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
         ]
 
+    def _finished_unwritten(self) -> CommitRecord | None:
+        """The newest commit of this run whose upload finished but that is not written yet."""
+        floor = CheckpointId.parse(self.committed) if self.committed else None
+        done = [
+            r
+            for r in self.records()
+            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
+        ]
+        return done[-1] if done else None
+
+    def completed_bases(self, after: str | None) -> list[str | None]:
+        """The checkpoint each commit :meth:`completed` reports was built on (same order)."""
+        floor = CheckpointId.parse(after) if after else None
+        return [
+            r.base
+            for r in self.records()
+            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
+        ]
+
     def completed_metrics(self, after: str | None) -> list[dict[str, int]]:
         """Upload metrics of the commits :meth:`completed` reports (same order)."""
         floor = CheckpointId.parse(after) if after else None
@@ -335,11 +359,6 @@ class TaskCommitManager:
         """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
         outcome = CommitOutcome()
         running = self._check_tolerating()
-        if not wait and self.completed(self.committed):
-            # the previous commit finished but the driver has not written it yet (it will right
-            # after this batch): commit next time, so every snapshot builds on a written one
-            outcome.skipped = True
-            return outcome
         if running is not None:
             age = time.time() * 1000 - running.started_ms
             if age < self.max_delay_ms and not wait:
@@ -358,6 +377,19 @@ class TaskCommitManager:
                 outcome.skipped = True
                 return outcome
             self._check_tolerating()
+        base = self.committed
+        pending = self._finished_unwritten()
+        if pending is not None:
+            if not wait and running is None:
+                # the previous commit finished but the driver has not written it yet (it will
+                # right after this batch): commit next time, on top of it
+                outcome.skipped = True
+                return outcome
+            # asked to commit now, or blocked until the previous upload finished (past
+            # task.commit.max.delay.ms): build on it; the driver writes it first
+            base = pending.checkpoint_id
+            for manager in self.backups.values():
+                manager.init(CheckpointV2.from_json(pending.checkpoint))
         # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
         for engine in self.engines.values():
             engine.flush()
@@ -377,6 +409,7 @@ class TaskCommitManager:
             os.getpid(),
             int(time.time() * 1000),
             CheckpointV2(cid, offsets, snapshot).to_json(),
+            base=base,
         )
         self._write(record)
         outcome.started = str(cid)

@@ -91,25 +91,7 @@ class StandaloneCluster:
             str(self.ui_port),
         )
         for i in range(self.workers):
-            wdir = self.work_dir / f"worker-{i}"
-            wdir.mkdir(exist_ok=True)
-            self.worker_procs.append(
-                self._spawn(
-                    f"worker-{i}",
-                    "org.apache.spark.deploy.worker.Worker",
-                    self.master_url,
-                    "--host",
-                    "127.0.0.1",
-                    "--cores",
-                    str(self.cores),
-                    "--memory",
-                    self.memory,
-                    "--webui-port",
-                    "0",
-                    "--work-dir",
-                    str(wdir),
-                )
-            )
+            self.worker_procs.append(self._spawn_worker(i))
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self.workers:
             for proc in self.procs:
@@ -123,6 +105,35 @@ class StandaloneCluster:
                 )
             time.sleep(0.2)
         return self
+
+    def _spawn_worker(self, i: int) -> subprocess.Popen[bytes]:
+        wdir = self.work_dir / f"worker-{i}"
+        wdir.mkdir(exist_ok=True)
+        return self._spawn(
+            f"worker-{i}",
+            "org.apache.spark.deploy.worker.Worker",
+            self.master_url,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--webui-port",
+            "0",
+            "--work-dir",
+            str(wdir),
+        )
+
+    def restart_worker(self, index: int, timeout: float = 90.0) -> None:
+        """Start worker ``index`` again (same work directory, so its disk is kept) and wait
+        until every worker is registered."""
+        self.worker_procs[index] = self._spawn_worker(index)
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < self.workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {index} did not register again in {timeout}s")
+            time.sleep(0.2)
 
     def kill_worker(self, index: int) -> None:
         """Kill worker ``index`` (and its executors) at once, like a lost host."""

@@ -118,6 +118,8 @@ def test_diff_added_changed_unchanged_removed(tmp_path: Path) -> None:
     write(two / "changed", b"BBB")  # same size, other content: the checksum tells
     write(two / "perm", b"ddd", 0o600)
     write(two / "000001.sst", b"sst")
+    sst_time = (one / "000001.sst").stat().st_mtime_ns
+    os.utime(two / "000001.sst", ns=(sst_time, sst_time))  # the same immutable SST
     write(two / "new", b"eee")
     write(two / "sub" / "x", b"x")
     write(two / "sub" / "z", b"z")
@@ -175,3 +177,17 @@ def test_bad_permissions_are_a_clear_error(perm: str) -> None:
     data["dir-index"]["files-present"][0]["file-metadata"]["permissions"] = perm
     with pytest.raises(InvalidSnapshotIndex, match="neither octal"):
         SnapshotIndex.loads(json.dumps(data).encode())
+
+
+def test_an_sst_of_the_same_name_and_size_from_another_writer_is_uploaded(tmp_path: Path) -> None:
+    """Two executors that continued one database can each write 000009.sst of the same size:
+    an SST is known by name, size and modification time (restores set it from the index)."""
+    one = tmp_path / "one"
+    write(one / "000009.sst", b"aaa")
+    write(one / "IDENTITY", b"db-1")
+    prev = uploaded(diff_dir(one, None), one)
+    two = tmp_path / "two"
+    write(two / "000009.sst", b"bbb")
+    os.utime(two / "000009.sst", ns=(10**18, 10**18))  # written at another time
+    write(two / "IDENTITY", b"db-1")
+    assert [p.name for p in diff_dir(two, prev).files_to_upload()] == ["000009.sst"]

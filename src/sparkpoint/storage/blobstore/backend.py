@@ -178,8 +178,22 @@ class BlobStoreBackupManager(TaskBackupManager):
             for f in index.dir_index.all_removed():
                 for blob in f.blobs:
                     self.blobs.delete(blob.blob_id)
-            if index.prev_snapshot_index_blob_id:
-                self.blobs.delete(index.prev_snapshot_index_blob_id)
+            self._delete_previous(index, self._where(store))
+
+    def _delete_previous(self, index: SnapshotIndex, where: str) -> None:
+        """Delete the snapshot indexes this one replaces. Normally that is just the previous
+        one; when a commit was built on one that was written in the same step (whose own
+        clean-up never ran), that one's removed files and its previous index go too."""
+        prev = index.prev_snapshot_index_blob_id
+        while prev and self.blobs.exists(prev):
+            older = load_index(self.blobs, prev, where)
+            before = older.prev_snapshot_index_blob_id
+            if before and self.blobs.exists(before):  # ``older`` was never cleaned up
+                for f in older.dir_index.all_removed():
+                    for blob in f.blobs:
+                        self.blobs.delete(blob.blob_id)
+            self.blobs.delete(prev)
+            prev = before
 
 
 def delete_snapshot(blobs: BlobStoreManager, index_id: str, where: str) -> None:
@@ -295,6 +309,8 @@ class BlobStoreRestoreManager(TaskRestoreManager):
                 f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
             )
         os.chmod(dest, f.metadata.mode)
+        mtime_ns = f.metadata.last_modified_time_millis * 1_000_000
+        os.utime(dest, ns=(mtime_ns, mtime_ns))  # the next diff knows the file by it
 
 
 class BlobStoreAdmin(StateBackendAdmin):

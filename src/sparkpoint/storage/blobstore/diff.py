@@ -1,8 +1,9 @@
 """The difference between a local directory and the previous snapshot's ``DirIndex``.
 
 Files compare equal by name, size, permission bits and CRC32 (timestamps are ignored). With
-``skip_sst_checksum`` an ``.sst`` file (immutable in RocksDB) compares by name, size and
-permissions only, which avoids reading unchanged gigabytes at every commit. Files are compared at
+``skip_sst_checksum`` an ``.sst`` file (immutable in RocksDB) compares by name, size, permissions
+and modification time only (restores set it from the index), which avoids reading unchanged
+gigabytes at every commit. Files are compared at
 all only while the directory holds the same RocksDB database as the previous snapshot (same
 ``IDENTITY`` file); a database rebuilt from scratch reuses SST names, so it is uploaded in full.
 ``CHECKPOINT`` and ``OFFSET`` files are never part of a snapshot.
@@ -65,7 +66,9 @@ def same_file(path: Path, meta: FileMetadata, old: FileIndex, skip_sst_checksum:
     if old.metadata.size != meta.size or old.metadata.mode != meta.mode:
         return False
     if skip_sst_checksum and path.name.endswith(".sst"):
-        return True
+        # an immutable SST is known by name, size and modification time: two executors that
+        # continued one database can each write an SST of the same name and size
+        return old.metadata.last_modified_time_millis == meta.last_modified_time_millis
     return crc32_of(path) == old.checksum
 
 

@@ -1,0 +1,368 @@
+"""The soak: run jobs, kill them with SIGKILL at random moments, restart, and prove nothing is lost.
+
+Usage: ``python soak/soak.py [--kills N] [--seed S] [--variants a,b] [--dir D] [--keep]``
+(``make soak`` runs 100 kills; CI runs a short soak from ``tests/e2e/test_soak.py``).
+
+Variants (kills are spread over them, round robin):
+
+* ``example``: the example job with a changelog, on local Spark;
+* ``dual``: two stores, both backed up to a changelog and the blob store (dual commit), the
+  blob store failing 10% of its operations and stopping 5% of uploads half-way;
+* ``cluster``: ``dual`` on a standalone master with two workers and private store directories.
+
+Each kill is a SIGKILL of the driver, of a Python worker (Spark retries its task) or, on the
+cluster, of a worker (its executors go; the job goes on elsewhere), at a random moment; new input
+is appended between runs. At the end each job runs to the end of its input and the soak checks:
+
+* ``mismatches``: store entries that differ from an independent count of the whole input;
+* ``lost``: views whose effect never reached the output (for a user, a count in 1..final missing);
+* ``duplicates``: output messages beyond one per view (at-least-once replays), which must stay
+  within what the uncommitted batches of each kill can replay;
+* ``dangling``: blobs a checkpoint references that are missing or corrupt, plus blobs no
+  checkpoint references that have no expiry left (leaked), plus files outside the job's
+  directories.
+
+It prints one line ``kills=K mismatches=M lost=L duplicates=D dangling=X`` and exits 1 if M, L or
+X is not zero or the duplicates exceed their bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "pageviews"
+sys.path[:0] = [str(EXAMPLE), str(Path(__file__).resolve().parent)]
+
+from generate import events, write  # noqa: E402
+
+from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
+from sparkpoint.model import SystemStream  # noqa: E402
+from sparkpoint.system.registry import Systems  # noqa: E402
+from sparkpoint.testing.spark_cluster import StandaloneCluster  # noqa: E402
+from sparkpoint.tools.state import check_blobs, committed_entries  # noqa: E402
+from sparkpoint.tools.streams import read_json_lines  # noqa: E402
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+BATCH = 600  # task.batch.max.messages: bounds what one kill can replay
+TASKS = 4
+USERS = 60
+
+BASE = {
+    "task.commit.ms": "0",
+    "task.commit.max.delay.ms": "0",
+    "task.batch.max.messages": str(BATCH),
+    "task.poll.interval.ms": "100",
+    "stores.user-counts.changelog": "filelog.user-counts-changelog",
+}
+DUAL = {
+    "task.class": "soak_task:TwoStoreCounter",
+    "stores.page-counts.factory": "rocksdb",
+    "stores.page-counts.key.serde": "string",
+    "stores.page-counts.msg.serde": "integer",
+    "stores.page-counts.changelog": "filelog.page-counts-changelog",
+    "stores.user-counts.backup.factories": "changelog,blobstore",
+    "stores.page-counts.backup.factories": "changelog,blobstore",
+    "stores.user-counts.restore.factories": "blobstore,changelog",
+    "stores.page-counts.restore.factories": "blobstore,changelog",
+    "blob.store.manager.factory": "sparkpoint.testing.faults:flaky_blob_store",
+    "blob.store.retry.backoff.ms": "5",
+    "blob.store.ttl.ms": "3000",
+    "testing.blob.fail.ratio": "0.1",
+    "testing.blob.partial.ratio": "0.05",
+}
+
+
+@dataclass
+class Variant:
+    name: str
+    root: Path
+    overrides: dict[str, str]
+    master: str | None = None
+    kills: int = 0
+    generated: int = 0
+    seeds: list[int] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def job(self) -> Path:
+        return self.root / "job.yaml"
+
+    @property
+    def config(self) -> Config:
+        return load_config(self.job)
+
+    @property
+    def reader(self) -> Config:
+        """The config for checking results: the real blob store, without injected faults."""
+        return load_config(self.job, {"blob.store.manager.factory": "fsspec"})
+
+
+def _descendants(pid: int) -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of every process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        info[int(entry.name)] = (ppid, cmd)
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append((child, *info[child]))
+            todo.append(child)
+    return out
+
+
+def _python_workers(pid: int) -> list[int]:
+    """Spark's Python workers below ``pid``: the processes a ``pyspark.daemon`` forked."""
+    below = _descendants(pid)
+    daemons = {p for p, _, c in below if "pyspark.daemon" in c}
+    return [p for p, parent, _ in below if parent in daemons]
+
+
+def prepare(variant: Variant) -> None:
+    """The variant's job file: the example's keys and the variant's, flat, in its own dir."""
+    (variant.root / "cwd").mkdir(parents=True)
+    for module in (EXAMPLE / "pageviews_task.py", Path(__file__).parent / "soak_task.py"):
+        shutil.copy(module, variant.root / module.name)
+    values = {**read_job_file(EXAMPLE / "job.yaml"), **variant.overrides}
+    values["job.data.dir"] = str(variant.root / "data")
+    variant.job.write_text(json.dumps(values, indent=1) + "\n")  # JSON is YAML
+    sp(variant, "stream", "create", str(variant.job), "pageviews", "--partitions", str(TASKS))
+
+
+def sp(variant: Variant, *args: str) -> None:
+    subprocess.run([SPARKPOINT, *args], check=True, capture_output=True, cwd=variant.root / "cwd")
+
+
+def append_input(variant: Variant, n: int, seed: int) -> None:
+    spec = variant.root / f"gen-{seed}.yaml"
+    spec.write_text(json.dumps(dict(variant.config.items())))
+    write(str(spec), n, seed, USERS)
+    spec.unlink()
+    variant.seeds.append(seed)
+    variant.generated += n
+
+
+def run(
+    variant: Variant,
+    kill: str | None,
+    rng: random.Random,
+    log: Path,
+    cluster: StandaloneCluster | None = None,
+) -> None:
+    """One run: to the end of the input, or killed with ``kill`` at a random moment."""
+    args = [SPARKPOINT, "run", str(variant.job), "--until-caught-up"]
+    if variant.master:
+        args += ["--master", variant.master]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    with log.open("ab") as out:
+        driver = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, cwd=variant.root / "cwd", env=env
+        )
+        if kill is None:
+            if driver.wait(900) != 0:
+                raise SystemExit(f"{variant.name}: the final run failed; see {log}")
+            return
+        started = log.stat().st_size
+        while driver.poll() is None and b"batch 1:" not in log.read_bytes()[started:]:
+            time.sleep(0.05)  # Spark is starting: wait for the first batch
+        deadline = time.monotonic() + rng.uniform(0.2, 4)
+        while time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.02)
+        if driver.poll() is not None:
+            return  # it finished first: nothing to kill this time
+        if kill in ("python-worker", "worker"):
+            if kill == "worker" and cluster is not None:
+                cluster.kill_worker(rng.randrange(cluster.workers))
+                variant.kinds[kill] += 1
+                variant.kills += 1
+            elif workers := _python_workers(driver.pid):
+                os.kill(rng.choice(workers), signal.SIGKILL)
+                variant.kinds[kill] += 1
+                variant.kills += 1
+            time.sleep(rng.uniform(1, 4))  # the job goes on (Spark retries), then dies too
+        below = _descendants(driver.pid)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        for pid, _, _ in below:  # the driver's host is gone: its Spark JVM and workers too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        variant.kinds["driver"] += 1
+        variant.kills += 1
+    if cluster is not None:
+        for i, proc in enumerate(cluster.worker_procs):
+            if proc.poll() is not None:
+                cluster.restart_worker(i)
+
+
+def verify(variant: Variant) -> dict[str, int]:
+    config = variant.reader
+    views = [
+        e for s, n in zip(variant.seeds, _sizes(variant), strict=True) for e in events(n, s, USERS)
+    ]
+    by_user = Counter(str(e["user"]) for e in views)
+    by_page = Counter(str(e["page"]) for e in views)
+    mismatches = _diff(dict(by_user), _store(config, "user-counts"))
+    if "page-counts" in config.stores:
+        mismatches += _diff(dict(by_page), _store(config, "page-counts"))
+    emitted: dict[str, set[int]] = {}
+    total = 0
+    for row in read_json_lines(config, Systems(config), SystemStream("filelog", "user-counts")):
+        value = row["value"]
+        emitted.setdefault(value["user"], set()).add(int(value["count"]))
+        total += 1
+    lost = sum(len(set(range(1, n + 1)) - emitted.get(u, set())) for u, n in by_user.items())
+    blob_dir = config.data_dir / "blobs" / "blobs"
+    dangling = len(check_blobs(config)) + _leaked_blobs(config) if blob_dir.is_dir() else 0
+    dangling += _outside(variant)
+    return {
+        "mismatches": mismatches,
+        "lost": lost,
+        "duplicates": total - len(views),
+        "dangling": dangling,
+    }
+
+
+def _replay_bound(variant: Variant) -> int:
+    """The most output the kills and task moves could replay: each kill the uncommitted
+    batches of every task (at most two: one in flight, one finished but unwritten), each
+    restore of one task (a task that moved executors) two batches of that task."""
+    log = (variant.root / "run.log").read_text(errors="replace")
+    restores = sum(
+        1
+        for line in log.splitlines()
+        if line.startswith("restore Partition") and " store user-counts: " in line
+    )
+    return variant.kills * 2 * BATCH * TASKS + restores * 2 * BATCH
+
+
+def _sizes(variant: Variant) -> list[int]:
+    return [int(s) for s in (variant.root / "sizes").read_text().split()]
+
+
+def _store(config: Config, store: str) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for _task, key, value in committed_entries(config, store):
+        out[str(key)] += int(value)
+    return dict(out)
+
+
+def _diff(expected: dict[str, int], got: dict[str, int]) -> int:
+    return sum(1 for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+
+
+def _leaked_blobs(config: Config) -> int:
+    """Blobs no checkpoint references and with no expiry left (a sweep would never free them)."""
+    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.storage.blobstore.backend import blob_manager, load_index
+
+    blobs = blob_manager(config)
+    referenced: set[str] = set()
+    for task, checkpoint in CheckpointManager(config).read_version(2).items():
+        for store, index_id in checkpoint.state_checkpoint_markers.get("blobstore", {}).items():
+            index = load_index(blobs, index_id, f"{task} {store}")
+            referenced.add(index_id)
+            referenced.update(b.blob_id for _, f in index.dir_index.all_files() for b in f.blobs)
+    present = {p.name for p in (config.data_dir / "blobs" / "blobs").iterdir()}
+    return sum(1 for b in present - referenced if not blobs.has_ttl(b))
+
+
+def _outside(variant: Variant) -> int:
+    """Files the job wrote outside its directories (its data dir; logs and inputs are ours)."""
+    allowed = {"data", "cwd", "job.yaml", "sizes", "run.log", "pageviews_task.py", "soak_task.py"}
+    extra = [p for p in variant.root.iterdir() if p.name not in allowed and p.name != "__pycache__"]
+    # executors of a cluster keep private state in their working dirs ({cwd}/state): allowed
+    extra += [p for p in (variant.root / "cwd").iterdir() if p.name != "state"]
+    for p in extra:
+        print(f"{variant.name}: written outside the job's directories: {p}", file=sys.stderr)
+    return len(extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--variants", default="example,dual")
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the soak's directory")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    top = args.dir or Path(tempfile.mkdtemp(prefix="sparkpoint-soak-"))
+    started = time.monotonic()
+    cluster = None
+    variants = []
+    for name in args.variants.split(","):
+        overrides = {**BASE, **(DUAL if name in ("dual", "cluster") else {})}
+        variant = Variant(name, top / name, overrides)
+        if name == "cluster":
+            cluster = StandaloneCluster(top / "spark-cluster", workers=2).start()
+            variant.master = cluster.master_url
+            variant.overrides["job.logged.store.base.dir"] = "{cwd}/state"
+            variant.overrides["spark.task.maxFailures"] = "4"
+        prepare(variant)
+        variants.append(variant)
+    try:
+        for i in range(args.kills):
+            variant = variants[i % len(variants)]
+            n = rng.randint(15_000, 40_000)
+            append_input(variant, n, seed=args.seed * 1000 + i)
+            with (variant.root / "sizes").open("a") as f:
+                f.write(f"{n}\n")
+            kinds = ["driver", "python-worker"] + (["worker"] if variant.master else [])
+            kind = rng.choice(kinds)
+            on = cluster if variant.master else None
+            run(variant, kind, rng, variant.root / "run.log", on)
+            print(f"kill {i + 1}/{args.kills}: {variant.name} ({kind})", file=sys.stderr)
+        totals: Counter[str] = Counter()
+        bound = 0
+        for variant in variants:
+            time.sleep(3.5)  # past blob.store.ttl.ms: the next start sweeps unadopted uploads
+            on = cluster if variant.master else None
+            run(variant, None, rng, variant.root / "run.log", on)
+            run(variant, None, rng, variant.root / "run.log", on)  # a start that sweeps
+            result = verify(variant)
+            print(
+                f"{variant.name}: {result} kills={variant.kills} {dict(variant.kinds)}",
+                file=sys.stderr,
+            )
+            totals.update(result)
+            totals["kills"] += variant.kills
+            bound += _replay_bound(variant)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    print(
+        f"kills={totals['kills']} mismatches={totals['mismatches']} lost={totals['lost']} "
+        f"duplicates={totals['duplicates']} dangling={totals['dangling']}"
+        f" (duplicate bound {bound}; {time.monotonic() - started:.0f} s; in {top})"
+    )
+    if not args.keep and args.dir is None:
+        shutil.rmtree(top, ignore_errors=True)
+    bad = totals["mismatches"] or totals["lost"] or totals["dangling"]
+    return 1 if bad or totals["duplicates"] > bound else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
