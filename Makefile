@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog clean
+.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -9,8 +9,8 @@ example: setup
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup
-	@.venv/bin/ruff check src tests examples bench
-	@.venv/bin/ruff format --check src tests examples bench
+	@.venv/bin/ruff check src tests examples bench soak
+	@.venv/bin/ruff format --check src tests examples bench soak
 	@.venv/bin/mypy
 	@scripts/pytest.sh tests
 
@@ -18,10 +18,15 @@ test-fast: setup
 	@scripts/pytest.sh tests -m "not slow"
 
 lint: setup
-	@.venv/bin/ruff check src tests examples bench && .venv/bin/ruff format --check src tests examples bench
+	@.venv/bin/ruff check src tests examples bench soak && .venv/bin/ruff format --check src tests examples bench soak
 
 typecheck: setup
 	@.venv/bin/mypy
+
+# 100 SIGKILLs over the example job, a dual-commit job with a flaky blob store, and the latter
+# on a standalone cluster; prints kills=K mismatches=M lost=L duplicates=D dangling=X
+soak: setup
+	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster
 
 bench: setup
 	@.venv/bin/python bench/run.py

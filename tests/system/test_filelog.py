@@ -162,3 +162,27 @@ def test_bad_names_and_partitions_are_refused(system: SystemUnderTest) -> None:
     admin.create_stream(StreamSpec("s", 2))
     with pytest.raises(UserError, match=r"partition 5 of fl.s does not exist \(partitions 0..1\)"):
         system.factory.get_producer("fl", system.config).send("s", 5, rec("a", "b", 1))
+
+
+@pytest.mark.parametrize("damage", ["half", "empty", "deleted"])
+def test_a_damaged_index_never_hides_records_from_readers(
+    system: SystemUnderTest, damage: str
+) -> None:
+    """Issue 11: with an input partition's index truncated or emptied, a run reported lag 0
+    and skipped the records; with it deleted, `stream write` crashed. Readers now re-index."""
+    fill(system, 40)
+    index = part_dir(system) / "0.index"
+    if damage == "half":
+        index.write_bytes(index.read_bytes()[: len(index.read_bytes()) // 2])
+    elif damage == "empty":
+        index.write_bytes(b"")
+    else:
+        index.unlink()
+    admin = system.factory.get_admin("fl", system.config)
+    assert admin.get_metadata([SSP])[SSP].upcoming == "40"
+    got = system.factory.get_consumer("fl", system.config).read(SSP, "0", "100")
+    assert [r.offset for r in got] == [str(i) for i in range(40)]
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("k", "v", 100))
+    producer.flush()
+    assert admin.get_metadata([SSP])[SSP].upcoming == "41"

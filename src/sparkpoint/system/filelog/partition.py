@@ -105,14 +105,27 @@ class PartitionLog:
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[tuple[_Index, BinaryIO]]:
-        """The index and log of the current generation, consistent with each other."""
-        for _attempt in range(5):
+        """The index and log of the current generation, consistent with each other.
+
+        An index that does not cover the whole log (lost, truncated or emptied; or an append
+        that has written the log but not yet its index) is repaired under the appenders' lock
+        before it is used, so a reader never mistakes a damaged index for the end of the data.
+        """
+        repaired = False
+        for _attempt in range(6):
             log_path, index_path = self._files()
             try:
-                index_file = open(index_path, "rb")  # noqa: SIM115
                 log_file = open(log_path, "rb")  # noqa: SIM115
             except FileNotFoundError:
                 continue  # compaction switched generations between reading CURRENT and opening
+            try:
+                index_file = open(index_path, "rb")  # noqa: SIM115
+            except FileNotFoundError:
+                log_file.close()
+                if log_path.exists() and not repaired:
+                    self._repair()
+                    repaired = True
+                continue
             with index_file, log_file:
                 size = os.fstat(index_file.fileno()).st_size
                 size -= size % fmt.INDEX_SIZE
@@ -120,12 +133,42 @@ class PartitionLog:
                     mmap.mmap(index_file.fileno(), size, access=mmap.ACCESS_READ) if size else b""
                 )
                 try:
-                    yield _Index(data), log_file
+                    index = _Index(data)
+                    if not repaired and self._index_behind(index, log_file):
+                        repaired = True
+                    else:
+                        yield index, log_file
+                        return
                 finally:
                     if isinstance(data, mmap.mmap):
                         data.close()
-                return
+            self._repair()
         raise CorruptRecordError(f"{self.label}: files of the current generation are missing")
+
+    @staticmethod
+    def _index_behind(index: _Index, log_file: BinaryIO) -> bool:
+        """Whether the log holds bytes after the last indexed record."""
+        log_size = os.fstat(log_file.fileno()).st_size
+        if len(index) == 0:
+            return log_size > 0
+        pos = index[-1][1]
+        log_file.seek(pos)
+        head = log_file.read(fmt.HEADER_SIZE)
+        if len(head) < fmt.HEADER_SIZE:
+            return True
+        length: int = fmt.HEADER.unpack(head)[2]
+        return pos + fmt.HEADER_SIZE + length < log_size
+
+    def _repair(self) -> None:
+        """Re-index the log (and cut a torn tail) under the appenders' lock."""
+        with self._locked():
+            log_path, index_path = self._files()
+            if not log_path.exists():
+                return
+            if not index_path.exists():
+                log.warning("%s: index file is missing; rebuilding it from the log", self.label)
+                index_path.touch()
+            self._recover(log_path, index_path)
 
     # -- reading
     def metadata(self) -> PartitionMetadata:
@@ -173,6 +216,9 @@ class PartitionLog:
     # -- writing
     def _recover(self, log_path: Path, index_path: Path) -> tuple[int, int]:
         """Make log and index agree (under the lock); returns (next offset, max timestamp)."""
+        if not index_path.exists():
+            log.warning("%s: index file is missing; rebuilding it from the log", self.label)
+            index_path.touch()
         with open(index_path, "r+b") as index_file, open(log_path, "r+b") as log_file:
             isize = os.fstat(index_file.fileno()).st_size
             log_size = os.fstat(log_file.fileno()).st_size
