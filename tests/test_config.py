@@ -90,3 +90,27 @@ def test_bad_files(tmp_path: Path) -> None:
         read_job_file(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_overrides(["novalue"])
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """Issue 11: the last of two values won silently (a store became in-memory)."""
+    twice = "job:\n  name: x\nstores:\n  s:\n    factory: rocksdb\n  s:\n    factory: in-memory\n"
+    with pytest.raises(ConfigError, match=r"line 6: key 's' is given twice .*first on line 4"):
+        read_job_file(write(tmp_path, "a.yaml", twice))
+    mixed = "stores:\n  s:\n    factory: rocksdb\nstores.s.factory: in-memory\n"
+    with pytest.raises(ConfigError, match="key stores.s.factory is given twice"):
+        read_job_file(write(tmp_path, "b.yaml", mixed))
+    with pytest.raises(ConfigError, match="line 2: key task.commit.ms is given twice"):
+        read_job_file(write(tmp_path, "c.properties", "task.commit.ms=1\ntask.commit.ms=2\n"))
+
+
+def test_a_binary_job_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"job:\n  name: \xff\xfe\x00")
+    with pytest.raises(ConfigError, match=r"not a text job file \(byte 13 is not UTF-8\)"):
+        read_job_file(path)
+
+
+def test_a_store_without_a_factory_is_refused_before_the_job_starts() -> None:
+    with pytest.raises(ConfigError, match=r"stores.s.key.serde names store s, which has no"):
+        Config({"job.name": "j", "systems.fl.factory": "filelog", "stores.s.key.serde": "string"})

@@ -380,21 +380,50 @@ def redact(key: str, value: str) -> str:
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Flatten nested mappings to dotted keys; lists become comma-separated strings."""
+    """Flatten nested mappings to dotted keys; lists become comma-separated strings. A key
+    reached twice (``stores: {s: {factory: x}}`` and ``stores.s.factory: y``) is an error."""
     out: dict[str, str] = {}
+
+    def put(key: str, value: str) -> None:
+        if key in out:
+            raise ConfigError(f"key {key} is given twice (once nested, once dotted); keep one")
+        out[key] = value
+
     for k, v in data.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, list | tuple):
-            out[key] = ",".join(str(x) for x in v)
+            for sub_key, sub_value in flatten(v, key + ".").items():
+                put(sub_key, sub_value)
+            continue
+        if isinstance(v, list | tuple):
+            put(key, ",".join(str(x) for x in v))
         elif isinstance(v, bool):
-            out[key] = "true" if v else "false"
+            put(key, "true" if v else "false")
         elif v is None:
-            out[key] = ""
+            put(key, "")
         else:
-            out[key] = str(v)
+            put(key, str(v))
     return out
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(
+                f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in one mapping "
+                f"(first on line {seen[key]}); keep one"
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -407,6 +436,8 @@ def parse_properties(text: str) -> dict[str, str]:
         m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
         if not m:
             raise ConfigError(f"line {lineno}: expected 'key=value', got {raw!r}")
+        if m.group(1) in out:
+            raise ConfigError(f"line {lineno}: key {m.group(1)} is given twice; keep one")
         out[m.group(1)] = m.group(2).strip()
     return out
 
@@ -418,18 +449,28 @@ def read_job_file(path: str | Path) -> dict[str, str]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read job file {p}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{p}: not a text job file (byte {exc.start} is not UTF-8); give a YAML or "
+            f".properties file"
+        ) from None
     if p.suffix in (".properties", ".props"):
         try:
             return parse_properties(text)
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{p}: a job file must be a mapping of keys to values")
-    return flatten(data)
+    try:
+        return flatten(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
 
 
 def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -600,6 +641,11 @@ class Config(Mapping[str, str]):
                 continue
             if spec.check is not None and value != "" and not spec.check(value):
                 raise ConfigError(f"{key}={value!r} is invalid; allowed: {spec.allowed}")
+        for store, key in self._stores_without_factory():
+            raise ConfigError(
+                f"{key} names store {store}, which has no stores.{store}.factory "
+                f"(rocksdb or in-memory)"
+            )
         systems = set(self.systems)
         for ss_text in self.get_list("task.inputs"):
             ss = SystemStream.parse(ss_text)
@@ -616,6 +662,20 @@ class Config(Mapping[str, str]):
                     f"{key}={configured!r} is not a configured system; "
                     f"configured: {', '.join(sorted(systems)) or 'none'}"
                 )
+
+    def _stores_without_factory(self) -> Iterator[tuple[str, str]]:
+        """(store, one of its keys) for stores configured without a factory."""
+        suffixes = [
+            k.pattern[len("stores.<s>.") :] for k in KEYS if k.pattern.startswith("stores.<s>.")
+        ]
+        factories = set(self.stores)
+        for key in sorted(self._values):
+            for suffix in suffixes:
+                if key.startswith("stores.") and key.endswith("." + suffix):
+                    store = key[len("stores.") : -len(suffix) - 1]
+                    if store and store not in factories:
+                        yield store, key
+                    break
 
     def _unknown(self, key: str) -> None:
         # compare against declared patterns with the name part filled from the key itself

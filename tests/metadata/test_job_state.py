@@ -63,6 +63,30 @@ def test_changelog_partitions_are_stable_when_tasks_grow(tmp_path: Path) -> None
     assert CoordinatorStreamStore(c).all(SET_CHANGELOG) == {k: str(v) for k, v in got.items()}
 
 
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        (
+            {"Partition 0": "1", "Partition 1": "1"},
+            "tasks Partition 0 and Partition 1 are both mapped to changelog partition 1",
+        ),
+        ({"Partition 0": "abc"}, "task Partition 0 is mapped to changelog partition 'abc'"),
+    ],
+)
+def test_bad_changelog_mappings_are_refused(
+    tmp_path: Path, mapping: dict[str, str], message: str
+) -> None:
+    """Issue 11: two tasks on one changelog partition were accepted (57 users wrong after a
+    restore), and a non-number crashed with a bare ValueError."""
+    from sparkpoint.errors import UserError
+
+    two = group_by_partition("j", "1", [SystemStreamPartition("fl", "a", p) for p in range(2)])
+    store = CoordinatorStreamStore(config(tmp_path))
+    store.put_all(SET_CHANGELOG, mapping)
+    with pytest.raises(UserError, match=message):
+        assign_changelog_partitions(store, two)
+
+
 def test_heartbeat_marks_the_job_running_until_it_stops(tmp_path: Path) -> None:
     c = config(tmp_path)
     store = CoordinatorStreamStore(c)

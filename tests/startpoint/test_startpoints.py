@@ -203,6 +203,13 @@ def test_set_refuses_what_the_job_does_not_read(tmp_path: Path) -> None:
         set_startpoints(config, "in", StartpointSpecific("99"), partitions=[1])
     with pytest.raises(UserError, match="no task 'Partition 7'"):
         set_startpoints(config, "in", StartpointOldest(), task="Partition 7")
+    # issue 11: a negative offset and a timestamp far in the future
+    with pytest.raises(UserError, match=r"offset -5 does not exist; valid offsets are 0"):
+        set_startpoints(config, "in", StartpointSpecific("-5"), partitions=[1])
+    with pytest.raises(UserError, match=r"--timestamp 4070908800000 is in the future"):
+        set_startpoints(config, "in", StartpointTimestamp(parse_timestamp("2099-01-01T00:00Z")))
+    with pytest.raises(UserError, match=r"is not an offset"):
+        set_startpoints(config, "in", StartpointSpecific("abc"), partitions=[1])
     assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
 
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from sparkpoint.config import Config, redact
+from sparkpoint.errors import UserError
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG, SET_CONFIG, CoordinatorStreamStore
 from sparkpoint.model import JobModel
@@ -59,8 +60,30 @@ def store_config(store: MetadataStore, config: Config) -> list[str]:
 
 
 def stored_changelog_partitions(store: MetadataStore) -> dict[str, int]:
-    """The task -> changelog partition mapping the job last ran with (read only)."""
-    return {k: int(v) for k, v in store.all(SET_CHANGELOG).items()}
+    """The task -> changelog partition mapping the job last ran with (read only).
+
+    A value that is not a partition number, or two tasks on one partition (their restores
+    would mix each other's state), is an error naming the tasks: the mapping must be repaired
+    (or the changelogs recreated) before the job can run.
+    """
+    mapping: dict[str, int] = {}
+    owners: dict[int, str] = {}
+    for task, value in sorted(store.all(SET_CHANGELOG).items()):
+        if not value.strip().isdigit():
+            raise UserError(
+                f"coordinator stream: task {task} is mapped to changelog partition {value!r}, "
+                f"which is not a partition number; write a valid set-changelog value"
+            )
+        partition = int(value)
+        if partition in owners:
+            raise UserError(
+                f"coordinator stream: tasks {owners[partition]} and {task} are both mapped to "
+                f"changelog partition {partition}; their restores would mix each other's state. "
+                f"Give each task its own partition (set-changelog), or recreate the changelogs"
+            )
+        owners[partition] = task
+        mapping[task] = partition
+    return mapping
 
 
 def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobModel:

@@ -9,6 +9,7 @@ are processed again on top of it.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -69,6 +70,21 @@ def make_startpoint(
     return StartpointOldest() if oldest else StartpointUpcoming()
 
 
+FUTURE_SLACK_MS = 24 * 3600 * 1000
+
+
+def _check_startpoint(ssp: SystemStreamPartition, sp: Startpoint) -> None:
+    """Refuse a timestamp before 1970 or in the future (offsets: the admin's resolution)."""
+    if isinstance(sp, StartpointTimestamp):
+        now = int(time.time() * 1000)
+        if sp.timestamp < 0 or sp.timestamp > now + FUTURE_SLACK_MS:
+            raise UserError(
+                f"{ssp}: --timestamp {sp.timestamp} is "
+                f"{'before 1970' if sp.timestamp < 0 else 'in the future'}; give a past moment "
+                f"(epoch milliseconds or ISO-8601), or --upcoming to skip to new input"
+            )
+
+
 def _manager(config: Config, systems: Systems) -> StartpointManager:
     store = CoordinatorStreamStore(config, systems, source="startpoint-tool")
     return StartpointManager(store, max_age_ms=config.get_int("task.startpoint.max.age.ms"))
@@ -125,6 +141,7 @@ def set_startpoints(
     systems = Systems(config)
     planned = []
     for ssp, t in _targets(config, systems, stream, partitions, task):
+        _check_startpoint(ssp, startpoint)
         offset = systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, startpoint)
         planned.append(PlannedStartpoint(ssp, t, startpoint, offset))
     manager = _manager(config, systems)
