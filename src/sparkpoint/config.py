@@ -130,6 +130,19 @@ KEYS: tuple[ConfigKey, ...] = (
         _int(0),
     ),
     ConfigKey(
+        "task.ignored.exceptions",
+        None,
+        "comma-separated exception class names (ValueError, mymod.MyError) or *",
+        "exceptions from process() that skip the message (logged) instead of failing the job",
+    ),
+    ConfigKey(
+        "task.drop.deserialization.errors",
+        "false",
+        "true | false",
+        "skip (and log) input messages that cannot be decoded instead of failing the job",
+        _bool,
+    ),
+    ConfigKey(
         "task.window.ms",
         "-1",
         "an integer (milliseconds; -1 disables)",

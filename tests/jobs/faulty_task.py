@@ -48,3 +48,18 @@ class DyingTask(PageViewCounter):
         coordinator: TaskCoordinator,
     ) -> None:
         os._exit(3)
+
+
+class PoisonCounter(PageViewCounter):
+    """Raises ValueError on every view of the user ``poison`` (a message that always fails)."""
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        view = envelope.message
+        if isinstance(view, dict) and view.get("user") == "poison":
+            raise ValueError("cannot count the poison user")
+        super().process(envelope, collector, coordinator)

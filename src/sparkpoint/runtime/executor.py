@@ -105,6 +105,33 @@ def load_task_class(path: str) -> type[StreamTask]:
     return cls
 
 
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """What a task does with a message it cannot decode or whose ``process`` raises (Samza's
+    ``task.drop.deserialization.errors`` and ``task.ignored.exceptions``): by default it fails
+    the batch naming the message's SSP and offset; these skip the message with an ERROR log."""
+
+    drop_deserialization_errors: bool
+    ignored: frozenset[str]
+
+    @classmethod
+    def from_config(cls, config: Config) -> ErrorPolicy:
+        return cls(
+            config.get_bool("task.drop.deserialization.errors"),
+            frozenset(config.get_list("task.ignored.exceptions")),
+        )
+
+    def ignores(self, exc: BaseException) -> bool:
+        if "*" in self.ignored:
+            return True
+        for cls in type(exc).__mro__:
+            if cls.__qualname__ in self.ignored or f"{cls.__module__}.{cls.__qualname__}" in (
+                self.ignored
+            ):
+                return True
+        return False
+
+
 class BatchCoordinator:
     def __init__(self) -> None:
         self.commit_requested = False
@@ -387,16 +414,30 @@ class TaskBatch:
         finally:
             consumer.close()
         key_serde, msg_serde = self.input_serdes(ssp.system_stream)
+        policy = ErrorPolicy.from_config(self.config)
         for rec in records:
-            key, msg = self.decode(ssp, rec, key_serde, msg_serde)
+            try:
+                key, msg = self.decode(ssp, rec, key_serde, msg_serde)
+            except TaskError as exc:
+                if not policy.drop_deserialization_errors:
+                    raise
+                log.error("%s; dropped (task.drop.deserialization.errors=true)", exc)
+                continue
             envelope = IncomingMessageEnvelope(ssp, rec.offset, key, msg, rec.timestamp)
             try:
                 task.process(envelope, collector, coordinator)
             except Exception as exc:
-                raise TaskError(
+                error = (
                     f"task {self.task} failed processing {ssp} offset {rec.offset}: "
                     f"{type(exc).__name__}: {exc}"
-                ) from exc
+                )
+                if not policy.ignores(exc):
+                    raise TaskError(
+                        f"{error}. The job stops here and every restart fails at this message "
+                        f"until it is fixed, or skipped: task.ignored.exceptions="
+                        f"{type(exc).__qualname__} (or *) logs and skips such messages"
+                    ) from exc
+                log.error("%s; ignored (task.ignored.exceptions)", error)
         if records:
             last = records[-1].offset
             self.last_processed[ssp] = last
