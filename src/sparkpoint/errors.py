@@ -48,3 +48,8 @@ class TaskError(SparkpointError):
 class RestoreError(UserError):
     """A store cannot be brought to the state its checkpoint commits to; names the task, the
     store, the checkpoint and the fix. The job stops rather than run on wrong state."""
+
+
+class CommitError(SparkpointError):
+    """A commit failed (its upload, a timeout, or writing local state); names the task, store
+    and checkpoint. The task stays at its last written checkpoint."""

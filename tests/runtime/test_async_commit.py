@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.config import Config, load_config
+from sparkpoint.errors import CommitError
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.storage.commit import CommitError
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY

@@ -10,11 +10,11 @@ import pytest
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
+from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import InjectedCrash
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.storage.blobstore.backend import blob_manager
-from sparkpoint.storage.commit import CommitError
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import blob_snapshots, check_blobs

@@ -15,13 +15,13 @@ from sparkpoint.checkpoint.checkpoint import CheckpointV1, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
-from sparkpoint.errors import RestoreError
+from sparkpoint.errors import CommitError, RestoreError
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.storage.blobstore.manager import manager_from_config
 from sparkpoint.storage.changelog.marker import ChangelogMarker
-from sparkpoint.storage.commit import CommitError, CommitRecord, TaskCommitManager, _active
+from sparkpoint.storage.commit import CommitRecord, TaskCommitManager, _active
 from sparkpoint.system.registry import Systems
 from tests.runtime.helpers import (
     assert_committed_state_matches_its_offsets,
@@ -434,3 +434,32 @@ def test_state_check_finds_a_corrupted_blob(tmp_path: Path) -> None:
     problems = check_blobs(config)
     assert len(problems) == 1 and "is corrupt" in problems[0] and "Partition 0" in problems[0]
     assert check_blobs(config, checksums=False) == []  # existence alone cannot tell
+
+
+def test_a_full_disk_during_a_commit_is_one_clear_error_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11 (simulated ENOSPC: this machine cannot mount a small tmpfs for the test): the
+    commit fails naming the task and where it was writing; after space is freed the restart
+    restores the last checkpoint and the state is exact."""
+    import errno
+
+    import sparkpoint.storage.commit as commit_module
+
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=73, users=12)
+    real = commit_module.atomic_write
+    calls = {"n": 0}
+
+    def full_disk(path: Path, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third commit record: after a couple of commits went through
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(commit_module, "atomic_write", full_disk)
+    with pytest.raises(CommitError, match=r"task Partition \d: commit failed writing local state "):
+        run(config, until_caught_up=True)
+    monkeypatch.setattr(commit_module, "atomic_write", real)  # space freed
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)

@@ -11,12 +11,11 @@ import pytest
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import CommitError, ConfigError
 from sparkpoint.failpoints import POINTS, InjectedCrash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.storage.commit import CommitError
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY

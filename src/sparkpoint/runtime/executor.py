@@ -22,6 +22,7 @@ API's phases (:mod:`sparkpoint.runtime.frame_task`) call as well.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import socket
@@ -348,9 +349,10 @@ class TaskBatch:
                 outcome = committer.commit(self.last_processed, wait=wait)
             elif plan.wait_for_uploads:
                 committer.wait_all()
-            completed = committer.completed(plan.last_checkpoint_id)
-            upload_metrics = committer.completed_metrics(plan.last_checkpoint_id)
-            bases = committer.completed_bases(plan.last_checkpoint_id)
+            done = committer.completed(plan.last_checkpoint_id)
+            completed = [json.dumps(r.checkpoint, separators=(",", ":")) for r in done]
+            upload_metrics = [r.metrics for r in done]
+            bases = [r.base for r in done]
             t_commit = time.monotonic()
         finally:
             self.close(backups)

@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.errors import (
+    CommitError,
     ConfigError,
     CorruptRecordError,
     RestoreError,
@@ -34,6 +35,7 @@ _ERRORS: dict[str, type[SparkpointError]] = {
     "CheckpointError": SparkpointError,
     "StreamNotFound": UserError,
     "RestoreError": RestoreError,
+    "CommitError": CommitError,
 }
 
 

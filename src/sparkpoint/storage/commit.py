@@ -52,7 +52,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
-from sparkpoint.errors import SparkpointError
+from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.model import SystemStreamPartition, TaskName
@@ -78,10 +78,6 @@ _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 # uploads running in this process, by (task, checkpoint id)
 _active: set[tuple[str, str]] = set()
-
-
-class CommitError(SparkpointError):
-    """A commit's asynchronous stage failed or timed out; names task, store and checkpoint."""
 
 
 def _start_upload(
@@ -276,42 +272,20 @@ class TaskCommitManager:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.dir / record.checkpoint_id, record.dumps())
 
-    def completed(self, after: str | None) -> list[str]:
-        """Checkpoint JSONs of finished uploads newer than the committed checkpoint ``after``."""
+    def completed(self, after: str | None) -> list[CommitRecord]:
+        """Records of finished uploads newer than the committed checkpoint ``after``, oldest
+        first, from one read of the records (their checkpoint, base and metrics agree)."""
         floor = CheckpointId.parse(after) if after else None
         return [
-            json.dumps(r.checkpoint, separators=(",", ":"))
+            r
             for r in self.records()
             if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
         ]
 
     def _finished_unwritten(self) -> CommitRecord | None:
         """The newest commit of this run whose upload finished but that is not written yet."""
-        floor = CheckpointId.parse(self.committed) if self.committed else None
-        done = [
-            r
-            for r in self.records()
-            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
-        ]
+        done = self.completed(self.committed)
         return done[-1] if done else None
-
-    def completed_bases(self, after: str | None) -> list[str | None]:
-        """The checkpoint each commit :meth:`completed` reports was built on (same order)."""
-        floor = CheckpointId.parse(after) if after else None
-        return [
-            r.base
-            for r in self.records()
-            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
-        ]
-
-    def completed_metrics(self, after: str | None) -> list[dict[str, int]]:
-        """Upload metrics of the commits :meth:`completed` reports (same order)."""
-        floor = CheckpointId.parse(after) if after else None
-        return [
-            r.metrics
-            for r in self.records()
-            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
-        ]
 
     def _check(self) -> CommitRecord | None:
         """Raise the first failed or lost upload of this run; else the upload still running.
@@ -391,6 +365,34 @@ class TaskCommitManager:
             for manager in self.backups.values():
                 manager.init(CheckpointV2.from_json(pending.checkpoint))
         # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
+        try:
+            record = self._snapshot(offsets, base)
+        except OSError as exc:
+            raise CommitError(
+                f"task {self.task}: commit failed writing local state under {self.local.dir}: "
+                f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
+                f"restores its last checkpoint, nothing is lost)"
+            ) from exc
+        cid = CheckpointId.parse(record.checkpoint_id)
+        snapshot = CheckpointV2.from_json(record.checkpoint).state_checkpoint_markers
+        outcome.started = str(cid)
+        # 4-5: upload, then the checkpoint into each local checkpoint directory
+        _active.add((self.task.name, str(cid)))
+        futures = {name: _start_upload(m, cid, snapshot[name]) for name, m in self.backups.items()}
+        if all(f.done() for f in futures.values()):
+            self._finish(record, futures)
+        else:
+            commit_pool(self.pool_size).submit(self._finish, record, futures)
+            if wait:
+                outcome.waited_seconds += self._wait_for(str(cid))
+        if wait:
+            self._raise_failures()
+        return outcome
+
+    def _snapshot(
+        self, offsets: Mapping[SystemStreamPartition, str], base: str | None
+    ) -> CommitRecord:
+        """Steps 1-3 and the commit record: flush, new id, local checkpoints, backend snapshots."""
         for engine in self.engines.values():
             engine.flush()
         cid = CheckpointId.create()
@@ -412,19 +414,7 @@ class TaskCommitManager:
             base=base,
         )
         self._write(record)
-        outcome.started = str(cid)
-        # 4-5: upload, then the checkpoint into each local checkpoint directory
-        _active.add((self.task.name, str(cid)))
-        futures = {name: _start_upload(m, cid, snapshot[name]) for name, m in self.backups.items()}
-        if all(f.done() for f in futures.values()):
-            self._finish(record, futures)
-        else:
-            commit_pool(self.pool_size).submit(self._finish, record, futures)
-            if wait:
-                outcome.waited_seconds += self._wait_for(str(cid))
-        if wait:
-            self._raise_failures()
-        return outcome
+        return record
 
     def _finish(self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]) -> None:
         try:
