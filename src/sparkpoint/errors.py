@@ -33,8 +33,9 @@ class StoreError(SparkpointError):
     """A key-value store operation failed; names the store."""
 
 
-class CheckpointError(SparkpointError):
-    """A checkpoint could not be read, parsed or written; names the task."""
+class CheckpointError(UserError):
+    """A checkpoint could not be read, parsed or written; names the task (and the stream and
+    offset of a message that cannot be parsed, for the user to repair)."""
 
 
 class CheckpointNotFound(CheckpointError, LookupError):

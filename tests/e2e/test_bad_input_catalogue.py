@@ -1,0 +1,193 @@
+"""The bad-input catalogue (issue 11), as a user meets it on the command line: each row is one
+clear `error:` line naming what is wrong and where, no traceback, exit code 2, and nothing written
+outside the job's directories. Rows whose library-level behaviour is tested elsewhere say where."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.system.base import Record
+from sparkpoint.system.registry import Systems
+from tests.e2e.cli import JOB, sp
+from tests.e2e.test_cli_errors import assert_one_line_error
+from tests.runtime.helpers import generate
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The example job with a changelog, run once to the end (checkpoints, changelog, state)."""
+    tmp = tmp_path_factory.mktemp("catalogue")
+    sets = [f"job.data.dir={tmp / 'data'}", "task.commit.ms=0"]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    generate(config, tmp / "job.yaml", 300, seed=17, users=10)
+    sp("run", str(JOB), "--until-caught-up", *set_args)
+    return tmp, set_args
+
+
+def job_file(tmp_path: Path, text: str | bytes, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+BASE = "job:\n  name: j\nsystems:\n  filelog:\n    factory: filelog\ntask:\n  inputs: filelog.in\n"
+
+CONFIG_ROWS: list[tuple[str, str | bytes, tuple[str, ...]]] = [
+    ("unknown key", BASE + "  comit.ms: 5\n", ("unknown config key task.comit.ms",)),
+    ("wrong type", BASE + "  commit.ms: soon\n", ("task.commit.ms='soon' is invalid",)),
+    ("negative interval", BASE + "  commit.ms: -5\n", ("task.commit.ms='-5' is invalid",)),
+    (
+        "missing factory",
+        BASE + "stores:\n  s:\n    key.serde: string\n",
+        ("stores.s.key.serde names store s", "no stores.s.factory"),
+    ),
+    (
+        "unknown system",
+        BASE.replace("filelog.in", "kafka.in"),
+        ("system 'kafka' of 'kafka.in' is not configured",),
+    ),
+    ("not YAML", "job: [unclosed\n", ("not valid YAML",)),
+    ("binary file", b"job:\n  name: \xff\xfe", ("not a text job file",)),
+    (
+        "key twice",
+        BASE + "task:\n  class: x:Y\n",
+        ("key 'task' is given twice",),
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "text", "needles"), CONFIG_ROWS, ids=[r[0] for r in CONFIG_ROWS])
+def test_bad_config(tmp_path: Path, row: str, text: str | bytes, needles: tuple[str, ...]) -> None:
+    proc = sp("config", "show", job_file(tmp_path, text), check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, *needles)
+
+
+def test_unreadable_job_file(tmp_path: Path) -> None:
+    proc = sp("config", "show", str(tmp_path / "missing.yaml"), check=False)
+    assert proc.returncode == 2
+    assert_one_line_error(proc.stderr, "cannot read job file", "missing.yaml")
+
+
+STARTPOINT_ROWS = [
+    ("unknown stream", ["--stream", "nope", "--oldest"], ("does not read filelog.nope",)),
+    ("unknown partition", ["--stream", "pageviews", "-p", "9", "--oldest"], ("no partition 9",)),
+    ("negative offset", ["--stream", "pageviews", "-p", "1", "--offset", "-5"], ("offset -5",)),
+    ("not an offset", ["--stream", "pageviews", "-p", "1", "--offset", "x"], ("is not an offset",)),
+    (
+        "future timestamp",
+        ["--stream", "pageviews", "--timestamp", "2099-01-01T00:00Z"],
+        ("is in the future",),
+    ),
+    ("malformed timestamp", ["--stream", "pageviews", "--timestamp", "soon"], ("--timestamp",)),
+    ("two kinds", ["--stream", "pageviews", "--oldest", "--upcoming"], ("exactly one of",)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("row", "args", "needles"), STARTPOINT_ROWS, ids=[r[0] for r in STARTPOINT_ROWS]
+)
+def test_bad_startpoint(
+    job: tuple[Path, list[str]], row: str, args: list[str], needles: tuple[str, ...]
+) -> None:
+    _, set_args = job
+    proc = sp("startpoint", "set", str(JOB), *args, *set_args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, *needles)
+
+
+def _corrupt_checkpoint(data: Path) -> None:
+    config = load_config(JOB, {"job.data.dir": str(data)})
+    from sparkpoint.checkpoint.manager import GROUPER_FACTORY, checkpoint_stream_name
+
+    key = {
+        "systemstreampartition-grouper-factory": GROUPER_FACTORY,
+        "taskName": "Partition 1",
+        "type": "checkpoint-v2",
+    }
+    producer = Systems(config).producer("filelog")
+    producer.send(checkpoint_stream_name(config), 0, Record("", json.dumps(key).encode(), b"{", 0))
+    producer.flush()
+
+
+def _corrupt_coordinator(data: Path) -> None:
+    config = load_config(JOB, {"job.data.dir": str(data)})
+    from sparkpoint.metadata.coordinator_stream import coordinator_stream_name
+
+    producer = Systems(config).producer("filelog")
+    stream = coordinator_stream_name(config.job_name, config.job_id)
+    producer.send(stream, 0, Record("", b'[1,"set-config","task.commit.ms"]', b"{", 0))
+    producer.flush()
+
+
+METADATA_ROWS: list[tuple[str, Callable[[Path], None], str, tuple[str, ...]]] = [
+    (
+        "corrupt checkpoint",
+        _corrupt_checkpoint,
+        "checkpoint",
+        ("offset", "task Partition 1", "checkpoint is not JSON"),
+    ),
+    (
+        "corrupt coordinator message",
+        _corrupt_coordinator,
+        "config",
+        ("corrupt coordinator stream message", "offset"),
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("row", "damage", "tool", "needles"), METADATA_ROWS, ids=[r[0] for r in METADATA_ROWS]
+)
+def test_corrupt_metadata(
+    job: tuple[Path, list[str]],
+    tmp_path: Path,
+    row: str,
+    damage: Callable[[Path], None],
+    tool: str,
+    needles: tuple[str, ...],
+) -> None:
+    source, _ = job
+    data = tmp_path / "data"
+    shutil.copytree(source / "data", data)  # damage a copy; the module's job stays whole
+    damage(data)
+    proc = sp(tool, "show", str(JOB), "--set", f"job.data.dir={data}", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, *needles)
+
+
+@pytest.mark.slow
+def test_a_restore_that_cannot_reach_committed_state_is_one_line(tmp_path: Path) -> None:
+    """A blob-store store whose snapshot lost its blobs, with the local state gone: the run
+    stops with one line naming task, store and checkpoint (it was a 150-line Spark traceback)."""
+    sets = [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=0",
+        "stores.user-counts.backup.factories=blobstore",
+    ]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    generate(config, tmp_path / "job.yaml", 200, seed=18, users=8)
+    sp("run", str(JOB), "--until-caught-up", *set_args)
+    for blob in (tmp_path / "data" / "blobs" / "blobs").iterdir():
+        if not blob.read_bytes().startswith(b'{"creation-time-millis"'):
+            blob.unlink()  # every file blob; the snapshot indexes stay
+    shutil.rmtree(tmp_path / "data" / "state")
+    proc = sp("run", str(JOB), "--until-caught-up", *set_args, check=False, timeout=400)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_line_error(proc.stderr, "store user-counts", "cannot restore checkpoint")
+    assert not list((tmp_path / "data" / "state").rglob("*.restoring"))
