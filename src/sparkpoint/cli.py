@@ -349,27 +349,38 @@ def state_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Show each store's current blob store snapshot: checkpoint id, files, bytes, blob store.
+    """Show where each store's committed state is: the local checkpoint on this machine, the
+    changelog up to its checkpointed offset, the blob-store snapshot (files, bytes).
 
     Example: `sparkpoint state show job.yaml --store user-counts --json`
     """
-    from sparkpoint.tools.state import blob_snapshots
+    from sparkpoint.tools.state import state_locations
 
     rows = [
         r
-        for r in blob_snapshots(_config(job, set_))
+        for r in state_locations(_config(job, set_))
         if (task is None or r["task"] == task) and (store is None or r["store"] == store)
     ]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        print("no blob store snapshots (is stores.<s>.backup.factories set to blobstore?)")
+        print("no committed state (no checkpoints yet, or no stores)")
     for r in rows:
-        print(
-            f"{r['task']} / {r['store']}: checkpoint {r['checkpoint-id']}, {r['files']} files, "
-            f"{r['bytes']:,} bytes, index {r['snapshot-index']} in {r['blob-store']}"
-        )
+        where = []
+        if r["local"]:
+            where.append(f"local checkpoint {r['local']}")
+        if "changelog" in r:
+            c = r["changelog"]
+            where.append(f"changelog {c['ssp']} up to offset {c['offset']}")
+        if "blobstore" in r:
+            b = r["blobstore"]
+            where.append(
+                f"blob store snapshot {b['snapshot-index']} ({b['files']} files, "
+                f"{b['bytes']:,} bytes) in {b['url']}"
+            )
+        found = "; ".join(where) or "NOWHERE readable from here (no backend, no local copy)"
+        print(f"{r['task']} / {r['store']}: checkpoint {r['checkpoint-id']}: {found}")
 
 
 @state_app.command("check")

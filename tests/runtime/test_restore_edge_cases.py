@@ -463,3 +463,19 @@ def test_a_full_disk_during_a_commit_is_one_clear_error_and_loses_nothing(
     monkeypatch.setattr(commit_module, "atomic_write", real)  # space freed
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
+
+
+def test_state_show_says_where_committed_state_is(tmp_path: Path) -> None:
+    """Issue 11: `state show` lists every copy of each store's committed state, not only blobs."""
+    from sparkpoint.tools.state import state_locations
+
+    config = make(tmp_path, **{"stores.user-counts.backup.factories": "changelog,blobstore"})
+    generate(config, tmp_path / "a.yaml", 300, seed=74, users=10)
+    run(config, until_caught_up=True)
+    rows = state_locations(config)
+    assert {r["task"] for r in rows} == {f"Partition {p}" for p in range(4)}
+    for r in rows:
+        assert r["local"] and r["changelog"]["ssp"].startswith("filelog.user-counts-changelog.")
+        assert r["blobstore"]["files"] > 0
+    shutil.rmtree(config.store_base_dir)
+    assert all(r["local"] is None for r in state_locations(config))

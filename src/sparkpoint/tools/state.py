@@ -20,7 +20,7 @@ from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import stored_changelog_partitions
 from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.serde import load_serde
-from sparkpoint.storage.backend import store_backends
+from sparkpoint.storage.backend import checkpoint_markers, store_backends
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
@@ -88,6 +88,56 @@ def _committed(
             yield from engine.all()
         finally:
             engine.close()
+
+
+def state_locations(config: Config) -> list[dict[str, Any]]:
+    """Where each task's committed state is, store by store: the local checkpoint on this
+    machine, the changelog range, the blob-store snapshot (files and bytes). Reads metadata
+    only; ``state dump`` reads the contents from the first of these that exists."""
+    from sparkpoint.storage.blobstore.backend import NAME as BLOBS
+    from sparkpoint.storage.blobstore.backend import blob_manager, load_index
+    from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
+    from sparkpoint.storage.changelog.marker import ChangelogMarker
+
+    systems = Systems(config)
+    rows: list[dict[str, Any]] = []
+    try:
+        checkpoints = CheckpointManager(config, systems).read_all()
+        partitions = stored_changelog_partitions(
+            CoordinatorStreamStore(config, systems, source="state-tool")
+        )
+        for name in sorted(checkpoints, key=lambda t: (len(t.name), t.name)):
+            checkpoint = checkpoints[name]
+            model = TaskModel(name, frozenset(), partitions.get(name.name, 0))
+            markers = checkpoint_markers(config, checkpoint, model)
+            cid = str(checkpoint.checkpoint_id)
+            local = LocalTaskState(config.store_base_dir, name)
+            for store in config.stores:
+                row: dict[str, Any] = {"task": name.name, "store": store, "checkpoint-id": cid}
+                row["local"] = (
+                    str(local.checkpoint_dir(store, cid))
+                    if local.has_checkpoint(store, cid)
+                    else None
+                )
+                raw = markers.get(CHANGELOG, {}).get(store)
+                if raw is not None:
+                    marker = ChangelogMarker.loads(raw)
+                    row["changelog"] = {"ssp": str(marker.ssp), "offset": marker.offset}
+                index_id = markers.get(BLOBS, {}).get(store)
+                if index_id is not None:
+                    blobs = blob_manager(config)
+                    index = load_index(blobs, index_id, f"task {name} store {store}")
+                    files = list(index.dir_index.all_files())
+                    row["blobstore"] = {
+                        "snapshot-index": index_id,
+                        "files": len(files),
+                        "bytes": sum(f.metadata.size for _, f in files),
+                        "url": blobs.url,
+                    }
+                rows.append(row)
+    finally:
+        systems.close()
+    return rows
 
 
 def blob_snapshots(config: Config) -> list[dict[str, Any]]:
