@@ -33,7 +33,7 @@ from tests.runtime.helpers import (
 )
 from tests.runtime.test_async_commit import batches
 from tests.runtime.test_async_commit import make as make_copy_job
-from tests.runtime.test_state_backends import make, run
+from tests.runtime.test_state_backends import make, run, uncommitted_tail
 
 CHANGELOG_SSP = SystemStreamPartition("filelog", "user-counts-changelog", 0)
 
@@ -44,17 +44,6 @@ def checkpoint_offsets(config: Config) -> dict[SystemStreamPartition, str]:
         for c in CheckpointManager(config).read_all().values()
         for s, o in c.input_offsets.items()
     }
-
-
-def commit_then_uncommitted_batch(config: Config) -> None:
-    """One committed batch, then a batch that writes its changelog but never commits."""
-    first = JobCoordinator(config, InlineRunner())
-    first.start()
-    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
-    end = {s: m.upcoming for s, m in meta.items()}
-    first.run_batch(end, commit=True)
-    first.run_batch(end, commit=False)
-    first.close()
 
 
 def delete_data_blobs(config: Config) -> int:
@@ -90,7 +79,7 @@ def test_restore_from_the_local_checkpoint_trims_the_changelog(
     cannot replay the crashed batch's writes."""
     config = make(tmp_path)
     generate(config, tmp_path / "a.yaml", 2000, seed=61)
-    commit_then_uncommitted_batch(config)  # local state kept: the local checkpoint is there
+    uncommitted_tail(config, lose_local_state=False)  # the local checkpoint is there
     at_checkpoint = dict(counts_at_offsets(config, checkpoint_offsets(config)))
     assert changelog_view(config) != at_checkpoint
     caplog.set_level("INFO")
@@ -401,7 +390,7 @@ def test_committed_state_is_readable_offline_from_the_changelog(tmp_path: Path) 
 
     config = make(tmp_path)
     generate(config, tmp_path / "a.yaml", 1000, seed=71, users=25)
-    commit_then_uncommitted_batch(config)  # the changelog runs ahead of the checkpoints
+    uncommitted_tail(config, lose_local_state=False)  # the changelog runs ahead
     at_checkpoint = dict(counts_at_offsets(config, checkpoint_offsets(config)))
     shutil.rmtree(config.store_base_dir)
     records = changelog_records(config)

@@ -73,7 +73,7 @@ def test_lost_host_restores_from_the_changelog(
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def uncommitted_tail(config: Config) -> JobCoordinator:
+def uncommitted_tail(config: Config, *, lose_local_state: bool = True) -> JobCoordinator:
     """Commit after one batch, then process a second batch without committing, and 'crash'."""
     first = JobCoordinator(config, InlineRunner())
     first.start()
@@ -82,7 +82,8 @@ def uncommitted_tail(config: Config) -> JobCoordinator:
     first.run_batch(end, commit=True)
     first.run_batch(end, commit=False)
     first.close()
-    shutil.rmtree(config.store_base_dir)  # and the local state is lost with the crash
+    if lose_local_state:
+        shutil.rmtree(config.store_base_dir)  # and the local state is lost with the crash
     return first
 
 

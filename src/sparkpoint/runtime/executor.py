@@ -56,7 +56,7 @@ from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.storage.restore import restore_stores
+from sparkpoint.storage.restore import TaskRestore
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
@@ -217,9 +217,9 @@ class TaskBatch:
         for store in self.config.stores:
             _CACHE.memory.pop((self.task.name, store), None)
         openers = {s: self.opener(s) for s in self.config.stores}
-        self.engines, self.restored = restore_stores(
+        self.engines, self.restored = TaskRestore(
             self.config, self.systems, plan.task, self.local, self.last_checkpoint, openers
-        )
+        ).run()
         self.last_processed = dict(plan.checkpoint_last_processed)
         return dict(plan.from_checkpoint)
 

@@ -340,18 +340,6 @@ class TaskRestore:
                 manager.close()
 
 
-def restore_stores(
-    config: Config,
-    systems: Systems,
-    task: TaskModel,
-    local: LocalTaskState,
-    checkpoint: Checkpoint | None,
-    open_engine: Mapping[str, Callable[[], KeyValueEngine]],
-) -> tuple[dict[str, KeyValueEngine], list[RestoreStats]]:
-    """Rebuild every store of the task (see :class:`TaskRestore`)."""
-    return TaskRestore(config, systems, task, local, checkpoint, open_engine).run()
-
-
 def restore_for_reading(
     config: Config,
     systems: Systems,
