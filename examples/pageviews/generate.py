@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.output import ensure_stream, partition_for_key
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import ensure_stream, partition_for_key
 
 PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/login", "/about", "/careers"]
 

@@ -34,7 +34,6 @@ from sparkpoint.model import (
     SystemStreamPartition,
     TaskModel,
     TaskName,
-    group_by_partition,
 )
 from sparkpoint.runtime.batchlog import BatchLog
 from sparkpoint.runtime.plan import (
@@ -54,6 +53,7 @@ from sparkpoint.storage.backend import (
 )
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import job_model
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +129,6 @@ def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
         return max(0, int(upcoming) - int(nxt))
     except ValueError:
         return 1 if admin_cmp(nxt, upcoming) < 0 else 0
-
-
-def job_model(config: Config, systems: Systems) -> JobModel:
-    """The job's tasks: one per input partition number, each also reading broadcast inputs."""
-    inputs, shared = systems.job_inputs(config.inputs, config.broadcast_inputs)
-    return group_by_partition(config.job_name, config.job_id, inputs, shared)
 
 
 def check_checkpoint_versions(config: Config, store: str, checkpoints: CheckpointManager) -> None:

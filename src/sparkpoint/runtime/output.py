@@ -9,29 +9,15 @@ count. :meth:`OutputCollector.flush` returns only when everything sent is durabl
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde, load_serde
-from sparkpoint.system.base import OutgoingMessageEnvelope, Record, StreamSpec, SystemProducer
+from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
 from sparkpoint.system.registry import Systems
-
-
-def partition_for_key(key: bytes | None, partitions: int) -> int:
-    """The partition a key belongs to: stable across processes and runs."""
-    return 0 if key is None else zlib.crc32(key) % partitions
-
-
-def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:
-    """Create ``stream`` if absent (with its configured partition count); return its count."""
-    admin = systems.admin(stream.system)
-    if stream.stream not in admin.list_streams():
-        partitions = int(config.stream_key(stream, "partitions") or "1")
-        admin.create_stream(StreamSpec(stream.stream, partitions))
-    return admin.partition_count(stream.stream)
+from sparkpoint.system.streams import ensure_stream, partition_for_key
 
 
 class OutputCollector:

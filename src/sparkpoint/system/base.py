@@ -120,11 +120,11 @@ class SystemAdmin(ABC):
     def resolve_startpoint_to_offset(
         self, ssp: SystemStreamPartition, startpoint: Startpoint
     ) -> str:
-        """The next offset to read for ``startpoint`` (see :mod:`sparkpoint.startpoint.resolve`).
+        """The next offset to read for ``startpoint`` (see :mod:`sparkpoint.system.resolve`).
 
         Systems override this only when they can do better than the generic resolution.
         """
-        from sparkpoint.startpoint.resolve import OffsetResolver
+        from sparkpoint.system.resolve import OffsetResolver
 
         return startpoint.apply(OffsetResolver(self, ssp))
 

@@ -28,9 +28,9 @@ from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskName
-from sparkpoint.runtime.coordinator import job_model
 from sparkpoint.storage.backend import checkpoint_markers, v1_changelog_offsets
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import job_model
 
 
 def parse_offsets_file(

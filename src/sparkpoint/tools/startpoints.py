@@ -17,7 +17,6 @@ from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.coordinator import job_model
 from sparkpoint.startpoint.manager import FAN_OUT, NAMESPACE, StartpointManager
 from sparkpoint.startpoint.model import (
     Startpoint,
@@ -27,6 +26,7 @@ from sparkpoint.startpoint.model import (
     StartpointUpcoming,
 )
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import job_model
 from sparkpoint.tools.streams import resolve_stream
 
 

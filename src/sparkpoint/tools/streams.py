@@ -15,10 +15,10 @@ from typing import Any, TextIO
 from sparkpoint.config import Config
 from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
-from sparkpoint.runtime.output import ensure_stream, partition_for_key
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import ensure_stream, partition_for_key
 
 
 def resolve_stream(config: Config, name: str) -> SystemStream:

@@ -1,0 +1,82 @@
+"""Dependencies run one way (DESIGN.md §9): cli, runtime -> tools -> storage, checkpoint,
+startpoint -> metadata, system -> serde -> model, config; only runtime imports pyspark; nothing
+in the product imports the test kit."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "sparkpoint"
+
+# a package may import its own modules and those of lower layers, never higher ones
+LAYER = {
+    "errors": 0,
+    "fsutil": 0,
+    "failpoints": 0,
+    "model": 1,
+    "config": 1,
+    "serde": 2,
+    "system": 3,
+    "metadata": 4,
+    "checkpoint": 4,
+    "startpoint": 4,
+    "storage": 5,
+    "tools": 6,
+    "runtime": 7,
+    "cli": 8,
+    "testing": 9,
+    "__init__": 9,
+}
+
+
+# Startpoint values are plain values (the model layer); SystemAdmin.resolve_startpoint_to_offset
+# takes them, as in Samza's SystemAdmin API. The startpoint *manager* stays above the systems.
+VALUE_MODULES = {"sparkpoint.startpoint.model"}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports() -> list[tuple[str, str, int]]:
+    """(importing package, imported sparkpoint module, line) for every import in the product."""
+    out = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        here = package_of(".".join(rel.parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                out.append((f"{here}:{rel}", name, node.lineno))
+    return out
+
+
+def test_layers_are_respected() -> None:
+    wrong = []
+    for where, name, line in imports():
+        here = where.split(":")[0]
+        if not name.startswith("sparkpoint.") or here == "testing" or name in VALUE_MODULES:
+            continue
+        there = package_of(name)
+        if there != here and LAYER[there] > LAYER[here]:
+            wrong.append(f"{where.split(':')[1]}:{line} imports {name}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("forbidden", ["pyspark", "sparkpoint.testing"])
+def test_only_where_allowed(forbidden: str) -> None:
+    allowed = {"runtime", "cli", "testing", "__init__"} if forbidden == "pyspark" else {"testing"}
+    wrong = [
+        f"{where.split(':')[1]}:{line}"
+        for where, name, line in imports()
+        if name.startswith(forbidden) and where.split(":")[0] not in allowed
+    ]
+    assert wrong == []
