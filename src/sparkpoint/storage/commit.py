@@ -1,7 +1,7 @@
 """The commit of one task's state: a fast synchronous snapshot, then an asynchronous upload.
 
 How this lives across Spark micro-batches. A commit starts at the end of a batch on the executor
-(DESIGN.md section 2): stores are flushed, each persistent store makes a local checkpoint
+(docs/architecture.md, "The commit"): stores are flushed, each persistent store makes a local checkpoint
 directory named by a new checkpoint id (RocksDB hard links), every backup manager takes its
 snapshot, and the input offsets are taken: all while processing waits, in milliseconds. The
 upload then runs on this Python worker's commit pool (``min(tasks, 64)`` threads) while the

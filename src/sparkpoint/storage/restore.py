@@ -1,4 +1,4 @@
-"""Bringing a task's stores to its last committed checkpoint on this executor (DESIGN.md §3).
+"""Bringing a task's stores to its last committed checkpoint on this executor (docs/architecture.md, "Restore").
 
 For each store, in order of cost:
 
