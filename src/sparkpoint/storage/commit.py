@@ -1,9 +1,10 @@
 """The commit of one task's state: a fast synchronous snapshot, then an asynchronous upload.
 
-How this lives across Spark micro-batches. A commit starts at the end of a batch on the executor
-(docs/architecture.md, "The commit"): stores are flushed, each persistent store makes a local checkpoint
-directory named by a new checkpoint id (RocksDB hard links), every backup manager takes its
-snapshot, and the input offsets are taken: all while processing waits, in milliseconds. The
+How this lives across Spark micro-batches. A commit starts at the end of a batch on the
+executor (docs/architecture.md, "The commit"): stores are flushed, each persistent store makes a
+local checkpoint directory named by a new checkpoint id (RocksDB hard links), every backup
+manager takes its snapshot, and the input offsets are taken: all while processing waits, in
+milliseconds. The
 upload then runs on this Python worker's commit pool (``min(tasks, 64)`` threads) while the
 Spark task returns and later batches run. Its progress is a *commit record* on the executor's
 local disk, ``<task dir>/commits/<checkpoint id>``: ``uploading`` (with the worker's host and

@@ -1,4 +1,6 @@
-"""Bringing a task's stores to its last committed checkpoint on this executor (docs/architecture.md, "Restore").
+"""Bringing a task's stores to its last committed checkpoint on this executor.
+
+See docs/architecture.md, "Restore".
 
 For each store, in order of cost:
 
