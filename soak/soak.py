@@ -1,6 +1,7 @@
 """The soak: run jobs, kill them with SIGKILL at random moments, restart, and prove nothing is lost.
 
-Usage: ``python soak/soak.py [--kills N] [--seed S] [--variants a,b] [--dir D] [--keep]``
+Usage: ``python soak/soak.py [--kills N] [--seed S] [--variants a,b] [--events MIN,MAX]
+[--dir D] [--keep]``
 (``make soak`` runs 100 kills; CI runs a short soak from ``tests/e2e/test_soak.py``).
 
 Variants (kills are spread over them, round robin):
@@ -307,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="example,dual")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the soak's directory")
+    parser.add_argument(
+        "--events", default="15000,40000", help="new input per round: MIN,MAX page views"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     top = args.dir or Path(tempfile.mkdtemp(prefix="sparkpoint-soak-"))
@@ -326,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.kills):
             variant = variants[i % len(variants)]
-            n = rng.randint(15_000, 40_000)
+            low, high = (int(x) for x in args.events.split(","))
+            n = rng.randint(low, high)
             append_input(variant, n, seed=args.seed * 1000 + i)
             with (variant.root / "sizes").open("a") as f:
                 f.write(f"{n}\n")

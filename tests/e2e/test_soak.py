@@ -28,6 +28,8 @@ def test_short_soak(tmp_path: Path) -> None:
             "example,dual,cluster",
             "--seed",
             "3",
+            "--events",
+            "8000,16000",
             "--dir",
             str(tmp_path / "soak"),
         ],
@@ -39,6 +41,6 @@ def test_short_soak(tmp_path: Path) -> None:
     m = re.match(r"kills=(\d+) mismatches=(\d+) lost=(\d+) duplicates=(\d+) dangling=(\d+)", line)
     assert m, proc.stdout + proc.stderr[-3000:]
     kills, mismatches, lost, _duplicates, dangling = map(int, m.groups())
-    assert kills >= 7, line  # every round killed something
+    assert kills >= 5, line  # (a round whose run ends before its kill moment kills nothing)
     assert (mismatches, lost, dangling) == (0, 0, 0), proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]  # duplicates within their bound too
