@@ -186,3 +186,44 @@ def test_a_commit_built_on_another_checkpoint_than_the_last_written_is_not_writt
     on_top = replace(forked, completed_bases=[str(written.checkpoint_id)])
     assert coordinator._apply(on_top)
     coordinator.close()
+
+
+def test_a_finished_commit_that_can_never_be_written_does_not_block_later_ones(
+    tmp_path: Path,
+) -> None:
+    """Found by the cluster test: a task committed on executor A, moved to B before the upload
+    finished, and B's commit was written. Back on A, A's finished upload (built on an older
+    checkpoint) was reported every batch, refused by the driver, and held back every later
+    commit of the task: the task never committed again. Such a record is now dropped."""
+    import os
+    import socket
+
+    from sparkpoint.checkpoint.id import CheckpointId
+    from sparkpoint.model import TaskName
+    from sparkpoint.storage.commit import DONE, CommitRecord, TaskCommitManager
+    from sparkpoint.storage.local import LocalTaskState
+
+    task = TaskName("Partition 3")
+    written = str(CheckpointId.create())  # written by the driver from executor B
+    stale = str(CheckpointId.create())  # A's commit, newer, but built on no checkpoint
+    manager = TaskCommitManager(
+        task,
+        "run",
+        LocalTaskState(tmp_path, task),
+        {},
+        {},
+        {},
+        config={},
+        max_delay_ms=60_000,
+        timeout_ms=1000,
+        pool_size=1,
+        committed=written,
+    )
+    manager._write(
+        CommitRecord("run", stale, DONE, socket.gethostname(), os.getpid(), 0, {}, base=None)
+    )
+    assert manager.completed(written) == []
+    assert not (manager.dir / stale).exists()
+    outcome = manager.commit({}, wait=False)
+    assert outcome.started and not outcome.skipped
+    assert [r.base for r in manager.completed(written)] == [written]

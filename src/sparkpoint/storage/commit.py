@@ -274,14 +274,33 @@ class TaskCommitManager:
         atomic_write(self.dir / record.checkpoint_id, record.dumps())
 
     def completed(self, after: str | None) -> list[CommitRecord]:
-        """Records of finished uploads newer than the committed checkpoint ``after``, oldest
-        first, from one read of the records (their checkpoint, base and metrics agree)."""
+        """Finished uploads the driver can still write after the committed checkpoint ``after``,
+        oldest first, from one read of the records: those built on ``after``, then those built
+        on one of them (a chained final commit). A finished upload built on anything else (made
+        by this executor before the task moved away and a commit elsewhere was written) can
+        never be written: its record is removed here, so it does not hold back later commits,
+        and its uploads expire with their TTL."""
         floor = CheckpointId.parse(after) if after else None
-        return [
-            r
-            for r in self.records()
-            if r.state == DONE and (floor is None or CheckpointId.parse(r.checkpoint_id) > floor)
-        ]
+        chain: list[CommitRecord] = []
+        bases: set[str | None] = {after}
+        for r in self.records():
+            if r.state != DONE or (
+                floor is not None and CheckpointId.parse(r.checkpoint_id) <= floor
+            ):
+                continue
+            if r.base in bases:
+                chain.append(r)
+                bases.add(r.checkpoint_id)
+            else:
+                log.info(
+                    "task %s: dropping commit %s: built on %s, but %s was written since",
+                    self.task,
+                    r.checkpoint_id,
+                    r.base,
+                    after,
+                )
+                (self.dir / r.checkpoint_id).unlink(missing_ok=True)
+        return chain
 
     def _finished_unwritten(self) -> CommitRecord | None:
         """The newest commit of this run whose upload finished but that is not written yet."""
