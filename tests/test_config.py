@@ -114,3 +114,26 @@ def test_a_binary_job_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_store_without_a_factory_is_refused_before_the_job_starts() -> None:
     with pytest.raises(ConfigError, match=r"stores.s.key.serde names store s, which has no"):
         Config({"job.name": "j", "systems.fl.factory": "filelog", "stores.s.key.serde": "string"})
+
+
+def test_a_plugin_declares_its_own_keys() -> None:
+    """Issue 14: a backend named as module:Class (or installed by entry point) declares keys
+    that are validated like the built-in ones, with their defaults."""
+    base = {
+        "job.name": "j",
+        "systems.fl.factory": "filelog",
+        "stores.s.factory": "rocksdb",
+        "stores.s.copy.compression": "zstd",
+        "job.copy.region": "eu",
+    }
+    with pytest.raises(ConfigError, match="unknown config key stores.s.copy.compression"):
+        Config(base)  # no backend declares it
+    keyed = {**base, "stores.s.backup.factories": "keyed_backend:KeyedCopyFactory"}
+    config = Config(keyed)
+    assert config.get_str("stores.s.copy.compression") == "zstd"
+    assert (
+        Config({**keyed, "stores.s.copy.compression": ""}).get_str("stores.s.copy.compression")
+        == "none"
+    )  # the plugin's default
+    with pytest.raises(ConfigError, match=r"stores.s.copy.compression='lz4' is invalid; allowed"):
+        Config({**keyed, "stores.s.copy.compression": "lz4"})

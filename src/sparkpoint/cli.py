@@ -434,13 +434,21 @@ def config_show(job: JobArg, set_: SetOpt = None) -> None:
 
 @config_app.command("keys")
 def config_keys() -> None:
-    """List every config key sparkpoint reads, with its default and what is allowed.
+    """List every config key sparkpoint and its installed plugins read, with its default and what
+    is allowed (a plugin declares its keys as ``config_keys`` on its factory class).
 
     Example: `sparkpoint config keys`
     """
-    for spec in KEYS:
+    from sparkpoint.config import plugin_keys
+
+    plugins = plugin_keys()
+    for spec in (*KEYS, *plugins):
         default = spec.default if spec.default is not None else "-"
-        print(f"{spec.pattern}\n    {spec.help}\n    allowed: {spec.allowed}; default: {default}")
+        origin = " (from a plugin)" if spec in plugins else ""
+        print(
+            f"{spec.pattern}{origin}\n    {spec.help}\n    allowed: {spec.allowed}; "
+            f"default: {default}"
+        )
 
 
 StreamOpt = Annotated[str, typer.Option("--stream", help="Input stream name, or system.stream.")]

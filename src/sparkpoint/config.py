@@ -14,10 +14,12 @@ absolute when the config is loaded so that executors on other processes see the 
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -372,11 +374,46 @@ KEYS: tuple[ConfigKey, ...] = (
 _OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.")
 
 
-def _declared(key: str) -> ConfigKey | None:
-    for spec in KEYS:
+def _declared(key: str, extra: tuple[ConfigKey, ...] = ()) -> ConfigKey | None:
+    for spec in (*KEYS, *extra):
         if spec.regex.match(key):
             return spec
     return None
+
+
+#: entry-point groups whose classes may declare ``config_keys`` (a tuple of :class:`ConfigKey`)
+PLUGIN_GROUPS = ("sparkpoint.state_backends", "sparkpoint.systems")
+_PLUGIN_REFERENCES = (".backup.factories", ".restore.factories")
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception:
+        return None
+
+
+def plugin_keys(values: Mapping[str, str] | None = None) -> tuple[ConfigKey, ...]:
+    """Config keys declared by plugins: the ``config_keys`` of every installed state backend and
+    system (entry points), and of ``module:Class`` backends and systems that ``values`` name.
+    They are listed by ``sparkpoint config keys`` and validated like the built-in keys."""
+    classes = []
+    for group in PLUGIN_GROUPS:
+        for ep in entry_points(group=group):
+            classes.append(_load(ep.value))
+    for key, value in (values or {}).items():
+        named = key.endswith(_PLUGIN_REFERENCES) or (
+            key.startswith("systems.") and key.endswith(".factory")
+        )
+        if named:
+            classes.extend(_load(n.strip()) for n in value.split(",") if ":" in n)
+    found: list[ConfigKey] = []
+    for cls in classes:
+        for spec in getattr(cls, "config_keys", ()):
+            if isinstance(spec, ConfigKey) and spec not in found:
+                found.append(spec)
+    return tuple(found)
 
 
 _SECRET = re.compile(
@@ -502,8 +539,16 @@ class Config(Mapping[str, str]):
 
     def __init__(self, values: Mapping[str, str], *, validate: bool = True) -> None:
         self._values = dict(values)
+        self._plugins: tuple[ConfigKey, ...] | None = None
         if validate:
             self._validate()
+
+    @property
+    def plugin_keys(self) -> tuple[ConfigKey, ...]:
+        """The keys plugins this config uses declare (see :func:`plugin_keys`)."""
+        if self._plugins is None:
+            self._plugins = plugin_keys(self._values)
+        return self._plugins
 
     # Mapping protocol
     def __getitem__(self, key: str) -> str:
@@ -525,7 +570,7 @@ class Config(Mapping[str, str]):
     def get_str(self, key: str, default: str | None = None) -> str | None:
         value = self._values.get(key)
         if value is None or value == "":
-            spec = _declared(key)
+            spec = _declared(key) or _declared(key, self.plugin_keys)
             return default if default is not None else (spec.default if spec else None)
         return value
 
@@ -647,7 +692,7 @@ class Config(Mapping[str, str]):
 
     def _validate(self) -> None:
         for key, value in self._values.items():
-            spec = _declared(key)
+            spec = _declared(key) or _declared(key, self.plugin_keys)
             if spec is None:
                 if key.startswith(_OWNED_PREFIXES):
                     self._unknown(key)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.checkpoint import FROM_SAMZA, Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
-from sparkpoint.config import Config
+from sparkpoint.config import Config, ConfigKey
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, TaskName
 
@@ -187,6 +187,9 @@ class StateBackendFactory(ABC):
     name: str = ""
     #: whether a V1 checkpoint carries this backend's markers (as changelog SSP offsets)
     markers_in_v1: bool = False
+    #: the config keys this backend reads (``stores.<s>.…`` per store, or global ones), declared
+    #: so that ``sparkpoint config keys`` lists them and a job's config is validated against them
+    config_keys: tuple[ConfigKey, ...] = ()
     backup_class: type[TaskBackupManager]
     restore_class: type[TaskRestoreManager]
     admin_class: type[StateBackendAdmin] = NoResources

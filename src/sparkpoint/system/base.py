@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from sparkpoint.config import ConfigKey
 from sparkpoint.model import SystemStream, SystemStreamPartition
 
 if TYPE_CHECKING:
@@ -175,6 +176,10 @@ class SystemProducer(ABC):
 
 class SystemFactory(ABC):
     """Builds a system's admin, consumer and producer from the job config."""
+
+    #: the config keys this system reads beyond ``systems.<s>.*`` (which pass through), declared
+    #: so that ``sparkpoint config keys`` lists them and a job's config is validated against them
+    config_keys: tuple[ConfigKey, ...] = ()
 
     @abstractmethod
     def get_admin(self, system: str, config: Mapping[str, str]) -> SystemAdmin: ...
