@@ -285,7 +285,7 @@ def _leaked_blobs(config: Config) -> int:
         for store, index_id in checkpoint.state_checkpoint_markers.get("blobstore", {}).items():
             index = load_index(blobs, index_id, f"{task} {store}")
             referenced.add(index_id)
-            referenced.update(b.blob_id for _, f in index.dir_index.all_files() for b in f.blobs)
+            referenced.update(index.blobs_used())
     present = {p.name for p in (config.data_dir / "blobs" / "blobs").iterdir()}
     return sum(1 for b in present - referenced if not blobs.has_ttl(b))
 

@@ -85,7 +85,7 @@ def test_clean_up_keeps_only_what_the_last_snapshot_uses(tmp_path: Path) -> None
     for row in blob_snapshots(config):
         used.add(row["snapshot-index"])
         index = SnapshotIndex.loads(blobs.get_bytes(row["snapshot-index"]))
-        used |= {b.blob_id for _, f in index.dir_index.all_files() for b in f.blobs}
+        used |= set(index.blobs_used())
     stored = {p.rsplit("/", 1)[-1] for p in blobs.fs.ls(f"{blobs.root}/blobs", detail=False)}
     assert stored == used  # older indexes and replaced files were deleted
     assert not any(blobs.has_ttl(b) for b in used)  # and everything in use was adopted

@@ -54,11 +54,9 @@ def delete_data_blobs(config: Config) -> int:
     deleted = 0
     for checkpoint in CheckpointManager(config).read_all().values():
         for index_id in checkpoint.state_checkpoint_markers.get("blobstore", {}).values():
-            index = load_index(blobs, index_id, "test")
-            for _, f in index.dir_index.all_files():
-                for blob in f.blobs:
-                    blobs.delete(blob.blob_id)
-                    deleted += 1
+            for blob_id in load_index(blobs, index_id, "test").blobs_used():
+                blobs.delete(blob_id)
+                deleted += 1
     return deleted
 
 

@@ -171,8 +171,8 @@ def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
     every blob) of the wrong size or checksum. An empty list means every snapshot any checkpoint
     names can be restored as it was committed."""
     from sparkpoint.checkpoint.manager import CheckpointManager
-    from sparkpoint.storage.blobstore.backend import NAME, blob_manager
-    from sparkpoint.storage.blobstore.diff import crc32_of
+    from sparkpoint.errors import RestoreError
+    from sparkpoint.storage.blobstore.backend import NAME, blob_manager, fetch_file
     from sparkpoint.storage.blobstore.index import InvalidSnapshotIndex, SnapshotIndex
     from sparkpoint.storage.blobstore.manager import BlobNotFound
 
@@ -188,24 +188,14 @@ def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
                 continue
             with tempfile.TemporaryDirectory(prefix="sparkpoint-check-") as tmp:
                 for rel, f in index.dir_index.all_files():
-                    for blob in f.blobs:
-                        if not checksums:
-                            if not blobs.exists(blob.blob_id):
-                                problems.append(
-                                    f"{where}: file {rel}: blob {blob.blob_id} is missing"
-                                )
-                            continue
-                        copy = Path(tmp) / blob.blob_id
-                        try:
-                            blobs.get_file(blob.blob_id, copy)
-                        except BlobNotFound:
-                            problems.append(f"{where}: file {rel}: blob {blob.blob_id} is missing")
-                            continue
-                        size = copy.stat().st_size
-                        if size != f.metadata.size or crc32_of(copy) != f.checksum:
-                            problems.append(
-                                f"{where}: file {rel}: blob {blob.blob_id} is corrupt (size "
-                                f"{size}, expected {f.metadata.size}, or checksum mismatch)"
-                            )
-                        copy.unlink()
+                    try:
+                        if checksums:
+                            fetch_file(blobs, f, Path(tmp) / "file", where)
+                        elif not all(blobs.exists(b.blob_id) for b in f.blobs):
+                            raise BlobNotFound(rel)
+                    except BlobNotFound:
+                        ids = ", ".join(b.blob_id for b in f.blobs)
+                        problems.append(f"{where}: file {rel}: blob {ids} is missing")
+                    except RestoreError as exc:
+                        problems.append(str(exc))
     return problems

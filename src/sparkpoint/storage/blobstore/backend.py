@@ -159,12 +159,11 @@ class BlobStoreBackupManager(TaskBackupManager):
             index = load_index(self.blobs, index_id, self._where(store))
             self.blobs.remove_ttl(index_id)
             missing = []
-            for _, f in index.dir_index.all_files():
-                for blob in f.blobs:
-                    try:
-                        self.blobs.remove_ttl(blob.blob_id)
-                    except BlobNotFound:
-                        missing.append(blob.blob_id)
+            for blob_id in index.blobs_used():
+                try:
+                    self.blobs.remove_ttl(blob_id)
+                except BlobNotFound:
+                    missing.append(blob_id)
             if missing:  # nothing left to protect; restore from this snapshot will fail
                 log.warning(
                     "%s: snapshot %s of checkpoint %s misses %d blob(s) (%s); a restore from it "
@@ -175,9 +174,8 @@ class BlobStoreBackupManager(TaskBackupManager):
                     len(missing),
                     ", ".join(missing[:3]),
                 )
-            for f in index.dir_index.all_removed():
-                for blob in f.blobs:
-                    self.blobs.delete(blob.blob_id)
+            for blob_id in index.blobs_removed():
+                self.blobs.delete(blob_id)
             self._delete_previous(index, self._where(store))
 
     def _delete_previous(self, index: SnapshotIndex, where: str) -> None:
@@ -189,20 +187,35 @@ class BlobStoreBackupManager(TaskBackupManager):
             older = load_index(self.blobs, prev, where)
             before = older.prev_snapshot_index_blob_id
             if before and self.blobs.exists(before):  # ``older`` was never cleaned up
-                for f in older.dir_index.all_removed():
-                    for blob in f.blobs:
-                        self.blobs.delete(blob.blob_id)
+                for blob_id in older.blobs_removed():
+                    self.blobs.delete(blob_id)
             self.blobs.delete(prev)
             prev = before
 
 
 def delete_snapshot(blobs: BlobStoreManager, index_id: str, where: str) -> None:
     """Delete a snapshot index and every blob it uses (a store no longer backed up here)."""
-    index = load_index(blobs, index_id, where)
-    for _, f in index.dir_index.all_files():
-        for blob in f.blobs:
-            blobs.delete(blob.blob_id)
+    for blob_id in load_index(blobs, index_id, where).blobs_used():
+        blobs.delete(blob_id)
     blobs.delete(index_id)
+
+
+def fetch_file(blobs: BlobStoreManager, f: FileIndex, dest: Path, where: str) -> None:
+    """Download the file ``f`` of a snapshot to ``dest`` and verify its size and checksum:
+    :class:`RestoreError` naming ``where`` if it is corrupt, :class:`BlobNotFound` if its blob
+    is gone. A Samza index lists an empty file without blobs."""
+    if not f.blobs and f.metadata.size == 0:
+        dest.touch()
+        return
+    if len(f.blobs) != 1 or f.blobs[0].offset != 0:
+        raise RestoreError(f"{where}: file {f.file_name}: multi-blob files are not supported")
+    blobs.get_file(f.blobs[0].blob_id, dest)
+    size = dest.stat().st_size
+    if size != f.metadata.size or crc32_of(dest) != f.checksum:
+        raise RestoreError(
+            f"{where}: file {f.file_name} from blob {f.blobs[0].blob_id} is corrupt "
+            f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
+        )
 
 
 class BlobStoreRestoreManager(TaskRestoreManager):
@@ -295,19 +308,7 @@ class BlobStoreRestoreManager(TaskRestoreManager):
         return RestoreStats(store, NAME, len(downloads), size, time.monotonic() - started)
 
     def _download(self, where: str, dest: Path, f: FileIndex) -> None:
-        if not f.blobs and f.metadata.size == 0:  # Samza lists empty files without blobs
-            dest.touch()
-            os.chmod(dest, f.metadata.mode)
-            return
-        if len(f.blobs) != 1 or f.blobs[0].offset != 0:
-            raise RestoreError(f"{where}: file {f.file_name}: multi-blob files are not supported")
-        self.blobs.get_file(f.blobs[0].blob_id, dest)
-        size = dest.stat().st_size
-        if size != f.metadata.size or crc32_of(dest) != f.checksum:
-            raise RestoreError(
-                f"{where}: file {f.file_name} from blob {f.blobs[0].blob_id} is corrupt "
-                f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
-            )
+        fetch_file(self.blobs, f, dest, where)
         os.chmod(dest, f.metadata.mode)
         mtime_ns = f.metadata.last_modified_time_millis * 1_000_000
         os.utime(dest, ns=(mtime_ns, mtime_ns))  # the next diff knows the file by it
@@ -345,8 +346,7 @@ class BlobStoreAdmin(StateBackendAdmin):
             for store, index_id in checkpoint.state_checkpoint_markers.get(NAME, {}).items():
                 where = f"task {task.name} store {store}"
                 try:
-                    index = load_index(blobs, index_id, where)
-                    used = [b.blob_id for _, f in index.dir_index.all_files() for b in f.blobs]
+                    used = load_index(blobs, index_id, where).blobs_used()
                     for blob_id in [index_id, *used]:
                         blobs.remove_ttl(blob_id)
                 except (BlobNotFound, RestoreError) as exc:

@@ -280,12 +280,18 @@ class SnapshotIndex:
         index.validate(where)
         return index
 
+    def blobs_used(self) -> list[str]:
+        """Blob ids of every file present: what this snapshot needs."""
+        return [b.blob_id for _, f in self.dir_index.all_files() for b in f.blobs]
+
+    def blobs_removed(self) -> list[str]:
+        """Blob ids of the files removed since the previous snapshot: what its clean-up deletes."""
+        return [b.blob_id for f in self.dir_index.all_removed() for b in f.blobs]
+
     def validate(self, where: str = "snapshot index") -> None:
         """Reject an index whose clean-up would delete a blob it still uses: no blob may be
         both in a file present and in a file removed."""
-        present = {b.blob_id for _, f in self.dir_index.all_files() for b in f.blobs}
-        removed = {b.blob_id for f in self.dir_index.all_removed() for b in f.blobs}
-        shared = sorted(present & removed)
+        shared = sorted(set(self.blobs_used()) & set(self.blobs_removed()))
         if shared:
             raise InvalidSnapshotIndex(
                 f"{where}: blob(s) {', '.join(shared[:3])} are listed both as present and as "
