@@ -4,11 +4,11 @@ How this lives across Spark micro-batches. A commit starts at the end of a batch
 executor (docs/architecture.md, "The commit"): stores are flushed, each persistent store makes a
 local checkpoint directory named by a new checkpoint id (RocksDB hard links), every backup
 manager takes its snapshot, and the input offsets are taken: all while processing waits, in
-milliseconds. The
-upload then runs on this Python worker's commit pool (``min(tasks, 64)`` threads) while the
-Spark task returns and later batches run. Its progress is a *commit record* on the executor's
-local disk, ``<task dir>/commits/<checkpoint id>``: ``uploading`` (with the worker's host and
-pid and the start time), then ``done`` (with the final markers) or ``failed`` (with the error).
+milliseconds. The upload then runs on this Python worker's commit pool (``min(tasks, 64)``
+threads) while the Spark task returns and later batches run. Its progress is a *commit record*
+on the executor's local disk, ``<task dir>/commits/<checkpoint id>``: ``uploading`` (with the
+worker's host and pid and the start time), then ``done`` (with the final markers) or
+``failed`` (with the error).
 Because records are on disk, the next batch of the task sees them in whatever worker it runs.
 
 * The driver writes a checkpoint only when a batch reports its record ``done``, so a checkpoint
@@ -340,9 +340,6 @@ class TaskCommitManager:
         (self.dir / record.checkpoint_id).unlink(missing_ok=True)
         raise CommitError(f"task {self.task}: commit {record.checkpoint_id} failed: {reason}")
 
-    def _raise_failures(self) -> None:
-        self._check()
-
     # -- the sequence
     def commit(
         self,
@@ -386,7 +383,7 @@ class TaskCommitManager:
                 manager.init(CheckpointV2.from_json(pending.checkpoint))
         # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
         try:
-            record = self._snapshot(offsets, base)
+            record, snapshot = self._snapshot(offsets, base)
         except OSError as exc:
             raise CommitError(
                 f"task {self.task}: commit failed writing local state under {self.local.dir}: "
@@ -394,7 +391,6 @@ class TaskCommitManager:
                 f"restores its last checkpoint, nothing is lost)"
             ) from exc
         cid = CheckpointId.parse(record.checkpoint_id)
-        snapshot = CheckpointV2.from_json(record.checkpoint).state_checkpoint_markers
         outcome.started = str(cid)
         # 4-5: upload, then the checkpoint into each local checkpoint directory
         _active.add((self.task.name, str(cid)))
@@ -406,13 +402,14 @@ class TaskCommitManager:
             if wait:
                 outcome.waited_seconds += self._wait_for(str(cid))
         if wait:
-            self._raise_failures()
+            self._check()
         return outcome
 
     def _snapshot(
         self, offsets: Mapping[SystemStreamPartition, str], base: str | None
-    ) -> CommitRecord:
-        """Steps 1-3 and the commit record: flush, new id, local checkpoints, backend snapshots."""
+    ) -> tuple[CommitRecord, dict[str, dict[str, str]]]:
+        """Steps 1-3 and the commit record: flush, new id, local checkpoints, backend snapshots;
+        the record and each backend's markers so far."""
         for engine in self.engines.values():
             engine.flush()
         cid = CheckpointId.create()
@@ -434,7 +431,7 @@ class TaskCommitManager:
             base=base,
         )
         self._write(record)
-        return record
+        return record, snapshot
 
     def _finish(self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]) -> None:
         try:
@@ -515,7 +512,7 @@ class TaskCommitManager:
         for record in self.records():
             if record.state == UPLOADING:
                 self._wait_for(record.checkpoint_id)
-        self._raise_failures()
+        self._check()
 
     # -- 7. clean-up after the driver wrote a checkpoint
     def clean_up(self, committed: Checkpoint | None) -> None:
