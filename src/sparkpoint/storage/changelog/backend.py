@@ -38,7 +38,13 @@ from sparkpoint.storage.backend import (
 from sparkpoint.storage.changelog.logged import LoggedEngine
 from sparkpoint.storage.changelog.marker import ChangelogMarker
 from sparkpoint.storage.kv.base import KeyValueEngine
-from sparkpoint.system.base import Record, StreamSpec, SystemAdmin, SystemProducer
+from sparkpoint.system.base import (
+    PartitionMetadata,
+    Record,
+    StreamSpec,
+    SystemAdmin,
+    SystemProducer,
+)
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -138,32 +144,46 @@ class ChangelogRestoreManager(TaskRestoreManager):
             ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
             admin = self.ctx.systems.admin(ssp.system)
             meta = admin.get_metadata([ssp])[ssp]
-            marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
-            if marker is None or marker.offset is None:
-                start = meta.oldest  # nothing of this store is committed in the changelog
-            else:
-                start = admin.offset_after(ssp, marker.offset)
-            if not self._in_range(admin, start, meta.oldest, meta.upcoming):
+            start = self._uncommitted_from(store, ssp, admin, meta)
+            if start is None:
                 log.warning(
                     "task %s store %s: changelog %s (offsets %s..%s) does not hold the "
-                    "checkpointed offset %s; not trimming it",
+                    "checkpointed offset; not trimming it",
                     self.ctx.task.name,
                     store,
                     ssp,
                     meta.oldest,
-                    meta.upcoming,
-                    None if marker is None else marker.offset,
+                    meta.newest,
                 )
-                continue
-            if admin.offset_comparator(start, meta.upcoming) < 0:
+            elif admin.offset_comparator(start, meta.upcoming) < 0:
                 self._trim_logged(store, ssp, self.ctx.engine(store), start, meta.upcoming)
 
-    @staticmethod
-    def _in_range(admin: SystemAdmin, offset: str, oldest: str, upcoming: str) -> bool:
-        return (
-            admin.offset_comparator(oldest, offset) <= 0
-            and admin.offset_comparator(offset, upcoming) <= 0
+    def _uncommitted_from(
+        self,
+        store: str,
+        ssp: SystemStreamPartition,
+        admin: SystemAdmin,
+        meta: PartitionMetadata,
+    ) -> str | None:
+        """The first changelog offset written after the checkpoint (the oldest when nothing of
+        the store is committed in the changelog); None when the checkpointed offset is outside
+        what the changelog holds (Samza's rule: truncated or recreated; nothing can be trimmed).
+        A marker naming another changelog than the configured one is a :class:`RestoreError`."""
+        marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
+        if marker is None or marker.offset is None:
+            return meta.oldest
+        if marker.ssp != ssp:
+            raise RestoreError(
+                f"task {self.ctx.task.name} store {store}: the checkpoint's changelog marker "
+                f"names {marker.ssp} but the store's changelog is {ssp} "
+                f"(stores.{store}.changelog changed?). Restore the old stores.{store}.changelog, "
+                f"or remove the store's state deliberately with a new checkpoint"
+            )
+        inside = meta.newest is not None and (
+            admin.offset_comparator(meta.oldest, marker.offset) <= 0
+            and admin.offset_comparator(marker.offset, meta.newest) <= 0
         )
+        return admin.offset_after(ssp, marker.offset) if inside else None
 
     def _replay_range(
         self, store: str, ssp: SystemStreamPartition, admin: SystemAdmin
@@ -175,42 +195,34 @@ class ChangelogRestoreManager(TaskRestoreManager):
         if not self.transactional:
             return meta.oldest, meta.upcoming, False
         marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
-        if marker is None or marker.offset is None:
-            if self.ctx.config.get_bool("task.transactional.state.retain.existing.state", False):
-                log.warning(
-                    "task %s store %s: no checkpointed changelog offset and "
-                    "task.transactional.state.retain.existing.state=true: restoring the whole "
-                    "changelog %s (no transactional guarantee for this restore)",
-                    task,
-                    store,
-                    ssp,
-                )
-                return meta.oldest, meta.upcoming, False
-            # nothing committed: nothing to restore, everything to trim
-            return meta.oldest, meta.oldest, True
-        if marker.ssp != ssp:
-            raise RestoreError(
-                f"task {task} store {store}: the checkpoint's changelog marker names {marker.ssp} "
-                f"but the store's changelog is {ssp} (stores.{store}.changelog changed?). "
-                f"Restore the old stores.{store}.changelog, or remove the store's state "
-                f"deliberately with a new checkpoint"
-            )
-        end = admin.offset_after(ssp, marker.offset)
-        if meta.newest is None or not self._in_range(
-            admin, marker.offset, meta.oldest, meta.newest
+        unmarked = marker is None or marker.offset is None
+        if unmarked and self.ctx.config.get_bool(
+            "task.transactional.state.retain.existing.state", False
         ):
+            log.warning(
+                "task %s store %s: no checkpointed changelog offset and "
+                "task.transactional.state.retain.existing.state=true: restoring the whole "
+                "changelog %s (no transactional guarantee for this restore)",
+                task,
+                store,
+                ssp,
+            )
+            return meta.oldest, meta.upcoming, False
+        end = self._uncommitted_from(store, ssp, admin, meta)
+        if end is None:
             log.error(
                 "task %s store %s: checkpointed changelog offset %s is outside what changelog "
                 "%s holds (offsets %s..%s): it was truncated (retention) or recreated. Restoring "
                 "everything it holds, with no transactional guarantee, and trimming nothing",
                 task,
                 store,
-                marker.offset,
+                None if marker is None else marker.offset,
                 ssp,
                 meta.oldest,
                 meta.newest,
             )
             return meta.oldest, meta.upcoming, False
+        # with nothing committed, end is the oldest offset: nothing to replay, all to trim
         return meta.oldest, end, True
 
     def _restore_store(self, store: str) -> RestoreStats:
