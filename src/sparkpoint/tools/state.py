@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.manager import CheckpointManager
@@ -26,6 +26,9 @@ from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import restore_for_reading
 from sparkpoint.system.registry import Systems
+
+if TYPE_CHECKING:
+    from sparkpoint.storage.blobstore.manager import BlobStoreManager
 
 
 def committed_entries(
@@ -45,22 +48,28 @@ def committed_entries(
     msg_serde = load_serde(config.get_str(f"stores.{store}.msg.serde") or "", config)
     systems = Systems(config)
     try:
-        checkpoints = CheckpointManager(config, systems).read_all()
-        partitions = stored_changelog_partitions(
-            CoordinatorStreamStore(config, systems, source="state-tool")
-        )
-        names = sorted(checkpoints, key=lambda t: (len(t.name), t.name))
+        tasks = _task_checkpoints(config, systems)
         if task is not None:
-            if TaskName(task) not in checkpoints:
-                known = ", ".join(t.name for t in names) or "none"
+            known = ", ".join(m.name.name for m, _ in tasks) or "none"
+            tasks = [(m, c) for m, c in tasks if m.name == TaskName(task)]
+            if not tasks:
                 raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
-            names = [TaskName(task)]
-        for name in names:
-            model = TaskModel(name, frozenset(), partitions.get(name.name, 0))
-            for key, value in _committed(config, systems, model, store, checkpoints[name]):
-                yield name.name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
+        for model, checkpoint in tasks:
+            for key, value in _committed(config, systems, model, store, checkpoint):
+                yield model.name.name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
     finally:
         systems.close()
+
+
+def _task_checkpoints(config: Config, systems: Systems) -> list[tuple[TaskModel, Checkpoint]]:
+    """Each task with a checkpoint (with the changelog partition the job last ran it with) and
+    that checkpoint, in task order."""
+    checkpoints = CheckpointManager(config, systems).read_all()
+    partitions = stored_changelog_partitions(
+        CoordinatorStreamStore(config, systems, source="state-tool")
+    )
+    names = sorted(checkpoints, key=lambda t: (len(t.name), t.name))
+    return [(TaskModel(n, frozenset(), partitions.get(n.name, 0)), checkpoints[n]) for n in names]
 
 
 def _committed(
@@ -95,20 +104,16 @@ def state_locations(config: Config) -> list[dict[str, Any]]:
     machine, the changelog range, the blob-store snapshot (files and bytes). Reads metadata
     only; ``state dump`` reads the contents from the first of these that exists."""
     from sparkpoint.storage.blobstore.backend import NAME as BLOBS
-    from sparkpoint.storage.blobstore.backend import blob_manager, load_index
+    from sparkpoint.storage.blobstore.backend import blob_manager
     from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
     from sparkpoint.storage.changelog.marker import ChangelogMarker
 
     systems = Systems(config)
     rows: list[dict[str, Any]] = []
+    blobs: BlobStoreManager | None = None
     try:
-        checkpoints = CheckpointManager(config, systems).read_all()
-        partitions = stored_changelog_partitions(
-            CoordinatorStreamStore(config, systems, source="state-tool")
-        )
-        for name in sorted(checkpoints, key=lambda t: (len(t.name), t.name)):
-            checkpoint = checkpoints[name]
-            model = TaskModel(name, frozenset(), partitions.get(name.name, 0))
+        for model, checkpoint in _task_checkpoints(config, systems):
+            name = model.name
             markers = checkpoint_markers(config, checkpoint, model)
             cid = str(checkpoint.checkpoint_id)
             local = LocalTaskState(config.store_base_dir, name)
@@ -125,41 +130,47 @@ def state_locations(config: Config) -> list[dict[str, Any]]:
                     row["changelog"] = {"ssp": str(marker.ssp), "offset": marker.offset}
                 index_id = markers.get(BLOBS, {}).get(store)
                 if index_id is not None:
-                    blobs = blob_manager(config)
-                    index = load_index(blobs, index_id, f"task {name} store {store}")
-                    files = list(index.dir_index.all_files())
-                    row["blobstore"] = {
-                        "snapshot-index": index_id,
-                        "files": len(files),
-                        "bytes": sum(f.metadata.size for _, f in files),
-                        "url": blobs.url,
-                    }
+                    blobs = blobs or blob_manager(config)
+                    where = f"task {name} store {store}"
+                    row["blobstore"] = _snapshot_summary(blobs, index_id, where)
                 rows.append(row)
     finally:
         systems.close()
     return rows
 
 
+def _snapshot_summary(blobs: BlobStoreManager, index_id: str, where: str) -> dict[str, Any]:
+    """A blob-store snapshot's index id, file count, bytes and blob store URL."""
+    from sparkpoint.storage.blobstore.backend import load_index
+
+    files = [f for _, f in load_index(blobs, index_id, where).dir_index.all_files()]
+    return {
+        "snapshot-index": index_id,
+        "files": len(files),
+        "bytes": sum(f.metadata.size for f in files),
+        "url": blobs.url,
+    }
+
+
 def blob_snapshots(config: Config) -> list[dict[str, Any]]:
     """Each task's and store's current blob store snapshot: checkpoint, files, bytes, URL."""
     from sparkpoint.checkpoint.manager import CheckpointManager
-    from sparkpoint.storage.blobstore.backend import NAME, blob_manager, load_index
+    from sparkpoint.storage.blobstore.backend import NAME, blob_manager
 
     blobs = blob_manager(config)
     rows = []
     for task, checkpoint in sorted(CheckpointManager(config).read_version(2).items()):
         for store, index_id in sorted(checkpoint.state_checkpoint_markers.get(NAME, {}).items()):
-            index = load_index(blobs, index_id, f"task {task} store {store}")
-            files = list(index.dir_index.all_files())
+            summary = _snapshot_summary(blobs, index_id, f"task {task} store {store}")
             rows.append(
                 {
                     "task": task.name,
                     "store": store,
                     "checkpoint-id": str(checkpoint.checkpoint_id),
                     "snapshot-index": index_id,
-                    "files": len(files),
-                    "bytes": sum(f.metadata.size for _, f in files),
-                    "blob-store": blobs.url,
+                    "files": summary["files"],
+                    "bytes": summary["bytes"],
+                    "blob-store": summary["url"],
                 }
             )
     return rows
