@@ -105,15 +105,18 @@ class LocalTaskState:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.dir / name, json.dumps(data).encode())
 
+    def clear_store(self, store: str) -> None:
+        """Remove the live store and any half-built restore of it (its local checkpoints stay)."""
+        for stale in (self.store_dir(store), self.staging_dir(store)):
+            if stale.exists():
+                shutil.rmtree(stale)
+
     def restore_from_checkpoint(self, store: str, checkpoint_id: str | None) -> bool:
         """Replace the live store with its local checkpoint; ``False`` (and empty) if none.
 
         Writes only inside this task's directory.
         """
-        live = self.store_dir(store)
-        for stale in (live, self.staging_dir(store)):
-            if stale.exists():
-                shutil.rmtree(stale)
+        self.clear_store(store)
         if checkpoint_id is None:
             return False
         if not self.has_checkpoint(store, checkpoint_id):
@@ -122,7 +125,7 @@ class LocalTaskState:
         staging = self.staging_dir(store)
         shutil.copytree(source, staging, copy_function=_link_or_copy)
         (staging / CHECKPOINT_FILE).unlink()
-        os.replace(staging, live)
+        os.replace(staging, self.store_dir(store))
         return True
 
     def has_checkpoint(self, store: str, checkpoint_id: str) -> bool:

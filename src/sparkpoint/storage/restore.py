@@ -179,7 +179,7 @@ class TaskRestore:
             ):
                 self._opened(store, LOCAL, RestoreStats(store, LOCAL, seconds=0.0), start)
                 continue
-            self.local.restore_from_checkpoint(store, None)  # empty the live directory
+            self.local.clear_store(store)
             candidates = restore_candidates(self.config, store, self.task, self.checkpoint)
             if candidates:
                 pending.append(_Pending(store, candidates, []))
@@ -290,7 +290,7 @@ class TaskRestore:
                 engine.close()
             self.engines.pop(p.store, None)
             self.stats = [s for s in self.stats if s.store != p.store]
-            self.local.restore_from_checkpoint(p.store, None)  # empty it again
+            self.local.clear_store(p.store)  # empty it again
             p.failures.append(f"{backend}: {reason}")
             p.candidates.pop(0)
             if not p.candidates:
