@@ -34,6 +34,15 @@ def make(tmp_path: Path, **overrides: str) -> Config:
     return config
 
 
+def make_failing(
+    tmp_path: Path, flag_key: str = "testing.copy.fail.flag", **overrides: str
+) -> Config:
+    """A job whose copy backend fails its next upload (``flag_key`` names the flag file)."""
+    flag = tmp_path / "fail"
+    flag.write_text("")
+    return make(tmp_path, **{flag_key: str(flag), **overrides})
+
+
 def batches(config: Config) -> tuple[JobCoordinator, dict]:  # type: ignore[type-arg]
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
@@ -88,9 +97,7 @@ def test_blocked_commit_fails_after_the_timeout(tmp_path: Path) -> None:
 
 
 def test_upload_error_surfaces_at_the_next_commit(tmp_path: Path) -> None:
-    flag = tmp_path / "fail"
-    flag.write_text("")
-    config = make(tmp_path, **{"testing.copy.fail.flag": str(flag)})
+    config = make_failing(tmp_path)
     coordinator, end = batches(config)
     _, first = coordinator.run_batch(end, commit=True)
     cid = first[0].commit_started
@@ -124,15 +131,7 @@ def test_skip_commit_during_failures_logs_and_commits_next_time(
 ) -> None:
     """Samza's task.commit.skip.commit.during.failures.enabled: a failed upload is logged and
     skipped; the next commit is written, and the state matches its offsets."""
-    flag = tmp_path / "fail"
-    flag.write_text("")
-    config = make(
-        tmp_path,
-        **{
-            "testing.copy.fail.flag": str(flag),
-            "task.commit.skip.commit.during.failures.enabled": "true",
-        },
-    )
+    config = make_failing(tmp_path, **{"task.commit.skip.commit.during.failures.enabled": "true"})
     coordinator, end = batches(config)
     coordinator.run_batch(end, commit=True)  # its upload fails on the commit pool
     coordinator.run_batch(end, commit=True, wait=True)
@@ -143,12 +142,9 @@ def test_skip_commit_during_failures_logs_and_commits_next_time(
 
 
 def test_skip_commit_during_failures_fails_past_its_limit(tmp_path: Path) -> None:
-    flag = tmp_path / "fail"
-    flag.write_text("")
-    config = make(
+    config = make_failing(
         tmp_path,
         **{
-            "testing.copy.fail.flag": str(flag),
             "task.commit.skip.commit.during.failures.enabled": "true",
             "task.commit.skip.commit.exception.max.limit": "0",
         },

@@ -31,8 +31,7 @@ from tests.runtime.helpers import (
     generate,
     live_counts,
 )
-from tests.runtime.test_async_commit import batches
-from tests.runtime.test_async_commit import make as make_copy_job
+from tests.runtime.test_async_commit import batches, make_failing
 from tests.runtime.test_state_backends import make, run, uncommitted_tail
 
 CHANGELOG_SSP = SystemStreamPartition("filelog", "user-counts-changelog", 0)
@@ -155,15 +154,10 @@ def test_an_upload_that_raises_at_once_fails_fast_and_the_retry_commits(
 ) -> None:
     """TestTaskStorageCommitManager (upload throws synchronously): the first commit fails naming
     the cause, and the retried commit does not wait for an upload that never started."""
-    flag = tmp_path / "fail-sync"
-    flag.write_text("")
-    config = make_copy_job(
+    config = make_failing(
         tmp_path,
-        **{
-            "testing.copy.fail.sync.flag": str(flag),
-            "task.commit.max.delay.ms": "0",
-            "task.commit.timeout.ms": "3000",
-        },
+        "testing.copy.fail.sync.flag",
+        **{"task.commit.max.delay.ms": "0", "task.commit.timeout.ms": "3000"},
     )
     coordinator, end = batches(config)
     with pytest.raises(CommitError, match="OSError: injected synchronous upload failure"):
