@@ -157,13 +157,13 @@ class BlobStoreBackupManager(TaskBackupManager):
             if store not in self.ctx.stores:
                 continue  # no longer backed up here: the admin deletes it at job start
             index = load_index(self.blobs, index_id, self._where(store))
-            self.blobs.remove_ttl(index_id)
             missing = []
             for blob_id in index.blobs_used():
                 try:
                     self.blobs.remove_ttl(blob_id)
                 except BlobNotFound:
                     missing.append(blob_id)
+            self.blobs.remove_ttl(index_id)  # last: an index without a TTL is fully adopted
             if missing:  # nothing left to protect; restore from this snapshot will fail
                 log.warning(
                     "%s: snapshot %s of checkpoint %s misses %d blob(s) (%s); a restore from it "
@@ -340,11 +340,14 @@ class BlobStoreAdmin(StateBackendAdmin):
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
         """Sweep expired uploads (a crash mid-upload), after adopting everything the tasks'
         last checkpoints use: a checkpoint whose clean-up never ran (the driver died right
-        after writing it) still has TTLs on its new blobs, which must not be swept."""
+        after writing it) still has TTLs on its new blobs, which must not be swept. A snapshot
+        whose index has no TTL left was adopted whole by its clean-up and is not read again."""
         blobs = blob_manager(self.config)
         for task, checkpoint in sorted(checkpoints.items()):
             for store, index_id in checkpoint.state_checkpoint_markers.get(NAME, {}).items():
                 where = f"task {task.name} store {store}"
+                if blobs.exists(index_id) and not blobs.has_ttl(index_id):
+                    continue  # its clean-up adopted it (the index is adopted last)
                 try:
                     used = load_index(blobs, index_id, where).blobs_used()
                     for blob_id in [index_id, *used]:
