@@ -196,23 +196,21 @@ def test_a_finished_commit_that_can_never_be_written_does_not_block_later_ones(
 
     from sparkpoint.checkpoint.id import CheckpointId
     from sparkpoint.model import TaskName
-    from sparkpoint.storage.commit import DONE, CommitRecord, TaskCommitManager
+    from sparkpoint.storage.commit import (
+        DONE,
+        CommitRecord,
+        CommitScope,
+        CommitSettings,
+        TaskCommitManager,
+    )
     from sparkpoint.storage.local import LocalTaskState
 
     task = TaskName("Partition 3")
     written = str(CheckpointId.create())  # written by the driver from executor B
     stale = str(CheckpointId.create())  # A's commit, newer, but built on no checkpoint
     manager = TaskCommitManager(
-        task,
-        "run",
-        LocalTaskState(tmp_path, task),
-        {},
-        {},
-        {},
-        config={},
-        max_delay_ms=60_000,
-        timeout_ms=1000,
-        pool_size=1,
+        CommitScope(task, "run", LocalTaskState(tmp_path, task), {}, {}, {}),
+        CommitSettings(timeout_ms=1000),
         committed=written,
     )
     manager._write(

@@ -21,7 +21,13 @@ from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.storage.blobstore.manager import manager_from_config
 from sparkpoint.storage.changelog.marker import ChangelogMarker
-from sparkpoint.storage.commit import CommitRecord, TaskCommitManager, _active
+from sparkpoint.storage.commit import (
+    CommitRecord,
+    CommitScope,
+    CommitSettings,
+    TaskCommitManager,
+    _active,
+)
 from sparkpoint.system.registry import Systems
 from tests.runtime.helpers import (
     assert_committed_state_matches_its_offsets,
@@ -191,7 +197,9 @@ def test_an_upload_failing_during_the_check_is_reported_by_this_commit(tmp_path:
     task = TaskName("Partition 0")
     local = LocalTaskState(tmp_path, task)
     manager = _FailsRightAfterTheCheck(
-        task, "run", local, {}, {}, {}, config={}, max_delay_ms=0, timeout_ms=1000, pool_size=1
+        CommitScope(task, "run", local, {}, {}, {}),
+        CommitSettings(max_delay_ms=0, timeout_ms=1000),
+        committed=None,
     )
     cid = str(CheckpointId.create())
     import os

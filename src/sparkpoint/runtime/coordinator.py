@@ -36,12 +36,7 @@ from sparkpoint.model import (
     TaskName,
 )
 from sparkpoint.runtime.batchlog import BatchLog
-from sparkpoint.runtime.plan import (
-    EMPTY_STATE,
-    TaskBatchPlan,
-    TaskBatchResult,
-    checkpoint_state_id,
-)
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
     RestoreStats,
@@ -51,6 +46,7 @@ from sparkpoint.storage.backend import (
     store_backends,
     v1_changelog_offsets,
 )
+from sparkpoint.storage.task_storage import EMPTY_STATE, checkpoint_state_id
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model

@@ -1,19 +1,17 @@
 """The executor side of a task: one micro-batch of one task, run inside a Spark Python worker.
 
-:func:`run_task_batch` is what each Spark partition runs. Its steps:
+:func:`run_task_batch` is what each Spark partition runs. The task's state is a
+:class:`~sparkpoint.storage.task_storage.TaskStorage`; this module drives the batch around it:
 
-1. Establish state. If the local marker equals the state id the driver expects, keep the live
-   stores and read on from where the last batch stopped. Otherwise restore every store to the
-   last committed checkpoint (:mod:`sparkpoint.runtime.restore`: local checkpoint, else a state
-   backend) and read from the checkpoint's offsets. State and offsets therefore always match.
-2. Clear the marker, wrap the stores for their backup backends, ``init`` the user's task.
+1. Establish state (``TaskStorage.open``): keep the live stores and read on from where the last
+   batch stopped, or restore the last checkpoint and read from its offsets. State and offsets
+   therefore always match.
+2. Wrap the stores for their backup backends (``TaskStorage.stores``), ``init`` the user's task.
 3. Read each input SSP's planned range and call ``process`` per message; ``window`` if due.
 4. Flush output producers (at-least-once: output is durable before any commit names it).
-5. Clean up after the committed checkpoint (older local checkpoints, backends' ``clean_up``),
-   then commit when due or asked for (:mod:`sparkpoint.storage.commit`: synchronous snapshot,
-   then the upload, asynchronous unless the plan says to wait), and report every commit whose
-   upload has finished, for the driver to write to the checkpoint stream.
-6. Close the stores and write the marker for the new state.
+5. ``TaskStorage.commit``: clean up after the committed checkpoint, commit when due or asked
+   for, and report every commit whose upload has finished, for the driver to write.
+6. ``TaskStorage.close``: close the stores and write the marker for the new state.
 
 Steps 1 and 5-6 are :meth:`TaskBatch.begin` and :meth:`TaskBatch.finish`, which the DataFrame
 API's phases (:mod:`sparkpoint.runtime.frame_task`) call as well.
@@ -27,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,27 +34,10 @@ from sparkpoint.errors import ConfigError, StoreError, TaskError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
-from sparkpoint.runtime.plan import (
-    EMPTY_STATE,
-    TaskBatchPlan,
-    TaskBatchResult,
-    checkpoint_state_id,
-    parse_checkpoint,
-)
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.serde import Serde, load_serde
-from sparkpoint.storage.backend import (
-    BackendContext,
-    RestoreStats,
-    TaskBackupManager,
-    backend_factory,
-    store_backends,
-)
-from sparkpoint.storage.commit import CommitOutcome, TaskCommitManager
-from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
-from sparkpoint.storage.kv.factory import engine_kind, open_engine
-from sparkpoint.storage.kv.store import SerializedKeyValueStore
-from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.storage.restore import TaskRestore
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.task_storage import TaskStorage
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
@@ -64,12 +45,10 @@ log = logging.getLogger(__name__)
 
 
 class _ProcessCache:
-    """What a Python worker keeps between batches: configs, systems, in-memory stores."""
+    """What a Python worker keeps between batches: each job's config and systems."""
 
     def __init__(self) -> None:
         self.configs: dict[int, tuple[Config, Systems]] = {}
-        # in-memory engines survive only inside this process, tagged with their state id
-        self.memory: dict[tuple[str, str], tuple[str, KeyValueEngine]] = {}
 
     def config(self, values: dict[str, str]) -> tuple[Config, Systems]:
         key = hash(frozenset(values.items()))
@@ -85,11 +64,6 @@ _CACHE = _ProcessCache()
 def worker_config(values: dict[str, str]) -> tuple[Config, Systems]:
     """The config and systems this Python worker keeps for a job's config values."""
     return _CACHE.config(values)
-
-
-def persistent_store(config: Config, store: str) -> bool:
-    """Whether ``store`` lives on disk (RocksDB) rather than in one process's memory."""
-    return engine_kind(store, config.require(f"stores.{store}.factory")) == "rocksdb"
 
 
 def load_task_class(path: str) -> type[StreamTask]:
@@ -165,116 +139,25 @@ class _Context:
 
 
 class TaskBatch:
-    """One task's run of one micro-batch on this executor."""
+    """One task's run of one micro-batch on this executor; its state is a
+    :class:`~sparkpoint.storage.task_storage.TaskStorage`."""
 
     def __init__(self, plan: TaskBatchPlan) -> None:
         self.plan = plan
         self.config, self.systems = _CACHE.config(plan.config)
         self.task = plan.task.name
-        self.local = LocalTaskState(self.config.store_base_dir, self.task)
-        self.engines: dict[str, KeyValueEngine] = {}
-        self.restored: list[RestoreStats] = []
-        self.last_checkpoint = (
-            parse_checkpoint(plan.last_checkpoint) if plan.last_checkpoint else None
+        self.storage = TaskStorage(
+            self.config,
+            self.systems,
+            plan.task,
+            run_id=plan.run_id,
+            pool_size=plan.task_count,
+            last_checkpoint=parse_checkpoint(plan.last_checkpoint)
+            if plan.last_checkpoint
+            else None,
         )
-        self.backup_names = {
-            s: store_backends(self.config, s, "backup") for s in self.config.stores
-        }
+        self.local = self.storage.local
         self.last_processed: dict[SystemStreamPartition, str] = {}
-
-    # -- 1. state
-
-    def opener(self, store: str) -> Callable[[], KeyValueEngine]:
-        factory = self.config.require(f"stores.{store}.factory")
-        return lambda: open_engine(store, factory, self.local.store_dir(store))
-
-    def _memory_stores_match(self, marker: str) -> bool:
-        for store in self.config.stores:
-            if not persistent_store(self.config, store):
-                cached = _CACHE.memory.get((self.task.name, store))
-                if cached is None or cached[0] != marker:
-                    return False
-        return True
-
-    def _establish_state(self) -> dict[SystemStreamPartition, str]:
-        plan = self.plan
-        marker = self.local.read_marker()
-        if marker == plan.expected_state_id and self._memory_stores_match(marker):
-            for store in self.config.stores:
-                cached = _CACHE.memory.get((self.task.name, store))
-                self.engines[store] = cached[1] if cached else self.opener(store)()
-            self.last_processed = dict(plan.last_processed)
-            return dict(plan.resume)
-        if marker is not None or plan.expected_state_id != EMPTY_STATE:
-            log.info(
-                "task %s: local state %s, expected %s: restoring checkpoint %s",
-                self.task,
-                marker,
-                plan.expected_state_id,
-                plan.last_checkpoint_id,
-            )
-        self.local.clear_marker()
-        for store in self.config.stores:
-            _CACHE.memory.pop((self.task.name, store), None)
-        openers = {s: self.opener(s) for s in self.config.stores}
-        self.engines, self.restored = TaskRestore(
-            self.config, self.systems, plan.task, self.local, self.last_checkpoint, openers
-        ).run()
-        self.last_processed = dict(plan.checkpoint_last_processed)
-        return dict(plan.from_checkpoint)
-
-    def backup_managers(self, *, init: bool = True) -> dict[str, TaskBackupManager]:
-        """Backup managers of the open stores; ``init`` reads the last checkpoint's markers
-        (needed to commit, not to log writes)."""
-        names = sorted({n for s, ns in self.backup_names.items() if s in self.engines for n in ns})
-        managers: dict[str, TaskBackupManager] = {}
-        for name in names:
-            stores = [s for s, ns in self.backup_names.items() if name in ns and s in self.engines]
-            context = BackendContext(
-                self.config,
-                self.plan.task,
-                stores,
-                self.systems,
-                self.local,
-                {s: self.engines[s] for s in stores},
-            )
-            managers[name] = backend_factory(name).backup_manager(context)
-            if init:
-                managers[name].init(self.last_checkpoint)
-        return managers
-
-    def wrapped_stores(
-        self, backups: Mapping[str, TaskBackupManager]
-    ) -> dict[str, KeyValueStore[Any, Any]]:
-        stores: dict[str, KeyValueStore[Any, Any]] = {}
-        for name, engine in self.engines.items():
-            for backend in self.backup_names[name]:
-                engine = backups[backend].wrap_engine(name, engine)
-            stores[name] = SerializedKeyValueStore(
-                name,
-                engine,
-                self._serde(f"stores.{name}.key.serde"),
-                self._serde(f"stores.{name}.msg.serde"),
-            )
-        return stores
-
-    def _serde(self, key: str) -> Serde[Any]:
-        return load_serde(self.config.get_str(key) or "", self.config, key=key)
-
-    def _committer(self, backups: Mapping[str, TaskBackupManager]) -> TaskCommitManager:
-        return TaskCommitManager(
-            self.task,
-            self.plan.run_id,
-            self.local,
-            self.engines,
-            backups,
-            self.backup_names,
-            config=self.config,
-            max_delay_ms=self.config.get_int("task.commit.max.delay.ms"),
-            timeout_ms=self.config.get_int("task.commit.timeout.ms"),
-            pool_size=self.plan.task_count,
-            committed=self.plan.last_checkpoint_id,
-        )
 
     # -- 3. input
     def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
@@ -286,10 +169,13 @@ class TaskBatch:
         )
 
     def begin(self) -> dict[SystemStreamPartition, str]:
-        """Step 1: establish state (keep or restore); the next offset to read per SSP."""
-        next_offsets = self._establish_state()
-        self.local.clear_marker()
-        return next_offsets
+        """Step 1: establish state (keep the live stores or restore the last checkpoint); the
+        next offset to read per SSP, matching the state."""
+        if self.storage.open(self.plan.expected_state_id):
+            self.last_processed = dict(self.plan.last_processed)
+            return dict(self.plan.resume)
+        self.last_processed = dict(self.plan.checkpoint_last_processed)
+        return dict(self.plan.from_checkpoint)
 
     def run(self) -> TaskBatchResult:
         plan = self.plan
@@ -299,10 +185,8 @@ class TaskBatch:
         coordinator = BatchCoordinator()
         collector = OutputCollector(self.config, self.systems, self.task)
         processed = 0
-        backups: dict[str, TaskBackupManager] = {}
         try:
-            backups = self.backup_managers()
-            context.stores = self.wrapped_stores(backups)
+            context.stores = self.storage.stores()
             task = load_task_class(self.config.require("task.class"))()
             task.init(context)
             for ssp in plan.task.sorted_ssps():
@@ -312,7 +196,6 @@ class TaskBatch:
             task.close()
             collector.close()
             return self.finish(
-                backups,
                 next_offsets,
                 processed=processed,
                 sent=collector.sent,
@@ -321,11 +204,10 @@ class TaskBatch:
                 processed_at=time.monotonic(),
             )
         finally:
-            self.close(backups)
+            self.storage.close()
 
     def finish(
         self,
-        backups: Mapping[str, TaskBackupManager],
         next_offsets: dict[SystemStreamPartition, str],
         *,
         processed: int,
@@ -335,37 +217,23 @@ class TaskBatch:
         processed_at: float,
     ) -> TaskBatchResult:
         """Steps 5 and 6 once the batch's messages are handled and its output is durable:
-        clean up after the committed checkpoint, commit if due or asked for, close the stores
-        and write the marker of the new state."""
+        the storage's commit sequence (clean-up, commit if due or asked for), then close the
+        stores with the marker of the new state."""
         plan = self.plan
         try:
-            committer = self._committer(backups)
-            committer.clean_up(self.last_checkpoint)
-            outcome = CommitOutcome()
-            if plan.commit or coordinator.commit_requested:
-                wait = plan.wait_for_uploads or not self.config.get_bool(
-                    "task.commit.async.enabled", True
-                )
-                outcome = committer.commit(self.last_processed, wait=wait)
-            elif plan.wait_for_uploads:
-                committer.wait_all()
-            done = committer.completed(plan.last_checkpoint_id)
-            completed = [json.dumps(r.checkpoint, separators=(",", ":")) for r in done]
-            upload_metrics = [r.metrics for r in done]
-            bases = [r.base for r in done]
-            t_commit = time.monotonic()
-        finally:
-            self.close(backups)
-        finished_now = outcome.started is not None and any(
-            str(parse_checkpoint(c).checkpoint_id) == outcome.started for c in completed
-        )
-        state_id = (
-            checkpoint_state_id(outcome.started)
-            if finished_now and outcome.started
-            else plan.batch_state_id
-        )
-        self._keep_memory_engines(state_id)
-        self.local.write_marker(state_id)
+            report = self.storage.commit(
+                self.last_processed,
+                due=plan.commit or coordinator.commit_requested,
+                wait=plan.wait_for_uploads
+                or not self.config.get_bool("task.commit.async.enabled", True),
+            )
+        except BaseException:
+            self.storage.close()
+            raise
+        t_commit = time.monotonic()
+        state_id = report.state_id(uncommitted=plan.batch_state_id)
+        self.storage.close(state_id)
+        done = report.completed
         return TaskBatchResult(
             task=self.task.name,
             batch=plan.batch,
@@ -374,12 +242,12 @@ class TaskBatch:
             last_processed=self.last_processed,
             processed=processed,
             sent=sent,
-            completed_checkpoints=completed,
-            completed_bases=bases,
-            upload_metrics=upload_metrics,
-            commit_started=outcome.started,
-            commit_skipped=outcome.skipped,
-            restored=self.restored,
+            completed_checkpoints=[json.dumps(r.checkpoint, separators=(",", ":")) for r in done],
+            completed_bases=[r.base for r in done],
+            upload_metrics=[r.metrics for r in done],
+            commit_started=report.outcome.started,
+            commit_skipped=report.outcome.skipped,
+            restored=self.storage.restored,
             commit_requested=coordinator.commit_requested,
             shutdown_requested=coordinator.shutdown_requested,
             process_seconds=processed_at - started,
@@ -387,12 +255,6 @@ class TaskBatch:
             total_seconds=time.monotonic() - started,
             executor=f"{socket.gethostname()}:{os.getpid()}",
         )
-
-    def close(self, backups: Mapping[str, TaskBackupManager]) -> None:
-        """Close backup managers and persistent engines (idempotent)."""
-        for manager in backups.values():
-            manager.close()
-        self._close_persistent()
 
     def _process_ssp(
         self,
@@ -464,19 +326,6 @@ class TaskBatch:
             raise TaskError(
                 f"task {self.task}: cannot decode message at {ssp} offset {rec.offset}: {exc}"
             ) from exc
-
-    def _close_persistent(self) -> None:
-        for name, engine in list(self.engines.items()):
-            if engine.persistent:
-                engine.close()
-                del self.engines[name]
-
-    def _keep_memory_engines(self, state_id: str) -> None:
-        """In-memory stores live on in this worker, tagged with the state they hold."""
-        for name, engine in self.engines.items():
-            if not engine.persistent:
-                _CACHE.memory[(self.task.name, name)] = (state_id, engine)
-        self.engines.clear()
 
 
 def setup_worker_logging(config: Mapping[str, str]) -> None:

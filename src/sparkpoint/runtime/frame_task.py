@@ -45,10 +45,11 @@ import pyarrow.json as pa_json
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch, persistent_store
+from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.storage.backend import RestoreStats, TaskBackupManager
+from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.system.base import Record
 
 log = logging.getLogger(__name__)
@@ -93,14 +94,14 @@ def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
     try:
         start = batch.begin()
     finally:
-        batch.close({})
+        batch.storage.close()  # no marker yet: the batch's state changes until its finish
     batch.local.write_note(
         BATCH_NOTE,
         {
             "batch": key,
             "start": _texts(start),
             "last_processed": _texts(batch.last_processed),
-            "restored": [asdict(r) for r in batch.restored],
+            "restored": [asdict(r) for r in batch.storage.restored],
         },
     )
     return start
@@ -300,11 +301,9 @@ def run_step(
             "and it resumes from the last checkpoint with state and offsets that match"
         )
     batch.local.write_note(step_note, {"batch": key})
-    backups: dict[str, TaskBackupManager] = {}
     try:
-        batch.engines = {s: batch.opener(s)() for s in stores}
-        backups = batch.backup_managers(init=False)
-        opened = batch.wrapped_stores(backups)
+        batch.storage.open_live(stores)
+        opened = batch.storage.stores(init=False)
         try:
             yield from fn(StepState(batch.task, batch.config, opened, step), chunks)
         except SparkpointError:
@@ -316,7 +315,7 @@ def run_step(
         for store in opened.values():
             store.flush()
     finally:
-        batch.close(backups)
+        batch.storage.close()
 
 
 def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | None:
@@ -337,7 +336,7 @@ def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | N
         done = batch.local.read_note(_note_name(step))
         if done is None or done.get("batch") != key:
             return None
-    batch.restored = [RestoreStats(**r) for r in note.get("restored", [])]
+    batch.storage.restored = [RestoreStats(**r) for r in note.get("restored", [])]
     return read
 
 
@@ -363,21 +362,15 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
             batch.local.clear_marker()
         next_offsets = batch.begin()
     else:
-        batch.engines = {s: batch.opener(s)() for s in batch.config.stores}
+        batch.storage.open_live()
         batch.last_processed = _offsets(read["last_processed"])
         next_offsets = _offsets(read["next"])
         processed = int(read["processed"])
-    backups: dict[str, TaskBackupManager] = {}
-    try:
-        backups = batch.backup_managers()
-        return batch.finish(
-            backups,
-            next_offsets,
-            processed=processed,
-            sent=0,
-            coordinator=BatchCoordinator(),
-            started=started,
-            processed_at=time.monotonic(),
-        )
-    finally:
-        batch.close(backups)
+    return batch.finish(
+        next_offsets,
+        processed=processed,
+        sent=0,
+        coordinator=BatchCoordinator(),
+        started=started,
+        processed_at=time.monotonic(),
+    )

@@ -1,10 +1,9 @@
 """What the driver sends a task for one micro-batch, and what the task sends back.
 
-Both are plain, picklable values. A task's local state is identified by a *state id*:
-``ckpt:<checkpoint id>`` right after a commit, ``batch:<run>:<n>`` after an uncommitted batch,
-``empty`` before any. The driver remembers which state id each task should have; a task whose
-local marker says anything else throws its live state away and restores the last checkpoint,
-then reads from the checkpoint's offsets, so state and offsets always agree.
+Both are plain, picklable values. A task's local state is identified by a *state id*
+(:mod:`sparkpoint.storage.task_storage`). The driver remembers which state id each task should
+have; a task whose local marker says anything else throws its live state away and restores the
+last checkpoint, then reads from the checkpoint's offsets, so state and offsets always agree.
 """
 
 from __future__ import annotations
@@ -15,12 +14,6 @@ from dataclasses import dataclass, field
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import RestoreStats
-
-EMPTY_STATE = "empty"
-
-
-def checkpoint_state_id(checkpoint_id: str) -> str:
-    return f"ckpt:{checkpoint_id}"
 
 
 def parse_checkpoint(text: str) -> Checkpoint:

@@ -53,6 +53,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config
 from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.fsutil import atomic_write
@@ -150,7 +151,7 @@ class CommitRecord:
         return record
 
 
-@dataclass
+@dataclass(frozen=True)
 class SkipPolicy:
     """Samza's task.commit.skip.commit.during.failures.* settings."""
 
@@ -168,6 +169,40 @@ class SkipPolicy:
         )
 
 
+@dataclass(frozen=True)
+class CommitSettings:
+    """How commits behave: ``task.commit.max.delay.ms``, ``task.commit.timeout.ms``, the skip
+    policy, and the size of the commit pool (the number of tasks)."""
+
+    max_delay_ms: int = 60_000
+    timeout_ms: int = 1_800_000
+    pool_size: int = 1
+    skip: SkipPolicy = SkipPolicy()
+
+    @classmethod
+    def from_config(cls, config: Config, *, pool_size: int) -> CommitSettings:
+        return cls(
+            config.get_int("task.commit.max.delay.ms"),
+            config.get_int("task.commit.timeout.ms"),
+            pool_size,
+            SkipPolicy.from_config(config),
+        )
+
+
+@dataclass(frozen=True)
+class CommitScope:
+    """The task state a commit works on (made by :class:`~sparkpoint.storage.task_storage.
+    TaskStorage`): its stores, their backup managers and where the task's files live."""
+
+    task: TaskName
+    run_id: str
+    local: LocalTaskState
+    engines: Mapping[str, KeyValueEngine]
+    backups: Mapping[str, TaskBackupManager]
+    store_backends: Mapping[str, list[str]]  # store -> its backup backends
+    config: Mapping[str, str] = field(default_factory=dict)  # for the failpoints
+
+
 @dataclass
 class CommitOutcome:
     started: str | None = None  # checkpoint id of a commit started in this batch
@@ -179,34 +214,20 @@ class TaskCommitManager:
     """Runs the commit sequence for one task in one batch (see the module docstring)."""
 
     def __init__(
-        self,
-        task: TaskName,
-        run_id: str,
-        local: LocalTaskState,
-        engines: Mapping[str, KeyValueEngine],
-        backups: Mapping[str, TaskBackupManager],
-        store_backends: Mapping[str, list[str]],
-        *,
-        config: Mapping[str, str],
-        max_delay_ms: int,
-        timeout_ms: int,
-        pool_size: int,
-        committed: str | None = None,
+        self, scope: CommitScope, settings: CommitSettings, *, committed: str | None
     ) -> None:
-        self.task = task
-        self.run_id = run_id
+        self.task = scope.task
+        self.run_id = scope.run_id
         self.committed = committed
-        self.local = local
-        self.engines = dict(engines)  # a copy: the upload thread outlives the batch
-        self.backups = backups
-        self.store_backends = store_backends
-        self.config = config
-        self.max_delay_ms = max_delay_ms
-        self.timeout_ms = timeout_ms
-        self.pool_size = pool_size
-        self.dir = local.dir / "commits"
-        self.skip = SkipPolicy.from_config(config)
-        self._failures_file = local.dir / "COMMIT-FAILURES"
+        self.local = scope.local
+        self.engines = dict(scope.engines)  # a copy: the upload thread outlives the batch
+        self.backups = scope.backups
+        self.store_backends = scope.store_backends
+        self.config = scope.config
+        self.settings = settings
+        self.skip = settings.skip
+        self.dir = scope.local.dir / "commits"
+        self._failures_file = scope.local.dir / "COMMIT-FAILURES"
 
     # -- successive failures (task.commit.skip.commit.during.failures.*)
     def _failures(self) -> dict[str, int]:
@@ -347,12 +368,36 @@ class TaskCommitManager:
         *,
         wait: bool,
     ) -> CommitOutcome:
-        """Start a commit of the current state and ``offsets`` (last processed per SSP)."""
+        """Commit the current state and ``offsets`` (last processed per SSP), Samza's steps in
+        order: gate, snapshot, upload, checkpoint. The clean-up of a checkpoint runs after the
+        driver wrote it (:meth:`clean_up`, at the next batch)."""
         outcome = CommitOutcome()
+        base = self._gate(wait, outcome)  # skip, or wait for an upload still running
+        if outcome.skipped:
+            return outcome
+        record, markers = self._snapshot_or_fail(offsets, base)  # 1. snapshot (synchronous)
+        outcome.started = record.checkpoint_id
+        uploads = self._upload(record, markers)  # 2. upload (asynchronous)
+        # 3. checkpoint: once every upload finished, :meth:`_checkpoint` writes the local
+        # checkpoint files and marks the record done, for the driver to write
+        if all(f.done() for f in uploads.values()):
+            self._finish(record, uploads)
+        else:
+            commit_pool(self.settings.pool_size).submit(self._finish, record, uploads)
+            if wait:
+                outcome.waited_seconds += self._wait_for(record.checkpoint_id)
+        if wait:
+            self._check()
+        return outcome
+
+    def _gate(self, wait: bool, outcome: CommitOutcome) -> str | None:
+        """Before a commit: raise (or tolerate) an earlier failure; skip (``outcome.skipped``)
+        while an upload runs within ``task.commit.max.delay.ms`` or a finished commit awaits
+        the driver, else wait for it. Returns the checkpoint the new commit builds on."""
         running = self._check_tolerating()
         if running is not None:
             age = time.time() * 1000 - running.started_ms
-            if age < self.max_delay_ms and not wait:
+            if age < self.settings.max_delay_ms and not wait:
                 log.info(
                     "task %s: commit skipped, upload of %s still running (%.0f ms)",
                     self.task,
@@ -360,56 +405,54 @@ class TaskCommitManager:
                     age,
                 )
                 outcome.skipped = True
-                return outcome
+                return None
             try:
                 outcome.waited_seconds += self._wait_for(running.checkpoint_id)
             except CommitError as exc:
                 self._tolerate("timeouts", self.skip.max_timeouts, exc)
                 outcome.skipped = True
-                return outcome
+                return None
             self._check_tolerating()
-        base = self.committed
         pending = self._finished_unwritten()
-        if pending is not None:
-            if not wait and running is None:
-                # the previous commit finished but the driver has not written it yet (it will
-                # right after this batch): commit next time, on top of it
-                outcome.skipped = True
-                return outcome
-            # asked to commit now, or blocked until the previous upload finished (past
-            # task.commit.max.delay.ms): build on it; the driver writes it first
-            base = pending.checkpoint_id
-            for manager in self.backups.values():
-                manager.init(CheckpointV2.from_json(pending.checkpoint))
-        # 1-3: flush, new id, synchronous snapshot (processing waits for this part only)
+        if pending is None:
+            return self.committed
+        if not wait and running is None:
+            # the previous commit finished but the driver has not written it yet (it will
+            # right after this batch): commit next time, on top of it
+            outcome.skipped = True
+            return None
+        # asked to commit now, or blocked until the previous upload finished (past
+        # task.commit.max.delay.ms): build on it; the driver writes it first
+        for manager in self.backups.values():
+            manager.init(CheckpointV2.from_json(pending.checkpoint))
+        return pending.checkpoint_id
+
+    def _snapshot_or_fail(
+        self, offsets: Mapping[SystemStreamPartition, str], base: str | None
+    ) -> tuple[CommitRecord, dict[str, dict[str, str]]]:
         try:
-            record, snapshot = self._snapshot(offsets, base)
+            return self._snapshot(offsets, base)
         except OSError as exc:
             raise CommitError(
                 f"task {self.task}: commit failed writing local state under {self.local.dir}: "
                 f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
                 f"restores its last checkpoint, nothing is lost)"
             ) from exc
+
+    def _upload(
+        self, record: CommitRecord, markers: Mapping[str, dict[str, str]]
+    ) -> dict[str, Future[dict[str, str]]]:
+        """Start each backend's upload of the snapshot; the futures of their final markers."""
         cid = CheckpointId.parse(record.checkpoint_id)
-        outcome.started = str(cid)
-        # 4-5: upload, then the checkpoint into each local checkpoint directory
-        _active.add((self.task.name, str(cid)))
-        futures = {name: _start_upload(m, cid, snapshot[name]) for name, m in self.backups.items()}
-        if all(f.done() for f in futures.values()):
-            self._finish(record, futures)
-        else:
-            commit_pool(self.pool_size).submit(self._finish, record, futures)
-            if wait:
-                outcome.waited_seconds += self._wait_for(str(cid))
-        if wait:
-            self._check()
-        return outcome
+        _active.add((self.task.name, record.checkpoint_id))
+        return {name: _start_upload(m, cid, markers[name]) for name, m in self.backups.items()}
 
     def _snapshot(
         self, offsets: Mapping[SystemStreamPartition, str], base: str | None
     ) -> tuple[CommitRecord, dict[str, dict[str, str]]]:
-        """Steps 1-3 and the commit record: flush, new id, local checkpoints, backend snapshots;
-        the record and each backend's markers so far."""
+        """Step 1, while processing waits: flush, a new checkpoint id, a local checkpoint of each
+        persistent store (hard links), each backend's snapshot markers, and the commit record
+        ``uploading`` naming its base. Returns the record and each backend's markers."""
         for engine in self.engines.values():
             engine.flush()
         cid = CheckpointId.create()
@@ -435,13 +478,16 @@ class TaskCommitManager:
 
     def _finish(self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]) -> None:
         try:
-            self._complete(record, futures)
+            self._checkpoint(record, futures)
         finally:
             _active.discard((self.task.name, record.checkpoint_id))
 
-    def _complete(
+    def _checkpoint(
         self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]
     ) -> None:
+        """Step 3, on the commit pool once the uploads finish: the checkpoint with every
+        backend's final markers goes into each local checkpoint directory and the record
+        becomes ``done`` (or ``failed``, naming the backend and stores)."""
         markers: dict[str, dict[str, str]] = {}
         try:
             for name, future in futures.items():
@@ -489,7 +535,7 @@ class TaskCommitManager:
 
     def _wait_for(self, checkpoint_id: str) -> float:
         start = time.monotonic()
-        deadline = start + self.timeout_ms / 1000
+        deadline = start + self.settings.timeout_ms / 1000
         path = self.dir / checkpoint_id
         delay = 0.005
         while True:
@@ -502,7 +548,7 @@ class TaskCommitManager:
             if time.monotonic() >= deadline:
                 raise CommitError(
                     f"task {self.task}: commit {checkpoint_id} still uploading after "
-                    f"task.commit.timeout.ms={self.timeout_ms}"
+                    f"task.commit.timeout.ms={self.settings.timeout_ms}"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.2)

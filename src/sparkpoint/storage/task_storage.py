@@ -1,0 +1,281 @@
+"""One owner of a task's state on this executor: open or restore, wrap, commit, close.
+
+Samza splits this between ``ContainerStorageManager`` (restore) and
+``TaskStorageCommitManager`` (commit); here one object per task and batch does it all, and the
+runtime (the task API's executor and the DataFrame API's phases alike) only calls it:
+
+.. code-block:: python
+
+    storage = TaskStorage(config, systems, task, run_id=..., pool_size=..., last_checkpoint=...)
+    kept = storage.open(expected_state_id)   # keep the live stores, or restore the checkpoint
+    stores = storage.stores()                # wrapped for their backup backends, with serdes
+    ...                                      # the batch reads and writes the stores
+    report = storage.commit(offsets, due=True, wait=False)   # see commit()
+    storage.close(report.state_id(uncommitted=...))          # the marker of the new state
+
+The local marker (:mod:`sparkpoint.storage.local`) names the state the live stores hold; it is
+cleared by :meth:`TaskStorage.open` before anything changes and written by
+:meth:`TaskStorage.close` after every store is flushed and closed. A *state id* is
+``ckpt:<checkpoint id>`` right after a commit, ``batch:<run>:<n>`` after an uncommitted batch and
+``empty`` before any.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.config import Config
+from sparkpoint.model import SystemStreamPartition, TaskModel
+from sparkpoint.serde import Serde, load_serde
+from sparkpoint.storage.backend import (
+    BackendContext,
+    RestoreStats,
+    TaskBackupManager,
+    backend_factory,
+    store_backends,
+)
+from sparkpoint.storage.commit import (
+    CommitOutcome,
+    CommitRecord,
+    CommitScope,
+    CommitSettings,
+    TaskCommitManager,
+)
+from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
+from sparkpoint.storage.kv.factory import engine_kind, open_engine
+from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.restore import TaskRestore
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+EMPTY_STATE = "empty"
+
+# In-memory engines live only inside this Python worker, tagged with the state id they hold.
+_MEMORY: dict[tuple[str, str], tuple[str, KeyValueEngine]] = {}
+
+
+def checkpoint_state_id(checkpoint_id: str) -> str:
+    return f"ckpt:{checkpoint_id}"
+
+
+def persistent_store(config: Config, store: str) -> bool:
+    """Whether ``store`` lives on disk (RocksDB) rather than in one process's memory."""
+    return engine_kind(store, config.require(f"stores.{store}.factory")) == "rocksdb"
+
+
+@dataclass
+class CommitReport:
+    """What :meth:`TaskStorage.commit` did: the commit it started (if any), and every finished
+    commit the driver may now write, oldest first."""
+
+    outcome: CommitOutcome
+    completed: list[CommitRecord] = field(default_factory=list)
+
+    @property
+    def finished_now(self) -> bool:
+        """Whether the commit started in this batch has already finished its upload."""
+        started = self.outcome.started
+        return started is not None and any(r.checkpoint_id == started for r in self.completed)
+
+    def state_id(self, *, uncommitted: str) -> str:
+        """The state the stores hold after this batch: the commit's when it finished now,
+        else ``uncommitted`` (the batch's own state id)."""
+        if self.finished_now and self.outcome.started is not None:
+            return checkpoint_state_id(self.outcome.started)
+        return uncommitted
+
+
+class TaskStorage:
+    """The stores of one task in one batch on this executor; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        systems: Systems,
+        task: TaskModel,
+        *,
+        run_id: str,
+        pool_size: int = 1,
+        last_checkpoint: Checkpoint | None = None,
+    ) -> None:
+        self.config = config
+        self.systems = systems
+        self.task = task
+        self.run_id = run_id
+        self.pool_size = pool_size
+        self.last_checkpoint = last_checkpoint
+        self.local = LocalTaskState(config.store_base_dir, task.name)
+        self.engines: dict[str, KeyValueEngine] = {}
+        self.restored: list[RestoreStats] = []
+        self.backup_names = {s: store_backends(config, s, "backup") for s in config.stores}
+        self._backups: dict[str, TaskBackupManager] = {}
+
+    @property
+    def last_checkpoint_id(self) -> str | None:
+        cp = self.last_checkpoint
+        return None if cp is None else str(cp.checkpoint_id)
+
+    # -- open: keep the live stores, or restore the last checkpoint
+
+    def open(self, expected_state_id: str) -> bool:
+        """Open every store at the state the driver expects: the live stores when the local
+        marker names ``expected_state_id`` (returns ``True``), else the last checkpoint
+        restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
+        :attr:`restored` saying what each store's restore did). The marker is cleared either
+        way: the stores are about to change."""
+        marker = self.local.read_marker()
+        if marker == expected_state_id and self._memory_stores_hold(marker):
+            for store in self.config.stores:
+                cached = _MEMORY.get((self.task.name.name, store))
+                self.engines[store] = cached[1] if cached else self._open_engine(store)
+            self.local.clear_marker()
+            return True
+        if marker is not None or expected_state_id != EMPTY_STATE:
+            log.info(
+                "task %s: local state %s, expected %s: restoring checkpoint %s",
+                self.task.name,
+                marker,
+                expected_state_id,
+                self.last_checkpoint_id,
+            )
+        self.local.clear_marker()
+        for store in self.config.stores:
+            _MEMORY.pop((self.task.name.name, store), None)
+        openers = {s: self._opener(s) for s in self.config.stores}
+        self.engines, self.restored = TaskRestore(
+            self.config, self.systems, self.task, self.local, self.last_checkpoint, openers
+        ).run()
+        return False
+
+    def open_live(self, stores: Iterable[str] | None = None) -> None:
+        """Open ``stores`` (all by default) as they are on disk, without checking the marker:
+        for a later phase of a batch whose state :meth:`open` already established."""
+        names = self.config.stores if stores is None else list(stores)
+        self.engines = {s: self._open_engine(s) for s in names}
+
+    def _memory_stores_hold(self, state_id: str) -> bool:
+        for store in self.config.stores:
+            if not persistent_store(self.config, store):
+                cached = _MEMORY.get((self.task.name.name, store))
+                if cached is None or cached[0] != state_id:
+                    return False
+        return True
+
+    def _opener(self, store: str) -> Any:
+        return lambda: self._open_engine(store)
+
+    def _open_engine(self, store: str) -> KeyValueEngine:
+        factory = self.config.require(f"stores.{store}.factory")
+        return open_engine(store, factory, self.local.store_dir(store))
+
+    # -- the stores a task uses: every write also goes to the store's backup backends
+
+    def stores(self, *, init: bool = True) -> dict[str, KeyValueStore[Any, Any]]:
+        """The open stores, each wrapped by its backup backends and given its serdes. ``init``
+        reads the last checkpoint's markers into the backups (needed to commit, not to log
+        writes)."""
+        backups = self._backup_managers(init=init)
+        stores: dict[str, KeyValueStore[Any, Any]] = {}
+        for name, engine in self.engines.items():
+            for backend in self.backup_names[name]:
+                engine = backups[backend].wrap_engine(name, engine)
+            stores[name] = SerializedKeyValueStore(
+                name,
+                engine,
+                self._serde(f"stores.{name}.key.serde"),
+                self._serde(f"stores.{name}.msg.serde"),
+            )
+        return stores
+
+    def _backup_managers(self, *, init: bool) -> dict[str, TaskBackupManager]:
+        if self._backups:
+            return self._backups
+        names = sorted({n for s, ns in self.backup_names.items() if s in self.engines for n in ns})
+        for name in names:
+            stores = [s for s, ns in self.backup_names.items() if name in ns and s in self.engines]
+            context = BackendContext(
+                self.config,
+                self.task,
+                stores,
+                self.systems,
+                self.local,
+                {s: self.engines[s] for s in stores},
+            )
+            manager = backend_factory(name).backup_manager(context)
+            self._backups[name] = manager
+            if init:
+                manager.init(self.last_checkpoint)
+        return self._backups
+
+    def _serde(self, key: str) -> Serde[Any]:
+        return load_serde(self.config.get_str(key) or "", self.config, key=key)
+
+    # -- commit
+
+    def commit(
+        self, offsets: Mapping[SystemStreamPartition, str], *, due: bool, wait: bool
+    ) -> CommitReport:
+        """Samza's commit sequence, run at the end of a batch (docs/architecture.md):
+
+        0. **clean-up** of the checkpoint the driver wrote since the last batch: older local
+           checkpoints and what each backend no longer needs (:meth:`TaskCommitManager.clean_up`);
+        1. when ``due``, **snapshot** (synchronous: flush, new checkpoint id, local checkpoints,
+           each backend's markers), 2. **upload** (asynchronous unless ``wait``), and
+           3. **checkpoint**: once uploaded, the checkpoint into each local checkpoint
+           directory (:meth:`TaskCommitManager.commit`);
+        4. report every finished commit the driver may write to the checkpoint stream, which it
+           does only if the commit builds on the last checkpoint it wrote.
+
+        ``offsets`` are the last processed offset per SSP. With ``wait`` (the final commit of a
+        run, or ``task.commit.async.enabled=false``) every upload finishes before this returns.
+        """
+        commits = self._commit_manager()
+        commits.clean_up(self.last_checkpoint)
+        outcome = CommitOutcome()
+        if due:
+            outcome = commits.commit(offsets, wait=wait)
+        elif wait:
+            commits.wait_all()
+        return CommitReport(outcome, commits.completed(self.last_checkpoint_id))
+
+    def _commit_manager(self) -> TaskCommitManager:
+        scope = CommitScope(
+            self.task.name,
+            self.run_id,
+            self.local,
+            self.engines,
+            self._backup_managers(init=True),
+            self.backup_names,
+            self.config,
+        )
+        return TaskCommitManager(
+            scope,
+            CommitSettings.from_config(self.config, pool_size=self.pool_size),
+            committed=self.last_checkpoint_id,
+        )
+
+    # -- close
+
+    def close(self, state_id: str | None = None) -> None:
+        """Close the backups and the persistent stores (idempotent). With ``state_id`` (after
+        a batch that finished), in-memory stores stay in this worker tagged with it, and the
+        marker says the stores hold it."""
+        for manager in self._backups.values():
+            manager.close()
+        self._backups.clear()
+        for name, engine in list(self.engines.items()):
+            if engine.persistent:
+                engine.close()
+                del self.engines[name]
+        if state_id is None:
+            return
+        for name, engine in self.engines.items():
+            _MEMORY[(self.task.name.name, name)] = (state_id, engine)
+        self.engines.clear()
+        self.local.write_marker(state_id)
