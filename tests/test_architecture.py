@@ -80,3 +80,22 @@ def test_only_where_allowed(forbidden: str) -> None:
         if name.startswith(forbidden) and where.split(":")[0] not in allowed
     ]
     assert wrong == []
+
+
+# test folders that are not a package of sparkpoint: whole-job tests, fixtures
+NOT_PACKAGES = {"e2e", "golden", "jobs", "pipeline"}
+
+
+def test_tests_mirror_the_package_layout() -> None:
+    """A test folder is named after the sparkpoint package it tests (``tests/storage/blobstore``
+    tests ``sparkpoint.storage.blobstore``), so a package's tests are found where it lives."""
+    tests = Path(__file__).resolve().parent
+    stray = [
+        str(d.relative_to(tests))
+        for d in sorted(tests.rglob("*"))
+        if d.is_dir()
+        and d.name != "__pycache__"
+        and d.relative_to(tests).parts[0] not in NOT_PACKAGES
+        and not (SRC / d.relative_to(tests)).is_dir()
+    ]
+    assert stray == [], f"test folders with no sparkpoint package of that name: {stray}"

@@ -16,7 +16,7 @@ from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 from tests.e2e.cli import JOB, sp
 from tests.e2e.test_cli_errors import assert_one_line_error
-from tests.runtime.helpers import generate
+from tests.helpers import generate
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, popen, sp
-from tests.runtime.helpers import committed_counts, generate
+from tests.helpers import committed_counts, generate
 
 
 def test_stream_write_then_read(tmp_path: Path) -> None:

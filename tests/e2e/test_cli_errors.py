@@ -8,7 +8,7 @@ import pytest
 
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, sp
-from tests.runtime.helpers import generate
+from tests.helpers import generate
 
 
 def assert_one_line_error(stderr: str, *needles: str) -> None:

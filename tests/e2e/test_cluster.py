@@ -13,7 +13,7 @@ import pytest
 from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, sp
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_at_least_once,
     changelog_view,
     committed_counts,

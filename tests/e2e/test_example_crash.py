@@ -12,7 +12,7 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, popen, sp
-from tests.runtime.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
 
 pytestmark = pytest.mark.slow
 

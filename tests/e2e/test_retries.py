@@ -9,7 +9,7 @@ import pytest
 
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, sp
-from tests.runtime.helpers import assert_committed_state_matches_its_offsets, generate
+from tests.helpers import assert_committed_state_matches_its_offsets, generate
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_committed_state_matches_its_offsets,
     committed_counts,
     generate,

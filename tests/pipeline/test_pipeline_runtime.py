@@ -20,7 +20,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.startpoints import set_startpoints
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_committed_state_matches_its_offsets,
     committed_counts,
     counts_at_offsets,

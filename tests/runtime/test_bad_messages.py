@@ -12,8 +12,8 @@ import pytest
 from sparkpoint.errors import TaskError
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
-from tests.runtime.helpers import committed_counts, generate
-from tests.runtime.test_state_backends import make, run
+from tests.helpers import committed_counts, generate
+from tests.storage.test_state_backends import make, run
 
 
 def add_input(config: object, value: bytes, user: str = "poison") -> None:

@@ -15,7 +15,7 @@ from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
 
 
 def make(tmp_path: Path, **overrides: str) -> Config:

@@ -14,7 +14,7 @@ from sparkpoint.runtime.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import generate
+from tests.helpers import generate
 
 
 def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(

@@ -18,7 +18,7 @@ from sparkpoint.system.base import Record, StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import committed_counts, generate
+from tests.helpers import committed_counts, generate
 
 
 def test_shutdown_request_stops_after_the_batch_with_a_commit(tmp_path: Path) -> None:

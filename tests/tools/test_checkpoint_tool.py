@@ -17,7 +17,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.checkpoints import set_checkpoints
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import committed_counts, generate, live_counts
+from tests.helpers import committed_counts, generate, live_counts
 
 
 def test_rewind_a_stopped_job(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_at_least_once,
     assert_committed_state_matches_its_offsets,
     changelog_view,

@@ -29,7 +29,7 @@ from sparkpoint.storage.commit import (
     _active,
 )
 from sparkpoint.system.registry import Systems
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_committed_state_matches_its_offsets,
     changelog_view,
     committed_counts,
@@ -37,8 +37,8 @@ from tests.runtime.helpers import (
     generate,
     live_counts,
 )
-from tests.runtime.test_async_commit import batches, make_failing
-from tests.runtime.test_state_backends import make, run, uncommitted_tail
+from tests.storage.test_commit import batches, make_failing
+from tests.storage.test_state_backends import make, run, uncommitted_tail
 
 CHANGELOG_SSP = SystemStreamPartition("filelog", "user-counts-changelog", 0)
 
@@ -386,7 +386,7 @@ def test_a_local_checkpoint_that_differs_from_its_snapshot_is_not_trusted(
 def test_committed_state_is_readable_offline_from_the_changelog(tmp_path: Path) -> None:
     """Issue 11: after the local state is lost, `state dump` replays the changelog up to each
     checkpointed offset into a scratch store, and writes nothing to the changelog."""
-    from tests.runtime.test_state_backends import changelog_records
+    from tests.storage.test_state_backends import changelog_records
 
     config = make(tmp_path)
     generate(config, tmp_path / "a.yaml", 1000, seed=71, users=25)

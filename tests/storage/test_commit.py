@@ -14,7 +14,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import assert_committed_state_matches_its_offsets, generate
+from tests.helpers import assert_committed_state_matches_its_offsets, generate
 
 
 def make(tmp_path: Path, **overrides: str) -> Config:

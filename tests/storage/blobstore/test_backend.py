@@ -19,7 +19,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import blob_snapshots, check_blobs
 from tests.conftest import pageviews_config
-from tests.runtime.helpers import (
+from tests.helpers import (
     assert_at_least_once,
     assert_committed_state_matches_its_offsets,
     committed_counts,
