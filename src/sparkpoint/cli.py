@@ -32,6 +32,7 @@ stream_app = typer.Typer(help="Create, list, write and read streams.", no_args_i
 checkpoint_app = typer.Typer(help="Inspect checkpoints.", no_args_is_help=True)
 state_app = typer.Typer(help="Inspect committed state.", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+job_app = typer.Typer(help="Inspect a job: where its tasks run.", no_args_is_help=True)
 startpoint_app = typer.Typer(
     help="Rewind or fast-forward inputs without touching checkpoints (input only: state is kept).",
     no_args_is_help=True,
@@ -41,6 +42,7 @@ app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
 app.add_typer(config_app, name="config")
 app.add_typer(startpoint_app, name="startpoint")
+app.add_typer(job_app, name="job")
 
 JobArg = Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")]
 SetOpt = Annotated[
@@ -99,6 +101,14 @@ def run(
             help="Spark master URL (default: spark.master, else local[*,4]: 4 tries per task)."
         ),
     ] = None,
+    rebalance: Annotated[
+        bool,
+        typer.Option(
+            help="On a cluster, move tasks from busy executors to idle (new) ones until task "
+            "counts differ by at most one; moved tasks restore there "
+            "(job.host-affinity.rebalance=true)."
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     set_: SetOpt = None,
 ) -> None:
@@ -124,15 +134,14 @@ def run(
     if ":" in job and not path.exists():
         pipeline, module_dir = load_pipeline(job)
         config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
-        if not config.get("spark.locality.wait"):
-            # wait for the executor that read a task's batch: its state is there
-            config = config.with_overrides({"spark.locality.wait": "30s"})
     else:
         config = _config(path, set_)
         config.require("task.class")
         config = _with_dir_on_path(config, path.resolve().parent)
     if not config.inputs:
         raise UserError("task.inputs is empty: list the job's input streams as system.stream")
+    if rebalance:
+        config = config.with_overrides({"job.host-affinity.rebalance": "true"})
     display = ProgressDisplay()
     shown = master or config.get_str("spark.master") or DEFAULT_MASTER
     err.print(f"starting Spark ({shown}) ...")
@@ -248,6 +257,27 @@ def stream_read(
         config, Systems(config), ss, partition=partition, start=from_, limit=limit
     )
     dump_json_lines(rows, sys.stdout)
+
+
+@job_app.command("show")
+def job_show(
+    job: JobArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Show each task: the executor and host it is assigned to (host affinity), its last
+    checkpoint, where it committed it, its stores' size then, and whether that local state is
+    current (a restart on that executor restores nothing).
+
+    Example: `sparkpoint job show job.yaml --json`
+    """
+    from sparkpoint.tools.jobs import job_overview, overview_lines
+
+    data = job_overview(_config(job, set_))
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    print("\n".join(overview_lines(data)))
 
 
 @checkpoint_app.command("show")

@@ -92,6 +92,22 @@ KEYS: tuple[ConfigKey, ...] = (
         "executor's working directory, private per executor)",
     ),
     ConfigKey(
+        "job.host-affinity.enabled",
+        "true",
+        "true | false",
+        "on a Spark cluster, run each task on the executor that holds its state (Samza's host "
+        "affinity); the assignment is kept in the metadata store",
+        _bool,
+    ),
+    ConfigKey(
+        "job.host-affinity.rebalance",
+        "false",
+        "true | false",
+        "move tasks from the busiest executors to idle ones (a new executor) until task "
+        "counts differ by at most one; moved tasks restore there (sparkpoint run --rebalance)",
+        _bool,
+    ),
+    ConfigKey(
         "job.coordinator.system",
         None,
         "a configured system name",

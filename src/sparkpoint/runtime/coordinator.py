@@ -35,7 +35,9 @@ from sparkpoint.model import (
     TaskModel,
     TaskName,
 )
+from sparkpoint.runtime.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.batchlog import BatchLog
+from sparkpoint.runtime.placement import Move
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
@@ -97,6 +99,17 @@ class BatchReport:
     lag: dict[str, int]
     restored: list[tuple[str, RestoreStats]]
     uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
+    moved: list[Move] = field(default_factory=list)  # host affinity: placed before the batch
+    away: list[Move] = field(default_factory=list)  # ran away from their executor
+
+    @property
+    def restored_tasks(self) -> int:
+        """Tasks whose live state was not kept: they restored (or started) their stores."""
+        return len({task for task, _ in self.restored})
+
+    def restore_cost(self) -> tuple[int, float]:
+        """Bytes restored and seconds spent restoring, over every store of the batch."""
+        return sum(i.bytes for _, i in self.restored), sum(i.seconds for _, i in self.restored)
 
 
 @dataclass
@@ -110,6 +123,10 @@ class RunSummary:
     task_seconds: float = 0.0
     stopped_by: str = ""
     lag: dict[str, int] = field(default_factory=dict)
+    restores: int = 0  # task restores (a task's first batch included)
+    restore_bytes: int = 0
+    restore_seconds: float = 0.0
+    away: int = 0  # tasks the scheduler ran away from their executor
 
 
 class Listener(Protocol):
@@ -171,6 +188,7 @@ class JobCoordinator:
         self.metadata_store: CoordinatorStreamStore | None = None
         self.startpoints: StartpointManager | None = None
         self.tasks: dict[str, TaskState] = {}
+        self.affinity: HostAffinity | None = None
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
         self.batch_log: BatchLog | None = None
@@ -236,6 +254,7 @@ class JobCoordinator:
                 startpoints=set(sps),
             )
         self.model = model
+        self.affinity = HostAffinity(self.config, self.metadata_store, sorted(self.tasks))
         if self.exact_batches:
             self._open_batch_log(bool(fanned))
         if self.listener:
@@ -325,8 +344,10 @@ class JobCoordinator:
         commit: bool,
         window: bool,
         wait: bool = False,
+        locations: Mapping[str, str] | None = None,
     ) -> list[TaskBatchPlan]:
         max_messages = self.config.get_int("task.batch.max.messages")
+        locations = locations or {}
         values = self.config.to_dict()
         plans = []
         for ts in self.tasks.values():
@@ -348,6 +369,7 @@ class JobCoordinator:
                     window=window,
                     wait_for_uploads=wait,
                     task_count=len(self.tasks),
+                    location=locations.get(ts.model.name.name),
                 )
             )
         return plans
@@ -391,6 +413,8 @@ class JobCoordinator:
                 continue
             self._write_checkpoint(ts, checkpoint)
             written = True
+            if self.affinity is not None:
+                self.affinity.committed(result, str(checkpoint.checkpoint_id))
         return written
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
@@ -427,10 +451,12 @@ class JobCoordinator:
         self._batch = self._batch + 1 if batch_id is None else batch_id
         if self.batch_log is not None:
             self.batch_log.record(self._batch, end)
-        plans = self._plans(end, commit=commit, window=window, wait=wait)
+        locations = self._place()
+        plans = self._plans(end, commit=commit, window=window, wait=wait, locations=locations)
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
+        placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
         committed = False
         for result in sorted(results, key=lambda r: r.task):
             committed = self._apply(result) or committed
@@ -450,6 +476,8 @@ class JobCoordinator:
             task_seconds=sum(r.total_seconds for r in results),
             lag={},
             restored=[(r.task, i) for r in results for i in r.restored],
+            moved=placed.moved,
+            away=placed.away,
         )
         for r in results:
             for metrics in r.upload_metrics:
@@ -458,6 +486,14 @@ class JobCoordinator:
         if report.uploads:
             log.info("batch %d commits: %s", self._batch, report.uploads)
         return report, results
+
+    def _place(self) -> dict[str, str]:
+        """Host affinity: each task's preferred executor for the next batch (none unless the
+        runner runs on a Spark cluster and ``job.host-affinity.enabled``)."""
+        executors = getattr(self.runner, "executors", None)
+        if self.affinity is None or executors is None:
+            return {}
+        return self.affinity.place(executors())
 
     def _replay_ends(
         self, logged: Mapping[SystemStreamPartition, str]
@@ -619,6 +655,11 @@ class JobCoordinator:
         summary.batch_seconds += report.seconds
         summary.task_seconds += report.task_seconds
         summary.lag = report.lag
+        summary.restores += report.restored_tasks
+        restored_bytes, restored_seconds = report.restore_cost()
+        summary.restore_bytes += restored_bytes
+        summary.restore_seconds += restored_seconds
+        summary.away += len(report.away)
 
     def close(self) -> None:
         if self.metadata_store is not None:

@@ -1,9 +1,12 @@
-"""A micro-batch as a Spark DataFrame, read through a Python data source.
+"""A micro-batch as a Spark DataFrame, read on the executors.
 
 :func:`batch_dataframe` turns the coordinator's plans for one batch into a DataFrame with **one
-Spark partition per task**, in plan order, read on the executors as Arrow batches (no
+Spark partition per task**, in plan order: a DataFrame of the pickled plans, built over an RDD
+whose partitions prefer their task's executor (host affinity, :func:`~sparkpoint.runtime.
+spark.task_rdd`), mapped by ``mapInArrow`` to the task's messages as Arrow batches (no
 driver-side collect) by :func:`sparkpoint.runtime.frame_task.read_batches`, which also
-establishes the task's state. Columns:
+establishes the task's state. Every step after it is narrow or reads its cache, so it runs
+where the task's state is. Columns:
 ``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
 decoded by the stream's key serde into a string; the value by the stream's value serde: with
 ``value_schema`` (a DDL string such as ``"user STRING, page STRING, ts LONG"``) JSON values
@@ -13,58 +16,31 @@ become a struct of those fields (missing fields are null); otherwise ``value_typ
 
 from __future__ import annotations
 
-import base64
 import pickle
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
 from sparkpoint.runtime.plan import TaskBatchPlan
+from sparkpoint.runtime.spark import task_rdd
 
-NAME = "sparkpoint-batch"
 SCHEMA = (
     "task STRING, stream STRING, partition INT, offset STRING, key STRING, "
     "value {value}, timestamp LONG"
 )
 
 
-class _TaskPartition(InputPartition):
-    def __init__(self, index: int, plan: TaskBatchPlan) -> None:
-        super().__init__(index)
-        self.plan = plan
+class _ReadPlans:
+    """``mapInArrow`` function: each pickled plan of the partition -> its task's messages."""
 
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema  # the Arrow schema of the batches read_batches yields
 
-class _Reader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], schema: Any) -> None:
-        self.plans: list[TaskBatchPlan] = pickle.loads(base64.b64decode(options["plans"]))
-        self.schema = schema  # the Arrow schema of the batches read() yields
-
-    def partitions(self) -> list[_TaskPartition]:
-        return [_TaskPartition(i, plan) for i, plan in enumerate(self.plans)]
-
-    def read(self, partition: _TaskPartition) -> Iterator[Any]:  # type: ignore[override]
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         from sparkpoint.runtime.frame_task import read_batches
 
-        return read_batches(partition.plan, self.schema)
-
-
-class BatchDataSource(DataSource):
-    """The ``sparkpoint-batch`` data source: one partition per task plan."""
-
-    @classmethod
-    def name(cls) -> str:
-        return NAME
-
-    def schema(self) -> str:
-        value = self.options.get("value_schema") or ""
-        value_type = f"STRUCT<{value}>" if value else self.options.get("value_type", "STRING")
-        return SCHEMA.format(value=value_type)
-
-    def reader(self, schema: Any) -> _Reader:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        return _Reader(self.options, to_arrow_schema(schema))
+        for chunk in chunks:
+            for raw in chunk.column(0).to_pylist():
+                yield from read_batches(pickle.loads(raw), self.schema)
 
 
 def batch_dataframe(
@@ -75,11 +51,13 @@ def batch_dataframe(
     value_type: str = "STRING",
 ) -> Any:
     """The batch of ``plans`` as a DataFrame: Spark partition ``i`` is the task of ``plans[i]``."""
-    if not getattr(spark, "_sparkpoint_batch_source", False):
-        spark.dataSource.register(BatchDataSource)
-        spark._sparkpoint_batch_source = True
-    encoded = base64.b64encode(pickle.dumps(list(plans))).decode("ascii")
-    reader = spark.read.format(NAME).option("plans", encoded).option("value_type", value_type)
-    if value_schema:
-        reader = reader.option("value_schema", value_schema)
-    return reader.load()
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    value = f"STRUCT<{value_schema}>" if value_schema else value_type
+    ddl = SCHEMA.format(value=value)
+    schema = _parse_datatype_string(ddl)
+    assert isinstance(schema, StructType)
+    rows = [(pickle.dumps(plan),) for plan in plans]
+    source = spark.createDataFrame(task_rdd(spark.sparkContext, list(plans), rows), "plan BINARY")
+    return source.mapInArrow(_ReadPlans(to_arrow_schema(schema)), schema)

@@ -37,7 +37,7 @@ from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.task_storage import TaskStorage
+from sparkpoint.storage.task_storage import TaskStorage, persistent_store
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
@@ -233,6 +233,11 @@ class TaskBatch:
         t_commit = time.monotonic()
         state_id = report.state_id(uncommitted=plan.batch_state_id)
         self.storage.close(state_id)
+        sizes = {
+            s: self.local.store_bytes(s)
+            for s in self.config.stores
+            if persistent_store(self.config, s)
+        }
         done = report.completed
         return TaskBatchResult(
             task=self.task.name,
@@ -254,6 +259,7 @@ class TaskBatch:
             commit_seconds=t_commit - processed_at,
             total_seconds=time.monotonic() - started,
             executor=f"{socket.gethostname()}:{os.getpid()}",
+            state_bytes=sizes,
         )
 
     def _process_ssp(

@@ -51,6 +51,7 @@ from pyspark.sql import functions as F
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write
+from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.runtime.dataframe import batch_dataframe
 from sparkpoint.runtime.frame_task import (
@@ -60,7 +61,12 @@ from sparkpoint.runtime.frame_task import (
     run_step,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.spark import user_error_from
+from sparkpoint.runtime.spark import (
+    batch_job_group,
+    cluster_executors,
+    record_executors,
+    user_error_from,
+)
 
 log = logging.getLogger(__name__)
 
@@ -436,10 +442,14 @@ class DataFrameRunner:
         self.pipeline = pipeline
         self.config = config
 
+    def executors(self) -> list[Executor] | None:
+        """The live executors on a cluster (host affinity); ``None`` in local mode."""
+        return cluster_executors(self.spark.sparkContext)
+
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         from pyspark import StorageLevel
 
-        self.spark.sparkContext.setJobDescription(f"sparkpoint batch {batch}")
+        group = batch_job_group(self.spark.sparkContext, batch)
         source = batch_dataframe(
             self.spark,
             plans,
@@ -492,6 +502,7 @@ class DataFrameRunner:
             raise
         finally:
             frame.release()
+        record_executors(self.spark.sparkContext, group, plans, results)
         by_task = {r.task: r for r in results}
         for task, n in sent.items():
             target = by_task.get(task) or (results[0] if results else None)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
+from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import RestoreStats
 
@@ -47,6 +48,7 @@ class TaskBatchPlan:
     window: bool
     wait_for_uploads: bool = False
     task_count: int = 1
+    location: str | None = None  # the preferred executor (host affinity), if any
 
     @property
     def last_checkpoint_id(self) -> str | None:
@@ -82,4 +84,6 @@ class TaskBatchResult:
     process_seconds: float = 0.0
     commit_seconds: float = 0.0
     total_seconds: float = 0.0
-    executor: str = ""
+    executor: str = ""  # host:pid of the Python worker
+    ran_on: Executor | None = None  # the Spark executor, filled in by the runner on a cluster
+    state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk

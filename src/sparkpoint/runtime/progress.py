@@ -45,7 +45,7 @@ class ProgressDisplay:
 
     def _table(self) -> Table:
         table = Table(title="sparkpoint", expand=False)
-        for col in ("batch", "msgs/s", "batch s", "commit ms", "total lag"):
+        for col in ("batch", "msgs/s", "batch s", "commit ms", "total lag", "restored", "away"):
             table.add_column(col, justify="right")
         table.add_column("lag per task")
         r = self._last
@@ -57,6 +57,8 @@ class ProgressDisplay:
                 f"{r.seconds:.2f}",
                 f"{r.commit_seconds * 1000:.0f}" if r.committed else "-",
                 f"{sum(r.lag.values()):,}",
+                str(r.restored_tasks),
+                str(len(r.away)),
                 lag,
             )
         for line in self._restores[-4:]:
@@ -91,7 +93,7 @@ class ProgressDisplay:
                 )
             self.console.print(
                 f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s "
-                f"({self._rate:,.0f}/s), lag {lag}{commit}",
+                f"({self._rate:,.0f}/s), lag {lag}{commit}{placement_note(report)}",
                 highlight=False,
             )
 
@@ -104,5 +106,18 @@ class ProgressDisplay:
             f"[bold]done[/] ({summary.stopped_by or 'finished'}): {summary.batches} batches, "
             f"{summary.processed:,} messages in {summary.seconds:.1f}s ({rate:,.0f}/s), "
             f"{summary.sent:,} sent, {summary.commits} commits, "
-            f"lag {sum(summary.lag.values()):,}"
+            f"lag {sum(summary.lag.values()):,}; {summary.restores} task restores "
+            f"({summary.restore_bytes:,} bytes, {summary.restore_seconds:.1f}s), "
+            f"{summary.away} ran away from their state"
         )
+
+
+def placement_note(report: BatchReport) -> str:
+    """``; 2 restored (1,024 bytes, 0.31s), 1 away from its state`` (empty when neither)."""
+    parts = []
+    if report.restored_tasks:
+        restored_bytes, seconds = report.restore_cost()
+        parts.append(f"{report.restored_tasks} restored ({restored_bytes:,} bytes, {seconds:.2f}s)")
+    if report.away:
+        parts.append(f"{len(report.away)} away from their state")
+    return "; " + ", ".join(parts) if parts else ""

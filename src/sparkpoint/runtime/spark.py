@@ -24,7 +24,9 @@ from sparkpoint.errors import (
     TaskError,
     UserError,
 )
+from sparkpoint.metadata.locality import Executor
 from sparkpoint.runtime.executor import run_task_batch
+from sparkpoint.runtime.locality import executors_of_group, live_executors, located_rdd
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 
 _ERRORS: dict[str, type[SparkpointError]] = {
@@ -42,6 +44,16 @@ _ERRORS: dict[str, type[SparkpointError]] = {
 #: local mode with up to 4 attempts per task (``local[N,F]``): a task whose Python worker dies
 #: is retried, as spark.task.maxFailures (default 4) does on a cluster
 DEFAULT_MASTER = "local[*,4]"
+
+
+#: on a cluster (host affinity, docs/host-affinity.md): start once every executor asked for
+#: (spark.cores.max) has registered, so the first placement is balanced; and let a task wait
+#: for its executor's free core rather than restore elsewhere after Spark's default 3 s
+CLUSTER_DEFAULTS = {
+    "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+    "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+    "spark.locality.wait": "30s",
+}
 
 
 def log4j_config() -> str:
@@ -67,6 +79,8 @@ def spark_session(config: Config, master: str | None = None) -> Any:
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config()}",
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
     }
+    if not master.startswith("local"):
+        defaults.update(CLUSTER_DEFAULTS)
     for key, value in {**defaults, **config.subset("spark.")}.items():
         full = key if key.startswith("spark.") else f"spark.{key}"
         if full != "spark.master":
@@ -102,15 +116,20 @@ def task_failure_from(exc: BaseException, batch: int) -> SparkpointError | None:
 
 
 class SparkRunner:
-    """Runs a batch as one Spark job with one partition per task."""
+    """Runs a batch as one Spark job with one partition per task, each partition preferring
+    its task's executor (host affinity) when the plans name one."""
 
     def __init__(self, spark: Any) -> None:
         self.spark = spark
         self.sc = spark.sparkContext
 
+    def executors(self) -> list[Executor] | None:
+        """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
+        return cluster_executors(self.sc)
+
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        self.sc.setJobDescription(f"sparkpoint batch {batch}")
-        rdd = self.sc.parallelize(plans, max(1, len(plans)))
+        group = batch_job_group(self.sc, batch)
+        rdd = task_rdd(self.sc, plans)
         try:
             results: list[TaskBatchResult] = rdd.map(run_task_batch).collect()
         except Exception as exc:
@@ -118,4 +137,42 @@ class SparkRunner:
             if err is not None:
                 raise err from None
             raise
+        record_executors(self.sc, group, plans, results)
         return results
+
+
+def cluster_executors(sc: Any) -> list[Executor] | None:
+    if str(sc.master).startswith("local"):
+        return None
+    return live_executors(sc)
+
+
+def batch_job_group(sc: Any, batch: int) -> str:
+    """Tag the batch's Spark jobs (to find where each task ran afterwards); the group id."""
+    group = f"sparkpoint-{sc.applicationId}-batch-{batch}"
+    sc.setJobGroup(group, f"sparkpoint batch {batch}")
+    return group
+
+
+def task_rdd(sc: Any, plans: list[TaskBatchPlan], items: list[Any] | None = None) -> Any:
+    """One partition per plan holding the plan (or ``items[i]``), preferring the plan's
+    executor when it names one (host affinity)."""
+    items = list(plans) if items is None else items
+    locations = [[p.location] if p.location else [] for p in plans]
+    if any(locations):
+        return located_rdd(sc, items, locations)
+    return sc.parallelize(items, max(1, len(items)))
+
+
+def record_executors(
+    sc: Any, group: str, plans: list[TaskBatchPlan], results: list[TaskBatchResult]
+) -> None:
+    """Fill in each result's ``ran_on``: the executor its task's partition last ran on."""
+    if str(sc.master).startswith("local"):
+        return
+    where = executors_of_group(sc, group, len(plans))
+    index = {p.task.name.name: i for i, p in enumerate(plans)}
+    for r in results:
+        i = index.get(r.task)
+        if i is not None and i in where:
+            r.ran_on = where[i]

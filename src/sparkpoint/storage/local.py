@@ -105,6 +105,13 @@ class LocalTaskState:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.dir / name, json.dumps(data).encode())
 
+    def store_bytes(self, store: str) -> int:
+        """Bytes the live store takes on disk (0 if it has no directory)."""
+        root = self.store_dir(store)
+        if not root.is_dir():
+            return 0
+        return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
     def clear_store(self, store: str) -> None:
         """Remove the live store and any half-built restore of it (its local checkpoints stay)."""
         for stale in (self.store_dir(store), self.staging_dir(store)):

@@ -1,0 +1,78 @@
+"""Where tasks run and ran: host affinity's records in the metadata store.
+
+Samza keeps container locality in the coordinator stream; sparkpoint uses its namespaces for
+the assignment, with a Spark executor in the role of a container:
+
+* ``set-task-container-assignment``: task -> executor id;
+* ``set-container-host-assignment``: executor id -> host;
+* ``task-locality`` (sparkpoint's own): task -> JSON of where it last committed, which
+  checkpoint, and its stores' size on disk then.
+
+The assignment rules live in :mod:`sparkpoint.runtime.placement`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkpoint.metadata.base import MetadataStore
+
+TASK_EXECUTOR = "set-task-container-assignment"
+EXECUTOR_HOST = "set-container-host-assignment"
+TASK_LOCALITY = "task-locality"
+
+
+@dataclass(frozen=True, order=True)
+class Executor:
+    """A Spark executor: its id and host."""
+
+    id: str
+    host: str
+
+    @property
+    def location(self) -> str:
+        """Spark's preferred-location string for this executor (``ExecutorCacheTaskLocation``)."""
+        return f"executor_{self.host}_{self.id}"
+
+    def __str__(self) -> str:
+        return f"executor {self.id} on {self.host}"
+
+
+def stored_assignment(store: MetadataStore, tasks: Iterable[str]) -> dict[str, Executor]:
+    """The stored executor of each of ``tasks`` that has one (with a known host)."""
+    by_task: Mapping[str, str] = store.all(TASK_EXECUTOR)
+    hosts: Mapping[str, str] = store.all(EXECUTOR_HOST)
+    return {
+        t: Executor(by_task[t], hosts[by_task[t]])
+        for t in tasks
+        if t in by_task and by_task[t] in hosts
+    }
+
+
+def store_assignment(store: MetadataStore, assignment: Mapping[str, Executor]) -> None:
+    """Record ``assignment`` (task -> executor) and those executors' hosts."""
+    if not assignment:
+        return
+    store.put_all(TASK_EXECUTOR, {t: e.id for t, e in assignment.items()})
+    store.put_all(EXECUTOR_HOST, {e.id: e.host for e in assignment.values()})
+    store.flush()
+
+
+def store_task_locality(store: MetadataStore, task: str, record: Mapping[str, Any]) -> None:
+    store.put(TASK_LOCALITY, task, json.dumps(dict(record), sort_keys=True))
+
+
+def task_locality(store: MetadataStore) -> dict[str, dict[str, Any]]:
+    """Each task's ``task-locality`` record (where it last committed)."""
+    out = {}
+    for task, text in store.all(TASK_LOCALITY).items():
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            out[task] = data
+    return out

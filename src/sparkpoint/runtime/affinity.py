@@ -1,0 +1,99 @@
+"""The driver's side of host affinity for one run: place tasks before each batch, learn where
+they ran after it, and keep both in the metadata store.
+
+The assignment rules are in :mod:`sparkpoint.runtime.placement`; the Spark calls in
+:mod:`sparkpoint.runtime.locality`. A runner that runs on a Spark cluster offers
+``executors()`` (the live executors) and fills in :attr:`TaskBatchResult.ran_on`; without it
+(local mode, the inline runner) nothing is placed and every count stays zero.
+
+Besides the assignment, each task's ``task-locality`` record in the metadata store says where
+it last committed, which checkpoint that was and how large its stores were then; ``sparkpoint
+job show`` prints it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparkpoint.config import Config
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.metadata.locality import (
+    Executor,
+    store_assignment,
+    store_task_locality,
+    stored_assignment,
+)
+from sparkpoint.runtime.placement import Move, Placement
+from sparkpoint.runtime.plan import TaskBatchResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchPlacement:
+    """What host affinity saw in one batch."""
+
+    moved: list[Move]  # before the batch: new tasks, lost executors, rebalance
+    away: list[Move]  # after it: tasks the scheduler ran away from their executor
+
+
+class HostAffinity:
+    """Host affinity of one run (see the module docstring)."""
+
+    def __init__(self, config: Config, store: MetadataStore, tasks: Sequence[str]) -> None:
+        self.enabled = config.get_bool("job.host-affinity.enabled", True)
+        self.rebalance = config.get_bool("job.host-affinity.rebalance")
+        self.store = store
+        self.tasks = list(tasks)
+        self.placement = Placement(stored_assignment(store, tasks) if self.enabled else {})
+        self._moved: list[Move] = []
+
+    def place(self, live: Sequence[Executor] | None) -> dict[str, str]:
+        """Before a batch: (re)assign tasks to ``live`` executors; each task's location."""
+        self._moved = []
+        if not self.enabled or live is None:
+            return {}
+        self._moved = self.placement.place(self.tasks, live, rebalance=self.rebalance)
+        for move in self._moved:
+            level = logging.INFO if move.reason == "new task" else logging.WARNING
+            log.log(level, "host affinity: %s", move)
+        store_assignment(self.store, {m.task: m.new for m in self._moved})
+        out = {}
+        for task in self.tasks:
+            location = self.placement.location(task)
+            if location is not None:
+                out[task] = location
+        return out
+
+    def ran(self, results: Sequence[TaskBatchResult]) -> BatchPlacement:
+        """After a batch: tasks that ran elsewhere are re-assigned there (their state is
+        there now)."""
+        away: list[Move] = []
+        for r in results:
+            if r.state_bytes:
+                self.placement.sizes[r.task] = sum(r.state_bytes.values())
+            if not self.enabled or r.ran_on is None:
+                continue
+            move = self.placement.ran(r.task, r.ran_on)
+            if move is None:
+                continue
+            if move.old is not None:
+                away.append(move)
+                log.warning("host affinity: %s", move)
+            store_assignment(self.store, {move.task: move.new})
+        return BatchPlacement(self._moved, away)
+
+    def committed(self, result: TaskBatchResult, checkpoint_id: str) -> None:
+        """Record where ``result``'s task committed ``checkpoint_id`` and its state size."""
+        record: dict[str, Any] = {
+            "checkpoint": checkpoint_id,
+            "worker": result.executor,
+            "state-bytes": result.state_bytes,
+        }
+        if result.ran_on is not None:
+            record["executor"] = result.ran_on.id
+            record["host"] = result.ran_on.host
+        store_task_locality(self.store, result.task, record)

@@ -1,0 +1,102 @@
+"""Spark's side of host affinity: RDDs with preferred locations, live executors, where tasks ran.
+
+PySpark has no public way to give a partition a preferred location. This module, the only one
+that reaches into Spark's JVM for it, uses ``SparkContext.makeRDD(Seq[(T, Seq[String])])``:
+one pickled item per partition with its locations, wrapped as a Python RDD. Spark's scheduler
+follows narrow dependencies to find preferred locations, so ``map``/``mapPartitions`` and a
+DataFrame made from it keep them. The live executors and the executor each task of a job ran
+on come from Spark's status store. Any failure here (a Spark version that changed these private
+APIs) logs one WARNING and falls back to no preference: the job still runs, tasks just restore
+wherever they land.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+from sparkpoint.metadata.locality import Executor
+
+log = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning(
+            "host affinity: %s failed (%s: %s); tasks run without a preferred executor",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _converters(sc: Any) -> Any:
+    return sc._jvm.scala.jdk.javaapi.CollectionConverters
+
+
+def _scala_seq(sc: Any, items: Sequence[Any]) -> Any:
+    return _converters(sc).asScala(list(items)).toSeq()
+
+
+def located_rdd(sc: Any, items: Sequence[Any], locations: Sequence[Sequence[str]]) -> Any:
+    """An RDD with one partition per item, partition ``i`` preferring ``locations[i]``
+    (``executor_<host>_<id>`` strings); ``sc.parallelize`` if that cannot be built."""
+    try:
+        from pyspark.rdd import RDD
+        from pyspark.serializers import CPickleSerializer
+
+        jvm = sc._jvm
+        pairs = [
+            jvm.scala.Tuple2(bytearray(pickle.dumps(item)), _scala_seq(sc, locs))
+            for item, locs in zip(items, locations, strict=True)
+        ]
+        tag = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
+        jrdd = sc._jsc.sc().makeRDD(_scala_seq(sc, pairs), tag).toJavaRDD()
+        return RDD(jrdd, sc, CPickleSerializer())
+    except Exception as exc:  # private API: never fail the job over a preference
+        _warn_once("building an RDD with preferred locations", exc)
+        return sc.parallelize(list(items), max(1, len(items)))
+
+
+def live_executors(sc: Any) -> list[Executor]:
+    """The active executors other than the driver (empty in local mode or if unknown)."""
+    try:
+        summaries = _converters(sc).asJava(sc._jsc.sc().statusStore().executorList(True))
+        out = []
+        for s in summaries:
+            if s.id() != "driver" and s.isActive():
+                out.append(Executor(str(s.id()), str(s.hostPort()).rsplit(":", 1)[0]))
+        return sorted(out)
+    except Exception as exc:
+        _warn_once("listing the live executors", exc)
+        return []
+
+
+def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Executor]:
+    """Partition index -> the executor its last successful task ran on, over the jobs of job
+    group ``group`` whose stages have ``partitions`` tasks (one per sparkpoint task)."""
+    try:
+        tracker = sc.statusTracker()
+        store = sc._jsc.sc().statusStore()
+        out: dict[int, Executor] = {}
+        for job in sorted(tracker.getJobIdsForGroup(group)):
+            info = tracker.getJobInfo(job)
+            for stage in sorted(info.stageIds if info else []):
+                stage_info = tracker.getStageInfo(stage)
+                if stage_info is None or stage_info.numTasks != partitions:
+                    continue
+                tasks = _converters(sc).asJava(
+                    store.taskList(stage, stage_info.currentAttemptId, 1 << 20)
+                )
+                for t in tasks:
+                    if t.status() == "SUCCESS":
+                        out[int(t.index())] = Executor(str(t.executorId()), str(t.host()))
+        return out
+    except Exception as exc:
+        _warn_once("reading where tasks ran", exc)
+        return {}
