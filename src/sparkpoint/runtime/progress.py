@@ -23,7 +23,8 @@ class ProgressDisplay:
     """A :class:`~sparkpoint.runtime.coordinator.Listener` that shows progress."""
 
     def __init__(self, console: Console | None = None, *, live: bool | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        # one line per batch in logs, never wrapped at 80 columns (greppable)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.live_enabled = self.console.is_terminal if live is None else live
         self._live: Live | None = None
         self._last: BatchReport | None = None

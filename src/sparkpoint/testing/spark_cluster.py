@@ -135,6 +135,19 @@ class StandaloneCluster:
                 raise TimeoutError(f"worker {index} did not register again in {timeout}s")
             time.sleep(0.2)
 
+    def add_worker(self, timeout: float = 90.0) -> int:
+        """Start one more worker (like a host joining the cluster); its index."""
+        index = self.workers
+        self.workers += 1
+        proc = self._spawn_worker(index)
+        self.worker_procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < self.workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {index} did not register in {timeout}s")
+            time.sleep(0.2)
+        return index
+
     def kill_worker(self, index: int) -> None:
         """Kill worker ``index`` (and its executors) at once, like a lost host."""
         proc = self.worker_procs[index]

@@ -1,0 +1,155 @@
+"""Host affinity on a Spark standalone cluster (a master and workers on loopback): each task
+runs where its state is, so a steady run restores each task once (its first batch) and never
+again; a lost worker moves only its tasks; an added one takes none unless asked."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.testing.spark_cluster import StandaloneCluster
+from tests.e2e.cli import JOB, popen, sp
+from tests.e2e.test_cluster import cluster_sets, prepared
+from tests.helpers import assert_at_least_once, changelog_view, emitted_counts, generate
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+TASKS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with StandaloneCluster(tmp_path_factory.mktemp("affinity"), workers=2, cores=1) as c:
+        yield c
+
+
+def affinity_sets(tmp_path: Path, *extra: str) -> list[str]:
+    """Private store directories per executor, state backed up to the changelog, small batches
+    (so a run has many), and every executor of the cluster."""
+    sets = cluster_sets(
+        tmp_path,
+        "stores.user-counts.changelog=filelog.user-counts-changelog",
+        "job.logged.store.base.dir={cwd}/state",
+        "task.batch.max.messages=150",
+        *extra,
+    )
+    return [s for s in sets if not s.startswith("spark.cores.max")]
+
+
+def summary(text: str) -> tuple[int, int, int]:
+    """(batches, task restores, tasks away from their state) from a run's final line."""
+    m = re.search(r"done \(.*?\): (\d+) batches.*?; (\d+) task restores .*?, (\d+) ran away", text)
+    assert m, text[-3000:]
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def restores_after_first_batch(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.match(r"batch ([2-9]|\d\d+):.*restored", line)]
+
+
+@pytest.mark.parametrize("api", ["task", "dataframe"])
+def test_a_steady_run_restores_each_task_once(
+    tmp_path: Path, cluster: StandaloneCluster, api: str
+) -> None:
+    sets = affinity_sets(tmp_path)
+    config, set_args, expected = prepared(tmp_path, sets, 20_000, 31)
+    job = str(JOB) if api == "task" else "pageviews_pipeline:job"
+    result = sp("run", job, "--until-caught-up", "--master", cluster.master_url, *set_args)
+    batches, restores, away = summary(result.stderr)
+    assert batches >= 30
+    assert restores == TASKS, result.stderr[-4000:]  # the first batch, on a cold executor
+    assert away == 0
+    assert restores_after_first_batch(result.stderr) == []
+    assert changelog_view(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+    shown = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)
+    executors = {t["executor"] for t in shown["tasks"]}
+    assert len(executors) == 2, shown  # balanced over both executors
+    assert all(t["state-current"] and t["state-bytes"]["user-counts"] > 0 for t in shown["tasks"])
+
+
+def test_a_lost_worker_moves_only_its_tasks(tmp_path: Path) -> None:
+    with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
+        sets = affinity_sets(tmp_path)
+        config, set_args, expected = prepared(tmp_path, sets, 30_000, 32)
+        log = tmp_path / "run.log"
+        driver = popen(
+            "run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args, log=log
+        )
+        manager = CheckpointManager(config)
+        deadline = time.monotonic() + 240
+        while len(manager.read_all()) < TASKS:
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        c.kill_worker(0)  # a lost host: its executor and its private state are gone
+        assert driver.wait(300) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+    _, restores, _ = summary(text)
+    moved = re.findall(r"host affinity: task (Partition \d) from executor \S+ .*is gone", text)
+    assert len(moved) == TASKS // 2, text[-4000:]  # the lost executor held half the tasks
+    assert restores == TASKS + len(moved), text[-4000:]
+    assert changelog_view(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+
+
+@pytest.mark.parametrize("rebalance", [False, True])
+def test_an_added_worker_takes_tasks_only_on_a_rebalance(tmp_path: Path, rebalance: bool) -> None:
+    with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
+        sets = affinity_sets(tmp_path)
+        config, set_args, expected = prepared(tmp_path, sets, 30_000, 33)
+        log = tmp_path / "run.log"
+        flags = ["--rebalance"] if rebalance else []
+        driver = popen(
+            "run",
+            str(JOB),
+            "--until-caught-up",
+            "--master",
+            c.master_url,
+            *flags,
+            *set_args,
+            log=log,
+        )
+        manager = CheckpointManager(config)
+        deadline = time.monotonic() + 240
+        while len(manager.read_all()) < TASKS:
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        c.add_worker()
+        assert driver.wait(300) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+    _, restores, away = summary(text)
+    moved = re.findall(r"host affinity: task (Partition \d) from .*: rebalance", text)
+    if rebalance:
+        assert len(moved) == 1, text[-4000:]  # 2+2+0 -> 2+1+1
+        assert restores == TASKS + 1, text[-4000:]
+    else:
+        assert moved == [] and restores == TASKS, text[-4000:]
+    assert away == 0
+    assert changelog_view(config) == dict(expected)
+
+
+def test_a_restarted_driver_places_tasks_back_and_restores_nothing(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """State in a per-host directory (kept across applications): the new driver reads the
+    assignment from the coordinator stream and every task resumes from its local state."""
+    sets = affinity_sets(tmp_path)
+    sets = [s for s in sets if not s.startswith("job.logged.store.base.dir")]
+    sets.append(f"job.logged.store.base.dir={tmp_path / 'host-state'}")
+    config, set_args, expected = prepared(tmp_path, sets, 8_000, 34)
+    first = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    assert summary(first.stderr)[1] == TASKS
+    before = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    more = generate(config, tmp_path / "job.yaml", 4_000, seed=35, users=100)
+    second = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    _, restores, away = summary(second.stderr)
+    assert (restores, away) == (0, 0), second.stderr[-4000:]
+    after = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    assert [t["host"] for t in after] == [t["host"] for t in before]
+    assert changelog_view(config) == dict(expected + more)
