@@ -91,8 +91,11 @@ def test_a_lost_worker_moves_only_its_tasks(tmp_path: Path) -> None:
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         text = log.read_text()
     _, restores, _ = summary(text)
-    moved = re.findall(r"host affinity: task (Partition \d) from executor \S+ .*is gone", text)
+    # moved off the lost executor: placed elsewhere by the driver, or re-run elsewhere by Spark
+    # when the executor died mid-batch (then re-assigned where it ran)
+    moved = re.findall(r"host affinity: task (Partition \d) from (executor \S+)", text)
     assert len(moved) == TASKS // 2, text[-4000:]  # the lost executor held half the tasks
+    assert len({old for _, old in moved}) == 1, moved  # all from the lost one
     assert restores == TASKS + len(moved), text[-4000:]
     assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
@@ -445,6 +445,7 @@ class JobCoordinator:
         window: bool = False,
         wait: bool = False,
         batch_id: int | None = None,
+        clean_up_only: bool = False,
     ) -> tuple[BatchReport, list[TaskBatchResult]]:
         """One micro-batch; ``wait`` makes tasks finish their uploads before returning.
         ``batch_id`` replays a logged batch under its old id."""
@@ -453,6 +454,8 @@ class JobCoordinator:
             self.batch_log.record(self._batch, end)
         locations = self._place()
         plans = self._plans(end, commit=commit, window=window, wait=wait, locations=locations)
+        if clean_up_only:
+            plans = [replace(p, clean_up_only=True) for p in plans]
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
@@ -602,7 +605,7 @@ class JobCoordinator:
         # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
         # so a stopped job leaves no superseded local checkpoints or remote snapshots behind
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-        self.run_batch(end, commit=False)
+        self.run_batch(end, commit=False, clean_up_only=True)
         summary.seconds = time.monotonic() - started
         summary.stopped_by = self.stop_reason
         if self.listener:

@@ -37,7 +37,12 @@ from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.task_storage import TaskStorage, persistent_store
+from sparkpoint.storage.task_storage import (
+    EMPTY_STATE,
+    TaskStorage,
+    checkpoint_state_id,
+    persistent_store,
+)
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
 
@@ -158,6 +163,7 @@ class TaskBatch:
         )
         self.local = self.storage.local
         self.last_processed: dict[SystemStreamPartition, str] = {}
+        self.kept = False  # whether begin() kept the live stores (else it restored them)
 
     # -- 3. input
     def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
@@ -171,7 +177,8 @@ class TaskBatch:
     def begin(self) -> dict[SystemStreamPartition, str]:
         """Step 1: establish state (keep the live stores or restore the last checkpoint); the
         next offset to read per SSP, matching the state."""
-        if self.storage.open(self.plan.expected_state_id):
+        self.kept = self.storage.open(self.plan.expected_state_id)
+        if self.kept:
             self.last_processed = dict(self.plan.last_processed)
             return dict(self.plan.resume)
         self.last_processed = dict(self.plan.checkpoint_last_processed)
@@ -187,13 +194,14 @@ class TaskBatch:
         processed = 0
         try:
             context.stores = self.storage.stores()
-            task = load_task_class(self.config.require("task.class"))()
-            task.init(context)
-            for ssp in plan.task.sorted_ssps():
-                processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
-            if plan.window:
-                task.window(collector, coordinator)
-            task.close()
+            if not plan.clean_up_only:
+                task = load_task_class(self.config.require("task.class"))()
+                task.init(context)
+                for ssp in plan.task.sorted_ssps():
+                    processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
+                if plan.window:
+                    task.window(collector, coordinator)
+                task.close()
             collector.close()
             return self.finish(
                 next_offsets,
@@ -231,7 +239,7 @@ class TaskBatch:
             self.storage.close()
             raise
         t_commit = time.monotonic()
-        state_id = report.state_id(uncommitted=plan.batch_state_id)
+        state_id = report.state_id(uncommitted=self._uncommitted_state_id())
         self.storage.close(state_id)
         sizes = {
             s: self.local.store_bytes(s)
@@ -261,6 +269,17 @@ class TaskBatch:
             executor=f"{socket.gethostname()}:{os.getpid()}",
             state_bytes=sizes,
         )
+
+    def _uncommitted_state_id(self) -> str:
+        """The state id of the stores after this batch when it committed nothing: the batch's
+        own, unless the batch only cleaned up (then the stores hold what they held)."""
+        plan = self.plan
+        if not plan.clean_up_only:
+            return plan.batch_state_id
+        if self.kept:
+            return plan.expected_state_id
+        last = plan.last_checkpoint_id
+        return EMPTY_STATE if last is None else checkpoint_state_id(last)
 
     def _process_ssp(
         self,

@@ -102,6 +102,7 @@ def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
             "start": _texts(start),
             "last_processed": _texts(batch.last_processed),
             "restored": [asdict(r) for r in batch.storage.restored],
+            "kept": batch.kept,
         },
     )
     return start
@@ -337,6 +338,7 @@ def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | N
         if done is None or done.get("batch") != key:
             return None
     batch.storage.restored = [RestoreStats(**r) for r in note.get("restored", [])]
+    batch.kept = bool(note.get("kept"))
     return read
 
 

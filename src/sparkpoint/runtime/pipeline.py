@@ -458,6 +458,11 @@ class DataFrameRunner:
         ).persist(StorageLevel.MEMORY_AND_DISK)
         frame = Batch(self.spark, source, batch, plans, self.config)
         frame._cached.append(source)
+        if plans and all(p.clean_up_only for p in plans):
+            try:  # no pipeline: only each task's finish, which cleans up after the checkpoint
+                return self._finish(source, _Finisher(plans, []))
+            finally:
+                frame.release()
         sent: dict[str, int] = {}
         t0 = time.monotonic()
         try:
@@ -480,11 +485,7 @@ class DataFrameRunner:
                 results = self._write(output, batch, sent, fold) or results
             t2 = time.monotonic()
             if not folded:
-                # on the cached partitions (locality), without shipping their rows to Python:
-                # offsets are never null, and a predicate Spark cannot fold keeps the partitions
-                cached = source.select("offset").where(F.col("offset").isNull())
-                finish = cached.mapInArrow(finisher, "result BINARY")
-                results = [pickle.loads(row.result) for row in finish.collect()]
+                results = self._finish(source, finisher)
             log.info(
                 "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, tasks finished %s",
                 batch,
@@ -509,6 +510,15 @@ class DataFrameRunner:
             if target is not None:
                 target.sent += n
         return results
+
+    @staticmethod
+    def _finish(source: Any, finisher: _Finisher) -> list[TaskBatchResult]:
+        """Each task's finish on the cached partitions (locality), without shipping their rows
+        to Python: offsets are never null, and a predicate Spark cannot fold keeps the
+        partitions."""
+        cached = source.select("offset").where(F.col("offset").isNull())
+        finish = cached.mapInArrow(finisher, "result BINARY")
+        return [pickle.loads(row.result) for row in finish.collect()]
 
     def _write(
         self, output: Output, batch: int, sent: dict[str, int], finisher: _Finisher | None

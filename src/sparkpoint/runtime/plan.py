@@ -49,6 +49,9 @@ class TaskBatchPlan:
     wait_for_uploads: bool = False
     task_count: int = 1
     location: str | None = None  # the preferred executor (host affinity), if any
+    #: read nothing and run no user code, only clean up after the last checkpoint (the pass
+    #: after a run's final commit): the stores keep the state id they have
+    clean_up_only: bool = False
 
     @property
     def last_checkpoint_id(self) -> str | None:
