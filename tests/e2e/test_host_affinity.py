@@ -36,7 +36,7 @@ def affinity_sets(tmp_path: Path, *extra: str) -> list[str]:
         tmp_path,
         "stores.user-counts.changelog=filelog.user-counts-changelog",
         "job.logged.store.base.dir={cwd}/state",
-        "task.batch.max.messages=150",
+        "task.batch.max.messages=100",
         *extra,
     )
     return [s for s in sets if not s.startswith("spark.cores.max")]
@@ -58,7 +58,7 @@ def test_a_steady_run_restores_each_task_once(
     tmp_path: Path, cluster: StandaloneCluster, api: str
 ) -> None:
     sets = affinity_sets(tmp_path)
-    config, set_args, expected = prepared(tmp_path, sets, 20_000, 31)
+    config, set_args, expected = prepared(tmp_path, sets, 14_000, 31)
     job = str(JOB) if api == "task" else "pageviews_pipeline:job"
     result = sp("run", job, "--until-caught-up", "--master", cluster.master_url, *set_args)
     batches, restores, away = summary(result.stderr)
@@ -77,7 +77,7 @@ def test_a_steady_run_restores_each_task_once(
 def test_a_lost_worker_moves_only_its_tasks(tmp_path: Path) -> None:
     with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
         sets = affinity_sets(tmp_path)
-        config, set_args, expected = prepared(tmp_path, sets, 30_000, 32)
+        config, set_args, expected = prepared(tmp_path, sets, 12_000, 32)
         log = tmp_path / "run.log"
         driver = popen(
             "run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args, log=log
@@ -105,7 +105,7 @@ def test_a_lost_worker_moves_only_its_tasks(tmp_path: Path) -> None:
 def test_an_added_worker_takes_tasks_only_on_a_rebalance(tmp_path: Path, rebalance: bool) -> None:
     with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
         sets = affinity_sets(tmp_path)
-        config, set_args, expected = prepared(tmp_path, sets, 30_000, 33)
+        config, set_args, expected = prepared(tmp_path, sets, 20_000, 33)
         log = tmp_path / "run.log"
         flags = ["--rebalance"] if rebalance else []
         driver = popen(
@@ -127,6 +127,7 @@ def test_an_added_worker_takes_tasks_only_on_a_rebalance(tmp_path: Path, rebalan
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         text = log.read_text()
     _, restores, away = summary(text)
+    assert re.search(r"host affinity: executor \S+ on \S+ joined", text), text[-4000:]
     moved = re.findall(r"host affinity: task (Partition \d) from .*: rebalance", text)
     if rebalance:
         assert len(moved) == 1, text[-4000:]  # 2+2+0 -> 2+1+1

@@ -50,12 +50,14 @@ class HostAffinity:
         self.tasks = list(tasks)
         self.placement = Placement(stored_assignment(store, tasks) if self.enabled else {})
         self._moved: list[Move] = []
+        self._live: set[Executor] | None = None
 
     def place(self, live: Sequence[Executor] | None) -> dict[str, str]:
         """Before a batch: (re)assign tasks to ``live`` executors; each task's location."""
         self._moved = []
         if not self.enabled or live is None:
             return {}
+        self._log_changes(set(live))
         self._moved = self.placement.place(self.tasks, live, rebalance=self.rebalance)
         for move in self._moved:
             level = logging.INFO if move.reason == "new task" else logging.WARNING
@@ -67,6 +69,21 @@ class HostAffinity:
             if location is not None:
                 out[task] = location
         return out
+
+    def _log_changes(self, live: set[Executor]) -> None:
+        if self._live is not None:
+            for gone in sorted(self._live - live):
+                held = sorted(t for t, e in self.placement.assignment.items() if e == gone)
+                log.warning("host affinity: lost %s (its tasks: %s)", gone, ", ".join(held))
+            for new in sorted(live - self._live):
+                log.warning(
+                    "host affinity: %s joined; %s",
+                    new,
+                    "rebalancing onto it"
+                    if self.rebalance
+                    else "no task moves to it (sparkpoint run --rebalance moves some)",
+                )
+        self._live = live
 
     def ran(self, results: Sequence[TaskBatchResult]) -> BatchPlacement:
         """After a batch: tasks that ran elsewhere are re-assigned there (their state is
