@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog clean
+.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -45,6 +45,9 @@ bench-dataframe: setup
 
 bench-changelog: setup
 	@.venv/bin/python bench/changelog_compaction.py
+
+bench-affinity: setup
+	@.venv/bin/python bench/host_affinity.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+../../examples/pageviews/pageviews_task.py
