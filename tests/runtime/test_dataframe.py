@@ -108,3 +108,25 @@ def test_values_as_text_or_bytes_whatever_the_serde(tmp_path: Path, spark: Any) 
         batch_dataframe(spark, plans).collect()
     with pytest.raises(Exception, match="value_schema decodes JSON, but stream filelog.pageviews"):
         batch_dataframe(spark, plans, value_schema="user STRING").collect()
+
+
+def test_the_batch_dataframe_prefers_each_tasks_executor(tmp_path: Path, spark: Any) -> None:
+    """Host affinity for the DataFrame API: the partitions of the batch (and of what is computed
+    from them) prefer the executor the driver placed each task on."""
+    from dataclasses import replace
+
+    config = load_config(None, pageviews_config(tmp_path))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    meta = coordinator.metadata(coordinator.all_ssps())
+    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
+    coordinator.close()
+    where = [f"executor_127.0.0.1_{i % 2}" for i in range(4)]
+    placed = [replace(p, location=loc) for p, loc in zip(plans, where, strict=True)]
+    df = batch_dataframe(spark, placed).selectExpr("task", "upper(value) AS v")
+    rdd = df._jdf.queryExecution().toRdd()
+    sc = spark.sparkContext._jsc.sc()
+    conv = spark.sparkContext._jvm.scala.jdk.javaapi.CollectionConverters
+    preferred = [[str(loc) for loc in conv.asJava(sc.getPreferredLocs(rdd, i))] for i in range(4)]
+    assert preferred == [[loc] for loc in where]
