@@ -1,8 +1,9 @@
-"""The example job on a Spark standalone cluster (a master and 2 workers on loopback)."""
+"""The example job on a Spark standalone cluster (a master and 2 workers on loopback).
+
+Private store directories with a changelog, for both APIs, are in test_host_affinity.py."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -15,7 +16,6 @@ from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, sp
 from tests.helpers import (
     assert_at_least_once,
-    changelog_view,
     committed_counts,
     emitted_counts,
     generate,
@@ -64,24 +64,6 @@ def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneC
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def test_private_store_dirs_restore_from_the_changelog(
-    tmp_path: Path, cluster: StandaloneCluster
-) -> None:
-    sets = cluster_sets(
-        tmp_path,
-        "stores.user-counts.changelog=filelog.user-counts-changelog",
-        "job.logged.store.base.dir={cwd}/state",  # each executor's own working directory
-    )
-    config, set_args, expected = prepared(tmp_path, sets, 30_000, 22)
-    result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
-    assert "done (caught up)" in result.stderr, result.stderr
-    # tasks ran on both executors, and a task that landed where its state was not restored it
-    restores = r"restore Partition \d store user-counts: changelog, \d+ entries"
-    assert re.search(restores, result.stderr), result.stderr
-    assert changelog_view(config) == dict(expected)
-    assert_at_least_once(emitted_counts(config), expected)
-
-
 def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> None:
     from sparkpoint.checkpoint.manager import CheckpointManager
     from sparkpoint.testing.services import AzuriteBlob
@@ -118,22 +100,3 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
         assert committed_counts(config) == dict(expected)
         assert_at_least_once(emitted_counts(config), expected)
         assert sp("state", "check", str(JOB), *set_args).stdout.startswith("ok")
-
-
-def test_dataframe_pipeline_with_private_store_dirs(
-    tmp_path: Path, cluster: StandaloneCluster
-) -> None:
-    """The DataFrame example on two executors that do not share state directories: stores are
-    backed up to the changelog, and the committed state is exact."""
-
-    sets = cluster_sets(
-        tmp_path,
-        "stores.user-counts.changelog=filelog.user-counts-changelog",
-        "job.logged.store.base.dir={cwd}/state",
-    )
-    config, set_args, expected = prepared(tmp_path, sets, 20_000, 25)
-    pipeline = "pageviews_pipeline:job"
-    result = sp("run", pipeline, "--until-caught-up", "--master", cluster.master_url, *set_args)
-    assert "done (caught up)" in result.stderr, result.stderr
-    assert changelog_view(config) == dict(expected)
-    assert_at_least_once(emitted_counts(config), expected)

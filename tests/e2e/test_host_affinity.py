@@ -16,7 +16,13 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, popen, sp
 from tests.e2e.test_cluster import cluster_sets, prepared
-from tests.helpers import assert_at_least_once, changelog_view, emitted_counts, generate
+from tests.helpers import (
+    assert_at_least_once,
+    changelog_view,
+    committed_counts,
+    emitted_counts,
+    generate,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -29,12 +35,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
         yield c
 
 
-def affinity_sets(tmp_path: Path, *extra: str) -> list[str]:
-    """Private store directories per executor, state backed up to the changelog, small batches
+BACKENDS = {
+    "changelog": "stores.user-counts.changelog=filelog.user-counts-changelog",
+    "blobstore": "stores.user-counts.backup.factories=blobstore",  # under job.data.dir
+}
+
+
+def affinity_sets(tmp_path: Path, *extra: str, backend: str = "changelog") -> list[str]:
+    """Private store directories per executor, state backed up to ``backend``, small batches
     (so a run has many), and every executor of the cluster."""
     sets = cluster_sets(
         tmp_path,
-        "stores.user-counts.changelog=filelog.user-counts-changelog",
+        BACKENDS[backend],
         "job.logged.store.base.dir={cwd}/state",
         "task.batch.max.messages=100",
         *extra,
@@ -53,11 +65,11 @@ def restores_after_first_batch(text: str) -> list[str]:
     return [line for line in text.splitlines() if re.match(r"batch ([2-9]|\d\d+):.*restored", line)]
 
 
-@pytest.mark.parametrize("api", ["task", "dataframe"])
+@pytest.mark.parametrize(("api", "backend"), [("task", "changelog"), ("dataframe", "blobstore")])
 def test_a_steady_run_restores_each_task_once(
-    tmp_path: Path, cluster: StandaloneCluster, api: str
+    tmp_path: Path, cluster: StandaloneCluster, api: str, backend: str
 ) -> None:
-    sets = affinity_sets(tmp_path)
+    sets = affinity_sets(tmp_path, backend=backend)
     config, set_args, expected = prepared(tmp_path, sets, 14_000, 31)
     job = str(JOB) if api == "task" else "pageviews_pipeline:job"
     result = sp("run", job, "--until-caught-up", "--master", cluster.master_url, *set_args)
@@ -66,7 +78,7 @@ def test_a_steady_run_restores_each_task_once(
     assert restores == TASKS, result.stderr[-4000:]  # the first batch, on a cold executor
     assert away == 0
     assert restores_after_first_batch(result.stderr) == []
-    assert changelog_view(config) == dict(expected)
+    assert committed_counts(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
     shown = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)
     executors = {t["executor"] for t in shown["tasks"]}
