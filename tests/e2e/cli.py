@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from sparkpoint.config import Config
 from tests.conftest import EXAMPLE_DIR
 
 JOB = EXAMPLE_DIR / "job.yaml"
@@ -36,3 +38,17 @@ def sp(
 def popen(*args: str, log: Path) -> subprocess.Popen[bytes]:
     out = open(log, "wb")  # noqa: SIM115 - closed by the OS when the child exits
     return subprocess.Popen([SPARKPOINT, *args], stdout=out, stderr=subprocess.STDOUT, env=env())
+
+
+def wait_for_checkpoints(
+    config: Config, driver: subprocess.Popen[bytes], log: Path, tasks: int, timeout: float = 240
+) -> None:
+    """Wait until ``tasks`` tasks of the running ``driver`` have a checkpoint (fails the test,
+    with the end of its log, if it exits or takes longer than ``timeout`` seconds)."""
+    from sparkpoint.checkpoint.manager import CheckpointManager
+
+    manager = CheckpointManager(config)
+    deadline = time.monotonic() + timeout
+    while len(manager.read_all()) < tasks:
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)

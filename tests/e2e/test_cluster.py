@@ -4,7 +4,6 @@ Private store directories with a changelog, for both APIs, are in test_host_affi
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,9 +64,8 @@ def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneC
 
 
 def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> None:
-    from sparkpoint.checkpoint.manager import CheckpointManager
     from sparkpoint.testing.services import AzuriteBlob
-    from tests.e2e.cli import popen
+    from tests.e2e.cli import popen, wait_for_checkpoints
 
     with (
         AzuriteBlob(tmp_path / "azurite") as azurite,
@@ -87,11 +85,7 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
         driver = popen(
             "run", str(JOB), "--until-caught-up", "--master", c2.master_url, *set_args, log=log
         )
-        manager = CheckpointManager(config)
-        deadline = time.monotonic() + 240
-        while len(manager.read_all()) < 4:
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_for_checkpoints(config, driver, log, 4)
         c2.kill_worker(0)  # a lost host: its executor and its private state are gone
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         assert "done (caught up)" in log.read_text()

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.testing.spark_cluster import StandaloneCluster
-from tests.e2e.cli import JOB, popen, sp
+from tests.e2e.cli import JOB, popen, sp, wait_for_checkpoints
 from tests.e2e.test_cluster import cluster_sets, prepared
 from tests.helpers import (
     assert_at_least_once,
@@ -94,11 +92,7 @@ def test_a_lost_worker_moves_only_its_tasks(tmp_path: Path) -> None:
         driver = popen(
             "run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args, log=log
         )
-        manager = CheckpointManager(config)
-        deadline = time.monotonic() + 240
-        while len(manager.read_all()) < TASKS:
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_for_checkpoints(config, driver, log, TASKS)
         c.kill_worker(0)  # a lost host: its executor and its private state are gone
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         text = log.read_text()
@@ -130,11 +124,7 @@ def test_an_added_worker_takes_tasks_only_on_a_rebalance(tmp_path: Path, rebalan
             *set_args,
             log=log,
         )
-        manager = CheckpointManager(config)
-        deadline = time.monotonic() + 240
-        while len(manager.read_all()) < TASKS:
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_for_checkpoints(config, driver, log, TASKS)
         c.add_worker()
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         text = log.read_text()
