@@ -108,3 +108,14 @@ def test_host_affinity_off_places_nothing(tmp_path: Path) -> None:
     affinity = HostAffinity(config, CoordinatorStreamStore(config), TASKS)
     assert affinity.place([A, B]) == {}
     assert affinity.ran([_result("Partition 0", A)]).away == []
+
+
+def test_no_preference_for_an_executor_that_is_not_live(tmp_path: Path) -> None:
+    """Before any executor has registered (or when all are gone) nothing is preferred: a
+    preference for a dead executor would only delay the batch."""
+    config = load_config(None, base=pageviews_config(tmp_path))
+    store = CoordinatorStreamStore(config)
+    HostAffinity(config, store, TASKS).place([A, B])
+    again = HostAffinity(config, store, TASKS)
+    assert again.place([]) == {}
+    assert set(again.place([A]).values()) == {A.location}  # B's tasks moved to A

@@ -63,12 +63,12 @@ class HostAffinity:
             level = logging.INFO if move.reason == "new task" else logging.WARNING
             log.log(level, "host affinity: %s", move)
         store_assignment(self.store, {m.task: m.new for m in self._moved})
-        out = {}
-        for task in self.tasks:
-            location = self.placement.location(task)
-            if location is not None:
-                out[task] = location
-        return out
+        alive = set(live)
+        return {
+            task: executor.location
+            for task, executor in self.placement.assignment.items()
+            if executor in alive  # none when no executor is known yet: nothing to prefer
+        }
 
     def _log_changes(self, live: set[Executor]) -> None:
         if self._live is not None:

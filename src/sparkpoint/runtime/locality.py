@@ -78,25 +78,28 @@ def live_executors(sc: Any) -> list[Executor]:
 
 
 def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Executor]:
-    """Partition index -> the executor its last successful task ran on, over the jobs of job
-    group ``group`` whose stages have ``partitions`` tasks (one per sparkpoint task)."""
+    """Partition index -> the executor its successful task ran on, in the last stage of the
+    last job of job group ``group`` that has ``partitions`` tasks (one per sparkpoint task: the
+    batch job, or a DataFrame batch's finish, which runs on the batch's partitions; a shuffle
+    stage's partitions are not tasks, so only the last matching stage counts)."""
     try:
         tracker = sc.statusTracker()
         store = sc._jsc.sc().statusStore()
-        out: dict[int, Executor] = {}
-        for job in sorted(tracker.getJobIdsForGroup(group)):
-            info = tracker.getJobInfo(job)
-            for stage in sorted(info.stageIds if info else []):
-                stage_info = tracker.getStageInfo(stage)
-                if stage_info is None or stage_info.numTasks != partitions:
-                    continue
-                tasks = _converters(sc).asJava(
-                    store.taskList(stage, stage_info.currentAttemptId, 1 << 20)
-                )
-                for t in tasks:
-                    if t.status() == "SUCCESS":
-                        out[int(t.index())] = Executor(str(t.executorId()), str(t.host()))
-        return out
+        jobs = sorted(tracker.getJobIdsForGroup(group))
+        info = tracker.getJobInfo(jobs[-1]) if jobs else None
+        stages = [tracker.getStageInfo(s) for s in sorted(info.stageIds if info else [])]
+        matching = [s for s in stages if s is not None and s.numTasks == partitions]
+        if not matching:
+            return {}
+        stage = matching[-1]
+        tasks = _converters(sc).asJava(
+            store.taskList(stage.stageId, stage.currentAttemptId, 1 << 20)
+        )
+        return {
+            int(t.index()): Executor(str(t.executorId()), str(t.host()))
+            for t in tasks
+            if t.status() == "SUCCESS"
+        }
     except Exception as exc:
         _warn_once("reading where tasks ran", exc)
         return {}

@@ -46,10 +46,6 @@ class Placement:
     #: bytes of local state per task, where known: balances new tasks by state as well
     sizes: dict[str, int] = field(default_factory=dict)
 
-    def location(self, task: str) -> str | None:
-        executor = self.assignment.get(task)
-        return None if executor is None else executor.location
-
     def load(self, executor: Executor) -> tuple[int, int]:
         tasks = [t for t, e in self.assignment.items() if e == executor]
         return len(tasks), sum(self.sizes.get(t, 0) for t in tasks)
