@@ -92,6 +92,7 @@ def run_mode(cluster: StandaloneCluster, work: Path, args: argparse.Namespace, o
     if out.returncode != 0:
         raise SystemExit(f"run failed ({'on' if on else 'off'}):\n{out.stderr[-4000:]}")
     text = out.stderr
+    (args.logs / f"{'on' if on else 'off'}.log").write_text(text)
     lines = re.findall(r"^batch (\d+): (\d+) msgs in ([\d.]+)s(.*)$", text, re.M)
     later = [(int(n), int(m), float(s), rest) for n, m, s, rest in lines if int(n) > 1]
     restores_later = sum(
@@ -118,12 +119,15 @@ def main() -> None:
     parser.add_argument("--state-mb", type=int, default=250, help="ballast per task")
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--per-batch", type=int, default=2_000, help="messages per partition")
+    parser.add_argument("--logs", type=Path, default=Path("bench-affinity-logs"))
     args = parser.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sp-bench-affinity-") as tmp:
         work = Path(tmp)
         with StandaloneCluster(work / "cluster", workers=2, cores=1, memory="3g") as cluster:
             results = [run_mode(cluster, work, args, on) for on in (True, False)]
     keys = list(results[0])
+    print(f"(each run's output: {args.logs}/on.log, off.log)")
     print(f"host affinity, {PARTITIONS} tasks x {args.state_mb} MB state, 2 workers x 1 core:")
     for key in keys[1:]:
         row = [r[key] for r in results]
