@@ -15,7 +15,7 @@ from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import ensure_stream, partition_for_key
+from sparkpoint.system.streams import ensure_stream
 
 PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/login", "/about", "/careers"]
 
@@ -35,16 +35,17 @@ def events(n: int, seed: int, users: int) -> Iterator[dict[str, object]]:
 def write(job_file: str, n: int, seed: int, users: int, stream: str = "pageviews") -> int:
     config = load_config(job_file)
     systems = Systems(config)
-    ss = SystemStream("filelog", stream)
+    system = config.inputs[0].system if config.inputs else "filelog"  # the job's input system
+    ss = SystemStream(system, stream)
     partitions = ensure_stream(config, systems, ss)
+    admin = systems.admin(ss.system)
     producer = systems.producer(ss.system)
     written = 0
     for event in events(n, seed, users):
         key = str(event["user"]).encode()
         value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
-        producer.send(
-            ss.stream, partition_for_key(key, partitions), Record("", key, value, int(event["ts"]))
-        )  # type: ignore[call-overload]
+        partition = admin.partition_for_key(key, partitions)
+        producer.send(ss.stream, partition, Record("", key, value, int(event["ts"])))
         written += 1
         if written % 50_000 == 0:
             producer.flush()

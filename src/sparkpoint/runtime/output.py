@@ -1,7 +1,8 @@
 """Output of tasks: encode, partition and send messages to their streams' producers.
 
-A message without an explicit partition goes to ``crc32(serialized key) % partitions`` (a key of
-``None`` goes to partition 0), so one key always lands in one partition. An output stream that
+A message without an explicit partition goes where its system places its serialized key
+(``SystemAdmin.partition_for_key``: crc32 on filelog, murmur2 on Kafka; a key of ``None`` goes
+to partition 0), so one key always lands in one partition. An output stream that
 does not exist yet is created with ``streams.<s>.partitions`` or the system's default partition
 count. :meth:`OutputCollector.flush` returns only when everything sent is durable.
 """
@@ -17,7 +18,7 @@ from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import ensure_stream, partition_for_key
+from sparkpoint.system.streams import ensure_stream
 
 
 class OutputCollector:
@@ -54,7 +55,9 @@ class OutputCollector:
             ) from exc
         partition = envelope.partition
         if partition is None:
-            partition = partition_for_key(key, partitions)
+            partition = self._systems.admin(envelope.stream.system).partition_for_key(
+                key, partitions
+            )
         elif not 0 <= partition < partitions:
             raise TaskError(
                 f"task {self._task}: partition {partition} of {envelope.stream} does not exist "

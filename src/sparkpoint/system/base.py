@@ -8,6 +8,7 @@ Ranges are half-open: a read of ``[start, end)`` returns records with ``start <=
 
 from __future__ import annotations
 
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,12 @@ class SystemAdmin(ABC):
 
         Returns the upcoming offset when every record is older.
         """
+
+    def partition_for_key(self, key: bytes | None, partitions: int) -> int:
+        """The partition a serialized key belongs to among ``partitions``: stable across
+        processes and runs (``None`` goes to 0). sparkpoint's default is ``crc32(key)``; a
+        system whose other clients place keys their own way overrides it (Kafka: murmur2)."""
+        return 0 if key is None else zlib.crc32(key) % partitions
 
     def compact(
         self, stream: str, partition: int, up_to: str | None = None

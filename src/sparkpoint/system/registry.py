@@ -18,6 +18,10 @@ from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, S
 
 BUILTIN: dict[str, tuple[str, str]] = {
     "filelog": ("sparkpoint.system.filelog:FileLogSystemFactory", "built in"),
+    "kafka": (
+        "sparkpoint.system.kafka:KafkaSystemFactory",
+        "needs confluent-kafka: pip install 'sparkpoint[kafka]'",
+    ),
 }
 
 

