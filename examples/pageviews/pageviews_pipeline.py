@@ -64,7 +64,7 @@ def build(batch: Batch) -> list[Output]:
     )
     out_dir = Path(batch.config.require("job.data.dir")) / "enriched-views"
     return [
-        batch.to_stream(counts, "filelog.user-counts", key="user"),
+        batch.to_stream(counts, f"{batch.config.inputs[0].system}.user-counts", key="user"),
         batch.to_sink(enriched, ParquetSink(out_dir)),
     ]
 

@@ -9,7 +9,7 @@ from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, Ta
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
-OUTPUT = SystemStream("filelog", "user-counts")
+OUTPUT = "user-counts"  # in the input's system: filelog by default, Kafka by config
 
 
 class PageViewCounter(StreamTask):
@@ -30,4 +30,5 @@ class PageViewCounter(StreamTask):
         user = str(view["user"])
         count = (self.counts.get(user) or 0) + 1
         self.counts.put(user, count)
-        collector.send(OutgoingMessageEnvelope(OUTPUT, user, {"user": user, "count": count}))
+        output = SystemStream(envelope.ssp.system, OUTPUT)
+        collector.send(OutgoingMessageEnvelope(output, user, {"user": user, "count": count}))

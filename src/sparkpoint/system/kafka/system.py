@@ -51,6 +51,8 @@ from sparkpoint.system.base import (
 from sparkpoint.system.kafka.partitioner import kafka_partition
 
 TIMEOUT_S = 30.0
+#: Kafka's own topics (sparkpoint's checkpoint and coordinator topics start with "__" as well)
+_KAFKA_INTERNAL = frozenset({"__consumer_offsets", "__transaction_state"})
 #: client settings the admin shares with the consumer (connection and security)
 _SHARED = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.", "socket.", "broker.")
 
@@ -127,7 +129,7 @@ class KafkaAdmin(SystemAdmin):
             topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
         except KafkaException as exc:
             raise self._fail("listing topics", exc) from exc
-        return sorted(t for t in topics if not t.startswith("__"))
+        return sorted(t for t in topics if t not in _KAFKA_INTERNAL)
 
     def partition_count(self, stream: str) -> int:
         with self._lock:
