@@ -31,7 +31,8 @@ def committed_counts(config: Config) -> dict[str, int]:
 
 def emitted_counts(config: Config) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
-    rows = read_json_lines(config, Systems(config), SystemStream("filelog", "user-counts"))
+    output = SystemStream(config.inputs[0].system, "user-counts")  # the example's output
+    rows = read_json_lines(config, Systems(config), output)
     for row in rows:
         value: Any = row["value"]
         out.setdefault(value["user"], []).append(int(value["count"]))
@@ -48,7 +49,7 @@ def assert_at_least_once(emitted: dict[str, list[int]], expected: Counter[str]) 
 def counts_at_offsets(config: Config, offsets: dict[Any, str]) -> Counter[str]:
     """An independent count of views per user in the input up to ``offsets`` (inclusive)."""
     systems = Systems(config)
-    consumer = systems.consumer("filelog")
+    consumer = systems.consumer(config.inputs[0].system)
     counts: Counter[str] = Counter()
     for ssp, last in offsets.items():
         if ssp.stream != "pageviews":

@@ -242,29 +242,35 @@ class KafkaConsumer(SystemConsumer):
         self, consumer: Any, ssp: SystemStreamPartition, first: int, stop: int, limit: int
     ) -> list[Record]:
         out: list[Record] = []
+        expected = first  # records before it are stale prefetches of an earlier assignment
         deadline = time.monotonic() + TIMEOUT_S
         while len(out) < limit:
             batch = consumer.consume(min(limit - len(out), 10_000), timeout=0.2)
             for m in batch:
                 err = m.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return out  # nothing more (the rest of the range is gone)
-                    raise SparkpointError(f"reading {ssp} from offset {first}: {err.str()}")
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise SparkpointError(f"reading {ssp} from offset {first}: {err.str()}")
+                    if m.offset() >= expected:
+                        return out  # nothing more: the rest of the range is gone
+                    continue
                 offset = m.offset()
+                if m.partition() != ssp.partition or m.topic() != ssp.stream or offset < expected:
+                    continue
                 if offset >= stop:
                     return out
                 ts_type, ts = m.timestamp()
                 stamp = 0 if ts_type == TIMESTAMP_NOT_AVAILABLE else int(ts)
                 out.append(Record(str(offset), m.key(), m.value(), stamp))
-                if offset == stop - 1 or len(out) == limit:
+                expected = offset + 1
+                if expected == stop or len(out) == limit:
                     return out
             if batch:
                 deadline = time.monotonic() + TIMEOUT_S
             elif time.monotonic() > deadline:
                 raise SparkpointError(
                     f"reading {ssp} offsets [{first}, {stop}): no record for {TIMEOUT_S:.0f}s "
-                    f"after offset {out[-1].offset if out else first - 1}"
+                    f"after offset {expected - 1}"
                 )
         return out
 
