@@ -74,6 +74,37 @@ def client_config(system: str, config: Mapping[str, str], role: str) -> dict[str
     return out
 
 
+class _Pool:
+    """Idle librdkafka clients of this process, by kind and settings: a Spark Python worker
+    runs many short reads and batches, and a new client costs a connection and a metadata
+    round trip each time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]] = {}
+
+    @staticmethod
+    def _key(kind: type[Any], settings: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+        plain = {k: str(v) for k, v in settings.items() if not callable(v)}
+        return kind.__name__, tuple(sorted(plain.items()))
+
+    def take(self, kind: type[Any], settings: dict[str, Any], system: str, role: str) -> Any:
+        with self._lock:
+            idle = self._idle.get(self._key(kind, settings))
+            if idle:
+                return idle.pop()
+        if kind is _ProducerClient:
+            return _ProducerClient(settings, system)
+        return _client(kind, settings, system, role)
+
+    def give_back(self, kind: type[Any], settings: dict[str, Any], client: Any) -> None:
+        with self._lock:
+            self._idle.setdefault(self._key(kind, settings), []).append(client)
+
+
+_POOL = _Pool()
+
+
 def _client(kind: type[Any], settings: dict[str, Any], system: str, role: str) -> Any:
     try:
         return kind(settings)
@@ -221,7 +252,7 @@ class KafkaConsumer(SystemConsumer):
 
     def _client(self) -> Any:
         if self._consumer is None:
-            self._consumer = _client(Consumer, dict(self._settings), self.system, "consumer")
+            self._consumer = _POOL.take(Consumer, dict(self._settings), self.system, "consumer")
         return self._consumer
 
     def read(
@@ -276,8 +307,22 @@ class KafkaConsumer(SystemConsumer):
 
     def close(self) -> None:
         if self._consumer is not None:
-            self._consumer.close()
+            _POOL.give_back(Consumer, self._settings, self._consumer)  # unassigned after reads
             self._consumer = None
+
+
+class _ProducerClient:
+    """A librdkafka producer with the failed deliveries it reported since its last flush."""
+
+    def __init__(self, settings: dict[str, Any], system: str) -> None:
+        self.failures: list[str] = []
+        self.producer = _client(
+            Producer, {**settings, "on_delivery": self._delivered}, system, "producer"
+        )
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failures.append(f"{msg.topic()} partition {msg.partition()}: {err.str()}")
 
 
 class KafkaProducer(SystemProducer):
@@ -285,18 +330,20 @@ class KafkaProducer(SystemProducer):
 
     def __init__(self, system: str, config: Mapping[str, str]) -> None:
         self.system = system
-        settings: dict[str, Any] = {
+        self._settings: dict[str, Any] = {
             "enable.idempotence": True,
             **client_config(system, config, "producer"),
-            "on_delivery": self._delivered,
         }
-        self._producer = _client(Producer, settings, system, "producer")
-        self._failures: list[str] = []
+        self._client: _ProducerClient | None = _POOL.take(
+            _ProducerClient, self._settings, system, "producer"
+        )
         self._known: dict[str, int] = {}
 
-    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None:
-            self._failures.append(f"{msg.topic()} partition {msg.partition()}: {err.str()}")
+    @property
+    def _producer(self) -> Any:
+        if self._client is None:
+            raise SparkpointError(f"kafka system {self.system}: producer used after close()")
+        return self._client.producer
 
     def _check(self, stream: str, partition: int) -> None:
         if stream not in self._known:
@@ -313,9 +360,10 @@ class KafkaProducer(SystemProducer):
 
     def send(self, stream: str, partition: int, record: Record) -> None:
         self._check(stream, partition)
+        producer = self._producer
         while True:
             try:
-                self._producer.produce(
+                producer.produce(
                     stream,
                     value=record.value,
                     key=record.key,
@@ -324,12 +372,14 @@ class KafkaProducer(SystemProducer):
                 )
                 break
             except BufferError:  # the local queue is full: let deliveries drain
-                self._producer.poll(0.05)
-        self._producer.poll(0)
+                producer.poll(0.05)
+        producer.poll(0)
 
     def flush(self) -> None:
-        left = self._producer.flush(TIMEOUT_S)
-        failures, self._failures = self._failures, []
+        if self._client is None:
+            return
+        left = self._client.producer.flush(TIMEOUT_S)
+        failures, self._client.failures = self._client.failures, []
         if failures:
             raise SparkpointError(
                 f"kafka system {self.system}: {len(failures)} record(s) not written, first: "
@@ -342,7 +392,16 @@ class KafkaProducer(SystemProducer):
             )
 
     def close(self) -> None:
-        self.flush()
+        """Flush, then leave the client to this process's next producer of the system (a
+        client whose flush failed is dropped, not reused)."""
+        if self._client is None:
+            return
+        client = self._client
+        try:
+            self.flush()
+        finally:
+            self._client = None
+        _POOL.give_back(_ProducerClient, self._settings, client)
 
 
 class KafkaSystemFactory(SystemFactory):
