@@ -140,6 +140,18 @@ class SystemAdmin(ABC):
         """Release resources. Idempotent."""
 
 
+class IntegerOffsets:
+    """Offsets that are decimal integers, one per record (filelog, Kafka): a
+    :class:`SystemAdmin` mix-in."""
+
+    def offset_comparator(self, a: str, b: str) -> int:
+        x, y = int(a), int(b)
+        return (x > y) - (x < y)
+
+    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
+        return str(int(offset) + 1)
+
+
 class SystemConsumer(ABC):
     """Reads bounded offset ranges of registered SSPs. One instance per thread."""
 

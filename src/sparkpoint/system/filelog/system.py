@@ -21,6 +21,7 @@ from sparkpoint.errors import ConfigError, StreamNotFound, UserError
 from sparkpoint.fsutil import fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
+    IntegerOffsets,
     PartitionMetadata,
     Record,
     StreamSpec,
@@ -88,7 +89,7 @@ class _Streams:
         )
 
 
-class FileLogAdmin(SystemAdmin):
+class FileLogAdmin(IntegerOffsets, SystemAdmin):
     def __init__(self, streams: _Streams) -> None:
         self._s = streams
 
@@ -128,13 +129,6 @@ class FileLogAdmin(SystemAdmin):
         self, ssps: Iterable[SystemStreamPartition]
     ) -> dict[SystemStreamPartition, PartitionMetadata]:
         return {s: self._s.log(s.stream, s.partition).metadata() for s in ssps}
-
-    def offset_comparator(self, a: str, b: str) -> int:
-        x, y = int(a), int(b)
-        return (x > y) - (x < y)
-
-    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
-        return str(int(offset) + 1)
 
     def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
         return str(self._s.log(ssp.stream, ssp.partition).offset_for_timestamp(timestamp_ms))

@@ -40,6 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
+    IntegerOffsets,
     PartitionMetadata,
     Record,
     StreamSpec,
@@ -114,7 +115,7 @@ def _client(kind: type[Any], settings: dict[str, Any], system: str, role: str) -
         ) from exc
 
 
-class KafkaAdmin(SystemAdmin):
+class KafkaAdmin(IntegerOffsets, SystemAdmin):
     def __init__(self, system: str, config: Mapping[str, str]) -> None:
         self.system = system
         consumer = client_config(system, config, "consumer")
@@ -214,13 +215,6 @@ class KafkaAdmin(SystemAdmin):
             )
             for s in ssps
         }
-
-    def offset_comparator(self, a: str, b: str) -> int:
-        x, y = int(a), int(b)
-        return (x > y) - (x < y)
-
-    def offset_after(self, ssp: SystemStreamPartition, offset: str) -> str:
-        return str(int(offset) + 1)
 
     def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
         found = self._list_offsets([ssp], lambda _: OffsetSpec.for_timestamp(timestamp_ms))[ssp]
