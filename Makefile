@@ -12,7 +12,7 @@ test: setup
 	@.venv/bin/ruff check src tests examples bench soak
 	@.venv/bin/ruff format --check src tests examples bench soak
 	@.venv/bin/mypy
-	@scripts/pytest.sh tests
+	@scripts/pytest.sh tests --durations=15
 
 test-fast: setup
 	@scripts/pytest.sh tests -m "not slow"

@@ -468,3 +468,22 @@ def test_state_show_says_where_committed_state_is(tmp_path: Path) -> None:
         assert r["blobstore"]["files"] > 0
     shutil.rmtree(config.store_base_dir)
     assert all(r["local"] is None for r in state_locations(config))
+
+
+def test_a_deleted_store_directory_is_restored_even_when_the_marker_matches(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped job leaves each task's marker naming its last checkpoint, so a restart keeps
+    the live stores. If an operator (or a disk) lost a store's directory meanwhile, the marker
+    must not vouch for it: the store is restored, never opened empty."""
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=91)
+    run(config, until_caught_up=True)
+    for task_dir in config.store_base_dir.iterdir():
+        assert (task_dir / "STATE").read_text().startswith('{"state-id": "ckpt:')
+        shutil.rmtree(task_dir / "user-counts")
+    caplog.set_level("WARNING")
+    run(config, until_caught_up=True)
+    assert "store(s) user-counts are missing" in caplog.text
+    assert live_counts(config) == dict(expected)
+    assert committed_counts(config) == dict(expected)

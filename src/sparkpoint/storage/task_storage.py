@@ -130,13 +130,24 @@ class TaskStorage:
         :attr:`restored` saying what each store's restore did). The marker is cleared either
         way: the stores are about to change."""
         marker = self.local.read_marker()
-        if marker == expected_state_id and self._memory_stores_hold(marker):
+        missing = self._missing_stores()
+        if marker == expected_state_id and self._memory_stores_hold(marker) and not missing:
             for store in self.config.stores:
                 cached = _MEMORY.get((self.task.name.name, store))
                 self.engines[store] = cached[1] if cached else self._open_engine(store)
             self.local.clear_marker()
             return True
-        if marker is not None or expected_state_id != EMPTY_STATE:
+        if marker == expected_state_id and missing:
+            log.warning(
+                "task %s: local state %s is expected, but store(s) %s are missing under %s: "
+                "restoring checkpoint %s",
+                self.task.name,
+                marker,
+                ", ".join(missing),
+                self.local.dir,
+                self.last_checkpoint_id,
+            )
+        elif marker is not None or expected_state_id != EMPTY_STATE:
             log.info(
                 "task %s: local state %s, expected %s: restoring checkpoint %s",
                 self.task.name,
@@ -158,6 +169,16 @@ class TaskStorage:
         for a later phase of a batch whose state :meth:`open` already established."""
         names = self.config.stores if stores is None else list(stores)
         self.engines = {s: self._open_engine(s) for s in names}
+
+    def _missing_stores(self) -> list[str]:
+        """Persistent stores whose database is not on disk (a lost or deleted directory): the
+        marker cannot vouch for them."""
+        return [
+            store
+            for store in self.config.stores
+            if persistent_store(self.config, store)
+            and not (self.local.store_dir(store) / "CURRENT").exists()
+        ]
 
     def _memory_stores_hold(self, state_id: str) -> bool:
         for store in self.config.stores:

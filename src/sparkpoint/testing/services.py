@@ -231,6 +231,9 @@ class TansuKafka(_Service):
 
     def stop(self) -> None:
         """Kill it: memory-only, it has nothing to save (SIGTERM waits seconds for clients)."""
+        from sparkpoint.system.kafka.system import close_idle_clients
+
+        close_idle_clients(self.bootstrap)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

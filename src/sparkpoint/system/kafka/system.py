@@ -102,6 +102,24 @@ class _Pool:
         with self._lock:
             self._idle.setdefault(self._key(kind, settings), []).append(client)
 
+    def close_idle(self, bootstrap: str | None = None) -> None:
+        """Close the idle clients (of the brokers ``bootstrap``, or all): a client of a broker
+        that is gone would keep reconnecting, and logging it, for the life of the process."""
+        with self._lock:
+            keys = [
+                k
+                for k in self._idle
+                if bootstrap is None or ("bootstrap.servers", bootstrap) in k[1]
+            ]
+            idle = [c for k in keys for c in self._idle.pop(k)]
+        for client in idle:
+            (client.producer.flush if isinstance(client, _ProducerClient) else client.close)(0)
+
+
+def close_idle_clients(bootstrap: str | None = None) -> None:
+    """Close this process's idle Kafka clients (of ``bootstrap``, or all)."""
+    _POOL.close_idle(bootstrap)
+
 
 _POOL = _Pool()
 
