@@ -111,3 +111,22 @@ def test_tansu_deviation_batched_produce_leaves_the_high_watermark_wrong(
     ssp = SystemStreamPartition("kafka", "batched", 0)
     upcoming = factory.get_admin("kafka", config).get_metadata([ssp])[ssp].upcoming
     assert upcoming != "10"  # Kafka: 10
+
+
+def test_stopping_a_broker_closes_this_processs_idle_clients_of_it(tmp_path: Path) -> None:
+    """Pooled clients of a stopped broker would reconnect (and log it) for ever."""
+    from sparkpoint.system.kafka import system as kafka
+
+    with TansuKafka(tmp_path / "t") as b:
+        factory = KafkaSystemFactory()
+        factory.get_admin("kafka", b.config()).create_stream(StreamSpec("s", 1))
+        producer = factory.get_producer("kafka", b.config())
+        producer.send("s", 0, rec("k", "v", 1))
+        producer.close()
+        consumer = factory.get_consumer("kafka", b.config())
+        assert [
+            r.value for r in consumer.read(SystemStreamPartition("kafka", "s", 0), "0", "1")
+        ] == [b"v"]
+        consumer.close()
+        assert sum(len(v) for v in kafka._POOL._idle.values()) >= 2
+    assert not any(b.bootstrap in str(k) for k in kafka._POOL._idle)

@@ -113,7 +113,10 @@ class _Pool:
             ]
             idle = [c for k in keys for c in self._idle.pop(k)]
         for client in idle:
-            (client.producer.flush if isinstance(client, _ProducerClient) else client.close)(0)
+            if isinstance(client, _ProducerClient):
+                client.producer.flush(0)  # nothing is queued: closed by the garbage collector
+            else:
+                client.close()
 
 
 def close_idle_clients(bootstrap: str | None = None) -> None:
