@@ -57,13 +57,13 @@ class HostAffinity:
         self._moved = []
         if not self.enabled or live is None:
             return {}
-        self._log_changes(set(live))
+        alive = set(live)
+        self._log_changes(alive)
         self._moved = self.placement.place(self.tasks, live, rebalance=self.rebalance)
         for move in self._moved:
             level = logging.INFO if move.reason == "new task" else logging.WARNING
             log.log(level, "host affinity: %s", move)
         store_assignment(self.store, {m.task: m.new for m in self._moved})
-        alive = set(live)
         return {
             task: executor.location
             for task, executor in self.placement.assignment.items()
@@ -88,19 +88,18 @@ class HostAffinity:
     def ran(self, results: Sequence[TaskBatchResult]) -> BatchPlacement:
         """After a batch: tasks that ran elsewhere are re-assigned there (their state is
         there now)."""
-        away: list[Move] = []
+        changed: list[Move] = []
         for r in results:
             if r.state_bytes:
                 self.placement.sizes[r.task] = sum(r.state_bytes.values())
-            if not self.enabled or r.ran_on is None:
-                continue
-            move = self.placement.ran(r.task, r.ran_on)
-            if move is None:
-                continue
-            if move.old is not None:
-                away.append(move)
-                log.warning("host affinity: %s", move)
-            store_assignment(self.store, {move.task: move.new})
+            if self.enabled and r.ran_on is not None:
+                move = self.placement.ran(r.task, r.ran_on)
+                if move is not None:
+                    changed.append(move)
+        away = [m for m in changed if m.old is not None]  # the others ran for the first time
+        for move in away:
+            log.warning("host affinity: %s", move)
+        store_assignment(self.store, {m.task: m.new for m in changed})  # one write per batch
         return BatchPlacement(self._moved, away)
 
     def committed(self, result: TaskBatchResult, checkpoint_id: str) -> None:
