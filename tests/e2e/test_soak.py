@@ -23,7 +23,7 @@ def test_short_soak(tmp_path: Path) -> None:
             sys.executable,
             str(ROOT / "soak" / "soak.py"),
             "--kills",
-            "5",
+            "3",
             "--variants",
             "example,dual,cluster",
             "--seed",
@@ -41,6 +41,6 @@ def test_short_soak(tmp_path: Path) -> None:
     m = re.match(r"kills=(\d+) mismatches=(\d+) lost=(\d+) duplicates=(\d+) dangling=(\d+)", line)
     assert m, proc.stdout + proc.stderr[-3000:]
     kills, mismatches, lost, _duplicates, dangling = map(int, m.groups())
-    assert kills >= 3, line  # (a round whose run ends before its kill moment kills nothing)
+    assert kills >= 2, line  # (a round whose run ends before its kill moment kills nothing)
     assert (mismatches, lost, dangling) == (0, 0, 0), proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]  # duplicates within their bound too
