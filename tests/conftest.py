@@ -35,6 +35,20 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(params=["filelog", pytest.param("kafka", marks=pytest.mark.kafka)])
+def log_system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Config of a system named ``log``, run once per kind: the embedded filelog (under the
+    job's data directory), and Kafka on a Tansu broker started for this test (memory-only: no
+    topic is shared between tests)."""
+    if request.param == "filelog":
+        yield {"systems.log.factory": "filelog"}
+        return
+    from sparkpoint.testing.services import TansuKafka
+
+    with TansuKafka(tmp_path / "tansu") as broker:
+        yield broker.config("log")
+
+
 def pageviews_config(tmp_path: Path, **overrides: str) -> dict[str, str]:
     """The example job's config, with its data under ``tmp_path``."""
     from sparkpoint.config import read_job_file

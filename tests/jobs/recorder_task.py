@@ -1,13 +1,11 @@
-"""A test task that records every (task, SSP, offset) it consumes to the ``consumed`` stream."""
+"""A test task that records every (task, SSP, offset) it consumes to the ``consumed`` stream of
+the input's system."""
 
 from __future__ import annotations
 
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
-
-CONSUMED = SystemStream("filelog", "consumed")
-
 
 class Recorder(StreamTask):
     def init(self, context: TaskContext) -> None:
@@ -20,4 +18,5 @@ class Recorder(StreamTask):
         coordinator: TaskCoordinator,
     ) -> None:
         record = {"task": self.task, "ssp": str(envelope.ssp), "offset": int(envelope.offset)}
-        collector.send(OutgoingMessageEnvelope(CONSUMED, self.task, record, partition=0))
+        consumed = SystemStream(envelope.ssp.system, "consumed")
+        collector.send(OutgoingMessageEnvelope(consumed, self.task, record, partition=0))

@@ -34,21 +34,31 @@ from sparkpoint.tools.streams import read_json_lines
 N = 20  # records per partition; record i has timestamp 1000 + 10 * i
 
 
-def make(tmp_path: Path, partitions: int, broadcast: bool) -> Config:
+FILELOG = {"systems.log.factory": "filelog"}
+TANSU_TIMESTAMPS = pytest.mark.xfail(
+    strict=True,
+    reason="Tansu deviation (tests/system/test_kafka.py): ListOffsets by timestamp answers the "
+    "partition's first offset",
+)
+
+
+def make(
+    tmp_path: Path, partitions: int, broadcast: bool, system: dict[str, str] = FILELOG
+) -> Config:
     values = {
+        **system,
         "job.name": "sp",
         "job.data.dir": str(tmp_path),
-        "systems.filelog.factory": "filelog",
         "task.class": "recorder_task:Recorder",
         "task.commit.ms": "0",
         "task.batch.max.messages": "1000",
     }
     if broadcast:
-        values.update({"task.inputs": "filelog.main", "task.broadcast.inputs": "filelog.in"})
+        values.update({"task.inputs": "log.main", "task.broadcast.inputs": "log.in"})
     else:
-        values["task.inputs"] = "filelog.in"
+        values["task.inputs"] = "log.in"
     config = load_config(None, values)
-    admin = Systems(config).admin("filelog")
+    admin = Systems(config).admin("log")
     admin.create_stream(StreamSpec("in", partitions))
     admin.create_stream(StreamSpec("main", partitions))
     append(config, partitions, N)
@@ -57,10 +67,10 @@ def make(tmp_path: Path, partitions: int, broadcast: bool) -> Config:
 
 def append(config: Config, partitions: int, n: int) -> None:
     systems = Systems(config)
-    admin = systems.admin("filelog")
-    producer = systems.producer("filelog")
+    admin = systems.admin("log")
+    producer = systems.producer("log")
     for p in range(partitions):
-        ssp = SystemStreamPartition("filelog", "in", p)
+        ssp = SystemStreamPartition("log", "in", p)
         start = int(admin.get_metadata([ssp])[ssp].upcoming)
         for i in range(start, start + n):
             producer.send("in", p, Record("", b"k", json.dumps({"i": i}).encode(), 1000 + 10 * i))
@@ -70,7 +80,7 @@ def append(config: Config, partitions: int, n: int) -> None:
 def consumed_since(config: Config, mark: int) -> dict[tuple[str, str], int]:
     """First offset consumed per (task, SSP) in records of ``consumed`` after position ``mark``."""
     first: dict[tuple[str, str], int] = {}
-    rows = read_json_lines(config, Systems(config), SystemStream("filelog", "consumed"))
+    rows = read_json_lines(config, Systems(config), SystemStream("log", "consumed"))
     for row in rows:
         if int(row["offset"]) >= mark:
             v = row["value"]
@@ -79,10 +89,10 @@ def consumed_since(config: Config, mark: int) -> dict[tuple[str, str], int]:
 
 
 def consumed_mark(config: Config) -> int:
-    admin = Systems(config).admin("filelog")
+    admin = Systems(config).admin("log")
     if "consumed" not in admin.list_streams():
         return 0
-    ssp = SystemStreamPartition("filelog", "consumed", 0)
+    ssp = SystemStreamPartition("log", "consumed", 0)
     return int(admin.get_metadata([ssp])[ssp].upcoming)
 
 
@@ -114,18 +124,35 @@ STARTPOINTS = {
 }
 
 
-@pytest.mark.parametrize("partitions", [1, 3, 8])
-@pytest.mark.parametrize("broadcast", [False, True], ids=["partitioned", "broadcast"])
-@pytest.mark.parametrize("kind", list(STARTPOINTS))
+def first_offset_cases() -> list[object]:
+    """Every kind, broadcast or not, on 1, 3 and 8 partitions of filelog; on Kafka, 3."""
+    cases = []
+    for system, partition_counts in (("filelog", (1, 3, 8)), ("kafka", (3,))):
+        for partitions in partition_counts:
+            for broadcast in (False, True):
+                for kind in STARTPOINTS:
+                    marks = [pytest.mark.kafka] if system == "kafka" else []
+                    if system == "kafka" and kind == "timestamp":
+                        marks.append(TANSU_TIMESTAMPS)
+                    shape = "broadcast" if broadcast else "partitioned"
+                    case_id = f"{system}-{partitions}-{shape}-{kind}"
+                    params = (system, partitions, broadcast, kind)
+                    cases.append(pytest.param(*params, marks=marks, id=case_id))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("log_system", "partitions", "broadcast", "kind"), first_offset_cases(), indirect=["log_system"]
+)
 def test_first_offsets_follow_startpoints(
-    tmp_path: Path, partitions: int, broadcast: bool, kind: str
+    tmp_path: Path, log_system: dict[str, str], partitions: int, broadcast: bool, kind: str
 ) -> None:
-    config = make(tmp_path, partitions, broadcast)
+    config = make(tmp_path, partitions, broadcast, log_system)
     run_to_end(config)  # every task has committed offset 19 for every SSP it reads
     make_sp, resolved = STARTPOINTS[kind]
     set_startpoints(config, "in", make_sp())
     tasks = [f"Partition {p}" for p in range(partitions)]
-    ssps = [f"filelog.in.{p}" for p in range(partitions)]
+    ssps = [f"log.in.{p}" for p in range(partitions)]
     pairs = (
         [(t, s) for t in tasks for s in ssps] if broadcast else list(zip(tasks, ssps, strict=True))
     )
@@ -154,7 +181,7 @@ def test_newest_of_ssp_and_ssp_task_startpoints_wins_per_task(tmp_path: Path) ->
     config = make(tmp_path, 2, broadcast=True)
     run_to_end(config)
     manager = StartpointManager(CoordinatorStreamStore(config))
-    ssp = SystemStreamPartition("filelog", "in", 0)
+    ssp = SystemStreamPartition("log", "in", 0)
     now = int(time.time() * 1000)
     manager.write_startpoint(ssp, StartpointSpecific("3", creation_timestamp=now - 1000))
     manager.write_startpoint(
@@ -166,35 +193,35 @@ def test_newest_of_ssp_and_ssp_task_startpoints_wins_per_task(tmp_path: Path) ->
     mark = consumed_mark(config)
     one_batch_without_commit(config)
     first = consumed_since(config, mark)
-    assert first[("Partition 0", "filelog.in.0")] == 3  # the SSP-wide one is newer than its own
-    assert first[("Partition 1", "filelog.in.0")] == 7  # its own is newer
-    assert ("Partition 0", "filelog.in.1") not in first  # no startpoint, nothing new to read
+    assert first[("Partition 0", "log.in.0")] == 3  # the SSP-wide one is newer than its own
+    assert first[("Partition 1", "log.in.0")] == 7  # its own is newer
+    assert ("Partition 0", "log.in.1") not in first  # no startpoint, nothing new to read
 
 
 def test_stale_startpoint_is_ignored_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, log_system: dict[str, str]
 ) -> None:
-    config = make(tmp_path, 1, broadcast=False)
+    config = make(tmp_path, 1, broadcast=False, system=log_system)
     run_to_end(config)
     manager = StartpointManager(CoordinatorStreamStore(config))
     old = int(time.time() * 1000) - 13 * 3600 * 1000
     manager.write_startpoint(
-        SystemStreamPartition("filelog", "in", 0), StartpointOldest(creation_timestamp=old)
+        SystemStreamPartition("log", "in", 0), StartpointOldest(creation_timestamp=old)
     )
     append(config, 1, 2)
     mark = consumed_mark(config)
     with caplog.at_level(logging.WARNING):
         run_to_end(config)
     assert "ignoring stale startpoint oldest" in caplog.text
-    assert consumed_since(config, mark) == {("Partition 0", "filelog.in.0"): N}
+    assert consumed_since(config, mark) == {("Partition 0", "log.in.0"): N}
 
 
-def test_set_refuses_what_the_job_does_not_read(tmp_path: Path) -> None:
-    config = make(tmp_path, 3, broadcast=False)
-    with pytest.raises(UserError, match=r"does not read filelog.nope; its inputs are filelog.in"):
+def test_set_refuses_what_the_job_does_not_read(tmp_path: Path, log_system: dict[str, str]) -> None:
+    config = make(tmp_path, 3, broadcast=False, system=log_system)
+    with pytest.raises(UserError, match=r"does not read log.nope; its inputs are log.in"):
         set_startpoints(config, "nope", StartpointOldest())
     with pytest.raises(
-        UserError, match=r"filelog.in has no partition 5 read by the job; partitions: 0, 1, 2"
+        UserError, match=r"log.in has no partition 5 read by the job; partitions: 0, 1, 2"
     ):
         set_startpoints(config, "in", StartpointOldest(), partitions=[5])
     with pytest.raises(
@@ -221,9 +248,22 @@ def test_timestamps_resolve_and_parse() -> None:
         parse_timestamp("yesterday")
 
 
-@pytest.mark.parametrize(("ts", "offset"), [(0, 0), (1075, 8), (1080, 8), (99_999, N)])
-def test_timestamp_startpoint_resolution(tmp_path: Path, ts: int, offset: int) -> None:
-    config = make(tmp_path, 1, broadcast=False)
+def timestamp_cases() -> list[object]:
+    cases = []
+    for system in ("filelog", "kafka"):
+        for ts, offset in ((0, 0), (1075, 8), (1080, 8), (99_999, N)):
+            marks = [pytest.mark.kafka] if system == "kafka" else []
+            if system == "kafka" and ts > 0:  # Tansu answers offset 0 for every timestamp
+                marks.append(TANSU_TIMESTAMPS)
+            cases.append(pytest.param(system, ts, offset, marks=marks, id=f"{system}-{ts}"))
+    return cases
+
+
+@pytest.mark.parametrize(("log_system", "ts", "offset"), timestamp_cases(), indirect=["log_system"])
+def test_timestamp_startpoint_resolution(
+    tmp_path: Path, log_system: dict[str, str], ts: int, offset: int
+) -> None:
+    config = make(tmp_path, 1, broadcast=False, system=log_system)
     planned = set_startpoints(config, "in", StartpointTimestamp(ts))
     assert planned[0].resolves_to == str(offset)
 
@@ -240,8 +280,8 @@ def test_serde_round_trip() -> None:
         Startpoint.loads('{"type": "sideways", "creationTimestamp": 1}')
 
 
-def test_apply_now_on_a_running_job(tmp_path: Path) -> None:
-    config = make(tmp_path, 2, broadcast=False)
+def test_apply_now_on_a_running_job(tmp_path: Path, log_system: dict[str, str]) -> None:
+    config = make(tmp_path, 2, broadcast=False, system=log_system)
     config = load_config(None, {**config.to_dict(), "task.poll.interval.ms": "20"})
     coordinator = JobCoordinator(config, InlineRunner())
     thread = threading.Thread(target=coordinator.run, daemon=True)
@@ -252,22 +292,22 @@ def test_apply_now_on_a_running_job(tmp_path: Path) -> None:
         return {str(s): o for c in manager.read_all().values() for s, o in c.input_offsets.items()}
 
     deadline = time.monotonic() + 30
-    while committed() != {"filelog.in.0": "19", "filelog.in.1": "19"}:
+    while committed() != {"log.in.0": "19", "log.in.1": "19"}:
         assert time.monotonic() < deadline, committed()
         time.sleep(0.05)
     mark = consumed_mark(config)
     set_startpoints(config, "in", StartpointSpecific("10"), partitions=[1], apply_now=True)
-    while consumed_since(config, mark) != {("Partition 1", "filelog.in.1"): 10}:
+    while consumed_since(config, mark) != {("Partition 1", "log.in.1"): 10}:
         assert time.monotonic() < deadline and thread.is_alive(), consumed_since(config, mark)
         time.sleep(0.05)
     coordinator.stop("test")
     thread.join(30)
     coordinator.close()
     # offsets 10..19 of partition 1 were read again without a restart, then committed
-    rows = list(read_json_lines(config, Systems(config), SystemStream("filelog", "consumed")))
-    again = [r["value"]["offset"] for r in rows[mark:] if r["value"]["ssp"] == "filelog.in.1"]
+    rows = list(read_json_lines(config, Systems(config), SystemStream("log", "consumed")))
+    again = [r["value"]["offset"] for r in rows[mark:] if r["value"]["ssp"] == "log.in.1"]
     assert again == list(range(10, 20))
-    assert committed() == {"filelog.in.0": "19", "filelog.in.1": "19"}
+    assert committed() == {"log.in.0": "19", "log.in.1": "19"}
     assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}
 
 
@@ -275,7 +315,7 @@ def test_ssp_task_startpoint_wins_over_ssp_startpoint_of_the_same_age(tmp_path: 
     """Samza's TestStartpointManager precedence rule: on equal creation times the SSP+task
     startpoint (the more specific) wins, whichever was written first."""
     config = make(tmp_path, 2, broadcast=True)
-    ssp = SystemStreamPartition("filelog", "in", 0)
+    ssp = SystemStreamPartition("log", "in", 0)
     task = TaskName("Partition 1")
     now = int(time.time() * 1000)
     for order in ((None, task), (task, None)):
@@ -295,8 +335,8 @@ def test_delete_all_removes_every_startpoint_and_fan_out(tmp_path: Path) -> None
     config = make(tmp_path, 2, broadcast=True)
     manager = StartpointManager(CoordinatorStreamStore(config))
     ssp0, ssp1 = (
-        SystemStreamPartition("filelog", "in", 0),
-        SystemStreamPartition("filelog", "in", 1),
+        SystemStreamPartition("log", "in", 0),
+        SystemStreamPartition("log", "in", 1),
     )
     manager.write_startpoint(ssp0, StartpointOldest())
     manager.fan_out({TaskName("Partition 0"): [ssp0]})  # now fanned out

@@ -245,4 +245,5 @@ class TansuKafka(_Service):
             f"systems.{system}.consumer.bootstrap.servers": self.bootstrap,
             f"systems.{system}.default.stream.replication.factor": "1",
             f"systems.{system}.producer.batch.num.messages": "1",  # Tansu: see the class doc
+            f"systems.{system}.producer.linger.ms": "0",  # no batching: no point in waiting
         }

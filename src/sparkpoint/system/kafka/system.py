@@ -12,7 +12,8 @@ Config, with Samza's names where it has them:
   streams (changelogs, checkpoint and coordinator streams) get ``cleanup.policy=compact``.
 
 Offsets are Kafka's, as decimal strings. The consumer reads exactly the planned range of an SSP
-(assign and seek: no consumer group, no committed offsets; the checkpoint is the only position),
+(assign and seek: no consumer group, no committed offsets; the checkpoint is the only position;
+fetches do not long-poll, ``fetch.wait.max.ms=10``, since a range never reads past the data),
 skipping offsets Kafka does not return (compacted away, transaction markers, aborted records
 under ``isolation.level=read_committed``, librdkafka's default). The producer is idempotent, and
 its ``flush`` waits for every acknowledgement, raising on any failed delivery; the runtime
@@ -257,6 +258,9 @@ class KafkaConsumer(SystemConsumer):
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
+            # a planned range ends at or before the high watermark it was planned from: a fetch
+            # that long-polls there (500 ms by default) only delays the next read's assignment
+            "fetch.wait.max.ms": 10,
             **client_config(system, config, "consumer"),
         }
         self._settings = settings
