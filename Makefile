@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity clean
+.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka clean
 
 setup:
 	@scripts/bootstrap.sh
@@ -48,6 +48,9 @@ bench-changelog: setup
 
 bench-affinity: setup
 	@.venv/bin/python bench/host_affinity.py
+
+bench-kafka: setup
+	@.venv/bin/python bench/kafka.py
 
 clean:
 	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache

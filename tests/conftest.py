@@ -49,11 +49,17 @@ def log_system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[
         yield broker.config("log")
 
 
-def pageviews_config(tmp_path: Path, **overrides: str) -> dict[str, str]:
-    """The example job's config, with its data under ``tmp_path``."""
+def pageviews_config(
+    tmp_path: Path, system: dict[str, str] | None = None, **overrides: str
+) -> dict[str, str]:
+    """The example job's config, with its data under ``tmp_path``; with ``system`` (the config
+    of a system named ``log``, see ``log_system``), every stream on that system."""
     from sparkpoint.config import read_job_file
 
     values = read_job_file(EXAMPLE_DIR / "job.yaml")
     values["job.data.dir"] = str(tmp_path / "data")
+    if system is not None:
+        values = {k: v for k, v in values.items() if not k.startswith("systems.filelog.")}
+        values.update({**system, "task.inputs": "log.pageviews"})
     values.update(overrides)
     return values

@@ -84,12 +84,14 @@ def live_counts(config: Config) -> dict[str, int]:
 def changelog_view(config: Config) -> dict[str, int]:
     """The store as its changelog says: the newest value per key over every partition."""
     from sparkpoint.model import SystemStreamPartition
+    from sparkpoint.storage.changelog.backend import changelog_stream
 
     systems = Systems(config)
+    changelog = changelog_stream(config, "user-counts")
     out: dict[str, int] = {}
     for p in range(4):
-        ssp = SystemStreamPartition("filelog", "user-counts-changelog", p)
-        for rec in systems.consumer("filelog").read(ssp, "0", "10000000"):
+        ssp = SystemStreamPartition(changelog.system, changelog.stream, p)
+        for rec in systems.consumer(changelog.system).read(ssp, "0", "10000000"):
             key = (rec.key or b"").decode()
             if rec.value is None:
                 out.pop(key, None)

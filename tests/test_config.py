@@ -137,3 +137,35 @@ def test_a_plugin_declares_its_own_keys() -> None:
     )  # the plugin's default
     with pytest.raises(ConfigError, match=r"stores.s.copy.compression='lz4' is invalid; allowed"):
         Config({**keyed, "stores.s.copy.compression": "lz4"})
+
+
+def test_stream_properties_come_from_the_system_default_and_the_stream() -> None:
+    """Topic properties for the system to create a stream with; sparkpoint's own stream keys
+    (samza.*, partitions) are not among them."""
+    from sparkpoint.model import SystemStream
+
+    c = Config(
+        {
+            "job.name": "j",
+            "systems.k.factory": "filelog",
+            "systems.k.default.stream.retention.ms": "1000",
+            "systems.k.default.stream.replication.factor": "3",
+            "systems.k.default.stream.samza.offset.default": "upcoming",
+            "systems.k.default.stream.partitions": "4",
+            "streams.clicks.retention.ms": "5000",
+            "streams.clicks.segment.bytes": "1048576",
+            "streams.clicks.samza.reset.offset": "true",
+            "streams.clicks.partitions": "8",
+        }
+    )
+    assert c.stream_properties(SystemStream("k", "clicks")) == {
+        "retention.ms": "5000",
+        "replication.factor": "3",
+        "segment.bytes": "1048576",
+    }
+    assert c.stream_properties(SystemStream("k", "views")) == {
+        "retention.ms": "1000",
+        "replication.factor": "3",
+    }
+    with pytest.raises(ConfigError, match="unknown config key streams.clicks.samza.rest.offset"):
+        Config({"job.name": "j", "streams.clicks.samza.rest.offset": "true"})

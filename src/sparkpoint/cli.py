@@ -175,14 +175,15 @@ def stream_create(
 
     Example: `sparkpoint stream create job.yaml pageviews --partitions 4`
     """
-    from sparkpoint.system.base import StreamSpec
     from sparkpoint.system.registry import Systems
+    from sparkpoint.system.streams import stream_spec
     from sparkpoint.tools.streams import resolve_stream
 
     config = _config(job, set_)
     ss = resolve_stream(config, stream)
     systems = Systems(config)
-    created = systems.admin(ss.system).create_stream(StreamSpec(ss.stream, partitions, compacted))
+    spec = stream_spec(config, ss, partitions, compacted=compacted)
+    created = systems.admin(ss.system).create_stream(spec)
     n = systems.admin(ss.system).partition_count(ss.stream)
     print(f"{'created' if created else 'exists'}: {ss} ({n} partitions)")
 

@@ -267,6 +267,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "partition count when the stream is created",
         _int(1),
     ),
+    ConfigKey(
+        "streams.<s>.<property>",
+        None,
+        "a value",
+        "any other key (not samza.*) is a property the system creates the stream with, e.g. "
+        "Kafka's retention.ms; systems.<s>.default.stream.<property> sets it for every stream",
+    ),
     ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
     ConfigKey("stores.<s>.key.serde", "string", "a serde name", "serde of the store's keys"),
     ConfigKey("stores.<s>.msg.serde", "json", "a serde name", "serde of the store's values"),
@@ -275,6 +282,15 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "system.stream",
         "changelog stream of the store (used by the changelog backend)",
+    ),
+    ConfigKey(
+        "stores.<s>.changelog.min.compaction.lag.ms",
+        "14400000",
+        "milliseconds >= 0",
+        "with transactional state, the changelog's records stay uncompacted this long "
+        "(Kafka topic config min.compaction.lag.ms, 4 h) so that a restore can trim writes "
+        "made after the last checkpoint; set it above the longest time between commits",
+        _int(0),
     ),
     ConfigKey(
         "stores.<s>.clean.on.container.start",
@@ -388,6 +404,12 @@ KEYS: tuple[ConfigKey, ...] = (
 )
 
 _OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.")
+
+
+def _is_stream_property(key: str) -> bool:
+    """``streams.<s>.<p>`` other than sparkpoint's ``samza.*`` ones: a property the system
+    creates the stream with (see :meth:`Config.stream_properties`)."""
+    return key.startswith("streams.") and ".samza." not in key and key.count(".") >= 2
 
 
 def _declared(key: str, extra: tuple[ConfigKey, ...] = ()) -> ConfigKey | None:
@@ -700,6 +722,17 @@ class Config(Mapping[str, str]):
     def checkpoint_system(self) -> str:
         return self.get_str("task.checkpoint.system") or self.coordinator_system
 
+    def stream_properties(self, stream: SystemStream) -> dict[str, str]:
+        """System-specific properties to create ``stream`` with (Kafka topic configs):
+        ``systems.<s>.default.stream.<p>``, overridden by ``streams.<stream>.<p>``; ``samza.*``
+        settings and the partition count are sparkpoint's, not properties."""
+        out: dict[str, str] = {}
+        for prefix in (f"systems.{stream.system}.default.stream.", f"streams.{stream.stream}."):
+            for key, value in self.subset(prefix).items():
+                if not key.startswith("samza.") and key != "partitions":
+                    out[key] = value
+        return out
+
     def stream_key(self, stream: SystemStream, suffix: str) -> str | None:
         """A per-stream setting, falling back to the system's ``default.stream`` one."""
         return self.get_str(f"streams.{stream.stream}.{suffix}") or self.get_str(
@@ -710,7 +743,7 @@ class Config(Mapping[str, str]):
         for key, value in self._values.items():
             spec = _declared(key) or _declared(key, self.plugin_keys)
             if spec is None:
-                if key.startswith(_OWNED_PREFIXES):
+                if key.startswith(_OWNED_PREFIXES) and not _is_stream_property(key):
                     self._unknown(key)
                 continue
             if spec.check is not None and value != "" and not spec.check(value):

@@ -7,6 +7,7 @@ from sparkpoint.model import SystemStream
 from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
+
 class Recorder(StreamTask):
     def init(self, context: TaskContext) -> None:
         self.task = context.task_name.name

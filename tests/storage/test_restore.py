@@ -75,12 +75,12 @@ def one_batch_without_commit(config: Config) -> None:
 
 
 def test_restore_from_the_local_checkpoint_trims_the_changelog(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, log_system: dict[str, str]
 ) -> None:
     """TestTransactionalStateTaskRestoreManager: with a usable local checkpoint the changelog
     range after the checkpointed offset is still undone, so a restore on another host later
     cannot replay the crashed batch's writes."""
-    config = make(tmp_path)
+    config = make(tmp_path, log_system)
     generate(config, tmp_path / "a.yaml", 2000, seed=61)
     uncommitted_tail(config, lose_local_state=False)  # the local checkpoint is there
     at_checkpoint = dict(counts_at_offsets(config, checkpoint_offsets(config)))

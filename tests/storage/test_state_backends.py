@@ -31,21 +31,23 @@ from tests.helpers import (
     live_counts,
 )
 
-CHANGELOG = "filelog.user-counts-changelog"
 
-
-def make(tmp_path: Path, **overrides: str) -> Config:
+def make(tmp_path: Path, log: dict[str, str] | None = None, **overrides: str) -> Config:
+    """The example with a changelog, on filelog, or with every stream on ``log`` (the
+    ``log_system`` fixture's system)."""
+    system = "filelog" if log is None else "log"
     values = pageviews_config(
         tmp_path,
+        log,
         **{
-            "stores.user-counts.changelog": CHANGELOG,
+            "stores.user-counts.changelog": f"{system}.user-counts-changelog",
             "task.batch.max.messages": "100",
             "task.commit.ms": "0",
             **overrides,
         },
     )
     config = load_config(None, values)
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    Systems(config).admin(system).create_stream(StreamSpec("pageviews", 4))
     return config
 
 
@@ -59,9 +61,9 @@ def run(config: Config, **kwargs: object) -> JobCoordinator:
 
 
 def test_lost_host_restores_from_the_changelog(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, log_system: dict[str, str]
 ) -> None:
-    config = make(tmp_path)
+    config = make(tmp_path, log_system)
     expected = generate(config, tmp_path / "a.yaml", 1200, seed=41)
     run(config, until_caught_up=True)
     shutil.rmtree(config.store_base_dir)  # the executor's disk is gone
@@ -87,8 +89,10 @@ def uncommitted_tail(config: Config, *, lose_local_state: bool = True) -> JobCoo
     return first
 
 
-def test_transactional_restore_trims_what_came_after_the_checkpoint(tmp_path: Path) -> None:
-    config = make(tmp_path)
+def test_transactional_restore_trims_what_came_after_the_checkpoint(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    config = make(tmp_path, log_system)
     generate(config, tmp_path / "a.yaml", 2000, seed=43)
     uncommitted_tail(config)
     offsets = {
@@ -108,8 +112,10 @@ def test_transactional_restore_trims_what_came_after_the_checkpoint(tmp_path: Pa
     assert changelog_view(config) == at_checkpoint  # later entries were undone in the changelog
 
 
-def test_non_transactional_restore_goes_to_the_newest_changelog_entry(tmp_path: Path) -> None:
-    config = make(tmp_path, **{"task.transactional.state.checkpoint.enabled": "false"})
+def test_non_transactional_restore_goes_to_the_newest_changelog_entry(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    config = make(tmp_path, log_system, **{"task.transactional.state.checkpoint.enabled": "false"})
     generate(config, tmp_path / "a.yaml", 2000, seed=43)
     uncommitted_tail(config)
     offsets = {
@@ -131,10 +137,13 @@ def test_non_transactional_restore_goes_to_the_newest_changelog_entry(tmp_path: 
     assert sum(newest.values()) == sum(at_checkpoint.values()) + 400
 
 
-def test_dual_commit_then_restore_from_each_backend_alone(tmp_path: Path) -> None:
+def test_dual_commit_then_restore_from_each_backend_alone(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
     copy_dir = str(tmp_path / "copies")
     config = make(
         tmp_path,
+        log_system,
         **{
             "stores.user-counts.backup.factories": f"changelog,{COPY}",
             "testing.copy.dir": copy_dir,
@@ -296,3 +305,16 @@ def test_changelogs_are_compacted_up_to_the_checkpoints_at_start(
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
     assert_committed_state_matches_its_offsets(config)
+
+
+def test_a_changelog_with_fewer_partitions_than_tasks_stops_the_job(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    config = make(tmp_path, log_system)
+    Systems(config).admin("log").create_stream(StreamSpec("user-counts-changelog", 2))
+    with pytest.raises(
+        ConfigError,
+        match=r"store user-counts: changelog log\.user-counts-changelog has 2 partitions but "
+        r"the job's tasks need 4",
+    ):
+        run(config, until_caught_up=True)

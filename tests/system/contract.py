@@ -1,4 +1,5 @@
-"""The contract every system passes: admin metadata, bounded reads, durability, timestamps.
+"""The contract every system passes: admin metadata, bounded reads, tombstones, large messages,
+deleted records, key partitioning, durability, timestamps and startpoint resolution.
 
 A system's test module subclasses :class:`SystemContract` and provides the ``system`` fixture
 returning a :class:`SystemUnderTest` (a factory, the system's name and a config).
@@ -13,6 +14,12 @@ import pytest
 
 from sparkpoint.errors import StreamNotFound
 from sparkpoint.model import SystemStreamPartition
+from sparkpoint.startpoint import (
+    StartpointOldest,
+    StartpointSpecific,
+    StartpointTimestamp,
+    StartpointUpcoming,
+)
 from sparkpoint.system.base import Record, StreamSpec, SystemFactory
 
 
@@ -103,6 +110,85 @@ class SystemContract:
         assert admin.offset_for_timestamp(ssp, 250) == "3"  # between records
         assert admin.offset_for_timestamp(ssp, 400) == "4"
         assert admin.offset_for_timestamp(ssp, 401) == "5"  # after the last: upcoming
+        assert admin.resolve_startpoint_to_offset(ssp, StartpointTimestamp(250)) == "3"
+
+    def test_startpoints_resolve_to_offsets(self, system: SystemUnderTest) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("r", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        for i in range(6):
+            producer.send("r", 0, rec(f"k{i}", "v", 100 + i))
+        producer.flush()
+        ssp = self.ssp(system, "r")
+        resolve = admin.resolve_startpoint_to_offset
+        assert resolve(ssp, StartpointSpecific("4")) == "4"
+        assert resolve(ssp, StartpointOldest()) == "0"
+        assert resolve(ssp, StartpointUpcoming()) == "6"
+
+    def test_tombstones_and_keyless_records_round_trip(self, system: SystemUnderTest) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("tomb", 1, compacted=True))
+        producer = system.factory.get_producer(system.name, system.config)
+        producer.send("tomb", 0, rec("k", "v", 1))
+        producer.send("tomb", 0, rec("k", None, 2))  # a delete
+        producer.send("tomb", 0, rec(None, "keyless", 3))
+        producer.send("tomb", 0, Record("", b"", b"", 4))  # empty is not null
+        producer.flush()
+        got = system.factory.get_consumer(system.name, system.config).read(
+            self.ssp(system, "tomb"), "0", "4"
+        )
+        assert [(r.key, r.value) for r in got] == [
+            (b"k", b"v"),
+            (b"k", None),
+            (None, b"keyless"),
+            (b"", b""),
+        ]
+
+    def test_large_messages_and_bulk_reads(self, system: SystemUnderTest) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("big", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        large = bytes(range(256)) * 3500  # 896,000 bytes: under Kafka's 1 MB default limit
+        producer.send("big", 0, Record("", b"large", large, 1))
+        producer.send_many("big", 0, (rec(f"k{i}", f"v{i}", i) for i in range(3000)))
+        producer.flush()
+        consumer = system.factory.get_consumer(system.name, system.config)
+        ssp = self.ssp(system, "big")
+        assert consumer.read(ssp, "0", "1")[0].value == large
+        got = consumer.read(ssp, "1", "3001")
+        assert [r.value for r in got] == [f"v{i}".encode() for i in range(3000)]
+
+    def test_reads_start_at_the_oldest_record_left_after_a_delete(
+        self, system: SystemUnderTest
+    ) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("del", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        for i in range(10):
+            producer.send("del", 0, rec(f"k{i}", f"v{i}", i))
+        producer.flush()
+        ssp = self.ssp(system, "del")
+        assert admin.delete_records_before("del", 0, "4") == 4
+        meta = admin.get_metadata([ssp])[ssp]
+        assert (meta.oldest, meta.newest, meta.upcoming) == ("4", "9", "10")
+        consumer = system.factory.get_consumer(system.name, system.config)
+        assert [r.offset for r in consumer.read(ssp, "0", "6")] == ["4", "5"]
+        assert admin.delete_records_before("del", 0, "10") == 6  # every record
+        meta = admin.get_metadata([ssp])[ssp]
+        assert (meta.oldest, meta.newest, meta.upcoming) == ("10", None, "10")
+        producer.send("del", 0, rec("k", "after", 11))
+        producer.flush()
+        got = consumer.read(ssp, "0", "100")
+        assert [(r.offset, r.value) for r in got] == [("10", b"after")]  # offsets never reused
+
+    def test_keys_are_partitioned_stably_and_within_range(self, system: SystemUnderTest) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        again = system.factory.get_admin(system.name, system.config)
+        keys = [f"user-{i}".encode() for i in range(500)]
+        placed = [admin.partition_for_key(k, 7) for k in keys]
+        assert placed == [again.partition_for_key(k, 7) for k in keys]
+        assert set(placed) == set(range(7))  # every partition gets keys
+        assert admin.partition_for_key(None, 7) == 0
 
     def test_durable_across_new_instances(self, system: SystemUnderTest) -> None:
         admin = system.factory.get_admin(system.name, system.config)

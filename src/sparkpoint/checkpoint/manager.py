@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.config import Config
 from sparkpoint.errors import CheckpointError, ConfigError
-from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.system.base import Record, StreamSpec, SystemProducer
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.system.base import Record, SystemProducer
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import stream_spec
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,10 @@ class CheckpointManager:
         self.max_age_ms = config.get_int("task.live.checkpoint.max.age", 600_000)
 
     def create_resources(self) -> None:
-        """Create the checkpoint stream if absent. Idempotent."""
-        self._admin.create_stream(StreamSpec(self.stream, 1, compacted=True))
+        """Create the checkpoint stream if absent, or check the one there. Idempotent."""
+        spec = stream_spec(self._config, SystemStream(self._system, self.stream), 1, compacted=True)
+        if not self._admin.create_stream(spec):
+            self._admin.validate_stream(spec)
 
     def _key(self, task: TaskName, version: int) -> bytes:
         key = {

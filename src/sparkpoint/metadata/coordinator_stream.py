@@ -31,9 +31,10 @@ from typing import Any
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.base import MetadataStore
-from sparkpoint.model import SystemStreamPartition
-from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import stream_spec
 
 VERSION = 1
 SET_CONFIG = "set-config"
@@ -148,7 +149,9 @@ class CoordinatorStreamStore(MetadataStore):
         self._data: dict[str, dict[str, dict[str, Any]]] = {}
         self._next: str | None = None
         self._producer = self._systems.producer(self._system)
-        self._admin.create_stream(StreamSpec(self.stream, 1, compacted=True))
+        spec = stream_spec(config, SystemStream(self._system, self.stream), 1, compacted=True)
+        if not self._admin.create_stream(spec):
+            self._admin.validate_stream(spec)
         self.refresh()
 
     def refresh(self) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from sparkpoint.config import ConfigKey
+from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 
 if TYPE_CHECKING:
@@ -67,11 +68,15 @@ class PartitionMetadata:
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """How to create a stream: its name, partition count and whether it is compacted by key."""
+    """How to create a stream: its name, partition count, whether it is compacted by key, and
+    system-specific properties (Kafka topic configs such as ``retention.ms``; a system ignores
+    the ones it has no use for). Build it with :func:`sparkpoint.system.streams.stream_spec`,
+    which adds the job's configured properties."""
 
     name: str
     partitions: int
     compacted: bool = False
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 class SystemAdmin(ABC):
@@ -124,6 +129,17 @@ class SystemAdmin(ABC):
         (records before, after), or ``None`` when the system compacts by itself (as Kafka
         does) or not at all."""
         return None
+
+    def validate_stream(self, spec: StreamSpec) -> None:  # noqa: B027 - optional hook
+        """Check that an existing stream has what ``spec`` asks for, as far as this system can
+        tell (Kafka: compaction and its settings), raising :class:`ConfigError` with the fix.
+        The partition count is checked by the caller, which knows what needs it."""
+
+    def delete_records_before(self, stream: str, partition: int, offset: str) -> int:
+        """Drop a partition's records before ``offset`` (retention, or an operator's clean-up;
+        Samza's ``deleteMessages``, Kafka's DeleteRecords): its oldest offset becomes
+        ``offset`` and offsets are never reused. Returns how many offsets were dropped."""
+        raise UserError(f"this system cannot delete records of {stream} partition {partition}")
 
     def resolve_startpoint_to_offset(
         self, ssp: SystemStreamPartition, startpoint: Startpoint

@@ -1,7 +1,10 @@
 """Job-level helpers over the configured systems, for the driver and the tools alike: the job
-model (which task reads which partitions), creating an output stream, and key partitioning."""
+model (which task reads which partitions), how a stream is created (its spec, with the job's
+configured properties), and creating an output stream."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from sparkpoint.config import Config
 from sparkpoint.model import JobModel, SystemStream, group_by_partition
@@ -15,10 +18,24 @@ def job_model(config: Config, systems: Systems) -> JobModel:
     return group_by_partition(config.job_name, config.job_id, inputs, shared)
 
 
+def stream_spec(
+    config: Config,
+    stream: SystemStream,
+    partitions: int,
+    *,
+    compacted: bool = False,
+    properties: Mapping[str, str] | None = None,
+) -> StreamSpec:
+    """The spec to create ``stream`` with: the configured properties of its system and of the
+    stream (:meth:`Config.stream_properties`), then ``properties``, which the caller needs."""
+    merged = {**config.stream_properties(stream), **(properties or {})}
+    return StreamSpec(stream.stream, partitions, compacted, merged)
+
+
 def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:
     """Create ``stream`` if absent (with its configured partition count); return its count."""
     admin = systems.admin(stream.system)
     if stream.stream not in admin.list_streams():
         partitions = int(config.stream_key(stream, "partitions") or "1")
-        admin.create_stream(StreamSpec(stream.stream, partitions))
+        admin.create_stream(stream_spec(config, stream, partitions))
     return admin.partition_count(stream.stream)

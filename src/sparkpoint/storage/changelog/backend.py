@@ -46,6 +46,7 @@ from sparkpoint.system.base import (
     SystemProducer,
 )
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import stream_spec
 
 log = logging.getLogger(__name__)
 
@@ -314,22 +315,39 @@ class ChangelogAdmin(StateBackendAdmin):
         self.partitions = max((t.changelog_partition for t in model.tasks.values()), default=-1) + 1
         self.stores = [s for s in config.stores if NAME in store_backends(config, s, "backup")]
 
+    def _spec(self, store: str) -> StreamSpec:
+        """A compacted stream with a partition per task. With transactional state, the broker
+        must not compact records younger than ``min.compaction.lag.ms``: a restore replays to
+        the checkpoint and trims what came after, so a write after the checkpoint must not yet
+        have compacted away the checkpointed value it overwrote (Samza sets it likewise)."""
+        properties = {}
+        if self.config.get_bool("task.transactional.state.checkpoint.enabled", True):
+            key = f"stores.{store}.changelog.min.compaction.lag.ms"
+            properties["min.compaction.lag.ms"] = str(self.config.get_int(key))
+        ss = changelog_stream(self.config, store)
+        return stream_spec(
+            self.config, ss, max(1, self.partitions), compacted=True, properties=properties
+        )
+
     def create_resources(self) -> None:
         for store in self.stores:
             ss = changelog_stream(self.config, store)
-            self.systems.admin(ss.system).create_stream(
-                StreamSpec(ss.stream, max(1, self.partitions), compacted=True)
-            )
+            self.systems.admin(ss.system).create_stream(self._spec(store))
 
     def validate_resources(self) -> None:
         for store in self.stores:
             ss = changelog_stream(self.config, store)
-            have = self.systems.admin(ss.system).partition_count(ss.stream)
+            admin = self.systems.admin(ss.system)
+            have = admin.partition_count(ss.stream)
             if have < self.partitions:
                 raise ConfigError(
                     f"store {store}: changelog {ss} has {have} partitions but the job's tasks "
                     f"need {self.partitions}; create a new changelog stream for the new task count"
                 )
+            try:
+                admin.validate_stream(self._spec(store))
+            except ConfigError as exc:
+                raise ConfigError(f"store {store}: changelog {ss}: {exc}") from exc
 
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
         """Compact each changelog partition up to its task's checkpointed changelog offset:

@@ -1,8 +1,10 @@
 """One partition of a filelog stream on disk.
 
-Files in the partition directory: ``CURRENT`` names the generation in use (a number); the
-generation's records are in ``<gen>.log`` and its index in ``<gen>.index``; ``lock`` is the
-cross-process lock. Compaction writes a new generation and switches ``CURRENT`` atomically.
+Files in the partition directory: ``CURRENT`` names the generation in use (a number), then the
+offset a generation with no records starts at (so that offsets never repeat after retention
+deleted every record; Kafka's log start offset); the generation's records are in ``<gen>.log``
+and its index in ``<gen>.index``; ``lock`` is the cross-process lock. Compaction writes a new
+generation and switches ``CURRENT`` atomically.
 
 Contracts:
 
@@ -84,11 +86,16 @@ class PartitionLog:
         if not (self.path / "CURRENT").exists():
             self._write_current(0)
 
-    def _write_current(self, gen: int) -> None:
-        atomic_write(self.path / "CURRENT", str(gen).encode())
+    def _write_current(self, gen: int, start: int = 0) -> None:
+        atomic_write(self.path / "CURRENT", f"{gen} {start}".encode())
+
+    def _current(self) -> tuple[int, int]:
+        """(generation, offset an empty generation starts at); "N" alone is generation N."""
+        parts = (self.path / "CURRENT").read_text().split()
+        return int(parts[0]) if parts else 0, int(parts[1]) if len(parts) > 1 else 0
 
     def _gen(self) -> int:
-        return int((self.path / "CURRENT").read_text().strip() or "0")
+        return self._current()[0]
 
     def _files(self) -> tuple[Path, Path]:
         gen = self._gen()
@@ -174,7 +181,8 @@ class PartitionLog:
     def metadata(self) -> PartitionMetadata:
         with self._snapshot() as (index, _log):
             if len(index) == 0:
-                return PartitionMetadata("0", None, "0")
+                start = str(self._current()[1])
+                return PartitionMetadata(start, None, start)
             first, last = index[0][0], index[-1][0]
             return PartitionMetadata(str(first), str(last), str(last + 1))
 
@@ -225,7 +233,7 @@ class PartitionLog:
             width = fmt.INDEX_SIZE
             n = isize // width
             base, valid_end = 0, 0
-            last_offset, max_ts = -1, -(2**63)
+            last_offset, max_ts = self._current()[1] - 1, -(2**63)
             # drop index entries whose record is not complete and valid (a crash mid-append)
             while n > 0:
                 index_file.seek((n - 1) * width)
@@ -340,11 +348,12 @@ class PartitionLog:
             records = self.read(int(meta.oldest), int(meta.upcoming), None)
             keep = [r for r in records if int(r.offset) >= offset]
             if len(keep) != len(records):
-                self._rewrite(keep)
+                self._rewrite(keep, start=int(meta.upcoming))
             return len(records) - len(keep)
 
-    def _rewrite(self, keep: Sequence[Record]) -> None:
-        """Switch atomically to a new generation holding ``keep`` (under the lock)."""
+    def _rewrite(self, keep: Sequence[Record], start: int = 0) -> None:
+        """Switch atomically to a new generation holding ``keep`` (under the lock); with no
+        record kept, the next append gets offset ``start``."""
         log_path, index_path = self._files()
         gen = self._gen() + 1
         new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
@@ -360,6 +369,6 @@ class PartitionLog:
                 f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
-        self._write_current(gen)
+        self._write_current(gen, int(keep[0].offset) if keep else start)
         log_path.unlink(missing_ok=True)
         index_path.unlink(missing_ok=True)

@@ -7,9 +7,11 @@ Config, with Samza's names where it has them:
   (``security.protocol``, ``sasl.*``, ``ssl.*``, ``isolation.level``, ``linger.ms``, ...); the
   admin client uses the consumer's connection and security settings; secret values are masked
   in every listing, like the blob store's;
-* ``systems.<s>.default.stream.replication.factor`` (default: the broker's) and
-  ``systems.<s>.default.stream.<topic property>`` for topics sparkpoint creates; compacted
-  streams (changelogs, checkpoint and coordinator streams) get ``cleanup.policy=compact``.
+* topic properties for topics sparkpoint creates, from ``systems.<s>.default.stream.<p>`` and
+  ``streams.<topic>.<p>`` (see :func:`sparkpoint.system.streams.stream_spec`), among them
+  ``replication.factor`` (default: the broker's); compacted streams (changelogs, checkpoint and
+  coordinator streams) get ``cleanup.policy=compact``, and an existing one is refused if the
+  broker would delete its records by age or compact them sooner than the spec allows.
 
 Offsets are Kafka's, as decimal strings. The consumer reads exactly the planned range of an SSP
 (assign and seek: no consumer group, no committed offsets; the checkpoint is the only position;
@@ -36,7 +38,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStreamPartition
@@ -143,9 +145,6 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         consumer = client_config(system, config, "consumer")
         self._settings = {k: v for k, v in consumer.items() if k.startswith(_SHARED)}
         self._admin = _client(AdminClient, dict(self._settings), system, "consumer")
-        prefix = f"systems.{system}.default.stream."
-        self._topic_props = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
-        self._replication = int(self._topic_props.pop("replication.factor", "-1"))
         self._partitions: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -155,10 +154,16 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
     def create_stream(self, spec: StreamSpec) -> bool:
         if spec.partitions < 1:
             raise UserError(f"stream {spec.name}: partitions must be >= 1, not {spec.partitions}")
-        props = dict(self._topic_props)
+        props = dict(spec.properties)
+        replication = int(props.pop("replication.factor", "-1"))
         if spec.compacted:
-            props["cleanup.policy"] = "compact"
-        topic = NewTopic(spec.name, spec.partitions, self._replication, config=props)
+            policy = props.setdefault("cleanup.policy", "compact")
+            if "compact" not in policy:
+                raise ConfigError(
+                    f"stream {self.system}.{spec.name} must be compacted, but its configured "
+                    f"cleanup.policy is {policy}: use compact (or compact,delete)"
+                )
+        topic = NewTopic(spec.name, spec.partitions, replication, config=props)
         future = self._admin.create_topics([topic], request_timeout=TIMEOUT_S)[spec.name]
         try:
             future.result()
@@ -168,6 +173,32 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
             raise self._fail(f"creating topic {spec.name}", exc) from exc
         self._wait_for(spec.name)
         return True
+
+    def validate_stream(self, spec: StreamSpec) -> None:
+        """Refuse a compacted stream the broker would delete by age, or compact sooner than
+        ``min.compaction.lag.ms`` in the spec allows (a broker that does not report a setting,
+        as Tansu does for the ones never set, is taken at its word)."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+        try:
+            entries = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+        except KafkaException as exc:
+            raise self._fail(f"reading the configs of topic {spec.name}", exc) from exc
+        have = {k: e.value for k, e in entries.items() if e.value is not None}
+        fix = f"kafka-configs.sh --alter --topic {spec.name} --add-config"
+        policy = have.get("cleanup.policy")
+        if spec.compacted and policy is not None and "compact" not in policy:
+            raise ConfigError(
+                f"topic {spec.name} has cleanup.policy={policy}: the broker deletes its records "
+                f"by age and a restore would lose them; fix: {fix} cleanup.policy=compact"
+            )
+        wanted = spec.properties.get("min.compaction.lag.ms")
+        lag = have.get("min.compaction.lag.ms")
+        if wanted is not None and lag is not None and int(lag) < int(wanted):
+            raise ConfigError(
+                f"topic {spec.name} has min.compaction.lag.ms={lag}, below {wanted}: the broker "
+                f"may compact away a checkpointed value that a write after the checkpoint "
+                f"overwrote, and a restore would lose it; fix: {fix} min.compaction.lag.ms={wanted}"
+            )
 
     def _wait_for(self, topic: str) -> None:
         """Until the new topic's partitions are in the metadata (creation is asynchronous)."""
@@ -247,6 +278,21 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
     def partition_for_key(self, key: bytes | None, partitions: int) -> int:
         return kafka_partition(key, partitions)
 
+    def delete_records_before(self, stream: str, partition: int, offset: str) -> int:
+        ssp = SystemStreamPartition(self.system, stream, partition)
+        before = int(self.get_metadata([ssp])[ssp].oldest)
+        request = [TopicPartition(stream, partition, int(offset))]
+        try:
+            futures = self._admin.delete_records(request, request_timeout=TIMEOUT_S)
+            (deleted,) = (f.result() for f in futures.values())
+        except KafkaException as exc:
+            raise self._fail(f"deleting records of {ssp} before offset {offset}", exc) from exc
+        return max(0, int(deleted.low_watermark) - before)
+
+
+#: librdkafka's names for "from the oldest offset" when a read starts below it (deleted records)
+_FROM_OLDEST = ("earliest", "smallest", "beginning")
+
 
 class KafkaConsumer(SystemConsumer):
     """Reads planned ranges with one librdkafka consumer, assigned per read."""
@@ -261,8 +307,17 @@ class KafkaConsumer(SystemConsumer):
             # a planned range ends at or before the high watermark it was planned from: a fetch
             # that long-polls there (500 ms by default) only delays the next read's assignment
             "fetch.wait.max.ms": 10,
+            "auto.offset.reset": "earliest",  # a range starting at deleted records: from the oldest
             **client_config(system, config, "consumer"),
         }
+        reset = settings["auto.offset.reset"]
+        if reset not in _FROM_OLDEST:
+            raise ConfigError(
+                f"systems.{system}.consumer.auto.offset.reset={reset}: sparkpoint reads planned "
+                f"offset ranges, and a range that starts before the oldest offset Kafka still has "
+                f"must start there ({', '.join(_FROM_OLDEST)}); where a job starts is set with "
+                f"systems.{system}.default.stream.samza.offset.default or a startpoint"
+            )
         self._settings = settings
         self._consumer: Any = None
 
