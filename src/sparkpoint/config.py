@@ -284,6 +284,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "changelog stream of the store (used by the changelog backend)",
     ),
     ConfigKey(
+        "stores.<s>.write.batch.size",
+        "10000",
+        "an integer >= 1",
+        "changelog writes wait for a commit (or this many distinct keys) and only the newest "
+        "value of each key is logged, as Samza's CachedStore batches writes",
+        _int(1),
+    ),
+    ConfigKey(
         "stores.<s>.changelog.min.compaction.lag.ms",
         "14400000",
         "milliseconds >= 0",

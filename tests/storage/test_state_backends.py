@@ -276,21 +276,17 @@ def test_a_v1_checkpoint_cannot_restore_a_blob_store_backed_store(tmp_path: Path
 
 
 def changelog_records(config: Config) -> int:
+    from sparkpoint.storage.changelog.backend import changelog_ssp
+
     systems = Systems(config)
-    return sum(
-        len(
-            systems.consumer("filelog").read(
-                SystemStreamPartition("filelog", "user-counts-changelog", p), "0", "10000000"
-            )
-        )
-        for p in range(4)
-    )
+    ssps = [changelog_ssp(config, "user-counts", p) for p in range(4)]
+    return sum(len(systems.consumer(s.system).read(s, "0", "10000000")) for s in ssps)
 
 
 def test_changelogs_are_compacted_up_to_the_checkpoints_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = make(tmp_path)
+    config = make(tmp_path, **{"stores.user-counts.write.batch.size": "1"})  # log every write
     expected = generate(config, tmp_path / "a.yaml", 3000, seed=44, users=20)
     run(config, until_caught_up=True)
     written = changelog_records(config)
@@ -318,3 +314,51 @@ def test_a_changelog_with_fewer_partitions_than_tasks_stops_the_job(
         r"the job's tasks need 4",
     ):
         run(config, until_caught_up=True)
+
+
+def test_a_key_written_many_times_between_commits_is_logged_once(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    """Samza's CachedStore write batching: the changelog gets the newest value of each key once
+    per commit, and restores exactly."""
+    config = make(tmp_path, log_system, **{"task.batch.max.messages": "400"})
+    expected = generate(config, tmp_path / "a.yaml", 3000, seed=48, users=12)
+    coordinator = JobCoordinator(config, InlineRunner())
+    batches = coordinator.run(until_caught_up=True).batches
+    coordinator.close()
+    assert changelog_records(config) <= 12 * batches < 3000  # each batch commits each task
+    assert changelog_view(config) == dict(expected)
+    shutil.rmtree(config.store_base_dir)  # restore from the deduplicated changelog
+    run(config, until_caught_up=True)
+    assert live_counts(config) == dict(expected)
+
+
+def test_logged_writes_wait_for_a_drain_or_the_batch_size() -> None:
+    from sparkpoint.storage.changelog.logged import LoggedEngine
+    from sparkpoint.storage.kv.memory import InMemoryEngine
+    from sparkpoint.system.base import Record, SystemProducer
+
+    class Sent(SystemProducer):
+        def __init__(self) -> None:
+            self.records: list[tuple[bytes | None, bytes | None]] = []
+
+        def send(self, stream: str, partition: int, record: Record) -> None:
+            self.records.append((record.key, record.value))
+
+        def flush(self) -> None:
+            pass
+
+    sent = Sent()
+    ssp = SystemStreamPartition("filelog", "cl", 0)
+    logged = LoggedEngine(InMemoryEngine("s"), sent, ssp, batch_size=3)
+    logged.put(b"a", b"1")
+    logged.put(b"a", b"2")
+    logged.delete(b"a")
+    logged.write_batch([(b"b", b"1"), (b"a", b"3")])
+    assert sent.records == [] and logged.get(b"a") == b"3"  # in the store at once
+    logged.put(b"c", b"1")  # the third distinct key: drained
+    assert sent.records == [(b"a", b"3"), (b"b", b"1"), (b"c", b"1")]
+    logged.delete(b"b")
+    logged.drain()
+    logged.drain()
+    assert sent.records[3:] == [(b"b", None)]

@@ -71,6 +71,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def __init__(self, context: BackendContext) -> None:
         self.ctx = context
         self._producers: dict[str, SystemProducer] = {}
+        self._logged: dict[str, LoggedEngine] = {}  # one per store: one buffer, in order
         self._ssps = {
             s: changelog_ssp(context.config, s, context.task.changelog_partition)
             for s in context.stores
@@ -80,12 +81,22 @@ class ChangelogBackupManager(TaskBackupManager):
         pass
 
     def wrap_engine(self, store: str, engine: KeyValueEngine) -> KeyValueEngine:
+        known = self._logged.get(store)
+        if known is not None and known.inner is engine:
+            return known
+        if known is not None:
+            known.drain()
         ssp = self._ssps[store]
         if ssp.system not in self._producers:
             self._producers[ssp.system] = self.ctx.systems.producer(ssp.system)
-        return LoggedEngine(engine, self._producers[ssp.system], ssp)
+        batch_size = self.ctx.config.get_int(f"stores.{store}.write.batch.size")
+        logged = LoggedEngine(engine, self._producers[ssp.system], ssp, batch_size)
+        self._logged[store] = logged
+        return logged
 
     def snapshot(self, checkpoint_id: CheckpointId) -> dict[str, str]:
+        for logged in self._logged.values():
+            logged.drain()
         for producer in self._producers.values():
             producer.flush()
         markers = {}
@@ -105,6 +116,12 @@ class ChangelogBackupManager(TaskBackupManager):
         pass  # the admin compacts changelogs up to the checkpoints at job start
 
     def close(self) -> None:
+        """Drain the stores' logged writes and flush them (a batch that does not commit leaves
+        its writes in the live stores, and the changelog must have them before any later
+        marker)."""
+        for logged in self._logged.values():
+            logged.drain()
+        self._logged.clear()
         for producer in self._producers.values():
             producer.close()
         self._producers.clear()

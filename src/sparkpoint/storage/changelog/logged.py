@@ -1,8 +1,11 @@
-"""An engine that appends every write to the store's changelog partition.
+"""An engine that logs every write to the store's changelog partition.
 
-Writes go to the store and to the changelog producer; the producer is flushed by the backup
-manager's snapshot, so the changelog offset in a marker covers every write made before it.
-A delete is logged as a record with a null value (a tombstone).
+Writes go to the store at once. For the changelog only the newest value of each key is kept
+until the backup manager drains it (its snapshot, before flushing the producer, and its close),
+or until ``stores.<s>.write.batch.size`` distinct keys wait: a key written many times between
+two drains is logged once, as Samza's CachedStore does. A drain precedes every changelog marker,
+so the offset in a marker covers every write made before it. A delete is logged as a record
+with a null value (a tombstone).
 """
 
 from __future__ import annotations
@@ -18,17 +21,32 @@ from sparkpoint.system.base import Record, SystemProducer
 
 class LoggedEngine(KeyValueEngine):
     def __init__(
-        self, inner: KeyValueEngine, producer: SystemProducer, ssp: SystemStreamPartition
+        self,
+        inner: KeyValueEngine,
+        producer: SystemProducer,
+        ssp: SystemStreamPartition,
+        batch_size: int = 10_000,
     ) -> None:
         self.inner = inner
         self.name = inner.name
         self._producer = producer
         self._ssp = ssp
+        self._batch_size = max(1, batch_size)
+        self._pending: dict[bytes, bytes | None] = {}
 
     def _log(self, key: bytes, value: bytes | None) -> None:
-        self._producer.send(
-            self._ssp.stream, self._ssp.partition, Record("", key, value, int(time.time() * 1000))
-        )
+        self._pending[key] = value
+        if len(self._pending) >= self._batch_size:
+            self.drain()
+
+    def drain(self) -> None:
+        """Send the newest value of every key written since the last drain to the producer."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        now = int(time.time() * 1000)
+        records = (Record("", k, v, now) for k, v in pending.items())
+        self._producer.send_many(self._ssp.stream, self._ssp.partition, records)
 
     def get(self, key: bytes) -> bytes | None:
         return self.inner.get(key)
@@ -47,10 +65,9 @@ class LoggedEngine(KeyValueEngine):
     def write_batch(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         batch = list(puts)
         self.inner.write_batch(batch)
-        now = int(time.time() * 1000)
-        self._producer.send_many(
-            self._ssp.stream, self._ssp.partition, (Record("", k, v, now) for k, v in batch)
-        )
+        self._pending.update(batch)
+        if len(self._pending) >= self._batch_size:
+            self.drain()
 
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.range(start, end)
