@@ -236,3 +236,17 @@ def test_an_existing_changelog_that_could_lose_state_stops_the_job(
 
 
 NON_TRANSACTIONAL = "task.transactional.state.checkpoint.enabled"
+
+
+def test_kafka_secrets_are_masked_wherever_config_is_shown() -> None:
+    from sparkpoint.config import redact
+
+    for key in (
+        "systems.kafka.consumer.sasl.password",
+        "systems.kafka.producer.ssl.key.password",
+        "systems.kafka.consumer.sasl.oauthbearer.client.secret",
+        "systems.kafka.consumer.ssl.keystore.password",
+    ):
+        assert redact(key, "hunter2") == "****", key
+    assert redact("systems.kafka.consumer.bootstrap.servers", "b:9092") == "b:9092"
+    assert redact("systems.kafka.consumer.security.protocol", "SASL_SSL") == "SASL_SSL"
