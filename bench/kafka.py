@@ -62,6 +62,36 @@ def check(config: Config, expected: Counter[str]) -> None:
         raise SystemExit(f"wrong committed counts on {config.inputs[0]}: {wrong} users differ")
 
 
+def broker_ceiling(tmp: Path, n: int) -> float:
+    """Records/s a bare librdkafka producer gets from this broker with the same settings (one
+    record per request on Tansu), delivered and acknowledged: the bound on a job that writes a
+    record per event."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    with TansuKafka(tmp / "tansu") as broker:
+        settings = {
+            k.split(".producer.", 1)[1]: v for k, v in broker.config().items() if ".producer." in k
+        }
+        AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
+            [NewTopic("ceiling", 4, 1)]
+        )["ceiling"].result(30)
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, **settings}
+        )
+        t0 = time.perf_counter()
+        for i in range(n):
+            while True:
+                try:
+                    producer.produce("ceiling", value=b"x" * 60, key=b"%d" % i, partition=i % 4)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(120):
+            raise SystemExit("the broker did not acknowledge every record")
+        return n / (time.perf_counter() - t0)
+
+
 def base_values(job: str, tmp: Path, batch: int) -> dict[str, str]:
     values = read_job_file(EXAMPLE / job)
     values.update(
@@ -107,8 +137,15 @@ def main() -> None:
     print(f"{'system':10s} {'median events/s':>16s} {'range':>20s}")
     for system, r in rates.items():
         print(f"{system:10s} {statistics.median(r):16,.0f} {min(r):9,.0f} - {max(r):,.0f}")
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-kafka-") as t:
+        ceiling = broker_ceiling(Path(t), args.events)
+    print(f"{'broker':10s} {ceiling:16,.0f} records/s: a bare idempotent producer, same settings")
     started = time.strftime("%Y-%m-%d")
     print(f"\nkafka / filelog: {kafka_rate / file_rate:.2f}x (target 0.7x; {started}, Tansu)")
+    print(
+        f"kafka job events/s / broker produce ceiling: {kafka_rate / ceiling:.2f}x (the job "
+        f"writes one output record per event, and changelog records once per key per commit)"
+    )
 
 
 if __name__ == "__main__":

@@ -169,3 +169,21 @@ def test_stream_properties_come_from_the_system_default_and_the_stream() -> None
     }
     with pytest.raises(ConfigError, match="unknown config key streams.clicks.samza.rest.offset"):
         Config({"job.name": "j", "streams.clicks.samza.rest.offset": "true"})
+
+
+def test_relative_paths_in_a_job_file_follow_the_job_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    job = jobs / "job.yaml"
+    job.write_text("job.name: j\nsystems.fl.factory: filelog\n")
+    monkeypatch.chdir(tmp_path)  # anywhere but the job file's directory
+    c = load_config(job)
+    assert c.data_dir == jobs.resolve() / ".sparkpoint" / "j"  # the default follows it too
+    job.write_text("job.name: j\njob.data.dir: data\njob.logged.store.base.dir: local/state\n")
+    c = load_config(job)
+    assert c.data_dir == jobs.resolve() / "data"
+    assert c.store_base_dir == jobs.resolve() / "local" / "state"
+    c = load_config(Path("jobs") / "job.yaml", {"job.data.dir": "mine"})
+    assert c.data_dir == tmp_path.resolve() / "mine"  # --set: the current directory

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from sparkpoint.runtime.pipeline import Batch, Output, ParquetSink, Pipeline, StepState
+from sparkpoint import Batch, Output, ParquetSink, Pipeline, StepState
 
 HERE = Path(__file__).resolve().parent
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkpoint.model import SystemStream
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
-from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+from sparkpoint import (
+    IncomingMessageEnvelope,
+    KeyValueStore,
+    MessageCollector,
+    OutgoingMessageEnvelope,
+    StreamTask,
+    SystemStream,
+    TaskContext,
+    TaskCoordinator,
+)
 
 OUTPUT = "user-counts"  # in the input's system: filelog by default, Kafka by config
 

@@ -2,8 +2,8 @@
 
 ``API=dataframe`` runs the DataFrame version of the job (``pageviews_pipeline.py``) instead of
 the task (``pageviews_task.py``). Each step is a plain ``sparkpoint`` command, printed before it
-runs, so you can repeat any of them by hand. Data goes to ``.sparkpoint/pageviews`` in the
-current directory (removed first).
+runs, so you can repeat any of them by hand. Data goes to ``.sparkpoint/pageviews`` next to the
+job file (removed first), from whatever directory it is run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def step(*args: str, env: dict[str, str] | None = None) -> str:
 
 def main() -> None:
     events = os.environ.get("EVENTS", "200000")
-    data = Path.cwd() / ".sparkpoint" / "pageviews"
+    data = HERE / ".sparkpoint" / "pageviews"  # job.data.dir's default: next to the job file
     if data.exists():
         shutil.rmtree(data)
     sp = str(BIN / "sparkpoint")

@@ -1,5 +1,103 @@
-"""sparkpoint: stateful stream processing on Spark with Samza's state and checkpoint model."""
+"""sparkpoint: stateful stream processing on Spark with Samza's state and checkpoint model.
+
+Everything a job needs is importable from here::
+
+    from sparkpoint import StreamTask, OutgoingMessageEnvelope, SystemStream
+
+* the task API: :class:`StreamTask` and what its methods receive (:class:`TaskContext`,
+  :class:`IncomingMessageEnvelope`, :class:`MessageCollector`, :class:`TaskCoordinator`),
+  :class:`OutgoingMessageEnvelope` to send, :class:`KeyValueStore` for state;
+* the DataFrame API: :class:`Pipeline`, the :class:`Batch` its function gets and the
+  :class:`Output` it returns, a stateful step's :class:`StepState`, sinks
+  (:class:`ParquetSink`, or any :class:`Sink`);
+* streams and tasks: :class:`SystemStream`, :class:`SystemStreamPartition`, :class:`TaskName`;
+* config: :func:`load_config`, :class:`Config`;
+* startpoints: the four kinds, and :func:`set_startpoints` / :func:`list_startpoints` /
+  :func:`delete_startpoints` (the ``sparkpoint startpoint`` commands);
+* errors: :class:`SparkpointError` and its user-facing kinds.
+
+The DataFrame API names import Spark, so they load on first use: ``import sparkpoint`` stays
+light for task modules and tools. :mod:`sparkpoint.testing` runs jobs in tests.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import ConfigError, SparkpointError, UserError
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.startpoint import (
+    Startpoint,
+    StartpointOldest,
+    StartpointSpecific,
+    StartpointTimestamp,
+    StartpointUpcoming,
+)
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, set_startpoints
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.frame_task import StepState
+    from sparkpoint.runtime.pipeline import Batch, Output, ParquetSink, Pipeline, Sink
+
 __version__ = "0.1.0"
+
+#: names that import Spark, loaded on first use
+_LAZY = {
+    "Batch": "sparkpoint.runtime.pipeline",
+    "Output": "sparkpoint.runtime.pipeline",
+    "ParquetSink": "sparkpoint.runtime.pipeline",
+    "Pipeline": "sparkpoint.runtime.pipeline",
+    "Sink": "sparkpoint.runtime.pipeline",
+    "StepState": "sparkpoint.runtime.frame_task",
+}
+
+__all__ = [
+    "Batch",
+    "Config",
+    "ConfigError",
+    "IncomingMessageEnvelope",
+    "KeyValueStore",
+    "MessageCollector",
+    "OutgoingMessageEnvelope",
+    "Output",
+    "ParquetSink",
+    "Pipeline",
+    "Sink",
+    "SparkpointError",
+    "Startpoint",
+    "StartpointOldest",
+    "StartpointSpecific",
+    "StartpointTimestamp",
+    "StartpointUpcoming",
+    "StepState",
+    "StreamTask",
+    "SystemStream",
+    "SystemStreamPartition",
+    "TaskContext",
+    "TaskCoordinator",
+    "TaskName",
+    "UserError",
+    "__version__",
+    "delete_startpoints",
+    "list_startpoints",
+    "load_config",
+    "set_startpoints",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -58,6 +58,16 @@ def _config(job: Path, overrides: list[str] | None) -> Config:
     return load_config(job, parse_overrides(overrides or []))
 
 
+def _ran_config(job: Path, overrides: list[str] | None) -> Config:
+    """The config of a job that has run: tools that read its data stop, saying where they
+    looked, when there is none."""
+    from sparkpoint.tools.jobs import require_job_data
+
+    config = _config(job, overrides)
+    require_job_data(config)
+    return config
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -274,7 +284,7 @@ def job_show(
     """
     from sparkpoint.tools.jobs import job_overview, overview_lines
 
-    data = job_overview(_config(job, set_))
+    data = job_overview(_ran_config(job, set_))
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -300,7 +310,7 @@ def checkpoint_show(
     """
     from sparkpoint.checkpoint.manager import TYPES, CheckpointManager
 
-    config = _config(job, set_)
+    config = _ran_config(job, set_)
     manager = CheckpointManager(config)
     if version is not None and version not in TYPES:
         raise UserError(f"--version {version}: known versions are {', '.join(map(str, TYPES))}")
@@ -346,7 +356,7 @@ def checkpoint_set(
     """
     from sparkpoint.tools.checkpoints import set_checkpoints
 
-    config = _config(job, set_)
+    config = _ran_config(job, set_)
     written = set_checkpoints(config, file, force=force)
     for task, checkpoint in sorted(written.items()):
         offsets = ", ".join(f"{s}={o}" for s, o in sorted(checkpoint.input_offsets.items()))
@@ -366,7 +376,7 @@ def state_dump(
     """
     from sparkpoint.tools.state import committed_entries
 
-    config = _config(job, set_)
+    config = _ran_config(job, set_)
     out = sys.stdout
     for _task, key, value in committed_entries(config, store, task):
         out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
@@ -389,7 +399,7 @@ def state_show(
 
     rows = [
         r
-        for r in state_locations(_config(job, set_))
+        for r in state_locations(_ran_config(job, set_))
         if (task is None or r["task"] == task) and (store is None or r["store"] == store)
     ]
     if as_json:
@@ -429,7 +439,7 @@ def state_check(
     """
     from sparkpoint.tools.state import check_blobs
 
-    problems = check_blobs(_config(job, set_), checksums=not quick)
+    problems = check_blobs(_ran_config(job, set_), checksums=not quick)
     for line in problems:
         print(line)
     if problems:
@@ -549,7 +559,7 @@ def startpoint_list(
     """
     from sparkpoint.tools.startpoints import list_startpoints
 
-    found = list_startpoints(_config(job, set_))
+    found = list_startpoints(_ran_config(job, set_))
     if as_json:
         print(
             json.dumps(

@@ -7,8 +7,10 @@ value, or an unknown key in a namespace sparkpoint owns (``job.``, ``task.``, ``
 ``streams.<s>.``), is a :class:`ConfigError` naming the key and what is allowed. Keys under
 ``systems.<s>.`` beyond the ones declared are passed to the system; ``spark.*`` go to Spark.
 
-Every path a job uses derives from ``job.data.dir`` (default ``./.sparkpoint/<job.name>``), made
-absolute when the config is loaded so that executors on other processes see the same paths.
+Every path a job uses derives from ``job.data.dir`` (default ``.sparkpoint/<job.name>`` next to
+the job file), made absolute when the config is loaded so that executors on other processes see
+the same paths. A relative path in a job file is relative to the job file's directory; one given
+with ``--set`` (or with no job file) to the current directory.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.data.dir",
         None,
         "a directory path",
-        "root of every path the job uses (default ./.sparkpoint/<job.name>)",
+        "root of every path the job uses (default .sparkpoint/<job.name> next to the job file; "
+        "relative paths in a job file are relative to its directory)",
     ),
     ConfigKey(
         "job.logged.store.base.dir",
@@ -814,16 +817,31 @@ def load_config(
 ) -> Config:
     """Load a job file (or start from ``base``), apply overrides and defaults, validate.
 
-    ``job.data.dir`` defaults to ``./.sparkpoint/<job.name>`` and is made absolute.
+    Paths (``job.data.dir``, ``systems.<s>.path``, ``job.logged.store.base.dir``) are made
+    absolute: a relative one from the job file against the job file's directory, any other
+    against the current directory. ``job.data.dir`` defaults to ``.sparkpoint/<job.name>`` in
+    the job file's directory (the current one without a job file).
     """
     values: dict[str, str] = dict(base or {})
+    from_file: dict[str, str] = {}
+    home = Path.cwd()
     if job_file is not None:
-        values.update(read_job_file(job_file))
+        from_file = read_job_file(job_file)
+        values.update(from_file)
+        home = Path(job_file).expanduser().resolve().parent
     values.update(overrides or {})
     if not values.get("job.name"):
         raise ConfigError("missing required config key job.name (the job's name)")
-    data_dir = values.get("job.data.dir") or str(Path(".sparkpoint") / values["job.name"])
-    values["job.data.dir"] = str(Path(data_dir).expanduser().resolve())
+
+    def absolute(key: str) -> str:
+        path = Path(values[key]).expanduser()
+        in_file = key in from_file and values[key] == from_file[key]
+        return str(((home if in_file else Path.cwd()) / path).resolve())
+
+    if values.get("job.data.dir"):
+        values["job.data.dir"] = absolute("job.data.dir")
+    else:
+        values["job.data.dir"] = str(home / ".sparkpoint" / values["job.name"])
     for key, value in list(values.items()):
         # the embedded filelog system keeps its streams under job.data.dir unless told otherwise
         if key.startswith("systems.") and key.endswith(".factory") and value == "filelog":
@@ -831,14 +849,12 @@ def load_config(
             if not values.get(path_key):
                 name = key[len("systems.") : -len(".factory")]
                 values[path_key] = str(Path(values["job.data.dir"]) / "streams" / name)
-            values[path_key] = str(Path(values[path_key]).expanduser().resolve())
+            values[path_key] = absolute(path_key)
     if (
         values.get("job.logged.store.base.dir")
         and "{cwd}" not in values["job.logged.store.base.dir"]
     ):
-        values["job.logged.store.base.dir"] = str(
-            Path(values["job.logged.store.base.dir"]).expanduser().resolve()
-        )
+        values["job.logged.store.base.dir"] = absolute("job.logged.store.base.dir")
     return Config(values)
 
 

@@ -23,10 +23,20 @@ def env() -> dict[str, str]:
 
 
 def sp(
-    *args: str, check: bool = True, stdin: str | None = None, timeout: float = 300
+    *args: str,
+    check: bool = True,
+    stdin: str | None = None,
+    timeout: float = 300,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [SPARKPOINT, *args], input=stdin, capture_output=True, text=True, env=env(), timeout=timeout
+        [SPARKPOINT, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=timeout,
+        cwd=cwd,
     )
     if check and proc.returncode != 0:
         raise AssertionError(

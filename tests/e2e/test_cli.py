@@ -85,3 +85,46 @@ def test_sigterm_finishes_the_batch_commits_and_exits_0(tmp_path: Path) -> None:
     assert done == sum(committed_counts(config).values()) > 0
     show = json.loads(sp("checkpoint", "show", str(JOB), "--json", *set_args).stdout)
     assert set(show) == {f"Partition {p}" for p in range(4)}
+
+
+def test_the_readme_commands_give_the_same_result_from_any_directory(tmp_path: Path) -> None:
+    """Issue 16: examples/ copied elsewhere, the README's commands run from another directory:
+    the data lands next to the job file, and every command finds it."""
+    import shutil
+    import subprocess
+    import sys
+    from collections import Counter
+
+    from tests.conftest import EXAMPLE_DIR
+    from tests.e2e.cli import env
+
+    copy = tmp_path / "copy" / "examples" / "pageviews"
+    shutil.copytree(EXAMPLE_DIR, copy, ignore=shutil.ignore_patterns(".sparkpoint", "__pycache__"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = "../copy/examples/pageviews/job.yaml"
+    sp("stream", "create", job, "pageviews", "--partitions", "4", cwd=elsewhere)
+    generate = [sys.executable, "../copy/examples/pageviews/generate.py", job, "3000"]
+    subprocess.run([*generate, "--seed", "7"], cwd=elsewhere, env=env(), check=True)
+    assert "done (caught up)" in sp("run", job, "--until-caught-up", cwd=elsewhere).stderr
+    dumped = sp(
+        "state", "dump", "copy/examples/pageviews/job.yaml", "--store", "user-counts", cwd=tmp_path
+    ).stdout
+    counts = {r["key"]: r["value"] for r in map(json.loads, dumped.splitlines())}
+    from generate import events  # the example's generator (on the path: tests/conftest.py)
+
+    assert counts == dict(Counter(str(e["user"]) for e in events(3000, 7, 1000)))
+    assert (copy / ".sparkpoint" / "pageviews" / "state").is_dir()
+    assert not (elsewhere / ".sparkpoint").exists()
+    shown = sp("checkpoint", "show", str(copy / "job.yaml"), cwd=tmp_path).stdout
+    assert shown.count("checkpoint ") == 4
+    # a job with no data where the command looks: say where, exit 2
+    missing = sp(
+        "checkpoint", "show", job, "--set", "job.data.dir=nowhere", cwd=elsewhere, check=False
+    )
+    assert missing.returncode == 2
+    assert "no data of job pageviews" in missing.stderr
+    assert str(elsewhere / "nowhere") in missing.stderr
+    for command in (["state", "dump", job, "--store", "user-counts"], ["job", "show", job]):
+        gone = sp(*command, "--set", "job.data.dir=nowhere", cwd=elsewhere, check=False)
+        assert gone.returncode == 2 and "Run the job first" in gone.stderr, command

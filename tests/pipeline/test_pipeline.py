@@ -251,3 +251,21 @@ def test_a_pipeline_must_build_the_same_steps_every_batch(tmp_path: Path, spark:
     changed = r"stateful steps changed from \[\] to \['_passthrough'\]"
     with pytest.raises(ConfigError, match=changed):
         _run_pipeline(spark, config, build)
+
+
+def test_a_pipelines_relative_job_file_is_next_to_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    (tmp_path / "mine").mkdir()
+    module_file = tmp_path / "mine" / "my_pipeline.py"
+    module_file.write_text(
+        "from sparkpoint import Pipeline\njob = Pipeline(lambda batch: [], config='job.yaml')\n"
+    )
+    monkeypatch.chdir(tmp_path)  # not the module's directory
+    spec = importlib.util.spec_from_file_location("my_pipeline", module_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.job.config == tmp_path / "mine" / "job.yaml"

@@ -377,14 +377,22 @@ PipelineFunction = Callable[[Batch], "Output | Iterable[Output]"]
 
 @dataclass
 class Pipeline:
-    """A DataFrame job: ``build`` maps each batch to outputs; ``config`` is a job file or the
-    config values themselves; ``value_schema`` decodes JSON input values into a struct."""
+    """A DataFrame job: ``build`` maps each batch to outputs; ``config`` is a job file (a
+    relative path is relative to the module that creates the pipeline, like task modules next
+    to a job file) or the config values themselves; ``value_schema`` decodes JSON input values
+    into a struct."""
 
     build: PipelineFunction
     config: str | Path | Mapping[str, str]
     value_schema: str | None = None
     value_type: str = "STRING"
     overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.config, (str, Path)) and not Path(self.config).is_absolute():
+            creator = sys._getframe(2).f_globals.get("__file__")  # the module calling Pipeline()
+            base = Path(creator).resolve().parent if creator else Path.cwd()
+            self.config = base / self.config
 
     def load_config(self, overrides: Mapping[str, str] | None = None) -> Config:
         extra = {**self.overrides, **(overrides or {})}

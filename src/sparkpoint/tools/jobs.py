@@ -1,4 +1,5 @@
-"""``sparkpoint job show``: each task with where it runs, its last commit and its state size.
+"""``sparkpoint job show``: each task with where it runs, its last commit and its state size;
+and the check every read-only tool makes first, that the job has data where it looks.
 
 Read from the metadata store (host affinity's records, :mod:`sparkpoint.metadata.locality`)
 and the checkpoint stream; nothing is written. A task's local state is *current* when the
@@ -10,13 +11,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.config import Config
+from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
 from sparkpoint.metadata.locality import stored_assignment, task_locality
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
+
+
+def require_job_data(config: Config) -> None:
+    """Stop, saying where it looked, when the job has no checkpoint stream: it never ran with
+    this config (often: run from another directory, or another ``job.data.dir``)."""
+    system, stream = config.checkpoint_system, checkpoint_stream_name(config)
+    if stream in Systems(config).admin(system).list_streams():
+        return
+    where = (
+        f"under {config.get_str(f'systems.{system}.path')}"
+        if config.get_str(f"systems.{system}.factory") == "filelog"
+        else f"in system {system}"
+    )
+    raise UserError(
+        f"no data of job {config.job_name} (job.id {config.job_id}) found: its checkpoint "
+        f"stream {system}.{stream} does not exist {where} (job.data.dir={config.data_dir}). "
+        f"Run the job first, or point at its data with --set job.data.dir=PATH (relative "
+        f"paths in a job file are relative to the job file's directory)"
+    )
 
 
 def job_overview(config: Config) -> dict[str, Any]:
