@@ -12,10 +12,10 @@ test: setup
 	@.venv/bin/ruff check src tests examples bench soak
 	@.venv/bin/ruff format --check src tests examples bench soak
 	@.venv/bin/mypy
-	@scripts/pytest.sh tests --durations=15
+	@scripts/pytest.sh tests examples --durations=15
 
 test-fast: setup
-	@scripts/pytest.sh tests -m "not slow"
+	@scripts/pytest.sh tests examples -m "not slow"
 
 lint: setup
 	@.venv/bin/ruff check src tests examples bench soak && .venv/bin/ruff format --check src tests examples bench soak

@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 import sparkpoint
 from tests.conftest import ROOT
@@ -26,7 +29,9 @@ def readme_snippets() -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def test_every_readme_python_snippet_runs_as_shown() -> None:
+def test_every_readme_python_snippet_runs_as_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     snippets = readme_snippets()
     assert len(snippets) >= 2
     defined: dict[str, Any] = {}
@@ -34,5 +39,27 @@ def test_every_readme_python_snippet_runs_as_shown() -> None:
         namespace: dict[str, Any] = {"__name__": "readme"}
         exec(compile(snippet, "README.md", "exec"), namespace)
         defined.update(namespace)
+    monkeypatch.chdir(ROOT)  # the README's paths are relative to the repository
+    tests = {name: fn for name, fn in defined.items() if name.startswith("test_")}
+    assert tests  # the README's example test
+    for name, fn in tests.items():
+        (tmp_path / name).mkdir()
+        fn(tmp_path / name)
     assert issubclass(defined["PageViewCounter"], sparkpoint.StreamTask)
     assert isinstance(defined["job"], sparkpoint.Pipeline)
+    # the task snippet counts, as its README text says
+    from sparkpoint.testing import JobTestDriver
+
+    config = {
+        "job.name": "readme",
+        "systems.filelog.factory": "filelog",
+        "task.inputs": "filelog.pageviews",
+        "stores.user-counts.factory": "rocksdb",
+        "stores.user-counts.key.serde": "string",
+        "stores.user-counts.msg.serde": "integer",
+    }
+    with JobTestDriver(config, tmp_path, task=defined["PageViewCounter"]) as job:
+        job.send("pageviews", [{"user": "ann"}, {"user": "bob"}, {"user": "ann"}])
+        job.run()
+        assert job.store("user-counts") == {"ann": 2, "bob": 1}
+        assert [m.value["count"] for m in job.output("user-counts")] == [1, 1, 2]

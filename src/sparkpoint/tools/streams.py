@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sparkpoint.config import Config
@@ -51,14 +52,8 @@ def write_json_lines(
     batch: int = 10_000,
 ) -> int:
     """Append JSON-lines records to ``stream``; returns how many were written."""
-    partitions = ensure_stream(config, systems, stream)
-    if partition is not None and not 0 <= partition < partitions:
-        raise UserError(f"--partition {partition}: {stream} has partitions 0..{partitions - 1}")
-    key_serde, msg_serde = stream_serdes(config, stream)
-    admin = systems.admin(stream.system)
-    producer = systems.producer(stream.system)
-    count = 0
-    try:
+
+    def parsed() -> Iterator[Message]:
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -66,16 +61,53 @@ def write_json_lines(
                 obj = json.loads(line)
                 if not isinstance(obj, dict):
                     raise ValueError("expected a JSON object")
-                key = obj.get("key")
-                kb = None if key is None else key_serde.to_bytes(key)
-                value = obj.get("value")
-                vb = None if value is None else msg_serde.to_bytes(value)
                 ts = int(obj.get("timestamp", time.time() * 1000))
             except (ValueError, TypeError) as exc:
                 raise UserError(
                     f"stdin line {lineno}: {exc}; nothing from this line on was written"
                 ) from exc
-            p = partition if partition is not None else admin.partition_for_key(kb, partitions)
+            yield Message(obj.get("value"), obj.get("key"), partition, ts)
+
+    return send_messages(config, systems, stream, parsed(), batch=batch)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to write: its value and key (encoded by the stream's serdes), the partition
+    (``None``: by key, as the job's output would place it) and a timestamp (ms; ``None``:
+    now)."""
+
+    value: Any
+    key: Any = None
+    partition: int | None = None
+    timestamp: int | None = None
+
+
+def send_messages(
+    config: Config,
+    systems: Systems,
+    stream: SystemStream,
+    messages: Iterable[Message],
+    *,
+    batch: int = 10_000,
+) -> int:
+    """Append ``messages`` to ``stream`` (created with its configured partition count if
+    absent), encoded with the stream's serdes; returns how many were written."""
+    partitions = ensure_stream(config, systems, stream)
+    key_serde, msg_serde = stream_serdes(config, stream)
+    admin = systems.admin(stream.system)
+    producer = systems.producer(stream.system)
+    count = 0
+    try:
+        for m in messages:
+            if m.partition is not None and not 0 <= m.partition < partitions:
+                raise UserError(
+                    f"partition {m.partition}: {stream} has partitions 0..{partitions - 1}"
+                )
+            kb = None if m.key is None else key_serde.to_bytes(m.key)
+            vb = None if m.value is None else msg_serde.to_bytes(m.value)
+            ts = int(time.time() * 1000) if m.timestamp is None else m.timestamp
+            p = m.partition if m.partition is not None else admin.partition_for_key(kb, partitions)
             producer.send(stream.stream, p, Record("", kb, vb, ts))
             count += 1
             if count % batch == 0:
