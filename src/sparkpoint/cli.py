@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -609,8 +610,18 @@ def startpoint_delete(
     print(f"deleted {n} startpoint(s)")
 
 
+def _help_width() -> None:
+    """Help as wide as the terminal, and 120 columns when piped (rich's 80 cut the tables);
+    ``TERMINAL_WIDTH`` still wins."""
+    import typer.rich_utils
+
+    if typer.rich_utils.MAX_WIDTH is None:
+        typer.rich_utils.MAX_WIDTH = max(shutil.get_terminal_size((120, 24)).columns, 100)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the CLI and turns user errors into one line and exit code 2."""
+    _help_width()
     try:
         app(args=argv, prog_name="sparkpoint")
     except SystemExit as exc:

@@ -29,6 +29,7 @@ import yaml
 
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
+from sparkpoint.serde import BUILTIN_SERDES
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,12 @@ class ConfigKey:
     @property
     def regex(self) -> re.Pattern[str]:
         return re.compile("^" + re.escape(self.pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
+
+
+#: what a serde key allows: the built-in serdes, or one registered in config
+SERDE_NAMES = (
+    " | ".join(BUILTIN_SERDES) + ", or a name registered as serializers.registry.<name>.class"
+)
 
 
 def _int(minimum: int | None = None) -> Callable[[str], bool]:
@@ -254,13 +261,13 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "streams.<s>.samza.key.serde",
         "string",
-        "a serde name",
+        SERDE_NAMES,
         "serde of message keys in this stream",
     ),
     ConfigKey(
         "streams.<s>.samza.msg.serde",
         "json",
-        "a serde name",
+        SERDE_NAMES,
         "serde of message values in this stream",
     ),
     ConfigKey(
@@ -278,8 +285,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "Kafka's retention.ms; systems.<s>.default.stream.<property> sets it for every stream",
     ),
     ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
-    ConfigKey("stores.<s>.key.serde", "string", "a serde name", "serde of the store's keys"),
-    ConfigKey("stores.<s>.msg.serde", "json", "a serde name", "serde of the store's values"),
+    ConfigKey("stores.<s>.key.serde", "string", SERDE_NAMES, "serde of the store's keys"),
+    ConfigKey("stores.<s>.msg.serde", "json", SERDE_NAMES, "serde of the store's values"),
     ConfigKey(
         "stores.<s>.changelog",
         None,

@@ -54,9 +54,24 @@ def test_every_subcommand_has_help_with_an_example() -> None:
         ["startpoint", "set"],
         ["startpoint", "list"],
         ["startpoint", "delete"],
+        ["job", "show"],
     ):
-        out = sp(*cmd, "--help").stdout
+        out = sp(*cmd, "--help").stdout  # piped, as in a log or a pager
         assert "Example" in out, cmd
+        assert "…" not in out, cmd  # no table cut at 80 columns
+
+
+@pytest.mark.slow
+def test_a_startpoint_applied_at_start_is_shown_in_the_progress(tmp_path: Path) -> None:
+    s = ["--set", f"job.data.dir={tmp_path}"]
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "2", *s)
+    lines = "".join(json.dumps({"key": "u", "value": {"user": "u"}}) + "\n" for _ in range(8))
+    sp("stream", "write", str(JOB), "pageviews", "--partition", "1", *s, stdin=lines)
+    sp("run", str(JOB), "--until-caught-up", *s)
+    sp("startpoint", "set", str(JOB), "--stream", "pageviews", "-p", "1", "--offset", "5", *s)
+    rerun = sp("run", str(JOB), "--until-caught-up", *s).stderr
+    assert "startpoint: Partition 1 reads filelog.pageviews.1 from offset 5 (specific" in rerun
+    assert "startpoint: Partition 0" not in rerun
 
 
 @pytest.mark.slow

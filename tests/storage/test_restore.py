@@ -6,6 +6,7 @@ it proves fixed.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -262,7 +263,7 @@ def test_restore_stops_when_no_backend_can_restore_the_committed_state(tmp_path:
 
 
 def test_default_read_versions_restore_a_blob_store_store_after_a_lost_host(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 11, the new user's run: blob store backup and restore, every other key default;
     lose the local state; the restart restores every count."""
@@ -275,8 +276,10 @@ def test_default_read_versions_restore_a_blob_store_store_after_a_lost_host(
     run(config, until_caught_up=True)
     shutil.rmtree(config.store_base_dir)
     expected += generate(config, tmp_path / "b.yaml", 100, seed=66, users=15)
+    caplog.set_level("INFO")
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
+    assert re.search(r"restored from blobstore: \d+ files, \d+ bytes", caplog.text)
 
 
 def test_v1_null_changelog_offset_is_written_and_read_as_samza_does() -> None:

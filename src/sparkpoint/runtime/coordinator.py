@@ -132,6 +132,9 @@ class RunSummary:
 class Listener(Protocol):
     def on_start(self, model: JobModel) -> None: ...
 
+    def on_startpoint(self, task: str, ssp: SystemStreamPartition, offset: str, what: str) -> None:
+        """A task starts reading ``ssp`` at ``offset`` because of startpoint ``what``."""
+
     def on_batch(self, report: BatchReport) -> None: ...
 
     def on_end(self, summary: RunSummary) -> None: ...
@@ -259,6 +262,10 @@ class JobCoordinator:
             self._open_batch_log(bool(fanned))
         if self.listener:
             self.listener.on_start(model)
+            for task_name, sps in sorted(fanned.items()):
+                ts = self.tasks[task_name.name]
+                for ssp, sp in sorted(sps.items()):
+                    self.listener.on_startpoint(task_name.name, ssp, ts.resume[ssp], sp.describe())
         return model
 
     def _cmp(self, ssp: SystemStreamPartition, a: str, b: str) -> int:
@@ -647,6 +654,8 @@ class JobCoordinator:
                 ts.last_processed.pop(ssp, None)
                 ts.checkpoint_last_processed.pop(ssp, None)
                 ts.startpoints.add(ssp)
+                if self.listener:
+                    self.listener.on_startpoint(task.name, ssp, offset, sp.describe())
         return report
 
     @staticmethod

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from sparkpoint.model import JobModel
+from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.coordinator import BatchReport, RunSummary
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,11 @@ class ProgressDisplay:
             table.caption = line
         return table
 
+    def on_startpoint(self, task: str, ssp: SystemStreamPartition, offset: str, what: str) -> None:
+        self.console.print(
+            f"startpoint: {task} reads {ssp} from offset {offset} ({what})", highlight=False
+        )
+
     def on_batch(self, report: BatchReport) -> None:
         self._last = report
         self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
@@ -73,7 +78,7 @@ class ProgressDisplay:
             if info.source != "local-checkpoint" and info.entries == 0 and info.bytes == 0:
                 continue  # a fresh start: nothing was restored
             line = (
-                f"restore {task} store {info.store}: {info.source}, {info.entries} entries, "
+                f"restore {task} store {info.store}: {info.source}, {info.entries} {info.unit}, "
                 f"{info.bytes} bytes, {info.seconds:.2f}s"
             )
             self._restores.append(line)

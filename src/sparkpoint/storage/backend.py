@@ -51,9 +51,10 @@ class RestoreStats:
 
     store: str
     source: str
-    entries: int = 0
+    entries: int = 0  # what was restored, counted in ``unit``
     bytes: int = 0
     seconds: float = 0.0
+    unit: str = "entries"  # changelog records; "files" for snapshots
 
 
 @dataclass

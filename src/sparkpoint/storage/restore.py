@@ -260,11 +260,12 @@ class TaskRestore:
                 self.stats.append(stats)
                 self.restored_by[stats.store] = backend
                 log.info(
-                    "task %s store %s: restored from %s: %d entries, %d bytes in %.2fs",
+                    "task %s store %s: restored from %s: %d %s, %d bytes in %.2fs",
                     self.task.name,
                     stats.store,
                     backend,
                     stats.entries,
+                    stats.unit,
                     stats.bytes,
                     stats.seconds,
                 )

@@ -109,7 +109,8 @@ class CopyRestore(TaskRestoreManager):
                 for f in target.iterdir():
                     files += 1
                     size += f.stat().st_size
-            out.append(RestoreStats(store, NAME, files, size, time.monotonic() - start))
+            elapsed = time.monotonic() - start
+            out.append(RestoreStats(store, NAME, files, size, elapsed, unit="files"))
         return out
 
 

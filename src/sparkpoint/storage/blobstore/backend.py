@@ -305,7 +305,8 @@ class BlobStoreRestoreManager(TaskRestoreManager):
             size,
             reused,
         )
-        return RestoreStats(store, NAME, len(downloads), size, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        return RestoreStats(store, NAME, len(downloads), size, elapsed, unit="files")
 
     def _download(self, where: str, dest: Path, f: FileIndex) -> None:
         fetch_file(self.blobs, f, dest, where)

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, StreamNotFound, UserError
 from sparkpoint.fsutil import fsync_dir
 from sparkpoint.model import SystemStreamPartition
@@ -186,6 +187,22 @@ class FileLogProducer(SystemProducer):
 
 class FileLogSystemFactory(SystemFactory):
     """``systems.<name>.factory: filelog``."""
+
+    config_keys = (
+        ConfigKey(
+            "systems.<s>.path",
+            None,
+            "a directory path",
+            "filelog: where its streams live (default <job.data.dir>/streams/<s>; every "
+            "worker must see the same directory)",
+        ),
+        ConfigKey(
+            "systems.<s>.producer.buffer.bytes",
+            "4194304",
+            "an integer >= 1",
+            "filelog: bytes a producer buffers per partition before it appends them",
+        ),
+    )
 
     def _streams(self, system: str, config: Mapping[str, str]) -> _Streams:
         return _Streams(system, root_for(system, config))

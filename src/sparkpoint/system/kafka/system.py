@@ -40,6 +40,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
+from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
@@ -480,6 +481,36 @@ class KafkaProducer(SystemProducer):
 
 class KafkaSystemFactory(SystemFactory):
     """``systems.<name>.factory: kafka``."""
+
+    config_keys = (
+        ConfigKey(
+            "systems.<s>.consumer.bootstrap.servers",
+            None,
+            "host:port[,host:port...]",
+            "kafka: the brokers (producer.bootstrap.servers works too)",
+        ),
+        ConfigKey(
+            "systems.<s>.consumer.<setting>",
+            None,
+            "a librdkafka consumer setting",
+            "kafka: passed to the consumer as it is (security.protocol, sasl.*, ssl.*, "
+            "isolation.level, fetch.*); the admin client uses its connection and security "
+            "settings; auto.offset.reset must stay earliest",
+        ),
+        ConfigKey(
+            "systems.<s>.producer.<setting>",
+            None,
+            "a librdkafka producer setting",
+            "kafka: passed to the producer as it is (linger.ms, compression.type, acks, ...); "
+            "the producer is idempotent",
+        ),
+        ConfigKey(
+            "systems.<s>.default.stream.replication.factor",
+            None,
+            "an integer >= 1",
+            "kafka: replication of the topics sparkpoint creates (default: the broker's)",
+        ),
+    )
 
     def get_admin(self, system: str, config: Mapping[str, str]) -> KafkaAdmin:
         return KafkaAdmin(system, config)
