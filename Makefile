@@ -1,24 +1,32 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka clean
+.PHONY: setup example test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka clean
 
+# .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
-	@scripts/bootstrap.sh
+	@scripts/bootstrap.sh dev
 
-example: setup
+# the example needs only what `pip install sparkpoint` brings (no test tools, no npm)
+example:
+	@scripts/bootstrap.sh run
 	@.venv/bin/python examples/pageviews/run_example.py
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup
-	@.venv/bin/ruff check src tests examples bench soak
-	@.venv/bin/ruff format --check src tests examples bench soak
+	@.venv/bin/ruff check src tests examples bench soak docs/hooks
+	@.venv/bin/ruff format --check src tests examples bench soak docs/hooks
 	@.venv/bin/mypy
+	@.venv/bin/mkdocs build --strict --quiet
 	@scripts/pytest.sh tests examples --durations=15
 
 test-fast: setup
 	@scripts/pytest.sh tests examples -m "not slow"
 
 lint: setup
-	@.venv/bin/ruff check src tests examples bench soak && .venv/bin/ruff format --check src tests examples bench soak
+	@.venv/bin/ruff check src tests examples bench soak docs/hooks && .venv/bin/ruff format --check src tests examples bench soak docs/hooks
+
+# the documentation site (docs/, mkdocs.yml) into build/site; warnings are errors
+docs: setup
+	@.venv/bin/mkdocs build --strict
 
 typecheck: setup
 	@.venv/bin/mypy

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Creates .venv with sparkpoint and its dev tools, once; re-runs only when pyproject.toml changes.
+# Creates .venv with sparkpoint, once; re-runs only when pyproject.toml changes or more is needed.
+#   scripts/bootstrap.sh run   what a job needs: `pip install sparkpoint` (make example)
+#   scripts/bootstrap.sh dev   that, the [dev] extra and Azurite (npm) for the tests (make test)
 # Checks for Java 17+ (Spark needs it) and Python 3.11+, and says exactly what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-dev}
+case "$mode" in run|dev) ;; *) echo "usage: $0 [run|dev]" >&2; exit 2 ;; esac
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
@@ -31,20 +35,22 @@ fi
 
 stamp=.venv/.sparkpoint-installed
 want=$(sha1sum pyproject.toml | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ] \
-   && [ -x .venv/node/node_modules/.bin/azurite-blob ]; then
+have=$(cat "$stamp" 2>/dev/null || true)
+# a dev install serves both modes; a run install only `run`
+if [ -x .venv/bin/python ] && { [ "$have" = "$want dev" ] || [ "$have" = "$want $mode" ]; }; then
   exit 0
 fi
-say "creating .venv with $PY and installing sparkpoint (first run takes about a minute)"
+if [ "$mode" = dev ]; then spec='.[dev]'; what="sparkpoint with its test tools"; else spec='.'; what="sparkpoint"; fi
+say "creating .venv with $PY and installing $what (first run takes a minute or two)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-if ! .venv/bin/python -m pip install -q -e '.[dev]' >.venv/install.log 2>&1; then
+if ! .venv/bin/python -m pip install -q -e "$spec" >.venv/install.log 2>&1; then
   grep -v "^WARNING: Location" .venv/install.log | tail -n 30 >&2
   say "pip install failed (full log: .venv/install.log)"; exit 4
 fi
 .venv/bin/python -c 'import sparkpoint, pyspark, rocksdict' || { say "installation failed"; exit 4; }
 # Azurite (Azure Blob Storage emulator) for the blob store tests, from the npm registry
-if [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
+if [ "$mode" = dev ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
   if command -v npm >/dev/null 2>&1; then
     say "installing azurite (npm) into .venv/node for the Azure blob store tests"
     npm install --silent --no-audit --no-fund --prefix .venv/node azurite@3 >.venv/npm.log 2>&1 \
@@ -54,5 +60,5 @@ if [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
     exit 3
   fi
 fi
-echo "$want" > "$stamp"
-say "ready: .venv ($(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"
+echo "$want $mode" > "$stamp"
+say "ready: .venv ($mode; $(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"
