@@ -132,6 +132,38 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
     ConfigKey(
+        "metrics.reporters",
+        None,
+        "comma-separated: prometheus, snapshot",
+        "where the driver reports job and task metrics (docs/operations.md)",
+    ),
+    ConfigKey(
+        "metrics.reporter.prometheus.host",
+        "127.0.0.1",
+        "a host or address",
+        "address the Prometheus text endpoint listens on (0.0.0.0: every interface)",
+    ),
+    ConfigKey(
+        "metrics.reporter.prometheus.port",
+        "9464",
+        "a port",
+        "port of the Prometheus text endpoint, http://<host>:<port>/metrics",
+        _int(0),
+    ),
+    ConfigKey(
+        "metrics.reporter.snapshot.stream",
+        None,
+        "system.stream",
+        "stream of Samza-style metrics snapshots (default <coordinator system>.metrics)",
+    ),
+    ConfigKey(
+        "metrics.reporter.snapshot.interval.ms",
+        "60000",
+        "milliseconds >= 0",
+        "how often a metrics snapshot is written (and once when the job stops)",
+        _int(0),
+    ),
+    ConfigKey(
         "task.broadcast.inputs",
         None,
         "comma-separated system.stream, system.stream#N or system.stream#[A-B]",
@@ -421,7 +453,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
 )
 
-_OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.")
+_OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.")
 
 
 def _is_stream_property(key: str) -> bool:

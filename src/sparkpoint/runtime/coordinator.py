@@ -37,6 +37,7 @@ from sparkpoint.model import (
 )
 from sparkpoint.runtime.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.batchlog import BatchLog
+from sparkpoint.runtime.metrics import MetricsReporters
 from sparkpoint.runtime.placement import Move
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.startpoint.manager import StartpointManager
@@ -101,6 +102,7 @@ class BatchReport:
     uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
     moved: list[Move] = field(default_factory=list)  # host affinity: placed before the batch
     away: list[Move] = field(default_factory=list)  # ran away from their executor
+    tasks: list[TaskBatchResult] = field(default_factory=list)  # what each task reported
 
     @property
     def restored_tasks(self) -> int:
@@ -181,6 +183,7 @@ class JobCoordinator:
         self.config = config
         self.runner = runner
         self.listener = listener
+        self.reporters: MetricsReporters | None = None  # started with the job (metrics.reporters)
         self.systems = systems or Systems(config)
         self.checkpoints = CheckpointManager(config, self.systems)
         self.offsets = OffsetManager(config, self.systems)
@@ -257,6 +260,8 @@ class JobCoordinator:
                 startpoints=set(sps),
             )
         self.model = model
+        if self.config.get_list("metrics.reporters") and self.reporters is None:
+            self.reporters = MetricsReporters(self.config, self.systems)
         self.affinity = HostAffinity(self.config, self.metadata_store, sorted(self.tasks))
         if self.exact_batches:
             self._open_batch_log(bool(fanned))
@@ -488,6 +493,7 @@ class JobCoordinator:
             restored=[(r.task, i) for r in results for i in r.restored],
             moved=placed.moved,
             away=placed.away,
+            tasks=results,
         )
         for r in results:
             for metrics in r.upload_metrics:
@@ -565,7 +571,7 @@ class JobCoordinator:
         last_committed = False
         while not self.stop_event.is_set():
             if self.startpoints is not None and self.startpoints.take_apply_now_request():
-                self._account(summary, self.apply_startpoints_now())
+                self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
             replay_id = None
@@ -593,9 +599,7 @@ class JobCoordinator:
             )
             last_committed = all(r.state_id.startswith("ckpt:") for r in results)
             report.lag = self._lags(self.metadata(ssps))
-            self._account(summary, report)
-            if self.listener:
-                self.listener.on_batch(report)
+            self._publish(summary, report)
             if any(r.shutdown_requested for r in results):
                 self.stop("a task asked to shut down")
             if max_batches is not None and summary.batches >= max_batches:
@@ -604,9 +608,7 @@ class JobCoordinator:
             meta = self.metadata(ssps)
             for report in self._commit_all():
                 report.lag = self._lags(meta)
-                self._account(summary, report)
-                if self.listener:
-                    self.listener.on_batch(report)
+                self._publish(summary, report)
         else:
             summary.lag = self._lags(self.metadata(ssps))
         # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
@@ -658,6 +660,14 @@ class JobCoordinator:
                     self.listener.on_startpoint(task.name, ssp, offset, sp.describe())
         return report
 
+    def _publish(self, summary: RunSummary, report: BatchReport) -> None:
+        """Count a batch in the run's summary, show it, and record its metrics."""
+        self._account(summary, report)
+        if self.listener:
+            self.listener.on_batch(report)
+        if self.reporters is not None:
+            self.reporters.on_batch(report)
+
     @staticmethod
     def _account(summary: RunSummary, report: BatchReport) -> None:
         summary.batches += 1
@@ -674,6 +684,9 @@ class JobCoordinator:
         summary.away += len(report.away)
 
     def close(self) -> None:
+        if self.reporters is not None:
+            self.reporters.close()
+            self.reporters = None
         if self.metadata_store is not None:
             self.metadata_store.close()
         self.checkpoints.close()

@@ -1,0 +1,241 @@
+"""Job and task metrics, kept by the driver from each batch's task results, and their reporters.
+
+``metrics.reporters`` names the reporters (Samza's key), comma-separated:
+
+* ``prometheus``: a Prometheus text endpoint at
+  ``http://<metrics.reporter.prometheus.host>:<...port>/metrics`` (127.0.0.1:9464 by default),
+  served by ``prometheus_client`` for as long as the driver runs;
+* ``snapshot``: Samza-style metrics snapshots, JSON ``{"header": {...}, "metrics": {group:
+  {name: value}}}``, written to ``metrics.reporter.snapshot.stream`` (default
+  ``<coordinator system>.metrics``) every ``metrics.reporter.snapshot.interval.ms`` and when
+  the job stops.
+
+Every value lives in one ``prometheus_client`` registry per job (counters, gauges, and
+summaries for timers); the snapshot reporter reads the same samples. Labels: ``job`` on every
+metric, ``task`` on task metrics, ``store`` on state sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, start_http_server
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import SystemStream
+from sparkpoint.system.base import Record
+from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import ensure_stream
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.coordinator import BatchReport
+
+log = logging.getLogger(__name__)
+
+REPORTERS = ("prometheus", "snapshot")
+PREFIX = "sparkpoint_"
+
+
+class JobMetrics:
+    """The job's metrics, updated from every batch report (driver side)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, task, job_only = self.registry, ["job", "task"], ["job"]
+        self.batches = Counter(f"{PREFIX}batches", "Batches run", job_only, registry=r)
+        self.batch_time = Summary(
+            f"{PREFIX}batch_seconds", "Wall time of a batch on the driver", job_only, registry=r
+        )
+        self.processed = Counter(
+            f"{PREFIX}task_messages_processed", "Messages processed", task, registry=r
+        )
+        self.sent = Counter(f"{PREFIX}task_messages_sent", "Messages sent", task, registry=r)
+        self.process_time = Counter(
+            f"{PREFIX}task_process_seconds", "Time in the task's batch work", task, registry=r
+        )
+        self.lag = Gauge(
+            f"{PREFIX}task_lag_messages", "Messages not yet read, over its SSPs", task, registry=r
+        )
+        self.commits = Counter(f"{PREFIX}task_commits", "Commits started", task, registry=r)
+        self.commit_sync = Summary(
+            f"{PREFIX}task_commit_sync_seconds",
+            "Synchronous part of a commit (flush, snapshot, markers)",
+            task,
+            registry=r,
+        )
+        self.commit_async = Summary(
+            f"{PREFIX}task_commit_async_seconds",
+            "From a commit's snapshot to its uploads being done",
+            task,
+            registry=r,
+        )
+        self.uploaded = Counter(
+            f"{PREFIX}task_bytes_uploaded", "Bytes uploaded by commits", task, registry=r
+        )
+        self.retained = Gauge(
+            f"{PREFIX}task_bytes_retained",
+            "Bytes the last commit kept from earlier snapshots",
+            task,
+            registry=r,
+        )
+        self.restores = Counter(
+            f"{PREFIX}task_restores", "Batches that restored the task's stores", task, registry=r
+        )
+        self.restore_time = Counter(
+            f"{PREFIX}task_restore_seconds", "Time spent restoring stores", task, registry=r
+        )
+        self.restore_bytes = Counter(
+            f"{PREFIX}task_restore_bytes", "Bytes restored into stores", task, registry=r
+        )
+        self.away = Counter(
+            f"{PREFIX}task_away",
+            "Batches Spark ran the task away from the executor holding its state",
+            task,
+            registry=r,
+        )
+        self.state_bytes = Gauge(
+            f"{PREFIX}task_state_bytes",
+            "A persistent store's size on disk",
+            ["job", "task", "store"],
+            registry=r,
+        )
+
+    def record(self, report: BatchReport) -> None:
+        job = self.job
+        self.batches.labels(job).inc()
+        self.batch_time.labels(job).observe(report.seconds)
+        for r in report.tasks:
+            labels = (job, r.task)
+            self.processed.labels(*labels).inc(r.processed)
+            self.sent.labels(*labels).inc(r.sent)
+            self.process_time.labels(*labels).inc(r.process_seconds)
+            if r.commit_started:
+                self.commits.labels(*labels).inc()
+                self.commit_sync.labels(*labels).observe(r.commit_seconds)
+            for done in r.upload_metrics:
+                self.commit_async.labels(*labels).observe(done.get("upload-ms", 0) / 1000)
+                self.uploaded.labels(*labels).inc(done.get("bytes-uploaded", 0))
+                if "bytes-retained" in done:
+                    self.retained.labels(*labels).set(done["bytes-retained"])
+            if r.restored:
+                self.restores.labels(*labels).inc()
+                self.restore_time.labels(*labels).inc(sum(s.seconds for s in r.restored))
+                self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in r.restored))
+            for store, size in r.state_bytes.items():
+                self.state_bytes.labels(job, r.task, store).set(size)
+        for task, lag in report.lag.items():
+            self.lag.labels(job, task).set(lag)
+        for move in report.away:
+            self.away.labels(job, move.task).inc()
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Samza's ``metrics`` part: groups (``sparkpoint.job``, ``sparkpoint.task.<task>``)
+        of ``name: value``; a summary gives ``<name>-count`` and ``<name>-sum``."""
+        groups: dict[str, dict[str, float]] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                name = sample.name[len(PREFIX) :]
+                task = sample.labels.get("task")
+                group = "sparkpoint.job" if task is None else f"sparkpoint.task.{task}"
+                if "store" in sample.labels:
+                    name = f"{name}.{sample.labels['store']}"
+                groups.setdefault(group, {})[name] = sample.value
+        return groups
+
+
+class MetricsReporters:
+    """The reporters ``metrics.reporters`` names, fed by the coordinator after every batch."""
+
+    def __init__(self, config: Config, systems: Systems) -> None:
+        self.config = config
+        self.metrics = JobMetrics(config.job_name)
+        names = config.get_list("metrics.reporters")
+        unknown = [n for n in names if n not in REPORTERS]
+        if unknown:
+            raise ConfigError(
+                f"metrics.reporters: unknown reporter {unknown[0]!r}; known: {', '.join(REPORTERS)}"
+            )
+        self._server: Any = None
+        if "prometheus" in names:
+            host = config.get_str("metrics.reporter.prometheus.host") or "127.0.0.1"
+            port = config.get_int("metrics.reporter.prometheus.port")
+            try:
+                self._server = start_http_server(port, host, registry=self.metrics.registry)
+            except OSError as exc:
+                raise ConfigError(
+                    f"metrics.reporter.prometheus.port={port}: cannot serve metrics on "
+                    f"{host}:{port} ({exc}); pick a free port"
+                ) from exc
+            log.info("metrics: http://%s:%d/metrics", host, port)
+        self._snapshots = _SnapshotWriter(config, systems) if "snapshot" in names else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._server is not None or self._snapshots is not None
+
+    def on_batch(self, report: BatchReport) -> None:
+        self.metrics.record(report)
+        if self._snapshots is not None:
+            self._snapshots.maybe_write(self.metrics)
+
+    def close(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.write(self.metrics)
+            self._snapshots = None
+        if self._server is not None:
+            server, _thread = self._server
+            server.shutdown()
+            server.server_close()
+            self._server = None
+
+
+class _SnapshotWriter:
+    """Samza's MetricsSnapshotReporter: the metrics as one JSON message per interval."""
+
+    def __init__(self, config: Config, systems: Systems) -> None:
+        self.config = config
+        self.systems = systems
+        stream = config.get_str("metrics.reporter.snapshot.stream")
+        self.stream = (
+            SystemStream.parse(stream)
+            if stream
+            else SystemStream(config.coordinator_system, "metrics")
+        )
+        self.interval = config.get_int("metrics.reporter.snapshot.interval.ms") / 1000
+        self.reset = int(time.time() * 1000)
+        self._last = 0.0
+        ensure_stream(config, systems, self.stream)
+
+    def maybe_write(self, metrics: JobMetrics) -> None:
+        if time.monotonic() - self._last >= self.interval:
+            self.write(metrics)
+
+    def write(self, metrics: JobMetrics) -> None:
+        self._last = time.monotonic()
+        now = int(time.time() * 1000)
+        snapshot = {
+            "header": {
+                "job-name": self.config.job_name,
+                "job-id": self.config.job_id,
+                "container-name": "driver",
+                "source": "sparkpoint",
+                "version": "0.0.1",
+                "samza-version": "sparkpoint",
+                "host": socket.gethostname(),
+                "time": now,
+                "reset-time": self.reset,
+            },
+            "metrics": metrics.snapshot(),
+        }
+        producer = self.systems.producer(self.stream.system)
+        key = f"{self.config.job_name}-{self.config.job_id}".encode()
+        producer.send(self.stream.stream, 0, Record("", key, json.dumps(snapshot).encode(), now))
+        producer.flush()
