@@ -73,9 +73,8 @@ def broker_ceiling(tmp: Path, n: int) -> float:
         settings = {
             k.split(".producer.", 1)[1]: v for k, v in broker.config().items() if ".producer." in k
         }
-        AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
-            [NewTopic("ceiling", 4, 1)]
-        )["ceiling"].result(30)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # alive until answered
+        admin.create_topics([NewTopic("ceiling", 4, 1)])["ceiling"].result(30)
         producer = Producer(
             {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, **settings}
         )
