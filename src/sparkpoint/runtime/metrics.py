@@ -47,63 +47,35 @@ class JobMetrics:
     def __init__(self, job: str) -> None:
         self.job = job
         self.registry = CollectorRegistry(auto_describe=True)
-        r, task, job_only = self.registry, ["job", "task"], ["job"]
-        self.batches = Counter(f"{PREFIX}batches", "Batches run", job_only, registry=r)
-        self.batch_time = Summary(
-            f"{PREFIX}batch_seconds", "Wall time of a batch on the driver", job_only, registry=r
+
+        def task(kind: Any, name: str, what: str, labels: tuple[str, ...] = ("task",)) -> Any:
+            return kind(f"{PREFIX}{name}", what, ["job", *labels], registry=self.registry)
+
+        self.batches = task(Counter, "batches", "Batches run", ())
+        self.batch_time = task(Summary, "batch_seconds", "Wall time of a batch on the driver", ())
+        self.processed = task(Counter, "task_messages_processed", "Messages processed")
+        self.sent = task(Counter, "task_messages_sent", "Messages sent")
+        self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
+        self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
+        self.commits = task(Counter, "task_commits", "Commits started")
+        self.commit_sync = task(
+            Summary, "task_commit_sync_seconds", "A commit's synchronous part (snapshot)"
         )
-        self.processed = Counter(
-            f"{PREFIX}task_messages_processed", "Messages processed", task, registry=r
+        self.commit_async = task(
+            Summary, "task_commit_async_seconds", "From a commit's snapshot to its uploads done"
         )
-        self.sent = Counter(f"{PREFIX}task_messages_sent", "Messages sent", task, registry=r)
-        self.process_time = Counter(
-            f"{PREFIX}task_process_seconds", "Time in the task's batch work", task, registry=r
+        self.uploaded = task(Counter, "task_bytes_uploaded", "Bytes uploaded by commits")
+        self.retained = task(
+            Gauge, "task_bytes_retained", "Bytes the last commit kept from earlier snapshots"
         )
-        self.lag = Gauge(
-            f"{PREFIX}task_lag_messages", "Messages not yet read, over its SSPs", task, registry=r
+        self.restores = task(Counter, "task_restores", "Batches that restored the task's stores")
+        self.restore_time = task(Counter, "task_restore_seconds", "Time spent restoring stores")
+        self.restore_bytes = task(Counter, "task_restore_bytes", "Bytes restored into stores")
+        self.away = task(
+            Counter, "task_away", "Batches Spark ran the task away from its state's executor"
         )
-        self.commits = Counter(f"{PREFIX}task_commits", "Commits started", task, registry=r)
-        self.commit_sync = Summary(
-            f"{PREFIX}task_commit_sync_seconds",
-            "Synchronous part of a commit (flush, snapshot, markers)",
-            task,
-            registry=r,
-        )
-        self.commit_async = Summary(
-            f"{PREFIX}task_commit_async_seconds",
-            "From a commit's snapshot to its uploads being done",
-            task,
-            registry=r,
-        )
-        self.uploaded = Counter(
-            f"{PREFIX}task_bytes_uploaded", "Bytes uploaded by commits", task, registry=r
-        )
-        self.retained = Gauge(
-            f"{PREFIX}task_bytes_retained",
-            "Bytes the last commit kept from earlier snapshots",
-            task,
-            registry=r,
-        )
-        self.restores = Counter(
-            f"{PREFIX}task_restores", "Batches that restored the task's stores", task, registry=r
-        )
-        self.restore_time = Counter(
-            f"{PREFIX}task_restore_seconds", "Time spent restoring stores", task, registry=r
-        )
-        self.restore_bytes = Counter(
-            f"{PREFIX}task_restore_bytes", "Bytes restored into stores", task, registry=r
-        )
-        self.away = Counter(
-            f"{PREFIX}task_away",
-            "Batches Spark ran the task away from the executor holding its state",
-            task,
-            registry=r,
-        )
-        self.state_bytes = Gauge(
-            f"{PREFIX}task_state_bytes",
-            "A persistent store's size on disk",
-            ["job", "task", "store"],
-            registry=r,
+        self.state_bytes = task(
+            Gauge, "task_state_bytes", "A persistent store's size on disk", ("task", "store")
         )
 
     def record(self, report: BatchReport) -> None:
