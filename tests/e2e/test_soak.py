@@ -29,7 +29,7 @@ def test_short_soak(tmp_path: Path) -> None:
             "--seed",
             "3",
             "--events",
-            "8000,16000",
+            "4000,8000",
             "--dir",
             str(tmp_path / "soak"),
         ],

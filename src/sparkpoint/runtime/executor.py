@@ -50,16 +50,25 @@ log = logging.getLogger(__name__)
 
 
 class _ProcessCache:
-    """What a Python worker keeps between batches: each job's config and systems."""
+    """What a Python worker keeps between batches: the config and systems of the last few
+    configs it ran (the oldest is closed when a new one comes: a worker, or a test process,
+    that sees many jobs would otherwise keep their clients open for ever)."""
+
+    SIZE = 4
 
     def __init__(self) -> None:
         self.configs: dict[int, tuple[Config, Systems]] = {}
 
     def config(self, values: dict[str, str]) -> tuple[Config, Systems]:
         key = hash(frozenset(values.items()))
-        if key not in self.configs:
+        if key in self.configs:
+            self.configs[key] = self.configs.pop(key)  # the most recent last
+        else:
             config = Config(values, validate=False)
             self.configs[key] = (config, Systems(config))
+            while len(self.configs) > self.SIZE:
+                _config, oldest = self.configs.pop(next(iter(self.configs)))
+                oldest.close()
         return self.configs[key]
 
 
