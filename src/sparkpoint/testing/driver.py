@@ -231,7 +231,7 @@ def _on_filelog(config: Config) -> dict[str, str]:
     for system in config.systems:
         prefix = f"systems.{system}."
         for key in [k for k in values if k.startswith(prefix)]:
-            if not key.startswith(f"{prefix}default.stream.samza."):
+            if not key.startswith(f"{prefix}default.stream."):  # partitions, samza.* stay
                 del values[key]
         values[f"{prefix}factory"] = "filelog"
     return values
