@@ -27,7 +27,7 @@ from sparkpoint.errors import CheckpointError, ConfigError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.system.base import Record, SystemProducer
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import stream_spec
+from sparkpoint.system.streams import create_or_validate, stream_spec
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,7 @@ class CheckpointManager:
     def create_resources(self) -> None:
         """Create the checkpoint stream if absent, or check the one there. Idempotent."""
         spec = stream_spec(self._config, SystemStream(self._system, self.stream), 1, compacted=True)
-        if not self._admin.create_stream(spec):
-            self._admin.validate_stream(spec)
+        create_or_validate(self._admin, spec)
 
     def _key(self, task: TaskName, version: int) -> bytes:
         key = {

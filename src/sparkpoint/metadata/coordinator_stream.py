@@ -34,7 +34,7 @@ from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import stream_spec
+from sparkpoint.system.streams import create_or_validate, stream_spec
 
 VERSION = 1
 SET_CONFIG = "set-config"
@@ -150,8 +150,7 @@ class CoordinatorStreamStore(MetadataStore):
         self._next: str | None = None
         self._producer = self._systems.producer(self._system)
         spec = stream_spec(config, SystemStream(self._system, self.stream), 1, compacted=True)
-        if not self._admin.create_stream(spec):
-            self._admin.validate_stream(spec)
+        create_or_validate(self._admin, spec)
         self.refresh()
 
     def refresh(self) -> None:

@@ -35,7 +35,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
-from sparkpoint.serde import Serde, load_serde
+from sparkpoint.serde import Serde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import (
     EMPTY_STATE,
@@ -45,6 +45,7 @@ from sparkpoint.storage.task_storage import (
 )
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import stream_serdes
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +177,7 @@ class TaskBatch:
 
     # -- 3. input
     def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
-        k = self.config.stream_key(stream, "samza.key.serde") or "string"
-        m = self.config.stream_key(stream, "samza.msg.serde") or "json"
-        return (
-            load_serde(k, self.config, key=f"streams.{stream.stream}.samza.key.serde"),
-            load_serde(m, self.config, key=f"streams.{stream.stream}.samza.msg.serde"),
-        )
+        return stream_serdes(self.config, stream)
 
     def begin(self) -> dict[SystemStreamPartition, str]:
         """Step 1: establish state (keep the live stores or restore the last checkpoint); the

@@ -108,7 +108,7 @@ class JobMetrics:
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """Samza's ``metrics`` part: groups (``sparkpoint.job``, ``sparkpoint.task.<task>``)
-        of ``name: value``; a summary gives ``<name>-count`` and ``<name>-sum``."""
+        of ``name: value``; a summary gives ``<name>_count`` and ``<name>_sum``."""
         groups: dict[str, dict[str, float]] = {}
         for family in self.registry.collect():
             for sample in family.samples:
@@ -148,10 +148,6 @@ class MetricsReporters:
                 ) from exc
             log.info("metrics: http://%s:%d/metrics", host, port)
         self._snapshots = _SnapshotWriter(config, systems) if "snapshot" in names else None
-
-    @property
-    def enabled(self) -> bool:
-        return self._server is not None or self._snapshots is not None
 
     def on_batch(self, report: BatchReport) -> None:
         self.metrics.record(report)

@@ -15,10 +15,10 @@ from typing import Any
 from sparkpoint.config import Config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.serde import Serde, load_serde
+from sparkpoint.serde import Serde
 from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import ensure_stream
+from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
 class OutputCollector:
@@ -35,13 +35,7 @@ class OutputCollector:
     def _stream(self, stream: SystemStream) -> tuple[int, Serde[Any], Serde[Any]]:
         if stream not in self._streams:
             partitions = ensure_stream(self._config, self._systems, stream)
-            k = self._config.stream_key(stream, "samza.key.serde") or "string"
-            m = self._config.stream_key(stream, "samza.msg.serde") or "json"
-            self._streams[stream] = (
-                partitions,
-                load_serde(k, self._config, key=f"streams.{stream.stream}.samza.key.serde"),
-                load_serde(m, self._config, key=f"streams.{stream.stream}.samza.msg.serde"),
-            )
+            self._streams[stream] = (partitions, *stream_serdes(self._config, stream))
         return self._streams[stream]
 
     def send(self, envelope: OutgoingMessageEnvelope) -> None:

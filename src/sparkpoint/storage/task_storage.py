@@ -30,7 +30,6 @@ from typing import Any
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.model import SystemStreamPartition, TaskModel
-from sparkpoint.serde import Serde, load_serde
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -47,7 +46,7 @@ from sparkpoint.storage.commit import (
 )
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
-from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import TaskRestore
 from sparkpoint.system.registry import Systems
@@ -206,12 +205,7 @@ class TaskStorage:
         for name, engine in self.engines.items():
             for backend in self.backup_names[name]:
                 engine = backups[backend].wrap_engine(name, engine)
-            stores[name] = SerializedKeyValueStore(
-                name,
-                engine,
-                self._serde(f"stores.{name}.key.serde"),
-                self._serde(f"stores.{name}.msg.serde"),
-            )
+            stores[name] = SerializedKeyValueStore(name, engine, *store_serdes(self.config, name))
         return stores
 
     def _backup_managers(self, *, init: bool) -> dict[str, TaskBackupManager]:
@@ -233,9 +227,6 @@ class TaskStorage:
             if init:
                 manager.init(self.last_checkpoint)
         return self._backups
-
-    def _serde(self, key: str) -> Serde[Any]:
-        return load_serde(self.config.get_str(key) or "", self.config, key=key)
 
     # -- commit
 

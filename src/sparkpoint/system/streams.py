@@ -1,14 +1,16 @@
 """Job-level helpers over the configured systems, for the driver and the tools alike: the job
 model (which task reads which partitions), how a stream is created (its spec, with the job's
-configured properties), and creating an output stream."""
+configured properties) or checked, creating an output stream, and a stream's serdes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.model import JobModel, SystemStream, group_by_partition
-from sparkpoint.system.base import StreamSpec
+from sparkpoint.serde import Serde, load_serde
+from sparkpoint.system.base import StreamSpec, SystemAdmin
 from sparkpoint.system.registry import Systems
 
 
@@ -30,6 +32,22 @@ def stream_spec(
     stream (:meth:`Config.stream_properties`), then ``properties``, which the caller needs."""
     merged = {**config.stream_properties(stream), **(properties or {})}
     return StreamSpec(stream.stream, partitions, compacted, merged)
+
+
+def create_or_validate(admin: SystemAdmin, spec: StreamSpec) -> None:
+    """Create the stream ``spec`` describes, or check the one already there against it."""
+    if not admin.create_stream(spec):
+        admin.validate_stream(spec)
+
+
+def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
+    """The key and message serdes of ``stream`` (string keys, JSON values by default)."""
+    k = config.stream_key(stream, "samza.key.serde") or "string"
+    m = config.stream_key(stream, "samza.msg.serde") or "json"
+    return (
+        load_serde(k, config, key=f"streams.{stream.stream}.samza.key.serde"),
+        load_serde(m, config, key=f"streams.{stream.stream}.samza.msg.serde"),
+    )
 
 
 def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:

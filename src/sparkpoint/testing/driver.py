@@ -38,8 +38,8 @@ from sparkpoint.model import SystemStream
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, RunSummary
 from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.serde import load_serde
 from sparkpoint.storage import task_storage
+from sparkpoint.storage.kv.store import store_serdes
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import committed_entries
 from sparkpoint.tools.streams import Message, read_json_lines, resolve_stream, send_messages
@@ -167,12 +167,7 @@ class JobTestDriver:
         """A store's contents as of the last commit, over every task, decoded by its serdes
         (after :meth:`run`, which commits, that is the live state)."""
         if self.config.get_str(f"stores.{name}.factory") == "in-memory":
-            key_serde = load_serde(
-                self.config.get_str(f"stores.{name}.key.serde") or "", self.config
-            )
-            msg_serde = load_serde(
-                self.config.get_str(f"stores.{name}.msg.serde") or "", self.config
-            )
+            key_serde, msg_serde = store_serdes(self.config, name)
             out: dict[Any, Any] = {}
             for (_task, store), (_state, engine) in task_storage._MEMORY.items():
                 if store == name:

@@ -25,8 +25,12 @@ def require_job_data(config: Config) -> None:
     """Stop, saying where it looked, when the job has no checkpoint stream: it never ran with
     this config (often: run from another directory, or another ``job.data.dir``)."""
     system, stream = config.checkpoint_system, checkpoint_stream_name(config)
-    if stream in Systems(config).admin(system).list_streams():
-        return
+    systems = Systems(config)
+    try:
+        if stream in systems.admin(system).list_streams():
+            return
+    finally:
+        systems.close()
     where = (
         f"under {config.get_str(f'systems.{system}.path')}"
         if config.get_str(f"systems.{system}.factory") == "filelog"

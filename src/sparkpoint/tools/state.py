@@ -19,10 +19,10 @@ from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import stored_changelog_partitions
 from sparkpoint.model import TaskModel, TaskName
-from sparkpoint.serde import load_serde
 from sparkpoint.storage.backend import checkpoint_markers, store_backends
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+from sparkpoint.storage.kv.store import store_serdes
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import restore_for_reading
 from sparkpoint.system.registry import Systems
@@ -44,8 +44,7 @@ def committed_entries(
     if store not in config.stores:
         known = ", ".join(config.stores) or "none"
         raise UserError(f"no store {store!r} in job {config.job_name}; stores: {known}")
-    key_serde = load_serde(config.get_str(f"stores.{store}.key.serde") or "", config)
-    msg_serde = load_serde(config.get_str(f"stores.{store}.msg.serde") or "", config)
+    key_serde, msg_serde = store_serdes(config, store)
     systems = Systems(config)
     try:
         tasks = _task_checkpoints(config, systems)

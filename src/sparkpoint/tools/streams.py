@@ -16,10 +16,9 @@ from typing import Any, TextIO
 from sparkpoint.config import Config
 from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
-from sparkpoint.serde import Serde, load_serde
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.streams import ensure_stream
+from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
 def resolve_stream(config: Config, name: str) -> SystemStream:
@@ -31,15 +30,6 @@ def resolve_stream(config: Config, name: str) -> SystemStream:
     inputs = config.inputs
     system = inputs[0].system if inputs else config.coordinator_system
     return SystemStream(system, name)
-
-
-def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
-    k = config.stream_key(stream, "samza.key.serde") or "string"
-    m = config.stream_key(stream, "samza.msg.serde") or "json"
-    return (
-        load_serde(k, config, key=f"streams.{stream.stream}.samza.key.serde"),
-        load_serde(m, config, key=f"streams.{stream.stream}.samza.msg.serde"),
-    )
 
 
 def write_json_lines(

@@ -11,12 +11,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sparkpoint.config import Config
 from sparkpoint.errors import StoreError
-from sparkpoint.serde import Serde
+from sparkpoint.serde import Serde, load_serde
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+def store_serdes(config: Config, store: str) -> tuple[Serde[Any], Serde[Any]]:
+    """The key and value serdes of ``store`` (``stores.<s>.key.serde`` / ``msg.serde``)."""
+    k, m = f"stores.{store}.key.serde", f"stores.{store}.msg.serde"
+    return (
+        load_serde(config.get_str(k) or "", config, key=k),
+        load_serde(config.get_str(m) or "", config, key=m),
+    )
 
 
 @dataclass
