@@ -24,6 +24,12 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyValueE
     e.close()
 
 
+@pytest.fixture(params=[0, 2, 10_000], ids=["unbuffered", "buffer-2", "buffer-10000"])
+def buffer(request: pytest.FixtureRequest) -> int:
+    """``write_buffer`` of the typed store: off, draining every 2 keys, and the default."""
+    return int(request.param)
+
+
 class TestEngineContract:
     def test_get_put_delete(self, engine: KeyValueEngine) -> None:
         assert engine.get(b"a") is None
@@ -59,9 +65,9 @@ class TestEngineContract:
         with pytest.raises(StoreError, match="store s: used after close"):
             engine.get(b"a")
 
-    def test_typed_store_round_trips_and_counts(self, engine: KeyValueEngine) -> None:
+    def test_typed_store_round_trips_and_counts(self, engine: KeyValueEngine, buffer: int) -> None:
         store = SerializedKeyValueStore[str, dict[str, int]](
-            "s", engine, StringSerde(), JsonSerde()
+            "s", engine, StringSerde(), JsonSerde(), write_buffer=buffer
         )
         store.put("u1", {"n": 1})
         store.put_all([("u2", {"n": 2}), ("u3", {"n": 3})])
@@ -73,16 +79,105 @@ class TestEngineContract:
         assert (store.metrics.puts, store.metrics.deletes, store.metrics.gets) == (3, 3, 3)
         assert store.metrics.bytes_written > 0
 
-    def test_integer_keys_order_numerically(self, engine: KeyValueEngine) -> None:
-        store = SerializedKeyValueStore[int, str]("s", engine, IntegerSerde(), StringSerde())
+    def test_integer_keys_order_numerically(self, engine: KeyValueEngine, buffer: int) -> None:
+        store = SerializedKeyValueStore[int, str](
+            "s", engine, IntegerSerde(), StringSerde(), write_buffer=buffer
+        )
+        store.put(7, "7")
         store.put_all([(n, str(n)) for n in (300, 2, 10)])
-        assert [k for k, _ in store.all()] == [2, 10, 300]
+        assert [k for k, _ in store.all()] == [2, 7, 10, 300]
 
-    def test_serde_errors_name_the_store_and_write_nothing(self, engine: KeyValueEngine) -> None:
-        store = SerializedKeyValueStore[str, int]("counts", engine, StringSerde(), IntegerSerde())
+    def test_serde_errors_name_the_store_and_write_nothing(
+        self, engine: KeyValueEngine, buffer: int
+    ) -> None:
+        store = SerializedKeyValueStore[str, int](
+            "counts", engine, StringSerde(), IntegerSerde(), write_buffer=buffer
+        )
         with pytest.raises(StoreError, match="store counts: put_all: cannot serialize value"):
             store.put_all([("a", 1), ("b", "not-an-int")])  # type: ignore[list-item]
         assert store.get("a") is None
+        with pytest.raises(StoreError, match="store counts: put: cannot serialize value"):
+            store.put("c", 1.5)  # type: ignore[arg-type]
+        store.drain()
+        assert engine.get(b"c") is None
+
+
+class TestWriteBuffer:
+    """Buffered writes (``stores.<s>.write.batch.size``), as Samza's CachedStore."""
+
+    def test_reads_see_buffered_writes_and_the_engine_gets_them_on_drain(
+        self, engine: KeyValueEngine
+    ) -> None:
+        store = SerializedKeyValueStore[str, int](
+            "counts", engine, StringSerde(), IntegerSerde(), write_buffer=100
+        )
+        engine.put(b"old", IntegerSerde().to_bytes(5))
+        engine.put(b"gone", IntegerSerde().to_bytes(9))
+        store.put("new", 1)
+        store.put("new", 2)
+        store.delete("gone")
+        assert engine.get(b"new") is None  # not written yet
+        assert engine.get(b"gone") is not None
+        assert store.get("new") == 2
+        assert store.get("gone") is None
+        assert store.get_all(["old", "new", "gone", "nobody"]) == [5, 2, None, None]
+        store.drain()
+        assert engine.get(b"new") == IntegerSerde().to_bytes(2)
+        assert engine.get(b"gone") is None
+        assert store.get_all(["old", "new"]) == [5, 2]
+
+    def test_it_drains_at_its_size_and_before_scans_and_flush(self, engine: KeyValueEngine) -> None:
+        store = SerializedKeyValueStore[str, int](
+            "counts", engine, StringSerde(), IntegerSerde(), write_buffer=3
+        )
+        store.put("a", 1)
+        store.put("a", 2)  # one key, however often written
+        store.put("b", 1)
+        assert engine.get(b"a") is None
+        store.put("c", 1)  # the third distinct key drains
+        assert engine.get_many([b"a", b"b", b"c"]) == [
+            IntegerSerde().to_bytes(v) for v in (2, 1, 1)
+        ]
+        store.put("d", 4)
+        assert [k for k, _ in store.range("c", "e")] == ["c", "d"]
+        store.put("e", 5)
+        assert dict(store.all())["e"] == 5
+        store.put("f", 6)
+        store.flush()
+        assert engine.get(b"f") == IntegerSerde().to_bytes(6)
+
+    def test_mutating_a_value_read_back_does_not_change_the_store(
+        self, engine: KeyValueEngine
+    ) -> None:
+        store = SerializedKeyValueStore[str, dict[str, int]](
+            "s", engine, StringSerde(), JsonSerde(), write_buffer=100
+        )
+        value = {"n": 1}
+        store.put("k", value)
+        value["n"] = 99  # after the put: the store keeps what was put
+        got = store.get("k")
+        assert got == {"n": 1}
+        assert got is not None
+        got["n"] = 42  # without a put: nothing changes
+        assert store.get("k") == {"n": 1}
+        assert store.get_all(["k"]) == [{"n": 1}]
+
+    def test_a_lossy_serde_reads_the_same_before_and_after_the_drain(
+        self, engine: KeyValueEngine
+    ) -> None:
+        class Rounding(IntegerSerde):
+            """Keeps whole hundreds only: decode(encode(v)) != v."""
+
+            def to_bytes(self, value: int) -> bytes:
+                return super().to_bytes(value // 100 * 100)
+
+        store = SerializedKeyValueStore[str, int](
+            "s", engine, StringSerde(), Rounding(), write_buffer=100
+        )
+        store.put("k", 1234)
+        before = store.get("k")
+        store.drain()
+        assert before == store.get("k") == 1200
 
 
 def test_unknown_factory_lists_allowed(tmp_path: Path) -> None:

@@ -10,15 +10,29 @@ count. :meth:`OutputCollector.flush` returns only when everything sent is durabl
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.serde import Serde
 from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import ensure_stream, stream_serdes
+
+
+@dataclass(slots=True)
+class _Route:
+    """Where a stream's messages go, looked up once per stream: its encoders, partitioner and
+    producer (the per-message path does no config or registry lookups)."""
+
+    stream: SystemStream
+    partitions: int
+    key: Callable[[Any], bytes]
+    msg: Callable[[Any], bytes]
+    place: Callable[[bytes | None, int], int]
+    producer: SystemProducer
 
 
 class OutputCollector:
@@ -29,41 +43,46 @@ class OutputCollector:
         self._systems = systems
         self._task = task
         self._producers: dict[str, SystemProducer] = {}
-        self._streams: dict[SystemStream, tuple[int, Serde[Any], Serde[Any]]] = {}
+        self._routes: dict[tuple[str, str], _Route] = {}
         self.sent = 0
 
-    def _stream(self, stream: SystemStream) -> tuple[int, Serde[Any], Serde[Any]]:
-        if stream not in self._streams:
-            partitions = ensure_stream(self._config, self._systems, stream)
-            self._streams[stream] = (partitions, *stream_serdes(self._config, stream))
-        return self._streams[stream]
+    def _route(self, stream: SystemStream) -> _Route:
+        partitions = ensure_stream(self._config, self._systems, stream)
+        key_serde, msg_serde = stream_serdes(self._config, stream)
+        producer = self._producers.get(stream.system)
+        if producer is None:
+            producer = self._producers[stream.system] = self._systems.producer(stream.system)
+        route = _Route(
+            stream,
+            partitions,
+            key_serde.to_bytes,
+            msg_serde.to_bytes,
+            self._systems.admin(stream.system).partition_for_key,
+            producer,
+        )
+        self._routes[(stream.system, stream.stream)] = route
+        return route
 
     def send(self, envelope: OutgoingMessageEnvelope) -> None:
-        partitions, key_serde, msg_serde = self._stream(envelope.stream)
+        stream = envelope.stream
+        route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
         try:
-            key = None if envelope.key is None else key_serde.to_bytes(envelope.key)
-            value = None if envelope.message is None else msg_serde.to_bytes(envelope.message)
+            key = None if envelope.key is None else route.key(envelope.key)
+            value = None if envelope.message is None else route.msg(envelope.message)
         except (TypeError, ValueError) as exc:
-            raise TaskError(
-                f"task {self._task}: cannot encode message for {envelope.stream}: {exc}"
-            ) from exc
+            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
+            raise TaskError(error) from exc
         partition = envelope.partition
         if partition is None:
-            partition = self._systems.admin(envelope.stream.system).partition_for_key(
-                key, partitions
-            )
-        elif not 0 <= partition < partitions:
+            partition = route.place(key, route.partitions)
+        elif not 0 <= partition < route.partitions:
             raise TaskError(
-                f"task {self._task}: partition {partition} of {envelope.stream} does not exist "
-                f"(it has {partitions})"
+                f"task {self._task}: partition {partition} of {stream} does not exist "
+                f"(it has {route.partitions})"
             )
-        producer = self._producers.get(envelope.stream.system)
-        if producer is None:
-            producer = self._producers[envelope.stream.system] = self._systems.producer(
-                envelope.stream.system
-            )
-        ts = envelope.timestamp if envelope.timestamp is not None else int(time.time() * 1000)
-        producer.send(envelope.stream.stream, partition, Record("", key, value, ts))
+        ts = envelope.timestamp
+        record = Record("", key, value, int(time.time() * 1000) if ts is None else ts)
+        route.producer.send(stream.stream, partition, record)
         self.sent += 1
 
     def flush(self) -> None:
@@ -74,3 +93,4 @@ class OutputCollector:
         for producer in self._producers.values():
             producer.close()
         self._producers.clear()
+        self._routes.clear()

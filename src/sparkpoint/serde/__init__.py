@@ -57,11 +57,14 @@ class StringSerde(Serde[str]):
         return bytes(data).decode("utf-8")
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # json.dumps builds one per call
+
+
 class JsonSerde(Serde[Any]):
     name = "json"
 
     def to_bytes(self, value: Any) -> bytes:
-        return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+        return _JSON.encode(value).encode("utf-8")
 
     def from_bytes(self, data: bytes) -> Any:
         return json.loads(bytes(data))

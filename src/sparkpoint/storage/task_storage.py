@@ -114,6 +114,7 @@ class TaskStorage:
         self.restored: list[RestoreStats] = []
         self.backup_names = {s: store_backends(config, s, "backup") for s in config.stores}
         self._backups: dict[str, TaskBackupManager] = {}
+        self._typed: list[SerializedKeyValueStore[Any, Any]] = []
 
     @property
     def last_checkpoint_id(self) -> str | None:
@@ -205,8 +206,21 @@ class TaskStorage:
         for name, engine in self.engines.items():
             for backend in self.backup_names[name]:
                 engine = backups[backend].wrap_engine(name, engine)
-            stores[name] = SerializedKeyValueStore(name, engine, *store_serdes(self.config, name))
+            typed: SerializedKeyValueStore[Any, Any] = SerializedKeyValueStore(
+                name,
+                engine,
+                *store_serdes(self.config, name),
+                write_buffer=self.config.get_int(f"stores.{name}.write.batch.size"),
+            )
+            self._typed.append(typed)
+            stores[name] = typed
         return stores
+
+    def _drain(self) -> None:
+        """Write the stores' buffered writes to their engines: before a commit snapshots them,
+        and before the marker says they hold the batch's state."""
+        for store in self._typed:
+            store.drain()
 
     def _backup_managers(self, *, init: bool) -> dict[str, TaskBackupManager]:
         if self._backups:
@@ -247,6 +261,7 @@ class TaskStorage:
         ``offsets`` are the last processed offset per SSP. With ``wait`` (the final commit of a
         run, or ``task.commit.async.enabled=false``) every upload finishes before this returns.
         """
+        self._drain()
         commits = self._commit_manager()
         commits.clean_up(self.last_checkpoint)
         outcome = CommitOutcome()
@@ -277,7 +292,11 @@ class TaskStorage:
     def close(self, state_id: str | None = None) -> None:
         """Close the backups and the persistent stores (idempotent). With ``state_id`` (after
         a batch that finished), in-memory stores stay in this worker tagged with it, and the
-        marker says the stores hold it."""
+        marker says the stores hold it. Without one, buffered writes are dropped: the batch
+        failed, and the next one restores the last checkpoint."""
+        if state_id is not None:
+            self._drain()
+        self._typed.clear()
         for manager in self._backups.values():
             manager.close()
         self._backups.clear()

@@ -3,17 +3,27 @@
 Batched calls (``get_all``, ``put_all``, ``delete_all``) make one engine call for many entries;
 ``put_all`` and ``delete_all`` are atomic. A value that a serde cannot handle raises
 :class:`StoreError` naming the store and the operation; nothing of that call is written.
+
+With ``write_buffer`` (``stores.<s>.write.batch.size`` in a task), writes are buffered as in
+Samza's CachedStore: ``put`` and ``delete`` serialize at once (so a bad value still fails the
+call that made it) and keep the newest bytes per key; reads see the buffer first; the buffer
+goes to the engine in one atomic write batch when it holds ``write_buffer`` keys, before
+``range``, ``all`` and ``flush``, and on :meth:`drain`, which the task's storage calls before
+every commit. A buffered value is handed back by ``get`` as the object that was put only when
+it is immutable (int, str, ...) and the serde is a built-in one that gives it back exactly; any
+other value is decoded again, so mutating what ``get`` returned never changes the store behind
+the task's back, and a lossy serde reads the same before and after the buffer is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from sparkpoint.config import Config
 from sparkpoint.errors import StoreError
-from sparkpoint.serde import Serde, load_serde
+from sparkpoint.serde import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde, load_serde
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 
 K = TypeVar("K")
@@ -29,6 +39,12 @@ def store_serdes(config: Config, store: str) -> tuple[Serde[Any], Serde[Any]]:
     )
 
 
+_DECODE: Final = object()  # a buffered value that get() must decode again (it may be mutable)
+_IMMUTABLE: Final = frozenset({int, str, bytes, float, bool, type(None)})
+# serdes whose decode(encode(v)) == v for those types
+_EXACT: Final = frozenset({BytesSerde, IntegerSerde, JsonSerde, StringSerde})
+
+
 @dataclass
 class StoreMetrics:
     gets: int = 0
@@ -41,13 +57,23 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
     """A :class:`KeyValueStore` over a byte engine."""
 
     def __init__(
-        self, name: str, engine: KeyValueEngine, key_serde: Serde[Any], msg_serde: Serde[Any]
+        self,
+        name: str,
+        engine: KeyValueEngine,
+        key_serde: Serde[Any],
+        msg_serde: Serde[Any],
+        *,
+        write_buffer: int = 0,
     ) -> None:
         self.name = name
         self.engine = engine
         self._ks = key_serde
         self._vs = msg_serde
         self.metrics = StoreMetrics()
+        self._limit = write_buffer
+        self._keep = _IMMUTABLE if type(msg_serde) in _EXACT else frozenset()
+        # serialized key -> (the value put, or _DECODE; its bytes, None for a delete)
+        self._pending: dict[bytes, tuple[Any, bytes | None]] = {}
 
     def _key(self, key: K, op: str) -> bytes:
         try:
@@ -71,46 +97,94 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
 
     def get(self, key: K) -> V | None:
         self.metrics.gets += 1
-        return self._decode(self.engine.get(self._key(key, "get")))
+        kb = self._key(key, "get")
+        if self._pending:
+            hit = self._pending.get(kb)
+            if hit is not None:
+                value, data = hit
+                return self._decode(data) if value is _DECODE else value
+        return self._decode(self.engine.get(kb))
 
     def get_all(self, keys: Sequence[K]) -> list[V | None]:
         self.metrics.gets += len(keys)
-        raw = self.engine.get_many([self._key(k, "get_all") for k in keys])
-        return [self._decode(v) for v in raw]
+        kbs = [self._key(k, "get_all") for k in keys]
+        if not self._pending:
+            return [self._decode(v) for v in self.engine.get_many(kbs)]
+        pending = self._pending
+        misses = [kb for kb in kbs if kb not in pending]
+        found = dict(zip(misses, self.engine.get_many(misses), strict=True))
+        out: list[V | None] = []
+        for kb in kbs:
+            hit = pending.get(kb)
+            if hit is None:
+                out.append(self._decode(found[kb]))
+            else:
+                out.append(self._decode(hit[1]) if hit[0] is _DECODE else hit[0])
+        return out
 
     def put(self, key: K, value: V) -> None:
         kb, vb = self._key(key, "put"), self._value(value, "put")
-        self.engine.put(kb, vb)
         self.metrics.puts += 1
         self.metrics.bytes_written += len(kb) + len(vb)
+        if not self._limit:
+            self.engine.put(kb, vb)
+            return
+        self._pending[kb] = (value if type(value) in self._keep else _DECODE, vb)
+        if len(self._pending) >= self._limit:
+            self.drain()
 
     def put_all(self, entries: Iterable[tuple[K, V]]) -> None:
         batch = [(self._key(k, "put_all"), self._value(v, "put_all")) for k, v in entries]
-        self.engine.write_batch(batch)
+        self._write(batch)
         self.metrics.puts += len(batch)
         self.metrics.bytes_written += sum(len(k) + len(v) for k, v in batch)
 
     def delete(self, key: K) -> None:
-        self.engine.delete(self._key(key, "delete"))
+        kb = self._key(key, "delete")
         self.metrics.deletes += 1
+        if not self._limit:
+            self.engine.delete(kb)
+            return
+        self._pending[kb] = (None, None)
+        if len(self._pending) >= self._limit:
+            self.drain()
 
     def delete_all(self, keys: Iterable[K]) -> None:
         batch: list[tuple[bytes, bytes | None]] = [(self._key(k, "delete_all"), None) for k in keys]
-        self.engine.write_batch(batch)
+        self._write(batch)
         self.metrics.deletes += len(batch)
 
+    def _write(self, batch: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """One atomic engine write of the buffer, then ``batch`` (newest wins per key)."""
+        if self._pending:
+            merged = {k: data for k, (_, data) in self._pending.items()}
+            merged.update(batch)
+            self._pending = {}
+            self.engine.write_batch(list(merged.items()))
+        elif batch:
+            self.engine.write_batch(batch)
+
+    def drain(self) -> None:
+        """Write the buffered writes to the engine (one atomic write batch)."""
+        if self._pending:
+            self._write(())
+
     def range(self, start: K, end: K) -> Iterator[tuple[K, V]]:
+        self.drain()
         ks, vs = self._ks, self._vs
         for k, v in self.engine.range(self._key(start, "range"), self._key(end, "range")):
             yield ks.from_bytes(k), vs.from_bytes(v)
 
     def all(self) -> Iterator[tuple[K, V]]:
+        self.drain()
         ks, vs = self._ks, self._vs
         for k, v in self.engine.all():
             yield ks.from_bytes(k), vs.from_bytes(v)
 
     def flush(self) -> None:
+        self.drain()
         self.engine.flush()
 
     def close(self) -> None:
+        self.drain()
         self.engine.close()
