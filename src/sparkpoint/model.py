@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkpoint.errors import ConfigError
 
 
-@dataclass(frozen=True, order=True)
-class SystemStream:
-    """A stream within a system, e.g. ``filelog.pageviews``."""
+class SystemStream(NamedTuple):
+    """A stream within a system, e.g. ``filelog.pageviews``. A named tuple: tasks make one per
+    message they send, and the output looks each up, so it is built and hashed in C."""
 
     system: str
     stream: str

@@ -58,6 +58,7 @@ class StringSerde(Serde[str]):
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # json.dumps builds one per call
+_JSON_DECODE = json.JSONDecoder().decode
 
 
 class JsonSerde(Serde[Any]):
@@ -67,7 +68,10 @@ class JsonSerde(Serde[Any]):
         return _JSON.encode(value).encode("utf-8")
 
     def from_bytes(self, data: bytes) -> Any:
-        return json.loads(bytes(data))
+        try:  # UTF-8, as RFC 8259 asks, without json.loads' encoding detection per call
+            return _JSON_DECODE(bytes(data).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return json.loads(bytes(data))  # UTF-16/32, or the error json.loads gives
 
 
 _INT = struct.Struct(">q")

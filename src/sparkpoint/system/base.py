@@ -35,9 +35,9 @@ class Record(NamedTuple):
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class IncomingMessageEnvelope:
-    """A message a task receives: its SSP, offset, decoded key and value, and timestamp (ms)."""
+class IncomingMessageEnvelope(NamedTuple):
+    """A message a task receives: its SSP, offset, decoded key and value, and timestamp (ms).
+    A named tuple, as :class:`Record` and for the same reason: one is built per message."""
 
     ssp: SystemStreamPartition
     offset: str
@@ -46,9 +46,9 @@ class IncomingMessageEnvelope:
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class OutgoingMessageEnvelope:
-    """A message a task sends. Without ``partition`` it is placed by a hash of its key."""
+class OutgoingMessageEnvelope(NamedTuple):
+    """A message a task sends. Without ``partition`` it is placed by a hash of its key. A named
+    tuple, built per message sent."""
 
     stream: SystemStream
     key: object

@@ -51,13 +51,19 @@ def encode_many(
     """Records numbered from ``first_offset``; returns the bytes and (offset, rel. pos, ts)."""
     parts: list[bytes] = []
     entries: list[tuple[int, int, int]] = []
+    add, note = parts.append, entries.append
+    pack_body, pack_header, crc32 = BODY.pack, HEADER.pack, zlib.crc32
     pos = 0
     offset = first_offset
-    for key, value, ts in records:
-        data = encode(offset, key, value, ts)
-        parts.append(data)
-        entries.append((offset, pos, ts))
-        pos += len(data)
+    for key, value, ts in records:  # encode(), inlined: this runs once per record written
+        k = b"" if key is None else key
+        v = b"" if value is None else value
+        body = pack_body(offset, ts, -1 if key is None else len(k), -1 if value is None else len(v))
+        body = body + k + v
+        add(pack_header(MAGIC, crc32(body), len(body)))
+        add(body)
+        note((offset, pos, ts))
+        pos += HEADER_SIZE + len(body)
         offset += 1
     return b"".join(parts), entries
 
