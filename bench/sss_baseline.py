@@ -85,21 +85,25 @@ def run_sss_pageviews(
     count, events/s, the final count per user (read back from the parquet output) and the number
     of micro-batches.
     """
-    import pandas as pd
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
     root = Path(workdir)
-    input_dir = root / "input"
-    write_input(events, input_dir, max_per_trigger)
+    write_input(events, root / "input", max_per_trigger)
+    result = run_query(spark, root, partitions=partitions)
+    seconds = float(str(result["seconds"]))
+    return {
+        **result,
+        "events": len(events),
+        "events_per_s": len(events) / seconds if seconds > 0 else float("inf"),
+    }
 
-    def count_views(
-        key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
-    ) -> Iterator[pd.DataFrame]:
-        seen = sum(len(pdf) for pdf in pdfs)
-        total = seen + (int(state.get[0]) if state.exists else 0)
-        state.update((total,))
-        yield pd.DataFrame({"user": [key[0]], "count": [total]})
+
+def run_query(
+    spark: SparkSession, root: Path, *, partitions: int = 4, api: str = "applyInPandas"
+) -> dict[str, object]:
+    """The ``availableNow`` query over the JSON files in ``root/input`` (one file per trigger),
+    counting with ``applyInPandasWithState`` or (``api="transform"``)
+    ``transformWithStateInPandas``, both on the RocksDB state store, into Parquet under
+    ``root/out``. Returns the query's seconds, micro-batches and the final count per user."""
+    from pyspark.sql import functions as F
 
     saved = {key: spark.conf.get(key, None) for key in (PROVIDER_KEY, PARTITIONS_KEY)}
     spark.conf.set(PROVIDER_KEY, ROCKSDB_PROVIDER)
@@ -108,15 +112,10 @@ def run_sss_pageviews(
         source = (
             spark.readStream.schema(INPUT_SCHEMA)
             .option("maxFilesPerTrigger", 1)
-            .json(str(input_dir))
+            .json(str(root / "input"))
         )
-        counted = source.groupBy("user").applyInPandasWithState(
-            count_views,
-            outputStructType=OUTPUT_SCHEMA,
-            stateStructType=STATE_SCHEMA,
-            outputMode="append",  # the file sink allows Append only; see the module docstring
-            timeoutConf=GroupStateTimeout.NoTimeout,
-        )
+        grouped = source.groupBy("user")
+        counted = _transform(grouped) if api == "transform" else _apply_in_pandas(grouped)
         writer = (
             counted.writeStream.format("parquet")
             .option("path", str(root / "out"))
@@ -150,13 +149,55 @@ def run_sss_pageviews(
         .collect()
     )
     counts = {str(row["user"]): int(row["count"]) for row in rows}
-    return {
-        "seconds": seconds,
-        "events": len(events),
-        "events_per_s": len(events) / seconds if seconds > 0 else float("inf"),
-        "counts": counts,
-        "batches": batches,
-    }
+    return {"seconds": seconds, "counts": counts, "batches": batches}
+
+
+def _apply_in_pandas(grouped: Any) -> Any:
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def count_views(
+        key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        seen = sum(len(pdf) for pdf in pdfs)
+        total = seen + (int(state.get[0]) if state.exists else 0)
+        state.update((total,))
+        yield pd.DataFrame({"user": [key[0]], "count": [total]})
+
+    return grouped.applyInPandasWithState(
+        count_views,
+        outputStructType=OUTPUT_SCHEMA,
+        stateStructType=STATE_SCHEMA,
+        outputMode="append",  # the file sink allows Append only; see the module docstring
+        timeoutConf=GroupStateTimeout.NoTimeout,
+    )
+
+
+def _transform(grouped: Any) -> Any:
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+    class CountViews(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", STATE_SCHEMA)
+
+        def handleInputRows(
+            self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+        ) -> Iterator[pd.DataFrame]:
+            seen = sum(len(pdf) for pdf in rows)
+            total = seen + (int(self.count.get()[0]) if self.count.exists() else 0)
+            self.count.update((total,))
+            yield pd.DataFrame({"user": [key[0]], "count": [total]})
+
+        def close(self) -> None:
+            pass
+
+    return grouped.transformWithStateInPandas(
+        statefulProcessor=CountViews(),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Append",
+        timeMode="None",
+    )
 
 
 def generate_events(n: int, users: int, seed: int = 7) -> list[dict[str, object]]:

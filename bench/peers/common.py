@@ -1,0 +1,61 @@
+"""What every variant of ``bench/peers.py`` shares, standard library only: each variant runs in
+its own framework's virtual env and imports this file by path.
+
+A variant is a script run as ``python <script> --data D --work W --result R [options]``. It reads
+the page views in ``D/part-<p>.jsonl`` (partition ``p`` = crc32(user) % partitions, the same
+for every framework), keeps a durable count per user with its framework's state and
+checkpoints, emits ``{user, count}`` per view, and writes ``R``: the final count per user and
+when it processed its first view (:func:`mark_first`, in this process or any child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def arguments(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--data", type=Path, required=True, help="the part-<p>.jsonl files")
+    parser.add_argument("--work", type=Path, required=True, help="state, checkpoints, output")
+    parser.add_argument("--result", type=Path, required=True, help="where the result JSON goes")
+    parser.add_argument("--checkpoint-ms", type=int, default=1000)
+    parser.add_argument("--events", type=int, required=True, help="views in --data")
+    return parser
+
+
+def partitions(data: Path) -> list[Path]:
+    return sorted(data.glob("part-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+_marked = False
+
+
+def mark_first(work: Path) -> None:
+    """Record, once per run, the wall time at which the first view was processed (cheap to
+    call per view: one flag test after the first call in a process)."""
+    global _marked
+    if _marked:
+        return
+    _marked = True
+    path = work / "first-output"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(repr(time.time()))
+
+
+def first_output(work: Path) -> float | None:
+    path = work / "first-output"
+    return float(path.read_text()) if path.exists() else None
+
+
+def write_result(args: argparse.Namespace, counts: dict[str, int], **extra: Any) -> None:
+    result = {"counts": counts, "first_output": first_output(args.work), **extra}
+    args.result.write_text(json.dumps(result))
