@@ -8,6 +8,7 @@ session included) until caught up, then the final counts from the committed stor
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,11 +25,20 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from common import arguments, partitions, write_result  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
+from sparkpoint.runtime.coordinator import BatchReport  # noqa: E402
 from sparkpoint.system.base import Record, StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 
+RECOVERY = {  # the recovery workload's store, backed up as --recovery says
+    "task.class": "sparkpoint_tasks:LastViewCounter",
+    "stores.user-views.factory": "rocksdb",
+    "stores.user-views.msg.serde": "json",
+    "stores.user-views.changelog": "filelog.user-views-changelog",
+}
+BACKENDS = {"blobstore": "blobstore", "changelog": "changelog", "local": "blobstore"}
 
-def job_config(args: object, extra: dict[str, str]) -> Config:
+
+def job_config(args: argparse.Namespace, extra: dict[str, str]) -> Config:
     work: Path = args.work
     values = read_job_file(ROOT / "examples" / "pageviews" / "job.yaml")
     values.update(
@@ -40,6 +50,12 @@ def job_config(args: object, extra: dict[str, str]) -> Config:
             **extra,
         }
     )
+    if args.recovery:
+        values = {k: v for k, v in values.items() if not k.startswith("stores.user-counts.")}
+        values.update(RECOVERY)
+        backend = BACKENDS[args.recovery]
+        values["stores.user-views.backup.factories"] = backend
+        values["stores.user-views.restore.factories"] = backend
     return load_config(None, values)
 
 
@@ -58,7 +74,39 @@ def prepare(config: Config, data: Path) -> None:
     producer.close()
 
 
-def run(config: Config, api: str) -> None:
+class Recorder:
+    """A coordinator listener keeping what the benchmark reports: each task's restore, and
+    each commit's synchronous pause."""
+
+    def __init__(self) -> None:
+        self.restores: list[dict[str, object]] = []
+        self.pauses: list[float] = []
+        self.uploaded = 0
+
+    def on_start(self, model: object) -> None:
+        pass
+
+    def on_startpoint(self, *args: object) -> None:
+        pass
+
+    def on_batch(self, report: BatchReport) -> None:
+        for task, stats in report.restored:
+            self.restores.append(
+                {
+                    "task": task,
+                    "source": stats.source,
+                    "bytes": stats.bytes,
+                    "seconds": stats.seconds,
+                }
+            )
+        self.pauses += [r.commit_seconds for r in report.tasks if r.commit_started]
+        self.uploaded += report.uploads.get("bytes-uploaded", 0)
+
+    def on_end(self, summary: object) -> None:
+        pass
+
+
+def run(config: Config, api: str, recorder: Recorder) -> None:
     from sparkpoint.runtime.coordinator import JobCoordinator
     from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
     from sparkpoint.runtime.spark import SparkRunner, spark_session
@@ -71,7 +119,7 @@ def run(config: Config, api: str) -> None:
 
         pipeline = Pipeline(per_view, config.to_dict(), "user STRING, page STRING, ts LONG")
         runner = DataFrameRunner(spark, pipeline, config)
-    coordinator = JobCoordinator(config, runner)  # type: ignore[arg-type]
+    coordinator = JobCoordinator(config, runner, listener=recorder)  # type: ignore[arg-type]
     try:
         coordinator.run(until_caught_up=True)
     finally:
@@ -83,18 +131,35 @@ def main() -> None:
     parser.add_argument("step", choices=["prepare", "run"])
     parser.add_argument("--api", choices=["task", "dataframe"], default="task")
     parser.add_argument("--set", action="append", default=[], help="extra config key=value")
+    parser.add_argument(
+        "--recovery",
+        choices=sorted(BACKENDS),
+        help="the recovery workload (user-views store), backed up to this backend",
+    )
     args = parser.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.set)
     config = job_config(args, extra)
     if args.step == "prepare":
         prepare(config, args.data)
         return
-    run(config, args.api)
+    recorder = Recorder()
+    run(config, args.api, recorder)
     finished = time.time()
     from sparkpoint.tools.state import committed_entries
 
-    counts = {str(k): int(v) for _t, k, v in committed_entries(config, "user-counts")}
-    write_result(args, counts, finished=finished)
+    if args.recovery:
+        entries = committed_entries(config, "user-views")
+        counts = {str(k): int(v["count"]) for _t, k, v in entries}
+    else:
+        counts = {str(k): int(v) for _t, k, v in committed_entries(config, "user-counts")}
+    write_result(
+        args,
+        counts,
+        finished=finished,
+        restores=recorder.restores,
+        pauses=recorder.pauses,
+        uploaded=recorder.uploaded,
+    )
 
 
 if __name__ == "__main__":

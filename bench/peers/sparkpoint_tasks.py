@@ -17,9 +17,13 @@ from pageviews_task import PageViewCounter
 from sparkpoint import (
     Batch,
     IncomingMessageEnvelope,
+    KeyValueStore,
     MessageCollector,
+    OutgoingMessageEnvelope,
     Output,
     StepState,
+    StreamTask,
+    SystemStream,
     TaskContext,
     TaskCoordinator,
 )
@@ -53,3 +57,31 @@ def per_view(batch: Batch) -> Output:
     views = batch.df.select("task", F.col("value.user").alias("user"))
     counts = batch.stateful(views, marked_count_views, "user STRING, count LONG")
     return batch.to_stream(counts, "filelog.user-counts", key="user")
+
+
+class LastViewCounter(StreamTask):
+    """The recovery workload: per user, the count and the last view (with its ~1 KB ``pad``) in
+    the ``user-views`` store; marks the first view of the input added after the state was
+    lost (``"phase": 2``)."""
+
+    views: KeyValueStore[str, dict[str, Any]]
+
+    def init(self, context: TaskContext) -> None:
+        self.views = context.get_store("user-views")
+        self.work = Path(context.config["bench.work"])
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        view: Any = envelope.message
+        user = str(view["user"])
+        if view.get("phase") == 2:
+            mark_first(self.work)
+        old = self.views.get(user)
+        count = (int(old["count"]) if old else 0) + 1
+        self.views.put(user, {"count": count, "last": view})
+        output = SystemStream(envelope.ssp.system, "user-counts")
+        collector.send(OutgoingMessageEnvelope(output, user, {"user": user, "count": count}))
