@@ -310,6 +310,7 @@ class TaskBatch:
         key_serde, msg_serde = self.input_serdes(ssp.system_stream)
         policy = ErrorPolicy.from_config(self.config)
         key_of, msg_of, process = key_serde.from_bytes, msg_serde.from_bytes, task.process
+        new = tuple.__new__  # an envelope without the named tuple's Python-level __new__
         for rec in records:
             try:  # the decode() below, inlined: this loop runs once per message
                 key = None if rec.key is None else key_of(rec.key)
@@ -322,7 +323,7 @@ class TaskBatch:
                         raise
                     log.error("%s; dropped (task.drop.deserialization.errors=true)", exc)
                     continue
-            envelope = IncomingMessageEnvelope(ssp, rec.offset, key, msg, rec.timestamp)
+            envelope = new(IncomingMessageEnvelope, (ssp, rec.offset, key, msg, rec.timestamp))
             try:
                 process(envelope, collector, coordinator)
             except Exception as exc:

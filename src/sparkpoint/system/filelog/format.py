@@ -105,6 +105,7 @@ def decode_span(buf: bytes, offsets: list[int]) -> list[Record]:
     """
     out: list[Record] = []
     append = out.append
+    new = tuple.__new__  # Record(...) without the named tuple's Python-level __new__
     unpack_header = HEADER.unpack_from
     unpack_body = BODY.unpack_from
     crc32 = zlib.crc32
@@ -129,13 +130,7 @@ def decode_span(buf: bytes, offsets: list[int]) -> list[Record]:
         vpos = kpos + (klen if klen > 0 else 0)
         if vpos + (vlen if vlen > 0 else 0) != end:
             raise FormatError(pos, "lengths disagree with the record size", want)
-        append(
-            Record(
-                str(offset),
-                None if klen < 0 else buf[kpos:vpos],
-                None if vlen < 0 else buf[vpos:end],
-                ts,
-            )
-        )
+        key = None if klen < 0 else buf[kpos:vpos]
+        append(new(Record, (str(offset), key, None if vlen < 0 else buf[vpos:end], ts)))
         pos = end
     return out
