@@ -124,6 +124,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "system of the coordinator and checkpoint streams (default: first system)",
     ),
     ConfigKey(
+        "job.spark.class.archive",
+        "true",
+        "true | false",
+        "start the Spark driver JVM with the class-data-sharing archive made at install "
+        "(python -m sparkpoint.runtime.jvm_archive), when there is one: seconds off every start",
+        _bool,
+    ),
+    ConfigKey(
         "job.executor.log.level",
         "WARNING",
         "DEBUG | INFO | WARNING | ERROR",

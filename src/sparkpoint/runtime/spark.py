@@ -25,6 +25,7 @@ from sparkpoint.errors import (
     UserError,
 )
 from sparkpoint.metadata.locality import Executor
+from sparkpoint.runtime import jvm_archive
 from sparkpoint.runtime.executor import run_task_batch
 from sparkpoint.runtime.locality import executors_of_group, live_executors, located_rdd
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
@@ -71,12 +72,15 @@ def spark_session(config: Config, master: str | None = None) -> Any:
     builder = SparkSession.builder.appName(f"sparkpoint-{config.job_name}-{config.job_id}")
     master = master or config.get_str("spark.master") or DEFAULT_MASTER
     builder = builder.master(master)
+    java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
+    if config.get_bool("job.spark.class.archive", True):
+        java_options = f"{java_options} {jvm_archive.java_options()}".strip()
     defaults = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
         "spark.speculation": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j_config()}",
+        "spark.driver.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
     }
     if not master.startswith("local"):

@@ -1,0 +1,68 @@
+"""The Spark driver's class-data-sharing archive: made at install, used when present."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.config import Config
+from sparkpoint.runtime import jvm_archive, spark
+
+
+class _Builder:
+    """Records what spark_session configures instead of starting a JVM."""
+
+    def __init__(self) -> None:
+        self.conf: dict[str, str] = {}
+
+    def appName(self, name: str) -> _Builder:  # noqa: N802 - pyspark's name
+        return self
+
+    def master(self, master: str) -> _Builder:
+        return self
+
+    def config(self, key: str, value: str) -> _Builder:
+        self.conf[key] = value
+        return self
+
+    def getOrCreate(self) -> Any:  # noqa: N802 - pyspark's name
+        raise _Started(self.conf)
+
+
+class _Started(Exception):
+    def __init__(self, conf: dict[str, str]) -> None:
+        self.conf = conf
+
+
+def _driver_options(monkeypatch: pytest.MonkeyPatch, archive: Path, **config: str) -> str:
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(jvm_archive, "archive_path", lambda: archive)
+    monkeypatch.setattr(SparkSession, "builder", _Builder())
+    with pytest.raises(_Started) as started:
+        spark.spark_session(Config({"job.name": "j", **config}), "local[2]")
+    return started.value.conf["spark.driver.extraJavaOptions"]
+
+
+def test_the_driver_maps_the_archive_only_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    archive = tmp_path / "spark.jsa"
+    assert "SharedArchiveFile" not in _driver_options(monkeypatch, archive)
+    archive.write_bytes(b"archive")
+    options = _driver_options(monkeypatch, archive)
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    assert "-Dlog4j2.configurationFile=" in options  # what was there stays
+    off = _driver_options(monkeypatch, archive, **{"job.spark.class.archive": "false"})
+    assert "SharedArchiveFile" not in off
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="the install check is for CI's fresh set-up")
+def test_the_install_made_the_archive() -> None:
+    """scripts/bootstrap.sh makes it; without it every Spark start is seconds slower."""
+    path = jvm_archive.archive_path()
+    assert path.is_file(), f"no JVM class archive at {path}: see .venv/jvm-archive.log"
+    assert path.stat().st_size > 10_000_000
