@@ -18,7 +18,7 @@ class _Builder:
     def __init__(self) -> None:
         self.conf: dict[str, str] = {}
 
-    def appName(self, name: str) -> _Builder:  # noqa: N802 - pyspark's name
+    def appName(self, name: str) -> _Builder:
         return self
 
     def master(self, master: str) -> _Builder:
@@ -28,7 +28,7 @@ class _Builder:
         self.conf[key] = value
         return self
 
-    def getOrCreate(self) -> Any:  # noqa: N802 - pyspark's name
+    def getOrCreate(self) -> Any:
         raise _Started(self.conf)
 
 
