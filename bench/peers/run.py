@@ -203,6 +203,10 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated variant names")
     parser.add_argument("--skip", default="", help="comma-separated variant names")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--recovery-users", type=int, default=1_000_000, help="recovery state: users (0: skip)"
+    )
+    parser.add_argument("--pad", type=int, default=1000, help="recovery state: bytes per user")
     args = parser.parse_args()
     chosen = [v for v in VARIANTS if not args.only or v.name in args.only.split(",")]
     chosen = [v for v in chosen if v.name not in args.skip.split(",")]
@@ -241,14 +245,24 @@ def main() -> None:
                 f"({seconds:.1f} s; {args.events / steady:,.0f}/s from the first view)",
                 flush=True,
             )
-    report(args, chosen, runs)
+    recovery_rows = []
+    if args.recovery_users:
+        import recovery
+
+        recovery_rows = recovery.run_all(args, scratch, PARTITIONS)
+    report(args, chosen, runs, recovery_rows)
     if failed:
         raise SystemExit("final counts were wrong (see above)")
     if any(r.errors for r in runs.values()):
         raise SystemExit("some variants failed to run (see above)")
 
 
-def report(args: argparse.Namespace, chosen: list[Variant], runs: dict[str, Runs]) -> None:
+def report(
+    args: argparse.Namespace,
+    chosen: list[Variant],
+    runs: dict[str, Runs],
+    recovery_rows: list[dict[str, Any]],
+) -> None:
     rows: list[dict[str, Any]] = []
     for v in chosen:
         r = runs[v.name]
@@ -296,11 +310,37 @@ def report(args: argparse.Namespace, chosen: list[Variant], runs: dict[str, Runs
                 f"- {name} / {best['variant']}: {row['median'] / best['median']:.2f}x "
                 "(issue 15's target: 1.5x)"
             )
+    if recovery_rows:
+        lines += recovery_table(recovery_rows, args)
     text = "\n".join(lines) + "\n"
     (args.out / "peers.md").write_text(text)
-    (args.out / "peers.json").write_text(json.dumps({"taken": when, "rows": rows}, indent=2))
+    everything = {"taken": when, "rows": rows, "recovery": recovery_rows}
+    (args.out / "peers.json").write_text(json.dumps(everything, indent=2))
     print("\n" + text)
     plot(args.out / "peers-throughput.png", rows, f"{args.events:,} page views, {when}")
+
+
+def recovery_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    size = max(r["state_bytes"] for r in rows) / 1e9
+    lines = [
+        "",
+        f"## Recovery: {args.recovery_users:,} users x {args.pad} B ({size:.2f} GB of RocksDB "
+        "state), local state lost, 10,000 new views",
+        "",
+        "| variant | to first new output | to caught up | restore (sum over tasks) "
+        "| plain copy of the state | restore / copy | commit pause at 1% churn "
+        "| bytes that commit wrote |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    # the local mode keeps its state directory: a restart on the same host
+    for r in rows:
+        ratio = r["restore_s"] / r["plain_copy_s"] if r["restore_s"] else 0.0
+        lines.append(
+            f"| {r['variant']} | {r['first_output_s']:.1f} s | {r['caught_up_s']:.1f} s "
+            f"| {r['restore_s']:.1f} s | {r['plain_copy_s']:.1f} s | {ratio:.2f}x "
+            f"| {r['checkpoint_pause_s'] * 1000:.0f} ms | {r['checkpoint_bytes'] / 1e6:.1f} MB |"
+        )
+    return lines
 
 
 def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
