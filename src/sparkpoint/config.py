@@ -337,9 +337,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "stores.<s>.write.batch.size",
         "10000",
         "an integer >= 1",
-        "writes wait for a commit (or this many distinct keys) and only the newest value of "
-        "each key is written to the store and logged to its changelog, in one batch, as "
-        "Samza's CachedStore does; reads see waiting writes",
+        "writes wait for a commit, a range or all scan, a flush, or this many distinct keys; "
+        "then only the newest value of each key is written to the store and logged to its "
+        "changelog, in one batch, as Samza's CachedStore does; reads see waiting writes",
         _int(1),
     ),
     ConfigKey(

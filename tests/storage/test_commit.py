@@ -221,3 +221,33 @@ def test_a_finished_commit_that_can_never_be_written_does_not_block_later_ones(
     outcome = manager.commit({}, wait=False)
     assert outcome.started and not outcome.skipped
     assert [r.base for r in manager.completed(written)] == [written]
+
+
+def test_a_store_write_that_fails_at_commit_names_the_task_and_store_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffered writes reach RocksDB at the commit; a failure there (a full disk) fails the
+    batch with the fix, and the restart restores the last checkpoint and redoes the batch."""
+    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+
+    config = make(tmp_path)
+    coordinator, end = batches(config)
+    coordinator.run_batch(end, commit=True, wait=True)  # a checkpoint to come back to
+    real = RocksDBEngine.write_batch
+
+    def full_disk(self: RocksDBEngine, puts: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RocksDBEngine, "write_batch", full_disk)
+    with pytest.raises(
+        CommitError,
+        match=r"task Partition 0: store user-counts: writing the batch's buffered writes failed: "
+        r".*No space left on device.*free space and restart",
+    ):
+        coordinator.run_batch(end, commit=True, wait=True)
+    coordinator.close()
+    monkeypatch.setattr(RocksDBEngine, "write_batch", real)
+    again = JobCoordinator(config, InlineRunner())
+    again.run(until_caught_up=True)
+    again.close()
+    assert_committed_state_matches_its_offsets(config)

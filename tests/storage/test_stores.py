@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,6 +179,36 @@ class TestWriteBuffer:
         before = store.get("k")
         store.drain()
         assert before == store.get("k") == 1200
+
+    def test_a_failed_write_keeps_the_buffer_for_a_retry(self, engine: KeyValueEngine) -> None:
+        store = SerializedKeyValueStore[str, int](
+            "counts", engine, StringSerde(), IntegerSerde(), write_buffer=100
+        )
+        store.put("a", 1)
+        store.delete("gone")
+        real = engine.write_batch
+        engine.write_batch = _failing_twice(real)  # type: ignore[method-assign]
+        with pytest.raises(OSError, match="No space left"):
+            store.drain()
+        assert store.get("a") == 1  # still buffered, not lost
+        with pytest.raises(OSError, match="No space left"):
+            store.put_all([("b", 2)])  # atomic: neither the buffer nor b was written ...
+        assert engine.get(b"a") is None and engine.get(b"b") is None
+        store.put_all([("b", 2)])  # ... and the retry writes both
+        assert engine.get_many([b"a", b"b"]) == [IntegerSerde().to_bytes(v) for v in (1, 2)]
+
+
+def _failing_twice(write: Any) -> Any:
+    """``write``, failing its first two calls as a full disk would."""
+    calls = {"n": 0}
+
+    def failing(puts: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise OSError(28, "No space left on device")
+        write(puts)
+
+    return failing
 
 
 def test_unknown_factory_lists_allowed(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
+from sparkpoint.errors import CommitError
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import (
     BackendContext,
@@ -220,7 +221,14 @@ class TaskStorage:
         """Write the stores' buffered writes to their engines: before a commit snapshots them,
         and before the marker says they hold the batch's state."""
         for store in self._typed:
-            store.drain()
+            try:
+                store.drain()
+            except Exception as exc:
+                raise CommitError(
+                    f"task {self.task.name}: store {store.name}: writing the batch's buffered "
+                    f"writes failed: {exc} (a full disk? free space and restart: the task "
+                    "restores its last checkpoint, nothing is lost)"
+                ) from exc
 
     def _backup_managers(self, *, init: bool) -> dict[str, TaskBackupManager]:
         if self._backups:

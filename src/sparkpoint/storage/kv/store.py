@@ -159,8 +159,8 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         if self._pending:
             merged = {k: data for k, (_, data) in self._pending.items()}
             merged.update(batch)
-            self._pending = {}
             self.engine.write_batch(list(merged.items()))
+            self._pending = {}  # only once written: a failed write keeps them for a retry
         elif batch:
             self.engine.write_batch(batch)
 
