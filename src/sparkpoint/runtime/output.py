@@ -27,7 +27,6 @@ class _Route:
     """Where a stream's messages go, looked up once per stream: its encoders, partitioner and
     producer (the per-message path does no config or registry lookups)."""
 
-    stream: SystemStream
     partitions: int
     key: Callable[[Any], bytes]
     msg: Callable[[Any], bytes]
@@ -53,7 +52,6 @@ class OutputCollector:
         if producer is None:
             producer = self._producers[stream.system] = self._systems.producer(stream.system)
         route = _Route(
-            stream,
             partitions,
             key_serde.to_bytes,
             msg_serde.to_bytes,

@@ -95,14 +95,18 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         value: V = self._vs.from_bytes(data)
         return value
 
+    def _buffered(self, hit: tuple[Any, bytes | None]) -> V | None:
+        """A buffered write as ``get`` returns it: the object put, or its bytes decoded."""
+        value, data = hit
+        return self._decode(data) if value is _DECODE else value
+
     def get(self, key: K) -> V | None:
         self.metrics.gets += 1
         kb = self._key(key, "get")
         if self._pending:
             hit = self._pending.get(kb)
             if hit is not None:
-                value, data = hit
-                return self._decode(data) if value is _DECODE else value
+                return self._buffered(hit)
         return self._decode(self.engine.get(kb))
 
     def get_all(self, keys: Sequence[K]) -> list[V | None]:
@@ -119,7 +123,7 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
             if hit is None:
                 out.append(self._decode(found[kb]))
             else:
-                out.append(self._decode(hit[1]) if hit[0] is _DECODE else hit[0])
+                out.append(self._buffered(hit))
         return out
 
     def put(self, key: K, value: V) -> None:
