@@ -6,6 +6,11 @@ the page views in ``D/part-<p>.jsonl`` (partition ``p`` = crc32(user) % partitio
 for every framework), keeps a durable count per user with its framework's state and
 checkpoints, emits ``{user, count}`` per view, and writes ``R``: the final count per user and
 when it processed its first view (:func:`mark_first`, in this process or any child).
+
+The recovery figure (``recovery.py``) runs a variant with ``--recovery``: per user it keeps the
+count and the last view (about 1 KB), and for every view of the input added after the state was
+lost (``"phase": 2``) it appends ``time user count`` with :class:`Progress`, from which the
+orchestrator reads the first new output, the time it caught up, and the restored counts.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ def arguments(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--result", type=Path, required=True, help="where the result JSON goes")
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--events", type=int, required=True, help="views in --data")
+    parser.add_argument(
+        "--recovery", action="store_true", help="the recovery workload (see recovery.py)"
+    )
     return parser
 
 
@@ -54,6 +62,22 @@ def mark_first(work: Path) -> None:
 def first_output(work: Path) -> float | None:
     path = work / "first-output"
     return float(path.read_text()) if path.exists() else None
+
+
+class Progress:
+    """Appends a line per phase-2 view to a file of its own (one per process and instance, so
+    writers never interleave); line-buffered, so a SIGKILL loses no line already written."""
+
+    def __init__(self, work: Path) -> None:
+        self.folder = work / "progress"
+        self.file: Any = None
+
+    def __call__(self, user: str, count: int) -> None:
+        if self.file is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            name = f"{os.getpid()}-{id(self):x}.tsv"
+            self.file = (self.folder / name).open("a", buffering=1)
+        self.file.write(f"{time.time()!r}\t{user}\t{count}\n")
 
 
 def write_result(args: argparse.Namespace, counts: dict[str, int], **extra: Any) -> None:

@@ -8,6 +8,13 @@ until every view is processed. The final counts are the ones its stateful functi
 Tansu set-up (see ``docs/kafka.md``): topics are created with ``retention.ms`` given (Tansu
 describes no default topic configs, which Quix reads), and the consumer's
 ``session.timeout.ms`` is 6 s (Tansu answers a first group join after half of it).
+
+With ``--recovery`` (see ``recovery.py``) it keeps the count and the last view per user, runs
+until killed when ``--events`` is 0, and its producer sends one record per request: a Quix
+application restoring its changelog from Tansu stops with ``InvalidStoreChangelogOffset`` when
+the changelog was written in batches (Tansu's high watermark after a batched produce is not what
+Quix expects), so the recovery figure needs that workaround. ``prepare`` adds to an existing
+topic.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import arguments, mark_first, partitions, write_result  # noqa: E402
+from common import Progress, arguments, mark_first, partitions, write_result  # noqa: E402
 
 TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
 
@@ -31,9 +38,10 @@ def prepare(broker: str, data: Path) -> None:
 
     files = partitions(data)
     admin = AdminClient({"bootstrap.servers": broker})
-    topic = NewTopic("pageviews", num_partitions=len(files), config=TOPIC_CONFIG)
-    for future in admin.create_topics([topic]).values():
-        future.result()
+    if "pageviews" not in admin.list_topics(timeout=30).topics:
+        topic = NewTopic("pageviews", num_partitions=len(files), config=TOPIC_CONFIG)
+        for future in admin.create_topics([topic]).values():
+            future.result()
     producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
     for p, path in enumerate(files):
         with path.open("rb") as f:
@@ -55,6 +63,7 @@ def run(broker: str, args: object) -> tuple[dict[str, int], float]:
     from quixstreams import Application
 
     work: Path = args.work  # type: ignore[attr-defined]
+    recovery: bool = args.recovery  # type: ignore[attr-defined]
     app = Application(
         broker_address=broker,
         consumer_group="bench-peers",
@@ -62,6 +71,7 @@ def run(broker: str, args: object) -> tuple[dict[str, int], float]:
         commit_interval=args.checkpoint_ms / 1000,  # type: ignore[attr-defined]
         state_dir=str(work / "state"),
         consumer_extra_config={"session.timeout.ms": 6000},
+        producer_extra_config={"batch.num.messages": 1, "linger.ms": 0} if recovery else {},
         loglevel="WARNING",
     )
     views = app.topic("pageviews", value_deserializer="json", key_deserializer="str")
@@ -76,7 +86,19 @@ def run(broker: str, args: object) -> tuple[dict[str, int], float]:
         final[user] = n
         return {"user": user, "count": n}
 
-    sdf = app.dataframe(views).apply(count, stateful=True)
+    progress = Progress(work)
+
+    def last_view(view: dict[str, object], state: object) -> dict[str, object]:
+        n = state.get("count", 0) + 1  # type: ignore[attr-defined]
+        state.set("count", n)  # type: ignore[attr-defined]
+        state.set("last", view)  # type: ignore[attr-defined]
+        user = str(view["user"])
+        if view["phase"] == 2:
+            progress(user, n)
+        final[user] = n
+        return {"user": user, "count": n}
+
+    sdf = app.dataframe(views).apply(last_view if recovery else count, stateful=True)
     sdf.to_topic(output)
     app.run(count=args.events, collect=False)  # type: ignore[attr-defined]
     return final, time.time()

@@ -4,6 +4,10 @@ on local Spark (``local[2]``), reading the views from the embedded log.
 ``prepare`` loads ``--data`` into the job's ``pageviews`` stream (untimed, as a peer's input is
 produced to its broker beforehand); ``run`` is the timed part: the job from a cold start (Spark
 session included) until caught up, then the final counts from the committed store.
+
+With ``--recovery`` (see ``recovery.py``) the job keeps the count and the last view per user in
+its ``user-views`` store, backed up to ``--backend``; ``--forever`` runs it until killed, and
+:func:`checkpointed` tells how many views its checkpoints cover.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from sparkpoint.runtime.coordinator import BatchReport  # noqa: E402
 from sparkpoint.system.base import Record, StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 
-RECOVERY = {  # the recovery workload's store, backed up as --recovery says
+RECOVERY = {  # the recovery workload's store, backed up as --backend says
     "task.class": "sparkpoint_tasks:LastViewCounter",
     "stores.user-views.factory": "rocksdb",
     "stores.user-views.msg.serde": "json",
@@ -53,7 +57,7 @@ def job_config(args: argparse.Namespace, extra: dict[str, str]) -> Config:
     if args.recovery:
         values = {k: v for k, v in values.items() if not k.startswith("stores.user-counts.")}
         values.update(RECOVERY)
-        backend = BACKENDS[args.recovery]
+        backend = BACKENDS[args.backend]
         values["stores.user-views.backup.factories"] = backend
         values["stores.user-views.restore.factories"] = backend
     return load_config(None, values)
@@ -106,7 +110,19 @@ class Recorder:
         pass
 
 
-def run(config: Config, api: str, recorder: Recorder) -> None:
+def checkpointed(config: Config) -> int:
+    """Views covered by the job's checkpoints: what a restart after a SIGKILL starts from."""
+    from sparkpoint.checkpoint.manager import CheckpointManager
+
+    systems = Systems(config)
+    try:
+        checkpoints = CheckpointManager(config, systems).read_all().values()
+        return sum(int(o) + 1 for c in checkpoints for o in c.input_offsets.values())
+    finally:
+        systems.close()
+
+
+def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) -> None:
     from sparkpoint.runtime.coordinator import JobCoordinator
     from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
     from sparkpoint.runtime.spark import SparkRunner, spark_session
@@ -121,7 +137,7 @@ def run(config: Config, api: str, recorder: Recorder) -> None:
         runner = DataFrameRunner(spark, pipeline, config)
     coordinator = JobCoordinator(config, runner, listener=recorder)  # type: ignore[arg-type]
     try:
-        coordinator.run(until_caught_up=True)
+        coordinator.run(until_caught_up=not forever)
     finally:
         coordinator.close()
 
@@ -132,10 +148,12 @@ def main() -> None:
     parser.add_argument("--api", choices=["task", "dataframe"], default="task")
     parser.add_argument("--set", action="append", default=[], help="extra config key=value")
     parser.add_argument(
-        "--recovery",
+        "--backend",
         choices=sorted(BACKENDS),
-        help="the recovery workload (user-views store), backed up to this backend",
+        default="blobstore",
+        help="with --recovery: the user-views store's backup (local: blob store, state kept)",
     )
+    parser.add_argument("--forever", action="store_true", help="run until killed")
     args = parser.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.set)
     config = job_config(args, extra)
@@ -143,7 +161,7 @@ def main() -> None:
         prepare(config, args.data)
         return
     recorder = Recorder()
-    run(config, args.api, recorder)
+    run(config, args.api, recorder, forever=args.forever)
     finished = time.time()
     from sparkpoint.tools.state import committed_entries
 

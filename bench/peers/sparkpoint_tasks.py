@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import mark_first
+from common import Progress, mark_first
 from pageviews_pipeline import count_views
 from pageviews_task import PageViewCounter
 
@@ -61,14 +61,14 @@ def per_view(batch: Batch) -> Output:
 
 class LastViewCounter(StreamTask):
     """The recovery workload: per user, the count and the last view (with its ~1 KB ``pad``) in
-    the ``user-views`` store; marks the first view of the input added after the state was
-    lost (``"phase": 2``)."""
+    the ``user-views`` store; the views of the input added after the state was lost
+    (``"phase": 2``) go to :class:`Progress`."""
 
     views: KeyValueStore[str, dict[str, Any]]
 
     def init(self, context: TaskContext) -> None:
         self.views = context.get_store("user-views")
-        self.work = Path(context.config["bench.work"])
+        self.progress = Progress(Path(context.config["bench.work"]))
 
     def process(
         self,
@@ -78,10 +78,10 @@ class LastViewCounter(StreamTask):
     ) -> None:
         view: Any = envelope.message
         user = str(view["user"])
-        if view.get("phase") == 2:
-            mark_first(self.work)
         old = self.views.get(user)
         count = (int(old["count"]) if old else 0) + 1
         self.views.put(user, {"count": count, "last": view})
+        if view.get("phase") == 2:
+            self.progress(user, count)
         output = SystemStream(envelope.ssp.system, "user-counts")
         collector.send(OutgoingMessageEnvelope(output, user, {"user": user, "count": count}))
