@@ -123,23 +123,30 @@ def checkpointed(config: Config) -> int:
 
 
 def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) -> None:
-    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.launch import start_job
     from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
-    from sparkpoint.runtime.spark import SparkRunner, spark_session
+    from sparkpoint.runtime.spark import SparkRunner
 
-    spark = spark_session(config, "local[2]")
-    if api == "task":
-        runner: object = SparkRunner(spark)
-    else:
+    def make_runner(spark: object) -> object:
+        if api == "task":
+            return SparkRunner(spark)
         from sparkpoint_tasks import per_view
 
         pipeline = Pipeline(per_view, config.to_dict(), "user STRING, page STRING, ts LONG")
-        runner = DataFrameRunner(spark, pipeline, config)
-    coordinator = JobCoordinator(config, runner, listener=recorder)  # type: ignore[arg-type]
+        return DataFrameRunner(spark, pipeline, config)
+
+    coordinator, spark = start_job(
+        config,
+        "local[2]",
+        make_runner,  # type: ignore[arg-type]
+        exact_batches=api != "task",
+        listener=recorder,  # type: ignore[arg-type]
+    )
     try:
         coordinator.run(until_caught_up=not forever)
     finally:
         coordinator.close()
+        spark.stop()
 
 
 def main() -> None:

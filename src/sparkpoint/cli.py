@@ -134,10 +134,12 @@ def run(
 
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
-    from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator
+    from sparkpoint.runtime.coordinator import BatchRunner
+    from sparkpoint.runtime.frame_task import require_persistent_stores
+    from sparkpoint.runtime.launch import start_job
     from sparkpoint.runtime.pipeline import DataFrameRunner, load_pipeline
     from sparkpoint.runtime.progress import ProgressDisplay
-    from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner, spark_session
+    from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner
 
     _setup_logging(verbose)
     path = Path(job)
@@ -151,16 +153,22 @@ def run(
         config = _with_dir_on_path(config, path.resolve().parent)
     if not config.inputs:
         raise UserError("task.inputs is empty: list the job's input streams as system.stream")
+    if pipeline is not None:
+        require_persistent_stores(config)  # before Spark starts, as every check on config
     if rebalance:
         config = config.with_overrides({"job.host-affinity.rebalance": "true"})
     display = ProgressDisplay()
     shown = master or config.get_str("spark.master") or DEFAULT_MASTER
     err.print(f"starting Spark ({shown}) ...")
-    spark = spark_session(config, master)
-    runner: BatchRunner = (
-        SparkRunner(spark) if pipeline is None else DataFrameRunner(spark, pipeline, config)
+
+    def make_runner(spark: Any) -> BatchRunner:
+        if pipeline is None:
+            return SparkRunner(spark)
+        return DataFrameRunner(spark, pipeline, config)
+
+    coordinator, spark = start_job(
+        config, master, make_runner, exact_batches=pipeline is not None, listener=display
     )
-    coordinator = JobCoordinator(config, runner, listener=display)
 
     def on_signal(signum: int, _frame: Any) -> None:
         coordinator.stop(f"signal {signal.Signals(signum).name}")

@@ -132,6 +132,15 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey(
+        "job.restore.while.spark.starts",
+        "true",
+        "true | false",
+        "in local mode, restore every task's state in the driver while the Spark session "
+        "starts (the driver shares the executors' disk), so a restart is back in about the "
+        "longer of the two instead of their sum; on a cluster the executors restore",
+        _bool,
+    ),
+    ConfigKey(
         "job.executor.log.level",
         "WARNING",
         "DEBUG | INFO | WARNING | ERROR",

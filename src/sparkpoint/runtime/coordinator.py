@@ -634,6 +634,27 @@ class JobCoordinator:
                 break
         return reports
 
+    def restore_ahead(self, runner: BatchRunner) -> BatchReport | None:
+        """Establish every task's state with ``runner`` before the first batch: one pass that
+        reads nothing (like the last pass of a run). The first batch then finds each task's
+        state current and keeps it. ``sparkpoint run`` uses this in local mode, where the
+        driver shares the executors' disk, to restore while Spark starts
+        (:mod:`sparkpoint.runtime.launch`). Returns None, doing nothing, while batches logged
+        before the last stop wait to be replayed under their own ids."""
+        if self.model is None:
+            self.start()
+        if self._replay:
+            return None
+        end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
+        saved, self.runner = self.runner, runner
+        try:
+            report, _ = self.run_batch(end, commit=False, clean_up_only=True)
+        finally:
+            self.runner = saved
+        if self.listener:
+            self.listener.on_batch(report)
+        return report
+
     def apply_startpoints_now(self) -> BatchReport:
         """Commit every task, fan out the waiting startpoints, and resume from them (no restart)."""
         report = self._commit_all()[-1]

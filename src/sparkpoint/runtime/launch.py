@@ -1,0 +1,121 @@
+"""Starting a job without waiting for Spark first.
+
+A Spark session takes seconds to start: a JVM, then the session. :func:`start_job` starts it
+on a background thread, and meanwhile the driver does the job's own start-up (metadata,
+checkpoints, startpoints). In local mode the driver shares the executors' disk, so it also
+restores every task's state in that time
+(:meth:`~sparkpoint.runtime.coordinator.JobCoordinator.restore_ahead`). That runs the same
+executor code in this process, one task after another, and changes no checkpoint: the first
+batch finds the state current and keeps it. A restart after losing the state directory is
+then back in about the longer of the restore and Spark's start, not their sum.
+
+On a cluster the state belongs on the executors' hosts, so the driver does not restore; the
+first batch waits for the session. ``job.restore.while.spark.starts=false`` turns the restore
+off in local mode too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sparkpoint.config import Config
+from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_session
+
+log = logging.getLogger(__name__)
+
+
+class SparkStart:
+    """A Spark session starting on a background thread."""
+
+    def __init__(self, config: Config, master: str | None = None) -> None:
+        self.master = master or config.get_str("spark.master") or DEFAULT_MASTER
+        self._session: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._start, args=(config,), name="spark-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self, config: Config) -> None:
+        try:
+            self._session = spark_session(config, self.master)
+        except BaseException as exc:  # handed to whoever waits for the session
+            self._error = exc
+
+    @property
+    def local(self) -> bool:
+        return self.master.startswith("local")
+
+    def session(self) -> Any:
+        """The session, once started; Spark's own error if it failed to start."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._session
+
+    def stop(self) -> None:
+        """Stop the session (waiting for it to finish starting first)."""
+        self._thread.join()
+        if self._session is not None:
+            self._session.stop()
+
+
+class DeferredRunner:
+    """A batch runner made from the Spark session on first use: the job's start-up and
+    :meth:`JobCoordinator.restore_ahead` run before anything waits for Spark."""
+
+    def __init__(
+        self,
+        start: SparkStart,
+        make: Callable[[Any], BatchRunner],
+        *,
+        exact_batches: bool = False,
+    ) -> None:
+        self.start = start
+        self.make = make
+        self.exact_batches = exact_batches
+        self._runner: BatchRunner | None = None
+
+    @property
+    def runner(self) -> BatchRunner:
+        if self._runner is None:
+            self._runner = self.make(self.start.session())
+        return self._runner
+
+    def executors(self) -> Any:
+        executors = getattr(self.runner, "executors", None)
+        return None if executors is None else executors()
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        return self.runner(batch, plans)
+
+
+def start_job(
+    config: Config,
+    master: str | None,
+    make_runner: Callable[[Any], BatchRunner],
+    *,
+    exact_batches: bool = False,
+    listener: Listener | None = None,
+) -> tuple[JobCoordinator, SparkStart]:
+    """A started job coordinator whose runner comes from a Spark session starting meanwhile;
+    in local mode every task's state is established before this returns. The caller runs the
+    coordinator, then closes it and stops the session."""
+    start = SparkStart(config, master)
+    runner = DeferredRunner(start, make_runner, exact_batches=exact_batches)
+    coordinator = JobCoordinator(config, runner, listener=listener)
+    try:
+        coordinator.start()
+        if start.local and config.get_bool("job.restore.while.spark.starts", True):
+            coordinator.restore_ahead(InlineRunner())
+    except BaseException:
+        coordinator.close()
+        start.stop()
+        raise
+    return coordinator, start

@@ -1,0 +1,150 @@
+"""Starting a job while Spark starts: the driver restores every task's state ahead of the first
+batch in local mode, and the first batch keeps it (no Spark here: a stand-in session)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.runtime import launch
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from tests.conftest import pageviews_config
+from tests.helpers import committed_counts, generate
+
+
+class Recording:
+    """The job's runner: the executor code in this process, keeping every batch's results."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[TaskBatchResult]] = []
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        results = InlineRunner()(batch, plans)
+        self.batches.append(results)
+        return results
+
+    def restored_tasks(self) -> set[str]:
+        return {r.task for results in self.batches for r in results if r.restored}
+
+
+class Session:
+    """Stands in for a Spark session: released by the test, stopped at most once."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def lost_host(tmp_path: Path, **overrides: str) -> tuple[Config, dict[str, int]]:
+    """A job that ran to its end, then lost its state directory, with 500 more views waiting;
+    the counts it must end with."""
+    changelog = {"stores.user-counts.changelog": "filelog.user-counts-changelog"}
+    config = load_config(None, pageviews_config(tmp_path, **changelog, **overrides))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 1500, seed=5)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    shutil.rmtree(config.store_base_dir)
+    expected += generate(config, tmp_path / "job.yaml", 500, seed=6)
+    return config, dict(expected)
+
+
+def test_state_restored_ahead_is_kept_by_the_first_batch(tmp_path: Path) -> None:
+    config, expected = lost_host(tmp_path)
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    report = coordinator.restore_ahead(InlineRunner())
+    assert report is not None
+    assert {task for task, _ in report.restored} == set(coordinator.tasks)
+    assert all(stats.source == "changelog" for _, stats in report.restored)
+    assert runner.batches == []
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()
+    assert committed_counts(config) == expected
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Session:
+    fake = Session()
+
+    def spark_session(config: Config, master: str | None = None) -> Session:
+        assert fake.ready.wait(30), "the test never released the session"
+        return fake
+
+    monkeypatch.setattr(launch, "spark_session", spark_session)
+    return fake
+
+
+def test_a_local_job_restores_before_spark_has_started(tmp_path: Path, session: Session) -> None:
+    config, expected = lost_host(tmp_path)
+    runner = Recording()
+    made: list[Any] = []
+
+    def make(spark: Any) -> Recording:
+        made.append(spark)
+        return runner
+
+    coordinator, start = launch.start_job(config, "local[2]", make)
+    assert made == []  # the session is still starting: the state was restored without it
+    restored = {p.parent.name for p in config.store_base_dir.glob("*/user-counts")}
+    assert len(restored) == 4
+    session.ready.set()
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    start.stop()
+    assert made == [session]
+    assert session.stopped == 1
+    assert runner.restored_tasks() == set()  # no batch restored: the state was current
+    assert committed_counts(config) == expected
+
+
+@pytest.mark.parametrize(
+    ("master", "overrides"),
+    [
+        ("spark://127.0.0.1:7077", {}),  # a cluster: the state belongs on the executors
+        ("local[2]", {"job.restore.while.spark.starts": "false"}),
+    ],
+)
+def test_the_executors_restore_on_a_cluster_or_when_turned_off(
+    tmp_path: Path, session: Session, master: str, overrides: dict[str, str]
+) -> None:
+    config, expected = lost_host(tmp_path, **overrides)
+    runner = Recording()
+    session.ready.set()
+    coordinator, start = launch.start_job(config, master, lambda _spark: runner)
+    assert not list(config.store_base_dir.glob("*/user-counts"))
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    start.stop()
+    assert len(runner.restored_tasks()) == 4
+    assert committed_counts(config) == expected
+
+
+def test_a_spark_that_fails_to_start_fails_the_first_batch_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, _ = lost_host(tmp_path)
+
+    def spark_session(config: Config, master: str | None = None) -> Any:
+        raise RuntimeError("JAVA_HOME is not set")
+
+    monkeypatch.setattr(launch, "spark_session", spark_session)
+    coordinator, start = launch.start_job(config, "local[2]", lambda _spark: InlineRunner())
+    with pytest.raises(RuntimeError, match="JAVA_HOME is not set"):
+        coordinator.run(until_caught_up=True)
+    coordinator.close()
+    start.stop()  # nothing to stop, and no second error
