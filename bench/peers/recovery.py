@@ -364,26 +364,23 @@ def bytewax_recovery(
     return _peer_row("bytewax", "its SQLite recovery store", build_s, row, written)
 
 
-def _changelog_bytes(bootstrap: str) -> int:
-    """Bytes of key and value in every Quix changelog topic on the broker."""
+def _changelog_bytes(bootstrap: str, since: dict[tuple[str, int], int] | None = None) -> Any:
+    """Bytes of key and value in Quix's changelog topics after the offsets ``since`` (each
+    partition's end, when None: nothing is read), and the ends now."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "bench-peers-size",
-            "enable.auto.commit": False,
-        }
-    )
+    settings = {"bootstrap.servers": bootstrap, "group.id": "size", "enable.auto.commit": False}
+    consumer = Consumer(settings)
     try:
+        ends, total = {}, 0
         topics = [t for t in consumer.list_topics(timeout=30).topics if t.startswith("changelog")]
-        total = 0
         for topic in topics:
             meta = consumer.list_topics(topic, timeout=30).topics[topic]
             for p in meta.partitions:
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-                consumer.assign([TopicPartition(topic, p, low)])
-                seen = low
+                ends[(topic, p)] = high
+                seen = high if since is None else max(low, since.get((topic, p), low))
+                consumer.assign([TopicPartition(topic, p, seen)])
                 while seen < high:
                     batch = consumer.consume(1000, timeout=5)
                     if not batch:
@@ -392,7 +389,7 @@ def _changelog_bytes(bootstrap: str) -> int:
                         if msg.error() is None:
                             total += len(msg.key() or b"") + len(msg.value() or b"")
                             seen = msg.offset() + 1
-        return total
+        return total, ends
     finally:
         consumer.close()
 
@@ -428,14 +425,14 @@ def quix_recovery(
             group.close()
         build.kill()
         build_s = time.time() - t0
-        before = _changelog_bytes(broker.bootstrap)
+        _, ends = _changelog_bytes(broker.bootstrap)
         shutil.rmtree(work / "state")  # the host is gone; the changelog topics are not
         step("prepare", "2", 0).finish(600)
         started = time.time()
         resume = step("run", "2", NEW_VIEWS)
         row = _catch_up(resume, work, wanted, started)
         resume.finish(RESUME_TIMEOUT_S)
-        written = _changelog_bytes(broker.bootstrap) - before
+        written, _ = _changelog_bytes(broker.bootstrap, since=ends)
     return _peer_row("quixstreams", "changelog topics", build_s, row, written)
 
 
