@@ -287,6 +287,17 @@ def _copy_phase(data: Path, phase: str, into: Path, prefix: str) -> None:
         shutil.copy(f, into / f"{prefix}{f.name}")
 
 
+def _file_job(
+    python: str, script: str, data: Path, work: Path, args: argparse.Namespace
+) -> tuple[Path, list[str]]:
+    """A fresh ``work`` whose ``input`` folder holds the first phase's files, for a peer that
+    reads files; the folder and the command that runs the peer on it."""
+    _fresh(work)
+    inbox = work / "input"
+    _copy_phase(data, "1", inbox, "")
+    return inbox, [python, str(HERE / script), *_common(inbox, work, args, 0)]
+
+
 def _peer_row(
     name: str, kept: str, build_s: float, row: dict[str, float], written: int
 ) -> dict[str, Any]:
@@ -304,10 +315,7 @@ def _peer_row(
 def flink_recovery(
     python: str, data: Path, work: Path, args: argparse.Namespace, wanted: Counter[str]
 ) -> dict[str, Any]:
-    _fresh(work)
-    inbox = work / "input"
-    _copy_phase(data, "1", inbox, "")
-    cmd = [python, str(HERE / "flink_job.py"), *_common(inbox, work, args, 0)]
+    inbox, cmd = _file_job(python, "flink_job.py", data, work, args)
     out, checkpoints = work / "out", work / "checkpoints"
     committed: dict[Path, int] = {}
 
@@ -346,10 +354,7 @@ def flink_recovery(
 def bytewax_recovery(
     python: str, data: Path, work: Path, args: argparse.Namespace, wanted: Counter[str]
 ) -> dict[str, Any]:
-    _fresh(work)
-    inbox = work / "input"
-    _copy_phase(data, "1", inbox, "")
-    cmd = [python, str(HERE / "bytewax_job.py"), *_common(inbox, work, args, 0)]
+    inbox, cmd = _file_job(python, "bytewax_job.py", data, work, args)
     t0 = time.time()
     Job(cmd, work).finish(BUILD_TIMEOUT_S)  # a bounded source: it stops at the end of the files
     build_s = time.time() - t0

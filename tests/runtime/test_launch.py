@@ -3,6 +3,7 @@ batch in local mode, and the first batch keeps it (no Spark here: a stand-in ses
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from sparkpoint.config import Config, load_config
 from sparkpoint.runtime import launch
 from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
@@ -148,3 +149,33 @@ def test_a_spark_that_fails_to_start_fails_the_first_batch_with_its_error(
         coordinator.run(until_caught_up=True)
     coordinator.close()
     start.stop()  # nothing to stop, and no second error
+
+
+@pytest.mark.parametrize(
+    ("master", "cores"),
+    [("local[3]", 3), ("local", 1), ("local[*]", os.cpu_count() or 1), ("local[2,4]", 2)],
+)
+def test_the_driver_restores_with_as_many_processes_as_local_spark_has_cores(
+    master: str, cores: int, session: Session, tmp_path: Path
+) -> None:
+    session.ready.set()
+    config = load_config(None, pageviews_config(tmp_path))
+    assert launch.SparkStart(config, master).local_cores == cores
+
+
+def test_a_pool_of_processes_restores_what_the_tasks_would_restore_in_process(
+    tmp_path: Path,
+) -> None:
+    config, expected = lost_host(tmp_path)
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    report = coordinator.restore_ahead(LocalPoolRunner(2))
+    assert report is not None
+    restored = sorted((task, stats.source, stats.entries) for task, stats in report.restored)
+    assert [t for t, _s, _e in restored] == sorted(coordinator.tasks)
+    assert {s for _t, s, _e in restored} == {"changelog"}
+    assert all(entries > 0 for _t, _s, entries in restored)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()  # the state the pool restored was kept
+    assert committed_counts(config) == expected

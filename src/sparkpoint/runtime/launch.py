@@ -5,9 +5,10 @@ on a background thread, and meanwhile the driver does the job's own start-up (me
 checkpoints, startpoints). In local mode the driver shares the executors' disk, so it also
 restores every task's state in that time
 (:meth:`~sparkpoint.runtime.coordinator.JobCoordinator.restore_ahead`). That runs the same
-executor code in this process, one task after another, and changes no checkpoint: the first
-batch finds the state current and keeps it. A restart after losing the state directory is
-then back in about the longer of the restore and Spark's start, not their sum.
+executor code, in as many local processes as Spark has cores (``local[N]``), and changes no
+checkpoint: the first batch finds the state current and keeps it. A restart after losing the
+state directory is then back in about the longer of the restore and Spark's start, not their
+sum.
 
 On a cluster the state belongs on the executors' hosts, so the driver does not restore; the
 first batch waits for the session. ``job.restore.while.spark.starts=false`` turns the restore
@@ -17,13 +18,15 @@ off in local mode too.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.inline import LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_session
 
@@ -51,6 +54,14 @@ class SparkStart:
     @property
     def local(self) -> bool:
         return self.master.startswith("local")
+
+    @property
+    def local_cores(self) -> int:
+        """The cores of a local master: ``local[N]`` N, ``local[*]`` this machine's, ``local`` 1."""
+        m = re.match(r"local\[(\d+|\*)", self.master)
+        if m is None:
+            return 1
+        return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
 
     def session(self) -> Any:
         """The session, once started; Spark's own error if it failed to start."""
@@ -113,7 +124,7 @@ def start_job(
     try:
         coordinator.start()
         if start.local and config.get_bool("job.restore.while.spark.starts", True):
-            coordinator.restore_ahead(InlineRunner())
+            coordinator.restore_ahead(LocalPoolRunner(start.local_cores))
     except BaseException:
         coordinator.close()
         start.stop()
