@@ -12,14 +12,18 @@ from typing import Any
 import pytest
 
 from sparkpoint.config import Config, load_config
+from sparkpoint.model import TaskName
 from sparkpoint.runtime import launch
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
 from tests.helpers import committed_counts, generate
+
+CHANGELOG = {"stores.user-counts.changelog": "filelog.user-counts-changelog"}
 
 
 class Recording:
@@ -51,8 +55,7 @@ class Session:
 def lost_host(tmp_path: Path, **overrides: str) -> tuple[Config, dict[str, int]]:
     """A job that ran to its end, then lost its state directory, with 500 more views waiting;
     the counts it must end with."""
-    changelog = {"stores.user-counts.changelog": "filelog.user-counts-changelog"}
-    config = load_config(None, pageviews_config(tmp_path, **changelog, **overrides))
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG, **overrides))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
     expected = generate(config, tmp_path / "job.yaml", 1500, seed=5)
     coordinator = JobCoordinator(config, InlineRunner())
@@ -179,3 +182,35 @@ def test_a_pool_of_processes_restores_what_the_tasks_would_restore_in_process(
     coordinator.close()
     assert runner.restored_tasks() == set()  # the state the pool restored was kept
     assert committed_counts(config) == expected
+
+
+class Keeping:
+    """Keeps the results the restore ahead's runner returns."""
+
+    def __init__(self, runner: launch.RestoreRunner) -> None:
+        self.runner = runner
+        self.results: list[TaskBatchResult] = []
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        self.results = self.runner(batch, plans)
+        return self.results
+
+
+def test_only_the_tasks_that_lost_their_state_restore_in_other_processes(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 1500, seed=7)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    lost = {"Partition 0", "Partition 2"}
+    for task in lost:
+        shutil.rmtree(LocalTaskState(config.store_base_dir, TaskName(task)).dir)
+    coordinator = JobCoordinator(config, Recording())
+    keeping = Keeping(launch.RestoreRunner(2))
+    coordinator.restore_ahead(keeping)
+    coordinator.close()
+    here = f":{os.getpid()}"
+    assert {r.task for r in keeping.results if not r.executor.endswith(here)} == lost
+    assert {r.task for r in keeping.results if r.restored} == lost
+    assert committed_counts(config) == dict(expected)

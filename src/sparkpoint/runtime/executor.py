@@ -371,6 +371,12 @@ def setup_worker_logging(config: Mapping[str, str]) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def state_is_current(plan: TaskBatchPlan) -> bool:
+    """Whether the task's local state is the one ``plan`` expects (its batch would keep the
+    live stores, restoring nothing); changes nothing."""
+    return TaskBatch(plan).storage.is_current(plan.expected_state_id)
+
+
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:
     """Run one task's micro-batch (called inside a Spark Python worker)."""
     setup_worker_logging(plan.config)

@@ -26,7 +26,8 @@ from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
-from sparkpoint.runtime.inline import LocalPoolRunner
+from sparkpoint.runtime.executor import state_is_current
+from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_session
 
@@ -77,6 +78,20 @@ class SparkStart:
             self._session.stop()
 
 
+class RestoreRunner:
+    """The restore ahead's runner: tasks whose local state is current (a restart on the same
+    host, a new job) in this process, the others in a pool of up to ``workers`` processes
+    (spawning one costs more than keeping a store)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        stale = [p for p in plans if not state_is_current(p)]
+        current = [p for p in plans if p not in stale]
+        return InlineRunner()(batch, current) + LocalPoolRunner(self.workers)(batch, stale)
+
+
 class DeferredRunner:
     """A batch runner made from the Spark session on first use: the job's start-up and
     :meth:`JobCoordinator.restore_ahead` run before anything waits for Spark."""
@@ -124,7 +139,7 @@ def start_job(
     try:
         coordinator.start()
         if start.local and config.get_bool("job.restore.while.spark.starts", True):
-            coordinator.restore_ahead(LocalPoolRunner(start.local_cores))
+            coordinator.restore_ahead(RestoreRunner(start.local_cores))
     except BaseException:
         coordinator.close()
         start.stop()

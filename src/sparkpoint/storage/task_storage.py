@@ -132,7 +132,7 @@ class TaskStorage:
         way: the stores are about to change."""
         marker = self.local.read_marker()
         missing = self._missing_stores()
-        if marker == expected_state_id and self._memory_stores_hold(marker) and not missing:
+        if self.is_current(expected_state_id):
             for store in self.config.stores:
                 cached = _MEMORY.get((self.task.name.name, store))
                 self.engines[store] = cached[1] if cached else self._open_engine(store)
@@ -164,6 +164,15 @@ class TaskStorage:
             self.config, self.systems, self.task, self.local, self.last_checkpoint, openers
         ).run()
         return False
+
+    def is_current(self, expected_state_id: str) -> bool:
+        """Whether :meth:`open` would keep the live stores: the local marker names
+        ``expected_state_id`` and every store is there. Changes nothing."""
+        return (
+            self.local.read_marker() == expected_state_id
+            and self._memory_stores_hold(expected_state_id)
+            and not self._missing_stores()
+        )
 
     def open_live(self, stores: Iterable[str] | None = None) -> None:
         """Open ``stores`` (all by default) as they are on disk, without checking the marker:
