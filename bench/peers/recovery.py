@@ -486,6 +486,8 @@ def run_all(
             flush=True,
         )
         rows.append(row)
+        # kept as it goes: a later variant that hangs or fails loses none of the rows before it
+        (args.out / "peers-recovery.json").write_text(json.dumps(rows, indent=2))
     shutil.rmtree(data, ignore_errors=True)
     os.sync()
     if failures:

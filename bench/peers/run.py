@@ -20,7 +20,8 @@ topic, the files) is untimed; a variant's time runs from its process start (Spar
 session or framework start-up included) to the end of its last view. Each variant runs
 ``--runs`` times, interleaved in rotating order; the median and range are reported with the
 machine's load average around each run. Outputs: ``bench/out/peers.md`` (a markdown table),
-``bench/out/peers.json`` and ``bench/out/peers-throughput.png``.
+``bench/out/peers.json``, ``bench/out/peers-throughput.png`` and, with the recovery figure
+(``recovery.py``), ``bench/out/peers-recovery.png``.
 
 Usage: ``make bench-peers`` or ``.venv/bin/python bench/peers/run.py [--events N] [--runs R]
 [--only a,b] [--skip a,b]``.
@@ -323,7 +324,12 @@ def report(
     everything = {"taken": when, "rows": rows, "recovery": recovery_rows}
     (args.out / "peers.json").write_text(json.dumps(everything, indent=2))
     print("\n" + text)
-    plot(args.out / "peers-throughput.png", rows, f"{args.events:,} page views, {when}")
+    if args.runs:
+        plot(args.out / "peers-throughput.png", rows, f"{args.events:,} page views, {when}")
+    done = [r for r in recovery_rows if r["variant"] != "failed"]
+    if done:
+        title = f"{args.recovery_users:,} users' state lost, 10,000 new views; {when}"
+        plot_recovery(args.out / "peers-recovery.png", done, title)
 
 
 def recovery_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
@@ -388,6 +394,30 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("events/s end to end (median of runs, range as error bar)")
     ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def plot_recovery(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """Seconds from the restart to the first new output and to caught up, per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
+    names = [r["variant"] for r in rows]
+    ax.barh(names, [r["caught_up_s"] for r in rows], color="#adb5bd", label="caught up")
+    colors = ["#d9480f" if n.startswith("sparkpoint") else "#495057" for n in names]
+    ax.barh(names, [r["first_output_s"] for r in rows], color=colors, label="first new output")
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(left=1)
+    ax.set_xlabel("seconds from the restart (log scale)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
