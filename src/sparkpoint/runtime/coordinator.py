@@ -458,11 +458,13 @@ class JobCoordinator:
         wait: bool = False,
         batch_id: int | None = None,
         clean_up_only: bool = False,
+        logged: bool = True,
     ) -> tuple[BatchReport, list[TaskBatchResult]]:
         """One micro-batch; ``wait`` makes tasks finish their uploads before returning.
-        ``batch_id`` replays a logged batch under its old id."""
+        ``batch_id`` replays a logged batch under its old id; ``logged=False`` keeps the batch
+        out of the batch log."""
         self._batch = self._batch + 1 if batch_id is None else batch_id
-        if self.batch_log is not None:
+        if self.batch_log is not None and logged:
             self.batch_log.record(self._batch, end)
         locations = self._place()
         plans = self._plans(end, commit=commit, window=window, wait=wait, locations=locations)
@@ -648,7 +650,11 @@ class JobCoordinator:
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
         saved, self.runner = self.runner, runner
         try:
-            report, _ = self.run_batch(end, commit=False, clean_up_only=True)
+            # under the last batch's id, unlogged: the first batch that reads is still the
+            # next id, as it is without this pass
+            report, _ = self.run_batch(
+                end, commit=False, clean_up_only=True, batch_id=self._batch, logged=False
+            )
         finally:
             self.runner = saved
         if self.listener:
