@@ -461,10 +461,11 @@ def run_all(
     wanted = _expected_new(expected, data)
     rows = []
     failures = []
-    runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+    runs: list[tuple[str, Path, Callable[[Path], dict[str, Any]]]] = [
         (
             f"sparkpoint ({m})",
-            lambda m=m: sparkpoint_recovery(m, data, scratch / f"recovery-{m}", args, wanted),
+            scratch / f"recovery-{m}",
+            lambda work, m=m: sparkpoint_recovery(m, data, work, args, wanted),
         )
         for m in MODES
     ]
@@ -473,18 +474,18 @@ def run_all(
         runs.append(
             (
                 name,
-                lambda r=runner, p=python, n=name: r(
-                    p, data, scratch / f"recovery-{n}", args, wanted
-                ),
+                scratch / f"recovery-{name}",
+                lambda work, r=runner, p=python: r(p, data, work, args, wanted),
             )
         )
-    for name, run in runs:
+    for name, work, run in runs:
         try:
-            row = run()
-        except RecoveryError as exc:
+            row = run(work)
+        except RecoveryError as exc:  # its work directory (and log) stays for a look
             failures.append(f"{name}: {exc}")
             print(f"recovery: {name} failed: {exc}", flush=True)
             continue
+        shutil.rmtree(work, ignore_errors=True)  # gigabytes per variant: gone once measured
         print(
             f"recovery: {row['variant']:28s} first new output {row['first_output_s']:6.1f} s, "
             f"caught up {row['caught_up_s']:6.1f} s (build {row['build_s']:.0f} s)",
