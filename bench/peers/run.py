@@ -249,15 +249,18 @@ def main() -> None:
                 flush=True,
             )
     recovery_rows = []
+    fatal = False
     if args.recovery_users:
         import recovery
 
         pythons = {v.name: python_of(v.env) for v in chosen if v.name in recovery.PEERS}
         recovery_rows = recovery.run_all(args, scratch, PARTITIONS, pythons)
-        failed = failed or any(r["variant"] == "failed" for r in recovery_rows)
+        fatal = any(r["variant"] == "failed" and r["fatal"] for r in recovery_rows)
     report(args, chosen, runs, recovery_rows)
     if failed:
         raise SystemExit("final counts were wrong (see above)")
+    if fatal:
+        raise SystemExit("a recovery run restored wrong counts, or sparkpoint's failed (see above)")
     if any(r.errors for r in runs.values()):
         raise SystemExit("some variants failed to run (see above)")
 
