@@ -16,6 +16,7 @@ with ``--set`` (or with no job file) to the current directory.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import os
 import re
@@ -44,7 +45,13 @@ class ConfigKey:
 
     @property
     def regex(self) -> re.Pattern[str]:
-        return re.compile("^" + re.escape(self.pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
+        return _pattern_regex(self.pattern)
+
+
+@functools.cache
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A key pattern as a regex, built once per pattern (key lookups run in every batch)."""
+    return re.compile("^" + re.escape(pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
 
 
 #: what a serde key allows: the built-in serdes, or one registered in config
