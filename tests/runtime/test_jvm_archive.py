@@ -37,13 +37,15 @@ class _Started(Exception):
         self.conf = conf
 
 
-def _driver_options(monkeypatch: pytest.MonkeyPatch, archive: Path, **config: str) -> str:
+def _driver_options(
+    monkeypatch: pytest.MonkeyPatch, archive: Path, master: str = "local[2]", **config: str
+) -> str:
     from pyspark.sql import SparkSession
 
     monkeypatch.setattr(jvm_archive, "archive_path", lambda: archive)
     monkeypatch.setattr(SparkSession, "builder", _Builder())
     with pytest.raises(_Started) as started:
-        spark.spark_session(Config({"job.name": "j", **config}), "local[2]")
+        spark.spark_session(Config({"job.name": "j", **config}), master)
     return started.value.conf["spark.driver.extraJavaOptions"]
 
 
@@ -58,6 +60,18 @@ def test_the_driver_maps_the_archive_only_when_there_is_one(
     assert "-Dlog4j2.configurationFile=" in options  # what was there stays
     off = _driver_options(monkeypatch, archive, **{"job.spark.class.archive": "false"})
     assert "SharedArchiveFile" not in off
+
+
+def test_a_local_driver_jvm_starts_with_the_quick_jit_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    archive = tmp_path / "none.jsa"
+    assert spark.QUICK_JIT in _driver_options(monkeypatch, archive).split()
+    off = _driver_options(monkeypatch, archive, **{"job.spark.driver.quick.jit": "false"})
+    assert spark.QUICK_JIT not in off
+    cluster = _driver_options(monkeypatch, archive, master="spark://127.0.0.1:7077")
+    assert spark.QUICK_JIT not in cluster  # a cluster's driver keeps C2
+    assert "-Dlog4j2.configurationFile=" in cluster
 
 
 @pytest.mark.skipif(not os.environ.get("CI"), reason="the install check is for CI's fresh set-up")

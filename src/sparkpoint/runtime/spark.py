@@ -47,6 +47,11 @@ _ERRORS: dict[str, type[SparkpointError]] = {
 DEFAULT_MASTER = "local[*,4]"
 
 
+#: the local driver JVM's quick start: the C1 compiler only (the start-up is mostly
+#: interpreted and C1-compiled code; C2's optimised code pays off in long JVM-heavy work)
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
 #: on a cluster (host affinity, docs/host-affinity.md): start once every executor asked for
 #: (spark.cores.max) has registered, so the first placement is balanced; and let a task wait
 #: for its executor's free core rather than restore elsewhere after Spark's default 3 s
@@ -75,6 +80,8 @@ def spark_session(config: Config, master: str | None = None) -> Any:
     java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
     if config.get_bool("job.spark.class.archive", True):
         java_options = f"{java_options} {jvm_archive.java_options()}".strip()
+    if master.startswith("local") and config.get_bool("job.spark.driver.quick.jit", True):
+        java_options = f"{java_options} {QUICK_JIT}"
     defaults = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
