@@ -146,7 +146,7 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
         coordinator.run(until_caught_up=not forever)
     finally:
         coordinator.close()
-        spark.stop()
+        spark.stop(wait=False)  # the process exits next
 
 
 def main() -> None:

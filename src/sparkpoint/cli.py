@@ -179,7 +179,7 @@ def run(
         coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
     finally:
         coordinator.close()
-        spark.stop()
+        spark.stop(wait=False)  # the process exits next
 
 
 @stream_app.command("create")

@@ -157,6 +157,40 @@ def test_a_spark_that_fails_to_start_fails_the_first_batch_with_its_error(
     start.stop()  # nothing to stop, and no second error
 
 
+class SlowStop:
+    """A session whose stop takes a while (as pyspark's does, up to a second)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        assert self.release.wait(30)
+        self.stopped.set()
+
+
+def test_a_stop_without_waiting_returns_at_once_and_still_stops_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slow = SlowStop()
+    monkeypatch.setattr(launch, "spark_session", lambda config, master=None: slow)
+    start = launch.SparkStart(Config({"job.name": "j"}), "local[2]")
+    start.session()
+    start.stop(wait=False)
+    assert not slow.stopped.is_set()  # returned while the session was still stopping
+    slow.release.set()
+    assert slow.stopped.wait(30)
+
+
+def test_a_stop_waits_for_the_session_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = SlowStop()
+    monkeypatch.setattr(launch, "spark_session", lambda config, master=None: slow)
+    start = launch.SparkStart(Config({"job.name": "j"}), "local[2]")
+    threading.Timer(0.2, slow.release.set).start()
+    start.stop()
+    assert slow.stopped.is_set()
+
+
 @pytest.mark.parametrize(
     ("master", "cores"),
     [("local[3]", 3), ("local", 1), ("local[*]", os.cpu_count() or 1), ("local[2,4]", 2)],

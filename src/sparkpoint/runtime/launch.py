@@ -71,11 +71,21 @@ class SparkStart:
             raise self._error
         return self._session
 
-    def stop(self) -> None:
-        """Stop the session (waiting for it to finish starting first)."""
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the session (waiting for it to finish starting first).
+
+        ``wait=False`` is for a process about to exit: the stop runs on a daemon thread.
+        pyspark's stop holds its caller for up to a second after the JVM has stopped (its
+        accumulator server polls a socket once a second), and a JVM whose stop is cut short
+        still stops cleanly: it exits, running Spark's shutdown hooks, when its Python parent's
+        pipe closes."""
         self._thread.join()
-        if self._session is not None:
+        if self._session is None:
+            return
+        if wait:
             self._session.stop()
+            return
+        threading.Thread(target=self._session.stop, name="spark-stop", daemon=True).start()
 
 
 class RestoreRunner:
