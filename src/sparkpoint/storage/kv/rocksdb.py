@@ -68,7 +68,10 @@ class RocksDBEngine(KeyValueEngine):
         return self._db
 
     def get(self, key: bytes) -> bytes | None:
-        value = self._d().get(key)
+        db = self._db
+        if db is None:
+            raise StoreError(f"store {self.name}: used after close")
+        value = db.get(key)  # raw mode: bytes or None
         return None if value is None else bytes(value)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:

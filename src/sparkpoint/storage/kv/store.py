@@ -69,6 +69,9 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         self.engine = engine
         self._ks = key_serde
         self._vs = msg_serde
+        self._to_key = key_serde.to_bytes  # bound once: get and put run once per message
+        self._to_value = msg_serde.to_bytes
+        self._from_value = msg_serde.from_bytes
         self.metrics = StoreMetrics()
         self._limit = write_buffer
         self._keep = _IMMUTABLE if type(msg_serde) in _EXACT else frozenset()
@@ -92,7 +95,7 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
     def _decode(self, data: bytes | None) -> V | None:
         if data is None:
             return None
-        value: V = self._vs.from_bytes(data)
+        value: V = self._from_value(data)
         return value
 
     def _buffered(self, hit: tuple[Any, bytes | None]) -> V | None:
@@ -102,12 +105,20 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
 
     def get(self, key: K) -> V | None:
         self.metrics.gets += 1
-        kb = self._key(key, "get")
+        try:
+            kb = self._to_key(key)
+        except (TypeError, ValueError):
+            kb = self._key(key, "get")  # raises, naming the store
         if self._pending:
             hit = self._pending.get(kb)
             if hit is not None:
-                return self._buffered(hit)
-        return self._decode(self.engine.get(kb))
+                value, data = hit
+                return self._decode(data) if value is _DECODE else value
+        data = self.engine.get(kb)
+        if data is None:
+            return None
+        found: V = self._from_value(data)
+        return found
 
     def get_all(self, keys: Sequence[K]) -> list[V | None]:
         self.metrics.gets += len(keys)
@@ -127,7 +138,10 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         return out
 
     def put(self, key: K, value: V) -> None:
-        kb, vb = self._key(key, "put"), self._value(value, "put")
+        try:
+            kb, vb = self._to_key(key), self._to_value(value)
+        except (TypeError, ValueError):
+            kb, vb = self._key(key, "put"), self._value(value, "put")  # raises, naming the store
         self.metrics.puts += 1
         self.metrics.bytes_written += len(kb) + len(vb)
         if not self._limit:

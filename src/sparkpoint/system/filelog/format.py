@@ -9,7 +9,10 @@ and running-max timestamps both increase along the index, so both are found by b
 
 from __future__ import annotations
 
+import array
+import mmap
 import struct
+import sys
 import zlib
 from collections.abc import Iterable
 
@@ -21,6 +24,8 @@ BODY = struct.Struct(">qqii")
 INDEX = struct.Struct(">qQq")
 HEADER_SIZE = HEADER.size
 INDEX_SIZE = INDEX.size
+MIN_TIMESTAMP = -(2**63)
+assert INDEX_SIZE == 3 * array.array("q").itemsize  # index_offsets reads entries as 3 int64s
 
 
 class FormatError(Exception):
@@ -46,14 +51,18 @@ def encode(offset: int, key: bytes | None, value: bytes | None, timestamp: int) 
 
 
 def encode_many(
-    first_offset: int, records: Iterable[tuple[bytes | None, bytes | None, int]]
-) -> tuple[bytes, list[tuple[int, int, int]]]:
-    """Records numbered from ``first_offset``; returns the bytes and (offset, rel. pos, ts)."""
+    first_offset: int,
+    records: Iterable[tuple[bytes | None, bytes | None, int]],
+    base: int = 0,
+    max_ts: int = MIN_TIMESTAMP,
+) -> tuple[bytes, bytes, int]:
+    """Records numbered from ``first_offset``, to be written at byte ``base`` of the log after
+    records whose largest timestamp is ``max_ts``: (log bytes, index bytes, records)."""
     parts: list[bytes] = []
-    entries: list[tuple[int, int, int]] = []
-    add, note = parts.append, entries.append
-    pack_body, pack_header, crc32 = BODY.pack, HEADER.pack, zlib.crc32
-    pos = 0
+    index: list[bytes] = []
+    add, note = parts.append, index.append
+    pack_body, pack_header, pack_index, crc32 = BODY.pack, HEADER.pack, INDEX.pack, zlib.crc32
+    pos = base
     offset = first_offset
     for key, value, ts in records:  # encode(), inlined: this runs once per record written
         k = b"" if key is None else key
@@ -62,10 +71,21 @@ def encode_many(
         body = body + k + v
         add(pack_header(MAGIC, crc32(body), len(body)))
         add(body)
-        note((offset, pos, ts))
+        if ts > max_ts:
+            max_ts = ts
+        note(pack_index(offset, pos, max_ts))
         pos += HEADER_SIZE + len(body)
         offset += 1
-    return b"".join(parts), entries
+    return b"".join(parts), b"".join(index), offset - first_offset
+
+
+def index_offsets(raw: bytes | mmap.mmap) -> list[int]:
+    """The offsets of whole index entries ``raw``, in one pass in C."""
+    entries = array.array("q")
+    entries.frombytes(raw)
+    if sys.byteorder == "little":
+        entries.byteswap()  # the index is big-endian
+    return entries[0::3].tolist()
 
 
 def record_size_at(buf: bytes | memoryview, pos: int) -> int:

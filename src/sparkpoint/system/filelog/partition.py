@@ -59,8 +59,7 @@ class _Index(Sequence[tuple[int, int, int]]):
 
     def offsets(self, i: int, j: int) -> list[int]:
         """The offsets of entries ``i`` to ``j - 1``, read in one pass."""
-        raw = self._data[i * fmt.INDEX_SIZE : j * fmt.INDEX_SIZE]
-        return [entry[0] for entry in fmt.INDEX.iter_unpack(raw)]
+        return fmt.index_offsets(self._data[i * fmt.INDEX_SIZE : j * fmt.INDEX_SIZE])
 
     def first_at_or_after(self, offset: int) -> int:
         """Index position of the first record with an offset >= ``offset``."""
@@ -287,21 +286,18 @@ class PartitionLog:
         with self._locked():
             log_path, index_path = self._files()
             next_offset, max_ts = self._recover(log_path, index_path)
-            data, entries = fmt.encode_many(next_offset, records)
             with open(log_path, "ab") as log_file:
-                base = log_file.tell()
+                data, index_bytes, n = fmt.encode_many(
+                    next_offset, records, log_file.tell(), max_ts
+                )
                 log_file.write(data)
                 log_file.flush()
                 os.fsync(log_file.fileno())
-            index_bytes = bytearray()
-            for offset, rel, ts in entries:
-                max_ts = max(max_ts, ts)
-                index_bytes += fmt.INDEX.pack(offset, base + rel, max_ts)
             with open(index_path, "ab") as index_file:
                 index_file.write(index_bytes)
                 index_file.flush()
                 os.fsync(index_file.fileno())
-            return entries[0][0], entries[-1][0]
+            return next_offset, next_offset + n - 1
 
     def compact(self, up_to: int | None = None) -> tuple[int, int]:
         """Keep only the newest record per key (keyless records are all kept); with ``up_to``,
