@@ -141,6 +141,36 @@ def test_the_executors_restore_on_a_cluster_or_when_turned_off(
     assert committed_counts(config) == expected
 
 
+@pytest.mark.parametrize(("master", "in_driver"), [("local[2]", True), ("spark://h:7077", False)])
+def test_the_last_pass_runs_in_the_driver_in_local_mode_only(
+    tmp_path: Path,
+    session: Session,
+    master: str,
+    in_driver: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, expected = lost_host(tmp_path)
+    runner = Recording()
+    driver = Recording()  # what start_job runs in the driver's process
+    monkeypatch.setattr(launch, "InlineRunner", lambda: driver)
+    session.ready.set()
+    coordinator, start = launch.start_job(config, master, lambda _spark: runner)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    start.stop()
+    last = runner.batches[-1]
+    only_clean_up = all(r.processed == 0 and not r.commit_started for r in last)
+    assert only_clean_up is not in_driver  # in local mode Spark's last batch is one that read
+    after_spark = [b for b in driver.ids if b > max(runner.ids)]
+    assert after_spark == ([max(runner.ids) + 1] if in_driver else [])
+    assert any(r.processed for results in runner.batches for r in results)
+    assert committed_counts(config) == expected
+    # the pass cleaned up after the final checkpoint wherever it ran: one local checkpoint
+    for task_dir in config.store_base_dir.iterdir():
+        checkpoints = list((task_dir / "user-counts.checkpoints").iterdir())
+        assert len(checkpoints) == 1, checkpoints
+
+
 def test_a_spark_that_fails_to_start_fails_the_first_batch_with_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

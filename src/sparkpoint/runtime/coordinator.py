@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -182,6 +182,9 @@ class JobCoordinator:
     ) -> None:
         self.config = config
         self.runner = runner
+        #: a runner in the driver's process for the run's last pass, which reads nothing; set
+        #: when the driver shares the executors' disk (local mode): it saves a Spark job
+        self.local_runner: BatchRunner | None = None
         self.listener = listener
         self.reporters: MetricsReporters | None = None  # started with the job (metrics.reporters)
         self.systems = systems or Systems(config)
@@ -616,7 +619,8 @@ class JobCoordinator:
         # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
         # so a stopped job leaves no superseded local checkpoints or remote snapshots behind
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-        self.run_batch(end, commit=False, clean_up_only=True)
+        with self._running_on(self.local_runner or self.runner):
+            self.run_batch(end, commit=False, clean_up_only=True)
         summary.seconds = time.monotonic() - started
         summary.stopped_by = self.stop_reason
         if self.listener:
@@ -648,18 +652,24 @@ class JobCoordinator:
         if self._replay:
             return None
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
-        saved, self.runner = self.runner, runner
-        try:
+        with self._running_on(runner):
             # under the last batch's id, unlogged: the first batch that reads is still the
             # next id, as it is without this pass
             report, _ = self.run_batch(
                 end, commit=False, clean_up_only=True, batch_id=self._batch, logged=False
             )
-        finally:
-            self.runner = saved
         if self.listener:
             self.listener.on_batch(report)
         return report
+
+    @contextlib.contextmanager
+    def _running_on(self, runner: BatchRunner) -> Iterator[None]:
+        """Run the batches of the block with ``runner`` instead of the job's runner."""
+        saved, self.runner = self.runner, runner
+        try:
+            yield
+        finally:
+            self.runner = saved
 
     def apply_startpoints_now(self) -> BatchReport:
         """Commit every task, fan out the waiting startpoints, and resume from them (no restart)."""

@@ -10,6 +10,9 @@ checkpoint: the first batch finds the state current and keeps it. A restart afte
 state directory is then back in about the longer of the restore and Spark's start, not their
 sum.
 
+In local mode the run's last pass, which reads nothing and cleans up after the final
+checkpoint, also runs in the driver: one Spark job less at the end of a run.
+
 On a cluster the state belongs on the executors' hosts, so the driver does not restore; the
 first batch waits for the session. ``job.restore.while.spark.starts=false`` turns the restore
 off in local mode too.
@@ -146,6 +149,8 @@ def start_job(
     start = SparkStart(config, master)
     runner = DeferredRunner(start, make_runner, exact_batches=exact_batches)
     coordinator = JobCoordinator(config, runner, listener=listener)
+    if start.local:  # the driver shares the executors' disk: the last pass needs no Spark job
+        coordinator.local_runner = InlineRunner()
     try:
         coordinator.start()
         if start.local and config.get_bool("job.restore.while.spark.starts", True):

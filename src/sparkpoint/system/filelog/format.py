@@ -25,7 +25,7 @@ INDEX = struct.Struct(">qQq")
 HEADER_SIZE = HEADER.size
 INDEX_SIZE = INDEX.size
 MIN_TIMESTAMP = -(2**63)
-assert INDEX_SIZE == 3 * array.array("q").itemsize  # index_offsets reads entries as 3 int64s
+assert array.array("q").itemsize * 3 == INDEX_SIZE  # index_offsets reads entries as 3 int64s
 
 
 class FormatError(Exception):
