@@ -89,6 +89,7 @@ def spark_session(config: Config, master: str | None = None) -> Any:
         "spark.speculation": "false",
         "spark.driver.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+        "spark.python.daemon.module": "sparkpoint.runtime.pydaemon",
     }
     if not master.startswith("local"):
         defaults.update(CLUSTER_DEFAULTS)
