@@ -10,7 +10,7 @@ count. :meth:`OutputCollector.flush` returns only when everything sent is durabl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,38 @@ class OutputCollector:
         record = tuple.__new__(Record, ("", key, value, ts))  # Record(...), minus a Python call
         route.producer.send(stream.stream, partition, record)
         self.sent += 1
+
+    def send_many(
+        self, stream: SystemStream, keys: Sequence[Any] | None, messages: Sequence[Any]
+    ) -> None:
+        """Send ``messages`` (with ``keys``, one per message, or no keys) to ``stream``, each
+        placed by its key, as :meth:`send` does one by one: the route is looked up once and
+        the encoders run over the whole batch."""
+        if keys is not None and len(keys) != len(messages):
+            raise ValueError(f"{len(keys)} keys for {len(messages)} messages")
+        route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        key_of, msg_of = route.key, route.msg
+        try:
+            kbs: list[bytes | None] = (
+                [None if k is None else key_of(k) for k in keys]
+                if keys is not None
+                else [None] * len(messages)
+            )
+            vbs = [None if m is None else msg_of(m) for m in messages]
+        except (TypeError, ValueError) as exc:
+            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
+            raise TaskError(error) from exc
+        place, partitions, send, name = (
+            route.place,
+            route.partitions,
+            route.producer.send,
+            stream.stream,
+        )
+        ts = int(time.time() * 1000)
+        new = tuple.__new__
+        for kb, vb in zip(kbs, vbs, strict=True):
+            send(name, place(kb, partitions), new(Record, ("", kb, vb, ts)))
+        self.sent += len(vbs)
 
     def flush(self) -> None:
         for producer in self._producers.values():

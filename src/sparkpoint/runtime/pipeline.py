@@ -231,18 +231,22 @@ class _StreamWriter:
 
         from sparkpoint.runtime.executor import worker_config
         from sparkpoint.runtime.output import OutputCollector
-        from sparkpoint.system.base import OutgoingMessageEnvelope
 
         config, systems = worker_config(self.config)
         task = ""
         collector = OutputCollector(config, systems, TaskName("pipeline-output"))
         try:
             for chunk in chunks:
-                for row in chunk.to_pylist():
-                    task = task or str(row.get("task") or "")
-                    key = None if self.key is None else row[self.key]
-                    message = row if self.value is None else row[self.value]
-                    collector.send(OutgoingMessageEnvelope(self.stream, key, message))
+                if not chunk.num_rows:
+                    continue
+                if not task and "task" in chunk.schema.names:
+                    task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
+                keys = None if self.key is None else chunk.column(self.key).to_pylist()
+                if self.value is None:
+                    messages = chunk.to_pylist()
+                else:
+                    messages = chunk.column(self.value).to_pylist()
+                collector.send_many(self.stream, keys, messages)
             collector.flush()  # durable before the task commits
         finally:
             collector.close()
