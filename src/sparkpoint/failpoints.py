@@ -12,7 +12,9 @@ batch like a dying worker would) or by exiting at once without clean-up (``exit`
 
 Points: ``after-snapshot``, ``after-upload``, ``after-local-checkpoint-write`` (executor, in
 the commit), ``after-checkpoint-write`` (driver, after writing a checkpoint),
-``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored).
+``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored),
+``after-output-flush`` (executor, a DataFrame stream output durable, its task not finished),
+``during-stateful-step`` (executor, after a DataFrame step's output chunk was taken).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ POINTS = (
     "after-checkpoint-write",
     "during-cleanup",
     "during-restore",
+    "after-output-flush",
+    "during-stateful-step",
 )
 
 

@@ -17,7 +17,13 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
 from sparkpoint.runtime.pipeline import ParquetSink
 from tests.e2e.cli import JOB, popen, sp
-from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.helpers import (
+    assert_at_least_once,
+    assert_committed_state_matches_its_offsets,
+    committed_counts,
+    emitted_counts,
+    generate,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +77,34 @@ def test_kill_9_mid_run_then_restart_exact_state_and_parquet_once(tmp_path: Path
     assert_at_least_once(emitted_counts(config), expected)
     want = Counter((str(e["user"]), int(str(e["ts"]))) for e in events(N, 13, 150))
     assert _views(tmp_path / "data" / "enriched-views") == want
+
+
+@pytest.mark.parametrize("point", ["during-stateful-step", "after-output-flush"])
+@pytest.mark.parametrize("pipeline", ["counts_pipeline:job", PIPELINE])
+def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
+    tmp_path: Path, pipeline: str, point: str
+) -> None:
+    """The stream output of the counts runs fused with its step (and, alone, finishes the
+    tasks). A Python worker killed after sending, before its task finished, is retried by
+    Spark: the retry finds the step already ran, drops that batch's progress for the task, and
+    the next batch reads the input again, so state still matches its offsets exactly."""
+    flag = tmp_path / "crash"
+    flag.write_text("2")  # the worker exits (os._exit) the 3rd time it passes the point
+    sets = [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=0",
+        "task.batch.max.messages=500",
+        f"testing.crash.at={point}",
+        f"testing.crash.flag={flag}",
+        "testing.crash.mode=exit",
+    ]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    expected = generate(config, tmp_path / "job.yaml", 6_000, seed=17, users=60)
+    run = sp("run", pipeline, "--until-caught-up", "-v", *set_args, timeout=400)
+    assert not flag.exists()  # the worker died once, and the run went on
+    assert "ran before in a failed attempt; the batch's progress is dropped" in run.stderr
+    assert committed_counts(config) == dict(expected)
+    assert_committed_state_matches_its_offsets(config)
+    assert_at_least_once(emitted_counts(config), expected)

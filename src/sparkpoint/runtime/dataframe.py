@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.runtime.plan import TaskBatchPlan
@@ -32,8 +33,9 @@ SCHEMA = (
 class _ReadPlans:
     """``mapInArrow`` function: each pickled plan of the partition -> its task's messages."""
 
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: Any, name: str) -> None:
         self.schema = schema  # the Arrow schema of the batches read_batches yields
+        self.__name__ = name  # pyspark names the UDF after it (its plans show it)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         from sparkpoint.runtime.frame_task import read_batches
@@ -41,6 +43,42 @@ class _ReadPlans:
         for chunk in chunks:
             for raw in chunk.column(0).to_pylist():
                 yield from read_batches(pickle.loads(raw), self.schema)
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """A batch's DataFrame (``df``), the DataFrame of pickled plans it is read from
+    (``plans``: a ``plan`` column, partition ``i`` holds ``plans[i]``), the Arrow schema of
+    what each task reads, and the name of the reading UDF in Spark's plans."""
+
+    df: Any
+    plans: Any
+    read_schema: Any
+    name: str
+
+
+def batch_source(
+    spark: Any,
+    plans: Sequence[TaskBatchPlan],
+    *,
+    value_schema: str | None = None,
+    value_type: str = "STRING",
+    name: str = "read_batch",
+) -> BatchSource:
+    """The batch of ``plans``: Spark partition ``i`` of its DataFrame is the task of
+    ``plans[i]``; ``name`` names the reading UDF."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    value = f"STRUCT<{value_schema}>" if value_schema else value_type
+    ddl = SCHEMA.format(value=value)
+    schema = _parse_datatype_string(ddl)
+    assert isinstance(schema, StructType)
+    rows = [(pickle.dumps(plan),) for plan in plans]
+    source = spark.createDataFrame(task_rdd(spark.sparkContext, list(plans), rows), "plan BINARY")
+    read_schema = to_arrow_schema(schema)
+    df = source.mapInArrow(_ReadPlans(read_schema, name), schema)
+    return BatchSource(df, source, read_schema, name)
 
 
 def batch_dataframe(
@@ -51,13 +89,4 @@ def batch_dataframe(
     value_type: str = "STRING",
 ) -> Any:
     """The batch of ``plans`` as a DataFrame: Spark partition ``i`` is the task of ``plans[i]``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    value = f"STRUCT<{value_schema}>" if value_schema else value_type
-    ddl = SCHEMA.format(value=value)
-    schema = _parse_datatype_string(ddl)
-    assert isinstance(schema, StructType)
-    rows = [(pickle.dumps(plan),) for plan in plans]
-    source = spark.createDataFrame(task_rdd(spark.sparkContext, list(plans), rows), "plan BINARY")
-    return source.mapInArrow(_ReadPlans(to_arrow_schema(schema)), schema)
+    return batch_source(spark, plans, value_schema=value_schema, value_type=value_type).df

@@ -24,7 +24,8 @@ The phases of a task must run where its state is (``job.logged.store.base.dir``)
 in local mode or with a shared directory. On a cluster with private directories the runner
 caches the batch, so Spark's locality preference sends the stateful steps and the finish to the
 executor that read it. A stateful step that still lands elsewhere fails the batch; a finish
-that lands elsewhere (or finds a step missing) drops the batch's progress for that task:
+that lands elsewhere (or finds a step missing, or a fused step's retry noted ``FRAME-DROPPED``)
+drops the batch's progress for that task:
 it restores the last checkpoint there, trimming the changelog of the steps' writes, and the
 input is read again in the next batch, so state always matches its offsets.
 """
@@ -44,6 +45,7 @@ import pyarrow.json as pa_json
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
+from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 
 BATCH_NOTE = "FRAME-BATCH"
 READ_NOTE = "FRAME-READ"
+DROPPED_NOTE = "FRAME-DROPPED"
 READ_CHUNK = 10_000
 
 
@@ -306,7 +309,9 @@ def run_step(
         batch.storage.open_live(stores)
         opened = batch.storage.stores(init=False)
         try:
-            yield from fn(StepState(batch.task, batch.config, opened, step), chunks)
+            for out in fn(StepState(batch.task, batch.config, opened, step), chunks):
+                yield out
+                maybe_crash(batch.config, "during-stateful-step")
         except SparkpointError:
             raise
         except Exception as exc:
@@ -325,6 +330,9 @@ def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | N
     key = batch_key(batch.plan)
     note = batch.local.read_note(BATCH_NOTE)
     if note is None or note.get("batch") != key:
+        return None
+    dropped = batch.local.read_note(DROPPED_NOTE)
+    if dropped is not None and dropped.get("batch") == key:
         return None
     read = batch.local.read_note(READ_NOTE)
     if read is None or read.get("batch") != key:
@@ -348,7 +356,6 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     started = time.monotonic()
     batch = TaskBatch(plan)
     read = _batch_is_here(batch, steps)
-    processed = 0
     if read is None:
         require_persistent_stores(batch.config)
         if steps:
@@ -362,12 +369,39 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
                 batch.local.dir,
             )
             batch.local.clear_marker()
-        next_offsets = batch.begin()
-    else:
-        batch.storage.open_live()
-        batch.last_processed = _offsets(read["last_processed"])
-        next_offsets = _offsets(read["next"])
-        processed = int(read["processed"])
+        return _finish(batch, batch.begin(), 0, started)
+    batch.storage.open_live()
+    batch.last_processed = _offsets(read["last_processed"])
+    return _finish(batch, _offsets(read["next"]), int(read["processed"]), started)
+
+
+def drop_batch(plan: TaskBatchPlan, step: str) -> None:
+    """A retried Spark task of a fused step (:mod:`sparkpoint.runtime.frame_udfs`) found that
+    ``step`` already changed the task's stores in this batch: the batch's progress for the task
+    is dropped. Its other phases still read the batch's planned messages, and its finish
+    restores the last checkpoint (trimming the changelog) and reports no progress, so the next
+    batch reads that input again. What the failed attempt sent may be sent twice
+    (at-least-once); state never counts a message twice. Idempotent."""
+    batch = TaskBatch(plan)
+    log.warning(
+        "task %s: stateful step %r of batch %d ran before in a failed attempt; the batch's "
+        "progress is dropped and its input is read again from the last checkpoint",
+        batch.task,
+        step,
+        plan.batch,
+    )
+    batch.local.write_note(DROPPED_NOTE, {"batch": batch_key(plan), "step": step})
+
+
+def step_ran(plan: TaskBatchPlan, step: str) -> bool:
+    """Whether ``step`` has started on this task in this batch (in this state directory)."""
+    done = TaskBatch(plan).local.read_note(_note_name(step))
+    return done is not None and done.get("batch") == batch_key(plan)
+
+
+def _finish(
+    batch: TaskBatch, next_offsets: dict[SystemStreamPartition, str], processed: int, started: float
+) -> TaskBatchResult:
     return batch.finish(
         next_offsets,
         processed=processed,

@@ -40,9 +40,8 @@ import pickle
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,13 +51,26 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.metadata.locality import Executor
-from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.runtime.dataframe import batch_dataframe
-from sparkpoint.runtime.frame_task import (
-    StepState,
-    finish_batch,
-    require_persistent_stores,
-    run_step,
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.dataframe import BatchSource, batch_source
+from sparkpoint.runtime.frame_task import StepState, require_persistent_stores
+from sparkpoint.runtime.frame_udfs import (
+    RESULT_SCHEMA,
+    Finisher,
+    FusedRead,
+    FusedStep,
+    StepFunction,
+    StepUdf,
+    StreamWriterUdf,
+    partitioning_error,
+)
+from sparkpoint.runtime.fusion import (
+    StepFrame,
+    fusable,
+    reads,
+    source_projection,
+    source_token,
+    step_token,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import (
@@ -69,8 +81,6 @@ from sparkpoint.runtime.spark import (
 )
 
 log = logging.getLogger(__name__)
-
-StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
 
 
 @runtime_checkable
@@ -151,137 +161,9 @@ def shuffle_in(df: Any) -> str | None:
     return None if m is None else (m.group(1) or m.group(2))
 
 
-def partitioning_error(step: str, detail: str) -> ConfigError:
-    return ConfigError(
-        f"stateful step {step!r} needs its input partitioned by task, but {detail}. A stateful "
-        "step gets the stores of one task, so it must run on the batch's own partitions: apply "
-        "it to batch.df (select, filter, withColumn and broadcast joins keep the partitioning) "
-        "before any repartition(), groupBy(), distinct(), sort or non-broadcast join, and keep "
-        "the 'task' column; aggregate per key inside the step with its stores instead"
-    )
-
-
-def _partition_index() -> int:
-    """The Spark partition this Python worker is computing (partition ``i`` is ``plans[i]``)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else 0
-
-
-class _Step:
-    """The function ``mapInArrow``/``mapInPandas`` runs for a stateful step (picklable)."""
-
-    def __init__(
-        self,
-        plans: Sequence[TaskBatchPlan],
-        name: str,
-        stores: Sequence[str],
-        fn: StepFunction,
-        pandas: bool,
-    ) -> None:
-        self.plans = list(plans)
-        self.name = name
-        self.stores = list(stores)
-        self.fn = fn
-        self.pandas = pandas
-
-    def _check(self, chunks: Iterable[Any], task: str) -> Iterator[Any]:
-        for chunk in chunks:
-            if self.pandas:
-                tasks = set(chunk["task"].unique())
-            else:
-                tasks = set(chunk.column("task").unique().to_pylist())
-            if tasks - {task}:
-                other = sorted(str(t) for t in tasks - {task})[0]
-                raise partitioning_error(
-                    self.name, f"rows of task {other} reached the partition of task {task}"
-                )
-            yield chunk
-
-    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        index = _partition_index()
-        if index >= len(self.plans):
-            raise partitioning_error(
-                self.name, f"its input has more partitions than the job's {len(self.plans)} tasks"
-            )
-        plan = self.plans[index]
-        it = iter(chunks)
-        first = next(it, None)  # the batch source has established the task's state by now
-        rows = self._check(chain([] if first is None else [first], it), plan.task.name.name)
-        yield from run_step(plan, self.name, self.stores, self.fn, rows)
-
-
-class _StreamWriter:
-    """Sends a DataFrame's rows to a stream from each partition (picklable). With ``finisher``
-    (the batch's last output, on the task partitions) each partition then finishes its task in
-    the same Spark task, which saves the batch a Spark job."""
-
-    def __init__(
-        self, config: Mapping[str, str], output: StreamOutput, finisher: _Finisher | None
-    ) -> None:
-        self.config = dict(config)
-        self.stream = output.stream
-        self.key = output.key
-        self.value = output.value
-        self.finisher = finisher
-
-    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        from sparkpoint.runtime.executor import worker_config
-        from sparkpoint.runtime.output import OutputCollector
-
-        config, systems = worker_config(self.config)
-        task = ""
-        collector = OutputCollector(config, systems, TaskName("pipeline-output"))
-        try:
-            for chunk in chunks:
-                if not chunk.num_rows:
-                    continue
-                if not task and "task" in chunk.schema.names:
-                    task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
-                keys = None if self.key is None else chunk.column(self.key).to_pylist()
-                if self.value is None:
-                    messages = chunk.to_pylist()
-                else:
-                    messages = chunk.column(self.value).to_pylist()
-                collector.send_many(self.stream, keys, messages)
-            collector.flush()  # durable before the task commits
-        finally:
-            collector.close()
-        result = None if self.finisher is None else self.finisher.finish()
-        columns = {"task": [task], "sent": [collector.sent], "result": [result]}
-        types = [("task", pa.string()), ("sent", pa.int64()), ("result", pa.binary())]
-        yield pa.RecordBatch.from_pydict(columns, schema=pa.schema(types))
-
-
 def _on_task_partitions(df: Any, tasks: int) -> bool:
     """Whether partition ``i`` of ``df`` is task ``i``'s (no shuffle, as many partitions)."""
     return shuffle_in(df) is None and bool(df.rdd.getNumPartitions() == tasks)
-
-
-class _Finisher:
-    """The finish phase of each task's partition: commit, then report (picklable)."""
-
-    def __init__(self, plans: Sequence[TaskBatchPlan], steps: Sequence[str]) -> None:
-        self.plans = list(plans)
-        self.steps = list(steps)
-
-    def finish(self) -> bytes:
-        """Finish the task of the current Spark partition; its pickled result."""
-        from sparkpoint.runtime.executor import setup_worker_logging
-
-        plan = self.plans[_partition_index()]
-        setup_worker_logging(plan.config)
-        return pickle.dumps(finish_batch(plan, self.steps))
-
-    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        for _ in chunks:
-            pass
-        yield pa.RecordBatch.from_pydict({"result": [self.finish()]})
 
 
 class Batch:
@@ -296,6 +178,7 @@ class Batch:
         self.config = config
         self._plans = list(plans)
         self._steps: dict[str, list[str]] = {}
+        self._frames: list[StepFrame] = []
         self._cached: list[Any] = []
 
     def stateful(
@@ -335,12 +218,15 @@ class Batch:
         if moved is not None:
             raise partitioning_error(step, f"its input was shuffled ({moved})")
         self._steps[step] = used
-        function = _Step(self._plans, step, used, fn, pandas)
+        function = StepUdf(self._plans, step, used, fn, pandas, step_token(step, self.id))
         out = df.mapInPandas(function, schema) if pandas else df.mapInArrow(function, schema)
         from pyspark import StorageLevel
 
+        # cached, so that every reader gets the step's one computation; a step whose only
+        # reader is a stream output runs fused with it instead (sparkpoint.runtime.fusion)
         out = out.persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(out)
+        self._frames.append(StepFrame(function, df, out, schema))
         return out
 
     def to_stream(
@@ -462,17 +348,19 @@ class DataFrameRunner:
         from pyspark import StorageLevel
 
         group = batch_job_group(self.spark.sparkContext, batch)
-        source = batch_dataframe(
+        source = batch_source(
             self.spark,
             plans,
             value_schema=self.pipeline.value_schema,
             value_type=self.pipeline.value_type,
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        frame = Batch(self.spark, source, batch, plans, self.config)
-        frame._cached.append(source)
+            name=source_token(batch),
+        )
+        cached = source.df.persist(StorageLevel.MEMORY_AND_DISK)
+        frame = Batch(self.spark, cached, batch, plans, self.config)
+        frame._cached.append(cached)
         if plans and all(p.clean_up_only for p in plans):
             try:  # no pipeline: only each task's finish, which cleans up after the checkpoint
-                return self._finish(source, _Finisher(plans, []))
+                return self._finish(cached, Finisher(plans, []))
             finally:
                 frame.release()
         sent: dict[str, int] = {}
@@ -488,23 +376,28 @@ class DataFrameRunner:
                 )
             self.steps = steps
             t1 = time.monotonic()
-            finisher = _Finisher(plans, steps)
-            last = outputs[-1] if outputs else None
-            folded = isinstance(last, StreamOutput) and _on_task_partitions(last.df, len(plans))
+            writes = _Writes(self.spark, frame, source, outputs)
+            finisher = Finisher(plans, steps)
             results: list[TaskBatchResult] = []
             for i, output in enumerate(outputs):
-                fold = finisher if folded and i == len(outputs) - 1 else None
-                results = self._write(output, batch, sent, fold) or results
+                fold = finisher if writes.folded and i == len(outputs) - 1 else None
+                step = writes.fused.get(i)
+                if step is not None and isinstance(output, StreamOutput):
+                    results = self._write_fused(writes, step, output, sent, fold) or results
+                else:
+                    results = self._write(output, batch, sent, fold) or results
             t2 = time.monotonic()
-            if not folded:
-                results = self._finish(source, finisher)
+            if not writes.folded:
+                results = self._finish(cached, finisher)
             log.info(
-                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs, tasks finished %s",
+                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs (%s), tasks "
+                "finished %s",
                 batch,
                 t1 - t0,
                 len(outputs),
                 t2 - t1,
-                "with the last output" if folded else f"in {time.monotonic() - t2:.2f}s",
+                writes.describe(),
+                "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
             )
         except SparkpointError:
             raise
@@ -524,7 +417,7 @@ class DataFrameRunner:
         return results
 
     @staticmethod
-    def _finish(source: Any, finisher: _Finisher) -> list[TaskBatchResult]:
+    def _finish(source: Any, finisher: Finisher) -> list[TaskBatchResult]:
         """Each task's finish on the cached partitions (locality), without shipping their rows
         to Python: offsets are never null, and a predicate Spark cannot fold keeps the
         partitions."""
@@ -533,20 +426,104 @@ class DataFrameRunner:
         return [pickle.loads(row.result) for row in finish.collect()]
 
     def _write(
-        self, output: Output, batch: int, sent: dict[str, int], finisher: _Finisher | None
+        self, output: Output, batch: int, sent: dict[str, int], finisher: Finisher | None
     ) -> list[TaskBatchResult]:
         """Write one output; the tasks' results if ``finisher`` finished them on the way."""
         if isinstance(output, SinkOutput):
             output.sink.write(output.df, batch)
             return []
-        writer = _StreamWriter(self.config.to_dict(), output, finisher)
-        schema = "task STRING, sent LONG, result BINARY"
-        results = []
-        for row in output.df.mapInArrow(writer, schema).collect():
-            sent[row.task] = sent.get(row.task, 0) + int(row.sent)
-            if row.result is not None:
-                results.append(pickle.loads(row.result))
-        return results
+        writer = self._writer(output, finisher)
+        return _collect(output.df.mapInArrow(writer, RESULT_SCHEMA), sent)
+
+    def _write_fused(
+        self,
+        writes: _Writes,
+        step: StepFrame,
+        output: StreamOutput,
+        sent: dict[str, int],
+        finisher: Finisher | None,
+    ) -> list[TaskBatchResult]:
+        """Run ``step`` and send what it yields to ``output``'s stream in one pass."""
+        writer = self._writer(output, finisher)
+        schema = _arrow_schema(step.schema)
+        projection = writes.projections.get(step.udf.name)
+        if projection is None:
+            job = step.input.mapInArrow(FusedStep(step.udf, writer, schema), RESULT_SCHEMA)
+        else:
+            source = writes.source
+            fused = FusedRead(
+                step.udf,
+                writer,
+                schema,
+                source.read_schema,
+                projection,
+                _arrow_schema(step.input.schema),
+            )
+            job = source.plans.mapInArrow(fused, RESULT_SCHEMA)
+        return _collect(job, sent)
+
+    def _writer(self, output: StreamOutput, finisher: Finisher | None) -> StreamWriterUdf:
+        config = self.config.to_dict()
+        return StreamWriterUdf(config, output.stream, output.key, output.value, finisher)
+
+
+class _Writes:
+    """How a batch's outputs are written: which run fused with their step (and which of those
+    read their own input), whether the last one also finishes the tasks, and whether the
+    batch source stays cached (when more than one job reads it)."""
+
+    def __init__(self, spark: Any, frame: Batch, source: BatchSource, outputs: list[Output]):
+        self.source = source
+        pairs = [(o.df, isinstance(o, StreamOutput)) for o in outputs]
+        self.fused = fusable(frame._frames, pairs)
+        self.projections: dict[str, Any] = {}
+        for step in self.fused.values():
+            step.output.unpersist()  # its one reader computes it
+            projection = source_projection(spark, step.input, source.name)
+            if projection is not None:
+                self.projections[step.udf.name] = projection
+        last = outputs[-1] if outputs else None
+        tasks = len(frame._plans)
+        self.folded = bool(outputs) and (
+            len(outputs) - 1 in self.fused
+            or (isinstance(last, StreamOutput) and _on_task_partitions(last.df, tasks))
+        )
+        readers = int(not self.folded)  # the finish job reads the cached source
+        for i, output in enumerate(outputs):
+            fused = self.fused.get(i)
+            if fused is None:
+                readers += reads(output.df, source.name)
+            elif fused.udf.name not in self.projections:
+                readers += reads(fused.input, source.name)
+        if readers < 2:
+            frame.df.unpersist()  # one job reads the batch: nothing to share
+
+    def describe(self) -> str:
+        if not self.fused:
+            return "none fused"
+        own = len(self.projections)
+        return f"{len(self.fused)} fused with their step, {own} of them reading their own input"
+
+
+def _arrow_schema(schema: Any) -> Any:
+    """The Arrow schema of a DDL string or a Spark ``StructType``, as Spark hands it to Python."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+    assert isinstance(struct, StructType)
+    return to_arrow_schema(struct)
+
+
+def _collect(job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:
+    """Run a stream output's job; count what each task sent, and return the tasks' results
+    that it carries (when it finished them)."""
+    results = []
+    for row in job.collect():
+        sent[row.task] = sent.get(row.task, 0) + int(row.sent)
+        if row.result is not None:
+            results.append(pickle.loads(row.result))
+    return results
 
 
 __all__ = [

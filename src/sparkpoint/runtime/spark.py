@@ -90,6 +90,9 @@ def spark_session(config: Config, master: str | None = None) -> Any:
         "spark.driver.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
         "spark.python.daemon.module": "sparkpoint.runtime.pydaemon",
+        # a DataFrame batch is cached for one batch only: building compressed column batches
+        # (dictionary and run-length statistics per column) was half of the JVM's work there
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     if not master.startswith("local"):
         defaults.update(CLUSTER_DEFAULTS)

@@ -1,0 +1,303 @@
+"""The functions Spark runs on each task's partition of a DataFrame batch (all picklable).
+
+* :class:`StepUdf`: a stateful step (``mapInArrow``/``mapInPandas`` over the step's input);
+* :class:`StreamWriterUdf`: sends a DataFrame's rows to a stream, and may finish the task;
+* :class:`Finisher`: the finish phase alone (commit when due, report);
+* :class:`FusedStep`: a stateful step, the stream output that reads it and, when that output is
+  the batch's last, the task's finish, in one pass over the step's input: the step's rows go
+  straight from the function to the stream, never back through the JVM or into a cache;
+* :class:`FusedRead`: the same, reading the task's messages itself, for a step whose input is
+  only columns and struct fields of ``batch.df`` (:func:`sparkpoint.runtime.fusion.
+  source_projection`): the JVM then schedules the batch and moves no rows at all.
+
+A fused step changes the stores and sends in the same Spark task, so a retry of that task
+cannot reuse the step's rows: it drops the batch's progress for the task instead
+(:func:`~sparkpoint.runtime.frame_task.drop_batch`), which restores the last checkpoint. The
+unfused path keeps its guard: a step computed twice in a batch fails the batch.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from typing import Any
+
+import pyarrow as pa
+
+from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.failpoints import maybe_crash
+from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.runtime.frame_task import (
+    StepState,
+    drop_batch,
+    finish_batch,
+    read_batches,
+    run_step,
+    step_ran,
+)
+from sparkpoint.runtime.plan import TaskBatchPlan
+
+StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
+
+#: what a stream output's Spark job returns per task partition
+RESULT_SCHEMA = "task STRING, sent LONG, result BINARY"
+
+#: a column of a step's input: its name and where it comes from in the batch source (a
+#: source column, then struct fields)
+Projection = list[tuple[str, tuple[str, ...]]]
+
+
+def partition_index() -> int:
+    """The Spark partition this Python worker is computing (partition ``i`` is ``plans[i]``)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
+def partitioning_error(step: str, detail: str) -> ConfigError:
+    return ConfigError(
+        f"stateful step {step!r} needs its input partitioned by task, but {detail}. A stateful "
+        "step gets the stores of one task, so it must run on the batch's own partitions: apply "
+        "it to batch.df (select, filter, withColumn and broadcast joins keep the partitioning) "
+        "before any repartition(), groupBy(), distinct(), sort or non-broadcast join, and keep "
+        "the 'task' column; aggregate per key inside the step with its stores instead"
+    )
+
+
+class StepUdf:
+    """A stateful step: ``fn(state, chunks)`` on the partition of each task. ``token``, its
+    name in Spark's plans, tells the driver which outputs read the step."""
+
+    def __init__(
+        self,
+        plans: Sequence[TaskBatchPlan],
+        name: str,
+        stores: Sequence[str],
+        fn: StepFunction,
+        pandas: bool,
+        token: str,
+    ) -> None:
+        self.plans = list(plans)
+        self.name = name
+        self.stores = list(stores)
+        self.fn = fn
+        self.pandas = pandas
+        self.__name__ = token  # pyspark names the UDF after it
+
+    def plan(self) -> TaskBatchPlan:
+        """The plan of the task whose partition this worker computes."""
+        index = partition_index()
+        if index >= len(self.plans):
+            raise partitioning_error(
+                self.name, f"its input has more partitions than the job's {len(self.plans)} tasks"
+            )
+        return self.plans[index]
+
+    def _check(self, chunks: Iterable[Any], task: str) -> Iterator[Any]:
+        for chunk in chunks:
+            if self.pandas:
+                tasks = set(chunk["task"].unique())
+            else:
+                tasks = set(chunk.column("task").unique().to_pylist())
+            if tasks - {task}:
+                other = sorted(str(t) for t in tasks - {task})[0]
+                raise partitioning_error(
+                    self.name, f"rows of task {other} reached the partition of task {task}"
+                )
+            yield chunk
+
+    def run(self, plan: TaskBatchPlan, chunks: Iterator[Any]) -> Iterator[Any]:
+        """What the step yields for ``plan``'s task on ``chunks``, its input."""
+        it = iter(chunks)
+        first = next(it, None)  # the batch source has established the task's state by now
+        rows = self._check(chain([] if first is None else [first], it), plan.task.name.name)
+        yield from run_step(plan, self.name, self.stores, self.fn, rows)
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        yield from self.run(self.plan(), chunks)
+
+
+class Finisher:
+    """The finish phase of each task's partition: commit, then report (picklable)."""
+
+    def __init__(self, plans: Sequence[TaskBatchPlan], steps: Sequence[str]) -> None:
+        self.plans = list(plans)
+        self.steps = list(steps)
+
+    def finish(self, plan: TaskBatchPlan | None = None) -> bytes:
+        """Finish the task of ``plan`` (or of the current Spark partition); its pickled result."""
+        from sparkpoint.runtime.executor import setup_worker_logging
+
+        plan = plan or self.plans[partition_index()]
+        setup_worker_logging(plan.config)
+        return pickle.dumps(finish_batch(plan, self.steps))
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        for _ in chunks:
+            pass
+        yield pa.RecordBatch.from_pydict({"result": [self.finish()]})
+
+
+def _result(task: str, sent: int, result: bytes | None) -> pa.RecordBatch:
+    columns = {"task": [task], "sent": [sent], "result": [result]}
+    types = [("task", pa.string()), ("sent", pa.int64()), ("result", pa.binary())]
+    return pa.RecordBatch.from_pydict(columns, schema=pa.schema(types))
+
+
+class StreamWriterUdf:
+    """Sends a DataFrame's rows to a stream from each partition: the message is the ``value``
+    column, or the whole row as a dict; the partition comes from the ``key`` column. With
+    ``finisher`` (the batch's last output, on the task partitions) each partition then finishes
+    its task in the same Spark task, which saves the batch a Spark job."""
+
+    def __init__(
+        self,
+        config: Mapping[str, str],
+        stream: SystemStream,
+        key: str | None,
+        value: str | None,
+        finisher: Finisher | None,
+    ) -> None:
+        self.config = dict(config)
+        self.stream = stream
+        self.key = key
+        self.value = value
+        self.finisher = finisher
+
+    def write(
+        self, chunks: Iterable[pa.RecordBatch], plan: TaskBatchPlan | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Send ``chunks``; yields one row: the task, how many messages were sent, and the
+        task's pickled result if this output finishes it (``plan``: the task, when known)."""
+        from sparkpoint.runtime.executor import worker_config
+        from sparkpoint.runtime.output import OutputCollector
+
+        config, systems = worker_config(self.config)
+        task = "" if plan is None else plan.task.name.name
+        collector = OutputCollector(config, systems, TaskName(task or "pipeline-output"))
+        try:
+            for chunk in chunks:
+                if not chunk.num_rows:
+                    continue
+                if not task and "task" in chunk.schema.names:
+                    task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
+                keys = None if self.key is None else chunk.column(self.key).to_pylist()
+                if self.value is None:
+                    messages = chunk.to_pylist()
+                else:
+                    messages = chunk.column(self.value).to_pylist()
+                collector.send_many(self.stream, keys, messages)
+            collector.flush()  # durable before the task commits
+            maybe_crash(config, "after-output-flush")
+        finally:
+            collector.close()
+        result = None if self.finisher is None else self.finisher.finish(plan)
+        yield _result(task, collector.sent, result)
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        yield from self.write(chunks)
+
+
+class FusedStep:
+    """A stateful step and the stream output that is its only reader, in one pass over the
+    step's input (``mapInArrow`` with :data:`RESULT_SCHEMA`); see the module docstring."""
+
+    def __init__(self, step: StepUdf, writer: StreamWriterUdf, schema: pa.Schema) -> None:
+        self.step = step
+        self.writer = writer
+        self.schema = schema  # the step's declared output schema
+
+    def _verified(self, plan: TaskBatchPlan, out: Iterable[Any]) -> Iterator[pa.RecordBatch]:
+        """The step's output, held to its declared schema as Spark reads it: record batches
+        whose column types match by position (names are the schema's)."""
+        want = self.schema.types
+        for item in out:
+            if isinstance(item, pa.Table):
+                batches = item.to_batches()
+            elif isinstance(item, pa.RecordBatch):
+                batches = [item]
+            else:
+                raise TaskError(
+                    f"task {plan.task.name}: stateful step {self.step.name!r} yielded a "
+                    f"{type(item).__name__}; a step yields pyarrow.RecordBatch"
+                )
+            for batch in batches:
+                if batch.schema.types != want:
+                    raise TaskError(
+                        f"task {plan.task.name}: stateful step {self.step.name!r} yielded "
+                        f"columns ({_columns(batch.schema)}), but its schema is "
+                        f"({_columns(self.schema)})"
+                    )
+                if batch.schema.names != self.schema.names:
+                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+                yield batch
+
+    def run(self, plan: TaskBatchPlan, chunks: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+        if step_ran(plan, self.step.name):  # a retried Spark task: the stores changed already
+            drop_batch(plan, self.step.name)
+            finisher = self.writer.finisher
+            result = None if finisher is None else finisher.finish(plan)
+            yield _result(plan.task.name.name, 0, result)
+            return
+        out = self._verified(plan, self.step.run(plan, chunks))
+        yield from self.writer.write(out, plan)
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        yield from self.run(self.step.plan(), chunks)
+
+
+class FusedRead(FusedStep):
+    """:class:`FusedStep` over the batch's plans: each task reads its own messages and takes
+    the step's input columns from them (``projection``), so no row crosses the JVM."""
+
+    def __init__(
+        self,
+        step: StepUdf,
+        writer: StreamWriterUdf,
+        schema: pa.Schema,
+        read_schema: pa.Schema,
+        projection: Projection,
+        input_schema: pa.Schema,
+    ) -> None:
+        super().__init__(step, writer, schema)
+        self.read_schema = read_schema
+        self.projection = projection
+        self.input_schema = input_schema
+
+    def _project(self, chunk: pa.RecordBatch) -> pa.RecordBatch:
+        columns = []
+        for _name, (column, *fields) in self.projection:
+            array: Any = chunk.column(column)
+            for field in fields:  # flatten() applies the struct's nulls to its fields
+                array = array.flatten()[array.type.get_field_index(field)]
+            columns.append(array)
+        types = self.input_schema.types  # as Spark would hand them over (e.g. string sizes)
+        columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, types, strict=True)]
+        return pa.RecordBatch.from_arrays(columns, schema=self.input_schema)
+
+    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        for chunk in chunks:
+            for raw in chunk.column(0).to_pylist():
+                plan: TaskBatchPlan = pickle.loads(raw)
+                rows = (self._project(c) for c in read_batches(plan, self.read_schema))
+                yield from self.run(plan, rows)
+
+
+def _columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+__all__ = [
+    "RESULT_SCHEMA",
+    "Finisher",
+    "FusedRead",
+    "FusedStep",
+    "Projection",
+    "StepFunction",
+    "StepUdf",
+    "StreamWriterUdf",
+    "partition_index",
+    "partitioning_error",
+]

@@ -1,0 +1,130 @@
+"""A stateful step runs fused with the stream output that is its only reader, reading its own
+input when that input is only columns of ``batch.df``; every way gives the task API's state and
+output, and a fused step is held to its declared schema."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pageviews_pipeline import count_views
+from pyspark.sql import functions as F
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import TaskError
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.pipeline import Batch, Output, ParquetSink, Pipeline
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.streams import read_json_lines
+from tests.conftest import pageviews_config
+from tests.helpers import assert_committed_state_matches_its_offsets, committed_counts, generate
+from tests.pipeline.test_pipeline import _run
+
+SCHEMA = "user STRING, count LONG"
+
+
+def _own_input(batch: Batch) -> Output:
+    views = batch.df.select("task", F.col("value.user").alias("user"))
+    return batch.to_stream(batch.stateful(views, count_views, SCHEMA), "filelog.out", key="user")
+
+
+def _filtered(batch: Batch) -> Output:
+    views = batch.df.where("offset IS NOT NULL").select("task", "value.user")
+    return batch.to_stream(batch.stateful(views, count_views, SCHEMA), "filelog.out", key="user")
+
+
+def _then_a_sink(batch: Batch) -> list[Output]:
+    views = batch.df.select("task", "value.user")
+    counts = batch.stateful(views, count_views, SCHEMA)
+    sink = ParquetSink(Path(batch.config.require("job.data.dir")) / "views")
+    return [batch.to_stream(counts, "filelog.out", key="user"), batch.to_sink(views, sink)]
+
+
+def _read_twice(batch: Batch) -> list[Output]:
+    views = batch.df.select("task", "value.user")
+    counts = batch.stateful(views, count_views, SCHEMA)
+    sink = ParquetSink(Path(batch.config.require("job.data.dir")) / "counts")
+    return [batch.to_stream(counts, "filelog.out", key="user"), batch.to_sink(counts, sink)]
+
+
+BUILDS: dict[str, tuple[Callable[[Batch], Any], str]] = {
+    "own-input": (_own_input, "1 fused with their step, 1 of them reading their own input"),
+    "filtered": (_filtered, "1 fused with their step, 0 of them reading their own input"),
+    "then-a-sink": (_then_a_sink, "1 fused with their step, 1 of them reading their own input"),
+    "read-twice": (_read_twice, "none fused"),
+}
+
+
+def _job(tmp_path: Path) -> tuple[Config, Counter[str]]:
+    values = pageviews_config(tmp_path, **{"task.batch.max.messages": "150", "task.commit.ms": "0"})
+    config = load_config(None, values)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    return config, generate(config, tmp_path / "job.yaml", 2000, seed=21, users=30)
+
+
+def _sent(config: Config, stream: str) -> Counter[tuple[str, int]]:
+    rows = read_json_lines(config, Systems(config), SystemStream("filelog", stream))
+    return Counter((str(r["value"]["user"]), int(r["value"]["count"])) for r in rows)
+
+
+def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
+    tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sparkpoint.runtime.pipeline import DataFrameRunner
+
+    task_config, expected = _job(tmp_path / "task")
+    _run(task_config, InlineRunner())
+    want = _sent(task_config, "user-counts")
+    assert sum(want.values()) == 2000
+    for name, (build, described) in BUILDS.items():
+        config, _ = _job(tmp_path / name)
+        pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.pipeline"):
+            _run(config, DataFrameRunner(spark, pipeline, config))
+        batches = [r.getMessage() for r in caplog.records if "outputs written" in r.getMessage()]
+        assert len(batches) >= 4, name  # 500 views per task, 150 a batch
+        assert all(f"({described})" in m for m in batches), (name, batches[0])
+        assert committed_counts(config) == dict(expected), name
+        assert_committed_state_matches_its_offsets(config)
+        assert _sent(config, "out") == want, name
+
+
+def _wrong_types(state: Any, chunks: Any) -> Any:
+    state.store("user-counts")
+    for chunk in chunks:
+        users = chunk.column("user")
+        yield pa.RecordBatch.from_arrays([users, users], names=["user", "count"])
+
+
+def test_a_fused_step_that_yields_other_types_fails_naming_task_and_step(
+    tmp_path: Path, spark: Any
+) -> None:
+    from sparkpoint.runtime.pipeline import DataFrameRunner
+
+    config, _ = _job(tmp_path)
+
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _wrong_types, SCHEMA, name="typed")
+        return batch.to_stream(out, "filelog.out", key="user")
+
+    pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
+    with pytest.raises(TaskError) as err:
+        _run(config, DataFrameRunner(spark, pipeline, config))
+    message = str(err.value)
+    assert "stateful step 'typed' yielded columns (user string, count string)" in message
+    assert "but its schema is (user string, count int64)" in message
+    assert "task Partition " in message
+
+
+def test_spark_caches_a_batch_uncompressed(spark: Any) -> None:
+    # the batch cache lives for one batch: compressing it was half of the JVM's work there
+    assert spark.conf.get("spark.sql.inMemoryColumnarStorage.compressed") == "false"
