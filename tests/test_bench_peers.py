@@ -147,3 +147,30 @@ def test_a_job_that_dies_before_its_condition_names_its_exit_and_log(tmp_path: P
     job = recovery.Job([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path)
     with pytest.raises(recovery.RecoveryError, match="exited with 3 before the commit(.|\n)*boom"):
         job.wait_for("the commit", lambda: False, 30)
+
+
+def test_the_recovery_report_sets_spark_floor_beside_the_5x_target() -> None:
+    def row(variant: str, caught_up: float) -> dict[str, object]:
+        return {
+            "variant": variant,
+            "kept": "",
+            "first_output_s": caught_up - 0.5,
+            "caught_up_s": caught_up,
+            "restore_s": 1.0,
+            "plain_copy_s": 2.0,
+            "checkpoint_pause_s": 0.05,
+            "longest_stall_s": 0.1,
+            "checkpoint_bytes": 1e6,
+            "state_bytes": 1e9,
+        }
+
+    rows = [
+        row("sparkpoint-task (blobstore)", 5.0),
+        row("pyflink", 10.0),
+        {"variant": "reference: Spark's floor", "caught_up_s": 3.4},
+    ]
+    args = argparse.Namespace(recovery_users=1000, pad=1000)
+    text = "\n".join(peers.recovery_table(rows, args))
+    assert "sparkpoint from the blob store is 2.00x faster (issue 15's target: 5x)" in text
+    assert "Spark's floor here" in text and ": 3.4 s; 5x the fastest peer needs 2.0 s" in text
+    assert "| reference" not in text  # a reference, not a row of the table

@@ -25,7 +25,9 @@ What "local state" is, and what is kept, per variant:
   topics on the broker.
 
 The reference is a plain copy (``shutil.copytree``) of sparkpoint's state directory on the same
-disk, the physical limit of bringing the state back.
+disk, the physical limit of bringing the state back; and Spark's own floor: a process that only
+starts sparkpoint's local Spark session and runs one Python job, with no state and no input,
+which any restart of a job on Spark pays before its first output.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -453,6 +456,30 @@ def quix_recovery(
 PEER_RUNS = {"pyflink": flink_recovery, "bytewax": bytewax_recovery, "quixstreams": quix_recovery}
 
 
+_FLOOR = """
+import sys, time
+from sparkpoint.config import Config
+from sparkpoint.runtime.spark import spark_session
+spark = spark_session(Config({"job.name": "floor"}), "local[2]")
+spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda it: [sum(it)]).collect()
+print(time.time(), flush=True)
+spark.stop()
+"""
+
+
+def spark_floor(runs: int = 3) -> float:
+    """Median seconds from process start to the end of a first Python job on sparkpoint's local
+    Spark session (``local[2]``, its JVM settings), with no state and no input."""
+    times = []
+    for _ in range(runs):
+        started = time.time()
+        out = subprocess.run(
+            [sys.executable, "-c", _FLOOR], capture_output=True, text=True, check=True
+        )
+        times.append(float(out.stdout.split()[0]) - started)
+    return statistics.median(times)
+
+
 def run_all(
     args: argparse.Namespace, scratch: Path, partitions: int, pythons: dict[str, str]
 ) -> list[dict[str, Any]]:
@@ -504,6 +531,9 @@ def run_all(
         (args.out / "peers-recovery.json").write_text(json.dumps(rows, indent=2))
     shutil.rmtree(data, ignore_errors=True)
     os.sync()
+    floor = spark_floor()
+    print(f"recovery: Spark's floor (session and a first Python job) {floor:.1f} s", flush=True)
+    rows.append({"variant": "reference: Spark's floor", "caught_up_s": floor})
     if failures:
         rows.append({"variant": "failed", "errors": failures, "fatal": fatal})
     return rows
