@@ -10,11 +10,13 @@ the process "crashes":
 by raising :class:`InjectedCrash` (``testing.crash.mode=raise``, the default, which fails the
 batch like a dying worker would) or by exiting at once without clean-up (``exit``).
 
-Points: ``after-snapshot``, ``after-upload``, ``after-local-checkpoint-write`` (executor, in
-the commit), ``after-checkpoint-write`` (driver, after writing a checkpoint),
-``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored),
-``after-output-flush`` (executor, a DataFrame stream output durable, its task not finished),
-``during-stateful-step`` (executor, after a DataFrame step's output chunk was taken).
+Points of the commit and restore (:data:`POINTS`): ``after-snapshot``, ``after-upload``,
+``after-local-checkpoint-write`` (executor, in the commit), ``after-checkpoint-write`` (driver,
+after writing a checkpoint),
+``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored).
+Points of a DataFrame batch (:data:`FRAME_POINTS`): ``during-stateful-step`` (executor, after a
+step's output chunk was taken), ``after-output-flush`` (executor, a stream output durable, its
+task not finished).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ POINTS = (
     "after-checkpoint-write",
     "during-cleanup",
     "during-restore",
-    "after-output-flush",
-    "during-stateful-step",
 )
+
+#: points of a DataFrame pipeline's batch (a stateful step and its stream output)
+FRAME_POINTS = ("during-stateful-step", "after-output-flush")
 
 
 class InjectedCrash(Exception):

@@ -15,6 +15,7 @@ from generate import events
 
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.failpoints import FRAME_POINTS
 from sparkpoint.runtime.pipeline import ParquetSink
 from tests.e2e.cli import JOB, popen, sp
 from tests.helpers import (
@@ -79,7 +80,7 @@ def test_kill_9_mid_run_then_restart_exact_state_and_parquet_once(tmp_path: Path
     assert _views(tmp_path / "data" / "enriched-views") == want
 
 
-@pytest.mark.parametrize("point", ["during-stateful-step", "after-output-flush"])
+@pytest.mark.parametrize("point", FRAME_POINTS)
 @pytest.mark.parametrize("pipeline", ["counts_pipeline:job", PIPELINE])
 def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
     tmp_path: Path, pipeline: str, point: str
