@@ -67,18 +67,26 @@ def batch_source(
 ) -> BatchSource:
     """The batch of ``plans``: Spark partition ``i`` of its DataFrame is the task of
     ``plans[i]``; ``name`` names the reading UDF."""
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType, _parse_datatype_string
 
     value = f"STRUCT<{value_schema}>" if value_schema else value_type
-    ddl = SCHEMA.format(value=value)
-    schema = _parse_datatype_string(ddl)
+    schema = _parse_datatype_string(SCHEMA.format(value=value))
     assert isinstance(schema, StructType)
     rows = [(pickle.dumps(plan),) for plan in plans]
     source = spark.createDataFrame(task_rdd(spark.sparkContext, list(plans), rows), "plan BINARY")
-    read_schema = to_arrow_schema(schema)
+    read_schema = arrow_schema(schema)
     df = source.mapInArrow(_ReadPlans(read_schema, name), schema)
     return BatchSource(df, source, read_schema, name)
+
+
+def arrow_schema(schema: Any) -> Any:
+    """The Arrow schema of a DDL string or a Spark ``StructType``, as Spark hands it to Python."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+    assert isinstance(struct, StructType)
+    return to_arrow_schema(struct)
 
 
 def batch_dataframe(

@@ -52,7 +52,7 @@ from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.dataframe import BatchSource, batch_source
+from sparkpoint.runtime.dataframe import BatchSource, arrow_schema, batch_source
 from sparkpoint.runtime.frame_task import StepState, require_persistent_stores
 from sparkpoint.runtime.frame_udfs import (
     RESULT_SCHEMA,
@@ -445,7 +445,7 @@ class DataFrameRunner:
     ) -> list[TaskBatchResult]:
         """Run ``step`` and send what it yields to ``output``'s stream in one pass."""
         writer = self._writer(output, finisher)
-        schema = _arrow_schema(step.schema)
+        schema = arrow_schema(step.schema)
         projection = writes.projections.get(step.udf.name)
         if projection is None:
             job = step.input.mapInArrow(FusedStep(step.udf, writer, schema), RESULT_SCHEMA)
@@ -457,7 +457,7 @@ class DataFrameRunner:
                 schema,
                 source.read_schema,
                 projection,
-                _arrow_schema(step.input.schema),
+                arrow_schema(step.input.schema),
             )
             job = source.plans.mapInArrow(fused, RESULT_SCHEMA)
         return _collect(job, sent)
@@ -503,16 +503,6 @@ class _Writes:
             return "none fused"
         own = len(self.projections)
         return f"{len(self.fused)} fused with their step, {own} of them reading their own input"
-
-
-def _arrow_schema(schema: Any) -> Any:
-    """The Arrow schema of a DDL string or a Spark ``StructType``, as Spark hands it to Python."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
-    assert isinstance(struct, StructType)
-    return to_arrow_schema(struct)
 
 
 def _collect(job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:
