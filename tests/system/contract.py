@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pytest
 
 from sparkpoint.errors import StreamNotFound
@@ -180,6 +181,32 @@ class SystemContract:
         producer.flush()
         got = consumer.read(ssp, "0", "100")
         assert [(r.offset, r.value) for r in got] == [("10", b"after")]  # offsets never reused
+
+    def test_columns_hold_the_records_read_returns(self, system: SystemUnderTest) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("cols", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        large = bytes(range(256)) * 3000
+        sent = [rec(f"k{i % 5}", f"v{i}", 1000 + i) for i in range(40)]
+        sent[3] = rec(None, "keyless", 3)
+        sent[4] = rec("k", None, 4)  # a tombstone
+        sent[5] = Record("", b"", b"", 5)  # empty is not null
+        sent[6] = Record("", b"\xff\x00", large, 6)  # binary, large
+        producer.send_many("cols", 0, sent)
+        producer.flush()
+        consumer = system.factory.get_consumer(system.name, system.config)
+        ssp = self.ssp(system, "cols")
+        consumer.register(ssp, "0")
+        ranges = [("0", "40", None), ("2", "9", None), ("10", "99", 7), ("40", "50", None)]
+        for start, end, most in ranges:
+            records = list(consumer.read(ssp, start, end, most))
+            columns = consumer.read_columns(ssp, start, end, most)
+            assert len(columns) == len(records)
+            assert columns.records() == records
+            assert columns.offsets.type == pa.string() and columns.timestamps.type == pa.int64()
+            assert columns.keys.type == pa.binary() and columns.values.type == pa.binary()
+            if records:
+                assert columns.last_offset == records[-1].offset
 
     def test_keys_are_partitioned_stably_and_within_range(self, system: SystemUnderTest) -> None:
         admin = system.factory.get_admin(system.name, system.config)

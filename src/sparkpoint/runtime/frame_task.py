@@ -41,6 +41,7 @@ from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from sparkpoint.config import Config
@@ -53,6 +54,7 @@ from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.system.base import Record
+from sparkpoint.system.columns import RecordColumns, newline_joined
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +132,13 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
         consumer = batch.systems.consumer(ssp.system)
         try:
             while admin.offset_comparator(offset, end) < 0:
-                records = consumer.read(ssp, offset, end, READ_CHUNK)
-                if not records:
+                columns = consumer.read_columns(ssp, offset, end, READ_CHUNK)
+                if not len(columns):
                     break
-                yield decoder.decode(records)
-                processed += len(records)
-                last_processed[ssp] = records[-1].offset
-                offset = next_offsets[ssp] = admin.offset_after(ssp, records[-1].offset)
+                yield decoder.decode(columns)
+                processed += len(columns)
+                last_processed[ssp] = columns.last_offset
+                offset = next_offsets[ssp] = admin.offset_after(ssp, columns.last_offset)
         finally:
             consumer.close()
     batch.local.write_note(
@@ -159,7 +161,7 @@ def _utf8(data: bytes) -> bool:
 
 
 class _ChunkDecoder:
-    """Turns a chunk of one SSP's records into an Arrow record batch."""
+    """Turns a chunk of one SSP's records (as columns) into an Arrow record batch."""
 
     def __init__(self, batch: TaskBatch, ssp: SystemStreamPartition, schema: pa.Schema) -> None:
         self.batch = batch
@@ -169,38 +171,38 @@ class _ChunkDecoder:
         self.value_type = schema.field("value").type
         self.task = batch.plan.task.name.name
 
-    def decode(self, records: Sequence[Record]) -> pa.RecordBatch:
-        n = len(records)
+    def decode(self, columns: RecordColumns) -> pa.RecordBatch:
+        n = len(columns)
         arrays = [
-            pa.array([self.task] * n, pa.string()),
-            pa.array([self.ssp.stream] * n, pa.string()),
-            pa.array([self.ssp.partition] * n, pa.int32()),
-            pa.array([r.offset for r in records], pa.string()),
-            self._keys(records),
-            self._values(records),
-            pa.array([r.timestamp for r in records], pa.int64()),
+            pa.repeat(pa.scalar(self.task, pa.string()), n),
+            pa.repeat(pa.scalar(self.ssp.stream, pa.string()), n),
+            pa.repeat(pa.scalar(self.ssp.partition, pa.int32()), n),
+            columns.offsets,
+            self._keys(columns),
+            self._values(columns),
+            columns.timestamps,
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _keys(self, records: Sequence[Record]) -> pa.Array:
+    def _keys(self, columns: RecordColumns) -> pa.Array:
         if self.key_serde.name == "string":
             try:
-                return pa.array([r.key for r in records], pa.binary()).cast(pa.string())
+                return columns.keys.cast(pa.string())
             except pa.ArrowInvalid:
                 pass  # not UTF-8 somewhere: the serde names the record below
+        records = columns.records()
         keys = [self.batch.decode(self.ssp, r, self.key_serde, None)[0] for r in records]
         return pa.array([None if k is None else str(k) for k in keys], pa.string())
 
-    def _values(self, records: Sequence[Record]) -> pa.Array:
-        raw = [r.value for r in records]
+    def _values(self, columns: RecordColumns) -> pa.Array:
+        data = columns.values
         if not pa.types.is_struct(self.value_type):
-            data = pa.array(raw, pa.binary())
             if pa.types.is_binary(self.value_type):
                 return data  # the raw bytes, whatever the serde
             try:
                 return data.cast(pa.string())
             except pa.ArrowInvalid:
-                bad = next(r for r in records if r.value is not None and not _utf8(r.value))
+                bad = next(r for r in columns.records() if r.value and not _utf8(r.value))
                 raise TaskError(
                     f"task {self.task}: message at {self.ssp} offset {bad.offset} is not UTF-8 "
                     "text; read this input with value_type='BINARY'"
@@ -211,20 +213,21 @@ class _ChunkDecoder:
                 f"{self.msg_serde.name!r} serde (streams.{self.ssp.stream}.samza.msg.serde); "
                 "read it with value_type='STRING' or 'BINARY' instead"
             )
-        if not any(v is not None and b"\n" in v for v in raw):
+        if not data.null_count and not pc.any(pc.match_substring(data, pattern="\n")).as_py():
             try:
-                return self._json_structs(raw)
+                return self._json_structs(data)
             except pa.ArrowInvalid:
                 pass  # a value Arrow cannot parse: decode one by one for a precise error
-        values = self._decode_each(records)
+        values = self._decode_each(columns.records())
         names = [f.name for f in self.value_type]
         return pa.array(
             [{f: v.get(f) for f in names} if isinstance(v, dict) else None for v in values],
             self.value_type,
         )
 
-    def _json_structs(self, raw: Sequence[bytes | None]) -> pa.Array:
-        text = b"\n".join(b"{}" if v is None else v for v in raw)
+    def _json_structs(self, data: pa.Array) -> pa.Array:
+        """Values without nulls or newlines parsed as JSON by Arrow, in bulk."""
+        text = newline_joined(data)
         table = pa_json.read_json(
             io.BytesIO(text),
             read_options=pa_json.ReadOptions(block_size=max(1 << 20, len(text) + 1)),
@@ -233,11 +236,10 @@ class _ChunkDecoder:
                 unexpected_field_behavior="ignore",
             ),
         )
-        if table.num_rows != len(raw):
+        if table.num_rows != len(data):
             raise pa.ArrowInvalid("row count differs")
         columns = [table.column(f.name).combine_chunks() for f in self.value_type]
-        mask = pa.array([v is None for v in raw], pa.bool_())
-        return pa.StructArray.from_arrays(columns, fields=list(self.value_type), mask=mask)
+        return pa.StructArray.from_arrays(columns, fields=list(self.value_type))
 
     def _decode_each(self, records: Sequence[Record]) -> list[Any]:
         return [self.batch.decode(self.ssp, r, self.key_serde, self.msg_serde)[1] for r in records]

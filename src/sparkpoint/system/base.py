@@ -20,6 +20,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition
 
 if TYPE_CHECKING:
     from sparkpoint.startpoint.model import Startpoint
+    from sparkpoint.system.columns import RecordColumns
 
 
 class Record(NamedTuple):
@@ -183,6 +184,15 @@ class SystemConsumer(ABC):
 
         Raises :class:`CorruptRecordError` naming stream, partition and offset on bad data.
         """
+
+    def read_columns(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> RecordColumns:
+        """:meth:`read`'s records as Arrow columns (what a DataFrame batch reads). This default
+        converts the records; a system that can decode straight into columns overrides it."""
+        from sparkpoint.system.columns import RecordColumns
+
+        return RecordColumns.from_records(self.read(ssp, start, end, max_records))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""

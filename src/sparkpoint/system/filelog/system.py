@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, StreamNotFound, UserError
@@ -32,6 +33,9 @@ from sparkpoint.system.base import (
     SystemProducer,
 )
 from sparkpoint.system.filelog.partition import PartitionLog
+
+if TYPE_CHECKING:
+    from sparkpoint.system.columns import RecordColumns
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -158,6 +162,12 @@ class FileLogConsumer(SystemConsumer):
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Sequence[Record]:
         return self._s.log(ssp.stream, ssp.partition).read(int(start), int(end), max_records)
+
+    def read_columns(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> RecordColumns:
+        log = self._s.log(ssp.stream, ssp.partition)
+        return log.read_columns(int(start), int(end), max_records)
 
 
 class FileLogProducer(SystemProducer):
