@@ -183,12 +183,12 @@ class StreamWriterUdf:
                     continue
                 if not task and "task" in chunk.schema.names:
                     task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
-                keys = None if self.key is None else chunk.column(self.key).to_pylist()
-                if self.value is None:
-                    messages = chunk.to_pylist()
+                keys = None if self.key is None else chunk.column(self.key)
+                if self.value is None:  # the whole row, as a dict of its columns
+                    messages = pa.StructArray.from_arrays(chunk.columns, names=chunk.schema.names)
                 else:
-                    messages = chunk.column(self.value).to_pylist()
-                collector.send_many(self.stream, keys, messages)
+                    messages = chunk.column(self.value)
+                collector.send_arrow(self.stream, keys, messages)
             collector.flush()  # durable before the task commits
             maybe_crash(config, "after-output-flush")
         finally:

@@ -177,14 +177,24 @@ class FileLogProducer(SystemProducer):
         self._buffered = 0
         self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int]]] = {}
 
-    def send(self, stream: str, partition: int, record: Record) -> None:
+    def _batch(self, stream: str, partition: int) -> list[tuple[bytes | None, bytes | None, int]]:
         key = (stream, partition)
         batch = self._pending.get(key)
         if batch is None:
             self._s.log(stream, partition)  # validates stream and partition now
             batch = self._pending[key] = []
-        batch.append((record.key, record.value, record.timestamp))
+        return batch
+
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        self._batch(stream, partition).append((record.key, record.value, record.timestamp))
         self._buffered += len(record.key or b"") + len(record.value or b"") + 32
+        if self._buffered >= self._limit:
+            self.flush()
+
+    def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
+        added = [(r.key, r.value, r.timestamp) for r in records]
+        self._batch(stream, partition).extend(added)
+        self._buffered += sum(len(k or b"") + len(v or b"") + 32 for k, v, _ in added)
         if self._buffered >= self._limit:
             self.flush()
 
