@@ -9,7 +9,7 @@ import pytest
 
 from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.model import SystemStreamPartition
-from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.base import Record, StreamSpec
 from sparkpoint.system.filelog import FileLogSystemFactory, columnar
 from sparkpoint.system.filelog import format as fmt
 from tests.system.appender import append
@@ -195,8 +195,9 @@ def test_a_damaged_index_never_hides_records_from_readers(
 def test_columnar_decoding_checks_every_byte_as_the_record_decoder_does() -> None:
     """Each byte of a small log flipped in turn: the columnar decoder returns what the record
     decoder returns, or fails with the same error for the same offset."""
-    keyed = [(f"k{i}".encode(), f"value-{i}".encode(), 100 + i) for i in range(4)]
-    records = [*keyed, (None, b"keyless", 7), (b"k", None, 8), (b"", b"", 9)]
+    keyed = [Record("", f"k{i}".encode(), f"value-{i}".encode(), 100 + i) for i in range(4)]
+    odd = [Record("", None, b"keyless", 7), Record("", b"k", None, 8), Record("", b"", b"", 9)]
+    records = [*keyed, *odd]
     log, index, n = fmt.encode_many(50, records)
     entries = columnar.index_entries(index)
     offsets, positions = entries["offset"], entries["position"]

@@ -52,19 +52,20 @@ def encode(offset: int, key: bytes | None, value: bytes | None, timestamp: int) 
 
 def encode_many(
     first_offset: int,
-    records: Iterable[tuple[bytes | None, bytes | None, int]],
+    records: Iterable[Record],
     base: int = 0,
     max_ts: int = MIN_TIMESTAMP,
 ) -> tuple[bytes, bytes, int]:
-    """Records numbered from ``first_offset``, to be written at byte ``base`` of the log after
-    records whose largest timestamp is ``max_ts``: (log bytes, index bytes, records)."""
+    """Records numbered from ``first_offset`` (their own ``offset`` is ignored), to be written
+    at byte ``base`` of the log after records whose largest timestamp is ``max_ts``: (log
+    bytes, index bytes, records)."""
     parts: list[bytes] = []
     index: list[bytes] = []
     add, note = parts.append, index.append
     pack_body, pack_header, pack_index, crc32 = BODY.pack, HEADER.pack, INDEX.pack, zlib.crc32
     pos = base
     offset = first_offset
-    for key, value, ts in records:  # encode(), inlined: this runs once per record written
+    for _, key, value, ts in records:  # encode(), inlined: this runs once per record written
         k = b"" if key is None else key
         v = b"" if value is None else value
         body = pack_body(offset, ts, -1 if key is None else len(k), -1 if value is None else len(v))

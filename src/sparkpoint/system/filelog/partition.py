@@ -310,8 +310,9 @@ class PartitionLog:
                 os.fsync(index_file.fileno())
             return last_offset + 1, max_ts
 
-    def append(self, records: Sequence[tuple[bytes | None, bytes | None, int]]) -> tuple[int, int]:
-        """Append durably; returns the first and last offsets assigned."""
+    def append(self, records: Sequence[Record]) -> tuple[int, int]:
+        """Append durably (offsets are assigned here: the records' own are ignored); returns
+        the first and last offsets assigned."""
         if not records:
             raise ValueError("nothing to append")
         with self._locked():

@@ -175,9 +175,9 @@ class FileLogProducer(SystemProducer):
         self._s = streams
         self._limit = buffer_bytes
         self._buffered = 0
-        self._pending: dict[tuple[str, int], list[tuple[bytes | None, bytes | None, int]]] = {}
+        self._pending: dict[tuple[str, int], list[Record]] = {}
 
-    def _batch(self, stream: str, partition: int) -> list[tuple[bytes | None, bytes | None, int]]:
+    def _batch(self, stream: str, partition: int) -> list[Record]:
         key = (stream, partition)
         batch = self._pending.get(key)
         if batch is None:
@@ -186,15 +186,16 @@ class FileLogProducer(SystemProducer):
         return batch
 
     def send(self, stream: str, partition: int, record: Record) -> None:
-        self._batch(stream, partition).append((record.key, record.value, record.timestamp))
+        self._batch(stream, partition).append(record)
         self._buffered += len(record.key or b"") + len(record.value or b"") + 32
         if self._buffered >= self._limit:
             self.flush()
 
     def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
-        added = [(r.key, r.value, r.timestamp) for r in records]
-        self._batch(stream, partition).extend(added)
-        self._buffered += sum(len(k or b"") + len(v or b"") + 32 for k, v, _ in added)
+        batch = self._batch(stream, partition)
+        start = len(batch)
+        batch.extend(records)
+        self._buffered += sum(len(k or b"") + len(v or b"") + 32 for _, k, v, _ in batch[start:])
         if self._buffered >= self._limit:
             self.flush()
 
