@@ -37,6 +37,7 @@ from sparkpoint.runtime.frame_task import (
     step_ran,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan
+from sparkpoint.storage.task_storage import held_engines
 
 StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
 
@@ -241,8 +242,9 @@ class FusedStep:
             result = None if finisher is None else finisher.finish(plan)
             yield _result(plan.task.name.name, 0, result)
             return
-        out = self._verified(plan, self.step.run(plan, chunks))
-        yield from self.writer.write(out, plan)
+        with held_engines():  # the read, the step and the finish open the stores once
+            out = self._verified(plan, self.step.run(plan, chunks))
+            yield from self.writer.write(out, plan)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.run(self.step.plan(), chunks)

@@ -22,8 +22,9 @@ cleared by :meth:`TaskStorage.open` before anything changes and written by
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,31 @@ EMPTY_STATE = "empty"
 
 # In-memory engines live only inside this Python worker, tagged with the state id they hold.
 _MEMORY: dict[tuple[str, str], tuple[str, KeyValueEngine]] = {}
+# Inside held_engines(): persistent engines a phase of a batch closed, for the next phase in
+# this process to take again, keyed by (task, store); None outside the block.
+_HELD: dict[tuple[str, str], KeyValueEngine] | None = None
+
+
+@contextlib.contextmanager
+def held_engines() -> Iterator[None]:
+    """Run several phases of one batch (a DataFrame task's read, stateful step and finish, in
+    one Python worker) with their stores opened once: inside the block, a phase's
+    :meth:`TaskStorage.close` without a state id keeps the persistent engines open, and the
+    next :meth:`TaskStorage.open_live` of the same task and store takes them again (a RocksDB
+    open replays its write-ahead log: about 25 ms a store). :meth:`TaskStorage.open`, which
+    may restore, and the final close with a state id close them for real; the block closes
+    whatever is left, on success or failure."""
+    global _HELD
+    if _HELD is not None:
+        yield  # already inside a block
+        return
+    _HELD = {}
+    try:
+        yield
+    finally:
+        held, _HELD = _HELD, None
+        for engine in held.values():
+            engine.close()
 
 
 def checkpoint_state_id(checkpoint_id: str) -> str:
@@ -130,6 +156,7 @@ class TaskStorage:
         restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
         :attr:`restored` saying what each store's restore did). The marker is cleared either
         way: the stores are about to change."""
+        self._release_held()
         marker = self.local.read_marker()
         missing = self._missing_stores()
         if self.is_current(expected_state_id):
@@ -176,9 +203,22 @@ class TaskStorage:
 
     def open_live(self, stores: Iterable[str] | None = None) -> None:
         """Open ``stores`` (all by default) as they are on disk, without checking the marker:
-        for a later phase of a batch whose state :meth:`open` already established."""
+        for a later phase of a batch whose state :meth:`open` already established (inside
+        :func:`held_engines`, taking the engines an earlier phase left open)."""
         names = self.config.stores if stores is None else list(stores)
-        self.engines = {s: self._open_engine(s) for s in names}
+        held = {} if _HELD is None else _HELD
+        task = self.task.name.name
+        self.engines = {}
+        for store in names:
+            engine = held.pop((task, store), None)
+            self.engines[store] = self._open_engine(store) if engine is None else engine
+
+    def _release_held(self) -> None:
+        """Close the engines of this task an earlier phase left open (:func:`held_engines`)."""
+        if _HELD:
+            task = self.task.name.name
+            for key in [k for k in _HELD if k[0] == task]:
+                _HELD.pop(key).close()
 
     def _missing_stores(self) -> list[str]:
         """Persistent stores whose database is not on disk (a lost or deleted directory): the
@@ -319,7 +359,10 @@ class TaskStorage:
         self._backups.clear()
         for name, engine in list(self.engines.items()):
             if engine.persistent:
-                engine.close()
+                if state_id is None and _HELD is not None:
+                    _HELD[(self.task.name.name, name)] = engine  # the next phase takes it
+                else:
+                    engine.close()
                 del self.engines[name]
         if state_id is None:
             return
