@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -135,6 +136,11 @@ def _descendants(pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def _batches_done(log: Path, start: int) -> int:
+    """Batches the run whose output starts at byte ``start`` of ``log`` has reported."""
+    return len(re.findall(rb"batch \d+: ", log.read_bytes()[start:]))
+
+
 def _python_workers(pid: int) -> list[int]:
     """Spark's Python workers below ``pid``: the processes a ``pyspark.daemon`` forked."""
     below = _descendants(pid)
@@ -172,8 +178,11 @@ def run(
     rng: random.Random,
     log: Path,
     cluster: StandaloneCluster | None = None,
+    *,
+    pending: int = 0,
 ) -> None:
-    """One run: to the end of the input, or killed with ``kill`` at a random moment."""
+    """One run: to the end of the input, or killed with ``kill`` at a random moment while it
+    reads its ``pending`` views."""
     args = [SPARKPOINT, "run", str(variant.job), "--until-caught-up"]
     if variant.master:
         args += ["--master", variant.master]
@@ -187,9 +196,13 @@ def run(
                 raise SystemExit(f"{variant.name}: the final run failed; see {log}")
             return
         started = log.stat().st_size
-        while driver.poll() is None and b"batch 1:" not in log.read_bytes()[started:]:
-            time.sleep(0.05)  # Spark is starting: wait for the first batch
-        deadline = time.monotonic() + rng.uniform(0.2, 4)
+        # The kill lands after a random batch of the run, short of its last, and up to half a
+        # second into the next one: a moment picked in seconds missed every batch of a short
+        # run once the job got faster.
+        target = rng.randint(1, max(1, -(-pending // (BATCH * TASKS)) - 1))
+        while driver.poll() is None and _batches_done(log, started) < target:
+            time.sleep(0.02)  # Spark is starting, or the run has not reached its kill yet
+        deadline = time.monotonic() + rng.uniform(0, 0.5)
         while time.monotonic() < deadline and driver.poll() is None:
             time.sleep(0.02)
         if driver.poll() is not None:
@@ -338,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             kinds = ["driver", "python-worker"] + (["worker"] if variant.master else [])
             kind = rng.choice(kinds)
             on = cluster if variant.master else None
-            run(variant, kind, rng, variant.root / "run.log", on)
+            run(variant, kind, rng, variant.root / "run.log", on, pending=n)
             print(f"kill {i + 1}/{args.kills}: {variant.name} ({kind})", file=sys.stderr)
         totals: Counter[str] = Counter()
         bound = 0
