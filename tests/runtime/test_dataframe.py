@@ -130,3 +130,23 @@ def test_the_batch_dataframe_prefers_each_tasks_executor(tmp_path: Path, spark: 
     conv = spark.sparkContext._jvm.scala.jdk.javaapi.CollectionConverters
     preferred = [[str(loc) for loc in conv.asJava(sc.getPreferredLocs(rdd, i))] for i in range(4)]
     assert preferred == [[loc] for loc in where]
+
+
+def test_without_affinity_the_plans_frame_is_built_in_the_jvm(spark: Any) -> None:
+    """Partition ``i`` holds row ``i``, and no Python RDD runs only to make the rows (it used
+    to start Python workers of its own every batch)."""
+    from types import SimpleNamespace
+
+    from sparkpoint.runtime.spark import task_frame
+
+    rows = [f"plan-{i}".encode() * (i + 1) for i in range(5)]
+    plans: Any = [SimpleNamespace(location=None) for _ in rows]
+    frame = task_frame(spark, plans, rows)
+    assert frame.rdd.getNumPartitions() == 5
+    per_partition = frame.rdd.mapPartitions(lambda it: [[bytes(r.plan) for r in it]]).collect()
+    assert per_partition == [[r] for r in rows]
+    physical = frame._jdf.queryExecution().executedPlan().toString()
+    assert "Range" in physical and "ExistingRDD" not in physical and "Python" not in physical
+    placed: Any = [SimpleNamespace(location=f"executor_h_{i}") for i in range(5)]
+    located = task_frame(spark, placed, rows)
+    assert "ExistingRDD" in located._jdf.queryExecution().executedPlan().toString()

@@ -1,12 +1,12 @@
 """A micro-batch as a Spark DataFrame, read on the executors.
 
 :func:`batch_dataframe` turns the coordinator's plans for one batch into a DataFrame with **one
-Spark partition per task**, in plan order: a DataFrame of the pickled plans, built over an RDD
-whose partitions prefer their task's executor (host affinity, :func:`~sparkpoint.runtime.
-spark.task_rdd`), mapped by ``mapInArrow`` to the task's messages as Arrow batches (no
-driver-side collect) by :func:`sparkpoint.runtime.frame_task.read_batches`, which also
-establishes the task's state. Every step after it is narrow or reads its cache, so it runs
-where the task's state is. Columns:
+Spark partition per task**, in plan order: a DataFrame of the pickled plans (built in the JVM,
+or over an RDD whose partitions prefer their task's executor under host affinity:
+:func:`~sparkpoint.runtime.spark.task_frame`), mapped by ``mapInArrow`` to the task's messages
+as Arrow batches (no driver-side collect) by :func:`sparkpoint.runtime.frame_task.
+read_batches`, which also establishes the task's state. Every step after it is narrow or
+reads its cache, so it runs where the task's state is. Columns:
 ``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
 decoded by the stream's key serde into a string; the value by the stream's value serde: with
 ``value_schema`` (a DDL string such as ``"user STRING, page STRING, ts LONG"``) JSON values
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.runtime.plan import TaskBatchPlan
-from sparkpoint.runtime.spark import task_rdd
+from sparkpoint.runtime.spark import task_frame
 
 SCHEMA = (
     "task STRING, stream STRING, partition INT, offset STRING, key STRING, "
@@ -72,8 +72,7 @@ def batch_source(
     value = f"STRUCT<{value_schema}>" if value_schema else value_type
     schema = _parse_datatype_string(SCHEMA.format(value=value))
     assert isinstance(schema, StructType)
-    rows = [(pickle.dumps(plan),) for plan in plans]
-    source = spark.createDataFrame(task_rdd(spark.sparkContext, list(plans), rows), "plan BINARY")
+    source = task_frame(spark, list(plans), [pickle.dumps(plan) for plan in plans])
     read_schema = arrow_schema(schema)
     df = source.mapInArrow(_ReadPlans(read_schema, name), schema)
     return BatchSource(df, source, read_schema, name)

@@ -179,6 +179,23 @@ def task_rdd(sc: Any, plans: list[TaskBatchPlan], items: list[Any] | None = None
     return sc.parallelize(items, max(1, len(items)))
 
 
+def task_frame(spark: Any, plans: list[TaskBatchPlan], rows: list[bytes]) -> Any:
+    """A DataFrame ``plan BINARY`` with one partition per plan, partition ``i`` holding
+    ``rows[i]``. Without host affinity it is built in the JVM alone (a range of one id per
+    partition, each picking its row from a literal array): a DataFrame over a Python RDD
+    (:func:`task_rdd`) would run Python workers of their own every batch only to convert
+    the rows. With affinity, the RDD carries each partition's preferred executor."""
+    from pyspark.sql import functions as F
+
+    if not rows or any(p.location for p in plans):
+        return spark.createDataFrame(
+            task_rdd(spark.sparkContext, plans, [(r,) for r in rows]), "plan BINARY"
+        )
+    table = F.array(*[F.lit(bytearray(r)) for r in rows])
+    ids = spark.range(0, len(rows), 1, len(rows))
+    return ids.select(F.element_at(table, (F.col("id") + 1).cast("int")).alias("plan"))
+
+
 def record_executors(
     sc: Any, group: str, plans: list[TaskBatchPlan], results: list[TaskBatchResult]
 ) -> None:
