@@ -150,3 +150,26 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(spark: Any) -> Non
     placed: Any = [SimpleNamespace(location=f"executor_h_{i}") for i in range(5)]
     located = task_frame(spark, placed, rows)
     assert "ExistingRDD" in located._jdf.queryExecution().executedPlan().toString()
+
+
+def test_the_warm_up_readies_workers_and_never_fails_the_job(spark: Any) -> None:
+    import sys
+    import threading
+
+    from sparkpoint.runtime.frame_udfs import WarmUp, warm_up
+
+    out = list(WarmUp()(iter([])))
+    assert out[0].to_pydict() == {"ready": [True]}
+    assert all(m in sys.modules for m in WarmUp.MODULES)
+    ran = spark.range(0, 2, 1, 2).mapInArrow(WarmUp(), "ready BOOLEAN").collect()
+    assert [r.ready for r in ran] == [True, True]
+
+    class Broken:
+        def range(self, *args: Any) -> Any:
+            raise RuntimeError("session stopped")
+
+    before = set(threading.enumerate())
+    warm_up(Broken(), 2)  # logged, not raised
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)
+    assert not [t for t in threading.enumerate() if t.name == "python-warm-up" and t.is_alive()]
