@@ -132,7 +132,9 @@ def test_the_batch_dataframe_prefers_each_tasks_executor(tmp_path: Path, spark: 
     assert preferred == [[loc] for loc in where]
 
 
-def test_without_affinity_the_plans_frame_is_built_in_the_jvm(spark: Any) -> None:
+def test_without_affinity_the_plans_frame_is_built_in_the_jvm(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Partition ``i`` holds row ``i``, and no Python RDD runs only to make the rows (it used
     to start Python workers of its own every batch)."""
     from types import SimpleNamespace
@@ -150,6 +152,10 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(spark: Any) -> Non
     placed: Any = [SimpleNamespace(location=f"executor_h_{i}") for i in range(5)]
     located = task_frame(spark, placed, rows)
     assert "ExistingRDD" in located._jdf.queryExecution().executedPlan().toString()
+    monkeypatch.setattr("sparkpoint.runtime.spark.JVM_PLANS_MAX_BYTES", 400)
+    large = task_frame(spark, plans, rows)  # 5 tasks x 90 bytes: over the limit
+    assert "ExistingRDD" in large._jdf.queryExecution().executedPlan().toString()
+    assert [bytes(r.plan) for r in large.collect()] == rows
 
 
 def test_the_warm_up_readies_workers_and_never_fails_the_job(spark: Any) -> None:

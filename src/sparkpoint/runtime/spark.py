@@ -179,15 +179,22 @@ def task_rdd(sc: Any, plans: list[TaskBatchPlan], items: list[Any] | None = None
     return sc.parallelize(items, max(1, len(items)))
 
 
+#: the most plan bytes (all tasks' copies of the literal array together) the JVM-built plans
+#: frame ships per batch; past it, each task gets only its own row, over an RDD
+JVM_PLANS_MAX_BYTES = 8 * 1024 * 1024
+
+
 def task_frame(spark: Any, plans: list[TaskBatchPlan], rows: list[bytes]) -> Any:
     """A DataFrame ``plan BINARY`` with one partition per plan, partition ``i`` holding
     ``rows[i]``. Without host affinity it is built in the JVM alone (a range of one id per
     partition, each picking its row from a literal array): a DataFrame over a Python RDD
     (:func:`task_rdd`) would run Python workers of their own every batch only to convert
-    the rows. With affinity, the RDD carries each partition's preferred executor."""
+    the rows. With affinity (the RDD carries each partition's preferred executor) or many
+    large plans (:data:`JVM_PLANS_MAX_BYTES`) it is built over the RDD."""
     from pyspark.sql import functions as F
 
-    if not rows or any(p.location for p in plans):
+    shipped = len(rows) * sum(len(r) for r in rows)  # every task carries the whole array
+    if not rows or any(p.location for p in plans) or shipped > JVM_PLANS_MAX_BYTES:
         return spark.createDataFrame(
             task_rdd(spark.sparkContext, plans, [(r,) for r in rows]), "plan BINARY"
         )

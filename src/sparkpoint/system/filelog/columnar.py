@@ -18,7 +18,6 @@ from sparkpoint.system.filelog.format import (
     HEADER_SIZE,
     INDEX_SIZE,
     MAGIC,
-    FormatError,
     decode_span,
 )
 
@@ -50,7 +49,9 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
     passes instead of a Python step per record. ``buf`` holds the records at ``positions``
     of the log (``buf`` starts at ``positions[0]``), which must have ``offsets``. Every check
     of ``decode_span`` is made (framing, offsets, lengths, each record's CRC); on a failure
-    ``decode_span`` runs to raise its precise :class:`FormatError`."""
+    ``decode_span`` runs instead: it raises its precise :class:`FormatError`, or returns the
+    records when only the index's positions were off (it reads the records one after the
+    other)."""
     n = len(offsets)
     if n == 0:
         return RecordColumns.from_records([])
@@ -81,9 +82,9 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
         view = memoryview(buf)
         crcs = map(zlib.crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist())))
         sound = bool((np.fromiter(crcs, np.uint32, n) == fixed["crc"]).all())
-    if not sound:
-        decode_span(buf, offsets.tolist())  # raises a FormatError naming the record
-        raise FormatError(int(starts[0]), "records disagree with the index", int(offsets[0]))
+    if not sound:  # the record decoder names the bad record, or (the index's positions
+        # were off, the records sound) reads them
+        return RecordColumns.from_records(decode_span(buf, offsets.tolist()))
     return RecordColumns(
         pa.array(fixed["offset"].astype(np.int64)).cast(pa.string()),
         binary_array(data, kpos, klen),
