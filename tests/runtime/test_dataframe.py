@@ -179,3 +179,13 @@ def test_the_warm_up_readies_workers_and_never_fails_the_job(spark: Any) -> None
     for thread in set(threading.enumerate()) - before:
         thread.join(5)
     assert not [t for t in threading.enumerate() if t.name == "python-warm-up" and t.is_alive()]
+
+
+def test_schemas_are_parsed_once_and_must_be_columns(spark: Any) -> None:
+    from sparkpoint.errors import ConfigError
+    from sparkpoint.runtime.dataframe import arrow_schema, spark_schema
+
+    assert spark_schema("user STRING, n LONG") is spark_schema("user STRING, n LONG")
+    assert arrow_schema("user STRING, n LONG").names == ["user", "n"]
+    with pytest.raises(ConfigError, match="'INT' is not a list of columns"):
+        spark_schema("INT")

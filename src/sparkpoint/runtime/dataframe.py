@@ -16,11 +16,13 @@ become a struct of those fields (missing fields are null); otherwise ``value_typ
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.plan import TaskBatchPlan
 from sparkpoint.runtime.spark import task_frame
 
@@ -67,25 +69,31 @@ def batch_source(
 ) -> BatchSource:
     """The batch of ``plans``: Spark partition ``i`` of its DataFrame is the task of
     ``plans[i]``; ``name`` names the reading UDF."""
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
     value = f"STRUCT<{value_schema}>" if value_schema else value_type
-    schema = _parse_datatype_string(SCHEMA.format(value=value))
-    assert isinstance(schema, StructType)
+    schema = spark_schema(SCHEMA.format(value=value))
     source = task_frame(spark, list(plans), [pickle.dumps(plan) for plan in plans])
     read_schema = arrow_schema(schema)
     df = source.mapInArrow(_ReadPlans(read_schema, name), schema)
     return BatchSource(df, source, read_schema, name)
 
 
+@functools.lru_cache(maxsize=64)
+def spark_schema(ddl: str) -> Any:
+    """The ``StructType`` of a DDL string. Cached: Spark's JVM parses it, and every batch asks
+    for the same few schemas again."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = _parse_datatype_string(ddl)
+    if not isinstance(struct, StructType):
+        raise ConfigError(f"schema {ddl!r} is not a list of columns (name TYPE, ...)")
+    return struct
+
+
 def arrow_schema(schema: Any) -> Any:
     """The Arrow schema of a DDL string or a Spark ``StructType``, as Spark hands it to Python."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
 
-    struct = _parse_datatype_string(schema) if isinstance(schema, str) else schema
-    assert isinstance(struct, StructType)
-    return to_arrow_schema(struct)
+    return to_arrow_schema(spark_schema(schema) if isinstance(schema, str) else schema)
 
 
 def batch_dataframe(
