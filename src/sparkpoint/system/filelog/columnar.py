@@ -78,9 +78,8 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
         and int(end[-1]) == len(data)
         and bool((vpos + np.maximum(vlen, 0) == end).all())
     )
-    if sound:  # the CRCs: one C call per record, no Python bytecode between them
-        view = memoryview(buf)
-        crcs = map(zlib.crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist())))
+    if sound:  # the CRCs: C calls only (a copied slice of bytes checks faster than a view)
+        crcs = map(zlib.crc32, map(buf.__getitem__, map(slice, body.tolist(), end.tolist())))
         sound = bool((np.fromiter(crcs, np.uint32, n) == fixed["crc"]).all())
     if not sound:  # the record decoder names the bad record, or (the index's positions
         # were off, the records sound) reads them
