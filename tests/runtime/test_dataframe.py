@@ -158,29 +158,6 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(
     assert [bytes(r.plan) for r in large.collect()] == rows
 
 
-def test_the_warm_up_readies_workers_and_never_fails_the_job(spark: Any) -> None:
-    import sys
-    import threading
-
-    from sparkpoint.runtime.frame_udfs import WarmUp, warm_up
-
-    out = list(WarmUp()(iter([])))
-    assert out[0].to_pydict() == {"ready": [True]}
-    assert all(m in sys.modules for m in WarmUp.MODULES)
-    ran = spark.range(0, 2, 1, 2).mapInArrow(WarmUp(), "ready BOOLEAN").collect()
-    assert [r.ready for r in ran] == [True, True]
-
-    class Broken:
-        def range(self, *args: Any) -> Any:
-            raise RuntimeError("session stopped")
-
-    before = set(threading.enumerate())
-    warm_up(Broken(), 2)  # logged, not raised
-    for thread in set(threading.enumerate()) - before:
-        thread.join(5)
-    assert not [t for t in threading.enumerate() if t.name == "python-warm-up" and t.is_alive()]
-
-
 def test_schemas_are_parsed_once_and_must_be_columns(spark: Any) -> None:
     from sparkpoint.errors import ConfigError
     from sparkpoint.runtime.dataframe import arrow_schema, spark_schema

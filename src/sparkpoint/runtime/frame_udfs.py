@@ -18,10 +18,7 @@ unfused path keeps its guard: a step computed twice in a batch fails the batch.
 
 from __future__ import annotations
 
-import importlib
-import logging
 import pickle
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
@@ -41,8 +38,6 @@ from sparkpoint.runtime.frame_task import (
 )
 from sparkpoint.runtime.plan import TaskBatchPlan
 from sparkpoint.storage.task_storage import held_engines
-
-log = logging.getLogger(__name__)
 
 StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
 
@@ -292,43 +287,6 @@ class FusedRead(FusedStep):
                 yield from self.run(plan, rows)
 
 
-class WarmUp:
-    """A Spark task that does nothing but leave its Python worker ready for a DataFrame batch:
-    forked, with the modules a batch uses imported (numpy, pandas, which pyarrow imports on
-    its first ``pa.array`` of a list, RocksDB, the embedded log's columnar reader). Spark
-    reuses the worker for the batches' tasks."""
-
-    MODULES = (
-        "pandas",
-        "sparkpoint.runtime.output",
-        "sparkpoint.serde.arrow",
-        "sparkpoint.storage.kv.rocksdb",
-        "sparkpoint.system.filelog.columnar",
-    )
-
-    def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        for module in self.MODULES:
-            importlib.import_module(module)
-        for _ in chunks:
-            pass
-        yield pa.RecordBatch.from_pydict({"ready": [True]})
-
-
-def warm_up(spark: Any, slots: int) -> None:
-    """Run :class:`WarmUp` on ``slots`` partitions (one per core of the executors), on a
-    background thread: a job's first batch plans its Spark jobs meanwhile (the JVM's planner
-    is cold then) instead of waiting for workers to fork and import after it submits. Only
-    an optimisation: a failure is logged at debug level and changes nothing."""
-
-    def run() -> None:
-        try:
-            spark.range(0, slots, 1, slots).mapInArrow(WarmUp(), "ready BOOLEAN").collect()
-        except Exception as exc:  # e.g. the session stopping first
-            log.debug("Python worker warm-up did not run: %s", exc)
-
-    threading.Thread(target=run, name="python-warm-up", daemon=True).start()
-
-
 def _columns(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {f.type}" for f in schema)
 
@@ -342,8 +300,6 @@ __all__ = [
     "StepFunction",
     "StepUdf",
     "StreamWriterUdf",
-    "WarmUp",
     "partition_index",
     "partitioning_error",
-    "warm_up",
 ]

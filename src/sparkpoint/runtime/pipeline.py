@@ -63,7 +63,6 @@ from sparkpoint.runtime.frame_udfs import (
     StepUdf,
     StreamWriterUdf,
     partitioning_error,
-    warm_up,
 )
 from sparkpoint.runtime.fusion import (
     StepFrame,
@@ -340,7 +339,6 @@ class DataFrameRunner:
         self.spark = spark
         self.pipeline = pipeline
         self.config = config
-        warm_up(spark, max(1, int(spark.sparkContext.defaultParallelism)))
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
