@@ -134,10 +134,10 @@ class OutputCollector:
         """Queue encoded messages, each in its key's partition, a partition's in one call."""
         ts = int(time.time() * 1000)
         new = tuple.__new__
-        if kbs is None:  # no keys: partition 0, as send() places a key of None
-            route.producer.send_many(
-                stream.stream, 0, [new(Record, ("", None, v, ts)) for v in vbs]
-            )
+        if kbs is None:  # no keys: all go where the system places a key of None
+            partition = route.place(None, route.partitions)
+            records = [new(Record, ("", None, v, ts)) for v in vbs]
+            route.producer.send_many(stream.stream, partition, records)
             self.sent += len(vbs)
             return
         place, partitions = route.place, route.partitions

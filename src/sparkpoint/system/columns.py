@@ -4,7 +4,7 @@ per record.
 :meth:`sparkpoint.system.base.SystemConsumer.read_columns` returns :class:`RecordColumns`. Its
 default builds them from :meth:`~sparkpoint.system.base.SystemConsumer.read`'s records; the
 embedded log decodes its file bytes straight into columns
-(:func:`sparkpoint.system.filelog.format.decode_columns`).
+(:func:`sparkpoint.system.filelog.columnar.decode_columns`).
 """
 
 from __future__ import annotations
