@@ -124,13 +124,14 @@ def checkpointed(config: Config) -> int:
 
 def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) -> None:
     from sparkpoint.runtime.launch import start_job
-    from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
     from sparkpoint.runtime.spark import SparkRunner
 
     def make_runner(spark: object) -> object:
         if api == "task":
             return SparkRunner(spark)
-        from sparkpoint_tasks import per_view
+        from sparkpoint_steps import per_view
+
+        from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
 
         pipeline = Pipeline(per_view, config.to_dict(), "user STRING, page STRING, ts LONG")
         return DataFrameRunner(spark, pipeline, config)
@@ -142,6 +143,10 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
         exact_batches=api != "task",
         listener=recorder,  # type: ignore[arg-type]
     )
+    if api != "task":  # the DataFrame side's modules, imported while Spark is still starting
+        import sparkpoint_steps  # noqa: F401
+
+        import sparkpoint.runtime.pipeline  # noqa: F401
     try:
         coordinator.run(until_caught_up=not forever)
     finally:

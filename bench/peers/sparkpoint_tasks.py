@@ -1,27 +1,22 @@
-"""The example's task and DataFrame step, marking when they process their first view."""
+"""The example's task, marking when it processes its first view, and the recovery workload's
+task. The DataFrame step is in ``sparkpoint_steps.py``: a task API worker imports this module,
+and only what a task needs (no Arrow, no pyspark.sql), as the example's own task module does."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Progress, mark_first
-from pageviews_pipeline import count_views
 from pageviews_task import PageViewCounter
 
 from sparkpoint import (
-    Batch,
     IncomingMessageEnvelope,
     KeyValueStore,
     MessageCollector,
     OutgoingMessageEnvelope,
-    Output,
-    StepState,
     StreamTask,
     SystemStream,
     TaskContext,
@@ -42,21 +37,6 @@ class MarkedCounter(PageViewCounter):
     ) -> None:
         mark_first(self.work)
         super().process(envelope, collector, coordinator)
-
-
-def marked_count_views(state: StepState, chunks: Iterator[pa.RecordBatch]) -> Iterator[Any]:
-    work = Path(state.config.require("bench.work"))
-    for out in count_views(state, chunks):
-        mark_first(work)
-        yield out
-
-
-def per_view(batch: Batch) -> Output:
-    from pyspark.sql import functions as F
-
-    views = batch.df.select("task", F.col("value.user").alias("user"))
-    counts = batch.stateful(views, marked_count_views, "user STRING, count LONG")
-    return batch.to_stream(counts, "filelog.user-counts", key="user")
 
 
 class LastViewCounter(StreamTask):

@@ -135,9 +135,7 @@ def run(
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
     from sparkpoint.runtime.coordinator import BatchRunner
-    from sparkpoint.runtime.frame_task import require_persistent_stores
     from sparkpoint.runtime.launch import start_job
-    from sparkpoint.runtime.pipeline import DataFrameRunner, load_pipeline
     from sparkpoint.runtime.progress import ProgressDisplay
     from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner
 
@@ -145,6 +143,11 @@ def run(
     path = Path(job)
     pipeline = None
     if ":" in job and not path.exists():
+        # the DataFrame side (Arrow, pyspark.sql) only for a pipeline: a task job's start, and
+        # so its Spark session's, does not wait for those imports
+        from sparkpoint.runtime.frame_task import require_persistent_stores
+        from sparkpoint.runtime.pipeline import load_pipeline
+
         pipeline, module_dir = load_pipeline(job)
         config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
     else:
@@ -164,6 +167,8 @@ def run(
     def make_runner(spark: Any) -> BatchRunner:
         if pipeline is None:
             return SparkRunner(spark)
+        from sparkpoint.runtime.pipeline import DataFrameRunner
+
         return DataFrameRunner(spark, pipeline, config)
 
     coordinator, spark = start_job(
