@@ -51,11 +51,12 @@ def test_dataframe_example_equals_the_task_example(tmp_path: Path, spark: Any) -
     outputs = {}
     states = {}
     stream_only = Pipeline(_counts_only, example_pipeline.config, example_pipeline.value_schema)
-    pipelines = {"frame": example_pipeline, "stream-only": stream_only}
-    for name in ("task", "frame", "stream-only"):
-        values = pageviews_config(
-            tmp_path / name, **{"task.batch.max.messages": "700", "task.commit.ms": "0"}
-        )
+    pipelines = {"frame": example_pipeline, "stream-only": stream_only, "small-reads": stream_only}
+    for name in ("task", "frame", "stream-only", "small-reads"):
+        overrides = {"task.batch.max.messages": "700", "task.commit.ms": "0"}
+        if name == "small-reads":  # about 20 views a read: a task reads its batch in chunks
+            overrides["systems.filelog.read.max.bytes"] = "2000"
+        values = pageviews_config(tmp_path / name, **overrides)
         config = load_config(None, values)
         Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
         expected = generate(config, tmp_path / name / "job.yaml", 3000, seed=5, users=40)
@@ -67,8 +68,8 @@ def test_dataframe_example_equals_the_task_example(tmp_path: Path, spark: Any) -
         assert states[name] == dict(expected)
         assert_committed_state_matches_its_offsets(config)
         outputs[name] = _output(config)
-    assert states["task"] == states["frame"] == states["stream-only"]
-    assert outputs["task"] == outputs["frame"] == outputs["stream-only"]
+    assert states["task"] == states["frame"] == states["stream-only"] == states["small-reads"]
+    assert outputs["task"] == outputs["frame"] == outputs["stream-only"] == outputs["small-reads"]
     assert sum(outputs["frame"].values()) == 3000
     enriched = spark.read.parquet(str(tmp_path / "frame" / "data" / "enriched-views"))
     assert enriched.count() == 3000

@@ -44,6 +44,28 @@ def test_counts_match_input_and_checkpoints_cover_everything(tmp_path: Path) -> 
     assert total == 3000
 
 
+def test_reads_bounded_by_bytes_still_process_whole_batches(tmp_path: Path) -> None:
+    """systems.<s>.read.max.bytes=1: every read returns one message, so a task reads its batch
+    in as many reads, and still processes task.batch.max.messages per partition a batch: the
+    same batches as with the default limit, and the same state."""
+    batches = []
+    for limit in ("1", "67108864"):
+        work = tmp_path / limit
+        overrides = {"task.batch.max.messages": "300", "task.commit.ms": "0"}
+        config = make(work, **overrides, **{"systems.filelog.read.max.bytes": limit})
+        expected = generate(config, work / "job.yaml", 3000, seed=4)
+        coordinator = JobCoordinator(config, InlineRunner())
+        summary = coordinator.run(until_caught_up=True)
+        coordinator.close()
+        assert committed_counts(config) == dict(expected)
+        assert_at_least_once(emitted_counts(config), expected)
+        checkpoints = CheckpointManager(config).read_all()
+        total = sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values())
+        assert total == 3000
+        batches.append(summary.batches)
+    assert batches[0] == batches[1] >= 3000 // 4 // 300
+
+
 def test_restart_without_commit_restores_checkpoint_state(tmp_path: Path) -> None:
     # commit only at the end of a run; a "crash" loses the uncommitted batches' state
     config = make(tmp_path, **{"task.batch.max.messages": "200", "task.commit.ms": "3600000"})

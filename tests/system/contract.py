@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pytest
 
-from sparkpoint.errors import StreamNotFound
+from sparkpoint.errors import ConfigError, StreamNotFound
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.startpoint import (
     StartpointOldest,
@@ -207,6 +207,47 @@ class SystemContract:
             assert columns.keys.type == pa.binary() and columns.values.type == pa.binary()
             if records:
                 assert columns.last_offset == records[-1].offset
+
+    def test_bounded_reads_stop_at_read_max_bytes(self, system: SystemUnderTest) -> None:
+        """A read of at most N records returns fewer once they pass read.max.bytes (never
+        none while the range holds records), reading on from there gets every record once, in
+        order, and a read of the whole range is not bounded."""
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("sized", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        sent = [Record("", f"k{i}".encode(), bytes([i % 251]) * 1000, i) for i in range(60)]
+        sent[10] = Record("", b"big", b"x" * 20_000, 10)  # larger than the limit on its own
+        sent[11] = Record("", None, None, 11)  # nothing to count
+        producer.send_many("sized", 0, sent)
+        producer.flush()
+        ssp = self.ssp(system, "sized")
+        config = {**system.config, f"systems.{system.name}.read.max.bytes": "5000"}
+        consumer = system.factory.get_consumer(system.name, config)
+        consumer.register(ssp, "0")
+        assert len(consumer.read(ssp, "0", "60")) == 60  # no max_records: the whole range
+        for read in (consumer.read, consumer.read_columns):
+            got: list[Record] = []
+            sizes = []
+            start = "0"
+            while int(start) < 60:
+                chunk = read(ssp, start, "60", 1000)
+                records = chunk.records() if not isinstance(chunk, list) else chunk
+                assert records, f"{read.__name__} returned nothing from offset {start}"
+                sizes.append(len(records))
+                got += records
+                start = str(int(records[-1].offset) + 1)
+            assert [r.offset for r in got] == [str(i) for i in range(60)]
+            assert [(r.key, r.value) for r in got] == [(r.key, r.value) for r in sent]
+            assert max(sizes) < 10 and len(sizes) > 60 // 10  # about 5 records of 1 KB a read
+            assert 1 in sizes  # the 20 KB record came alone
+        unbounded = system.factory.get_consumer(system.name, system.config)
+        assert len(unbounded.read(ssp, "0", "60", 1000)) == 60  # the default: 64 MiB
+
+    def test_read_max_bytes_must_be_a_positive_integer(self, system: SystemUnderTest) -> None:
+        for bad in ("0", "-1", "lots"):
+            config = {**system.config, f"systems.{system.name}.read.max.bytes": bad}
+            with pytest.raises(ConfigError, match=rf"systems\.{system.name}\.read\.max\.bytes"):
+                system.factory.get_consumer(system.name, config)
 
     def test_keys_are_partitioned_stably_and_within_range(self, system: SystemUnderTest) -> None:
         admin = system.factory.get_admin(system.name, system.config)

@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,19 +294,41 @@ class TaskBatch:
         collector: OutputCollector,
         coordinator: BatchCoordinator,
     ) -> int:
+        """Process the SSP's messages of this batch: up to ``max_messages``, read in chunks (a
+        read stops early at ``systems.<s>.read.max.bytes``, so memory stays bounded whatever
+        the message size)."""
         start = next_offsets.get(ssp)
         end = self.plan.end.get(ssp)
         if start is None or end is None:
             return 0
         admin = self.systems.admin(ssp.system)
-        if admin.offset_comparator(start, end) >= 0:
+        remaining = self.plan.max_messages
+        if remaining < 1 or admin.offset_comparator(start, end) >= 0:
             return 0
         consumer = self.systems.consumer(ssp.system)
         try:
             consumer.register(ssp, start)
-            records = consumer.read(ssp, start, end, self.plan.max_messages)
+            while remaining > 0 and admin.offset_comparator(start, end) < 0:
+                records = consumer.read(ssp, start, end, remaining)
+                if not records:
+                    break
+                self._process_records(ssp, records, task, collector, coordinator)
+                last = records[-1].offset
+                self.last_processed[ssp] = last
+                start = next_offsets[ssp] = admin.offset_after(ssp, last)
+                remaining -= len(records)
         finally:
             consumer.close()
+        return self.plan.max_messages - remaining
+
+    def _process_records(
+        self,
+        ssp: SystemStreamPartition,
+        records: Sequence[Record],
+        task: StreamTask,
+        collector: OutputCollector,
+        coordinator: BatchCoordinator,
+    ) -> None:
         key_serde, msg_serde = self.input_serdes(ssp.system_stream)
         policy = ErrorPolicy.from_config(self.config)
         key_of, msg_of, process = key_serde.from_bytes, msg_serde.from_bytes, task.process
@@ -338,11 +360,6 @@ class TaskBatch:
                         f"{type(exc).__qualname__} (or *) logs and skips such messages"
                     ) from exc
                 log.error("%s; ignored (task.ignored.exceptions)", error)
-        if records:
-            last = records[-1].offset
-            self.last_processed[ssp] = last
-            next_offsets[ssp] = admin.offset_after(ssp, last)
-        return len(records)
 
     def decode(
         self,

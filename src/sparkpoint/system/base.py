@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from sparkpoint.config import ConfigKey
-from sparkpoint.errors import UserError
+from sparkpoint.errors import ConfigError, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 
 if TYPE_CHECKING:
@@ -169,6 +169,31 @@ class IntegerOffsets:
         return str(int(offset) + 1)
 
 
+#: the most bytes (keys and values) one bounded read returns, past its first record
+READ_MAX_BYTES = ConfigKey(
+    "systems.<s>.read.max.bytes",
+    str(64 * 1024 * 1024),
+    "an integer >= 1",
+    "about the most bytes of records (keys and values; on filelog, as stored) that one read of "
+    "a partition returns past its first record, when the reader asks for at most N records: "
+    "bounds the memory a batch, a changelog restore or a tool holds at once, whatever the "
+    "message size; the reader goes on from the last record returned",
+)
+
+
+def read_max_bytes(system: str, config: Mapping[str, str]) -> int:
+    """``systems.<system>.read.max.bytes`` (:data:`READ_MAX_BYTES`)."""
+    key = f"systems.{system}.read.max.bytes"
+    value = str(config.get(key) or READ_MAX_BYTES.default)
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ConfigError(f"{key}={value!r}: expected {READ_MAX_BYTES.allowed}")
+    return limit
+
+
 class SystemConsumer(ABC):
     """Reads bounded offset ranges of registered SSPs. One instance per thread."""
 
@@ -180,7 +205,12 @@ class SystemConsumer(ABC):
     def read(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Sequence[Record]:
-        """Records with ``start <= offset < end``, in offset order (at most ``max_records``).
+        """Records with ``start <= offset < end``, in offset order.
+
+        With ``max_records``, at most that many, and fewer once their keys and values pass
+        ``systems.<s>.read.max.bytes`` (:data:`READ_MAX_BYTES`; always at least one record
+        when the range holds any): the caller reads on from the last offset returned. Without
+        it, every record of the range.
 
         Raises :class:`CorruptRecordError` naming stream, partition and offset on bad data.
         """

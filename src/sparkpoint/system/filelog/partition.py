@@ -192,10 +192,13 @@ class PartitionLog:
             first, last = index[0][0], index[-1][0]
             return PartitionMetadata(str(first), str(last), str(last + 1))
 
-    def read(self, start: int, end: int, max_records: int | None) -> list[Record]:
-        """Records with ``start <= offset < end`` (at most ``max_records``)."""
+    def read(
+        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+    ) -> list[Record]:
+        """Records with ``start <= offset < end`` (at most ``max_records``, and those starting
+        within ``max_bytes`` of the first one's start, see :meth:`_span`)."""
         with self._snapshot() as (index, log_file):
-            span = self._span(index, log_file, start, end, max_records)
+            span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return []
             buf, i, j = span
@@ -204,12 +207,14 @@ class PartitionLog:
             except fmt.FormatError as exc:
                 raise self._corrupt(exc.offset, exc.reason) from None
 
-    def read_columns(self, start: int, end: int, max_records: int | None) -> RecordColumns:
+    def read_columns(
+        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+    ) -> RecordColumns:
         """:meth:`read` as Arrow columns, decoded without a Python object per record."""
         from sparkpoint.system.filelog import columnar
 
         with self._snapshot() as (index, log_file):
-            span = self._span(index, log_file, start, end, max_records)
+            span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return columnar.RecordColumns.from_records([])
             buf, i, j = span
@@ -220,10 +225,19 @@ class PartitionLog:
                 raise self._corrupt(exc.offset, exc.reason) from None
 
     def _span(
-        self, index: _Index, log_file: BinaryIO, start: int, end: int, max_records: int | None
+        self,
+        index: _Index,
+        log_file: BinaryIO,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None = None,
     ) -> tuple[bytes, int, int] | None:
         """The log bytes of the records with ``start <= offset < end`` (at most
-        ``max_records``) and their index positions ``i`` to ``j - 1``; ``None`` if none."""
+        ``max_records``) and their index positions ``i`` to ``j - 1``; ``None`` if none.
+
+        With ``max_bytes``, only the records that start within ``max_bytes`` of the first
+        one's start (the first always): at most ``max_bytes`` plus one record in memory."""
         i = index.first_at_or_after(start)
         j = index.first_at_or_after(end)
         if max_records is not None:
@@ -231,6 +245,9 @@ class PartitionLog:
         if i >= j:
             return None
         first_pos = index[i][1]
+        if max_bytes is not None and j - i > 1:
+            limit = first_pos + max_bytes
+            j = i + 1 + bisect.bisect_right(range(i + 1, j), limit, key=lambda k: index[k][1])
         last_offset, last_pos, _ = index[j - 1]
         log_file.seek(last_pos)
         head = log_file.read(fmt.HEADER_SIZE)

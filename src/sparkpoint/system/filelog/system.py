@@ -23,6 +23,7 @@ from sparkpoint.errors import ConfigError, StreamNotFound, UserError
 from sparkpoint.fsutil import fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
+    READ_MAX_BYTES,
     IntegerOffsets,
     PartitionMetadata,
     Record,
@@ -31,6 +32,7 @@ from sparkpoint.system.base import (
     SystemConsumer,
     SystemFactory,
     SystemProducer,
+    read_max_bytes,
 )
 from sparkpoint.system.filelog.partition import PartitionLog
 
@@ -150,8 +152,9 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
 
 
 class FileLogConsumer(SystemConsumer):
-    def __init__(self, streams: _Streams) -> None:
+    def __init__(self, streams: _Streams, max_bytes: int) -> None:
         self._s = streams
+        self._max_bytes = max_bytes  # for reads that ask for at most N records
         self._registered: dict[SystemStreamPartition, str] = {}
 
     def register(self, ssp: SystemStreamPartition, offset: str) -> None:
@@ -161,13 +164,17 @@ class FileLogConsumer(SystemConsumer):
     def read(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Sequence[Record]:
-        return self._s.log(ssp.stream, ssp.partition).read(int(start), int(end), max_records)
+        log = self._s.log(ssp.stream, ssp.partition)
+        return log.read(int(start), int(end), max_records, self._bytes(max_records))
 
     def read_columns(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> RecordColumns:
         log = self._s.log(ssp.stream, ssp.partition)
-        return log.read_columns(int(start), int(end), max_records)
+        return log.read_columns(int(start), int(end), max_records, self._bytes(max_records))
+
+    def _bytes(self, max_records: int | None) -> int | None:
+        return None if max_records is None else self._max_bytes
 
 
 class FileLogProducer(SystemProducer):
@@ -227,6 +234,7 @@ class FileLogSystemFactory(SystemFactory):
             "an integer >= 1",
             "filelog: bytes a producer buffers per partition before it appends them",
         ),
+        READ_MAX_BYTES,
     )
 
     def _streams(self, system: str, config: Mapping[str, str]) -> _Streams:
@@ -236,7 +244,7 @@ class FileLogSystemFactory(SystemFactory):
         return FileLogAdmin(self._streams(system, config))
 
     def get_consumer(self, system: str, config: Mapping[str, str]) -> FileLogConsumer:
-        return FileLogConsumer(self._streams(system, config))
+        return FileLogConsumer(self._streams(system, config), read_max_bytes(system, config))
 
     def get_producer(self, system: str, config: Mapping[str, str]) -> FileLogProducer:
         limit = int(config.get(f"systems.{system}.producer.buffer.bytes") or 4 * 1024 * 1024)

@@ -44,6 +44,7 @@ from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
+    READ_MAX_BYTES,
     IntegerOffsets,
     PartitionMetadata,
     Record,
@@ -52,6 +53,7 @@ from sparkpoint.system.base import (
     SystemConsumer,
     SystemFactory,
     SystemProducer,
+    read_max_bytes,
 )
 from sparkpoint.system.kafka.partitioner import kafka_partition
 
@@ -300,6 +302,7 @@ class KafkaConsumer(SystemConsumer):
 
     def __init__(self, system: str, config: Mapping[str, str]) -> None:
         self.system = system
+        self.max_bytes = read_max_bytes(system, config)  # for reads of at most N records
         settings: dict[str, Any] = {
             "group.id": f"sparkpoint-{system}",  # never joined: partitions are assigned
             "enable.auto.commit": False,
@@ -337,17 +340,25 @@ class KafkaConsumer(SystemConsumer):
         limit = stop - first if max_records is None else min(max_records, stop - first)
         if limit <= 0:
             return []
+        max_bytes = None if max_records is None else self.max_bytes
         consumer = self._client()
         consumer.assign([TopicPartition(ssp.stream, ssp.partition, first)])
         try:
-            return self._drain(consumer, ssp, first, stop, limit)
+            return self._drain(consumer, ssp, first, stop, limit, max_bytes)
         finally:
             consumer.unassign()
 
     def _drain(
-        self, consumer: Any, ssp: SystemStreamPartition, first: int, stop: int, limit: int
+        self,
+        consumer: Any,
+        ssp: SystemStreamPartition,
+        first: int,
+        stop: int,
+        limit: int,
+        max_bytes: int | None,
     ) -> list[Record]:
         out: list[Record] = []
+        size = 0  # bytes of keys and values so far, against max_bytes
         expected = first  # records before it are stale prefetches of an earlier assignment
         deadline = time.monotonic() + TIMEOUT_S
         while len(out) < limit:
@@ -367,10 +378,15 @@ class KafkaConsumer(SystemConsumer):
                     return out
                 ts_type, ts = m.timestamp()
                 stamp = 0 if ts_type == TIMESTAMP_NOT_AVAILABLE else int(ts)
-                out.append(Record(str(offset), m.key(), m.value(), stamp))
+                key, value = m.key(), m.value()
+                out.append(Record(str(offset), key, value, stamp))
                 expected = offset + 1
                 if expected == stop or len(out) == limit:
                     return out
+                if max_bytes is not None:
+                    size += len(key or b"") + len(value or b"")
+                    if size >= max_bytes:
+                        return out
             if batch:
                 deadline = time.monotonic() + TIMEOUT_S
             elif time.monotonic() > deadline:
@@ -510,6 +526,7 @@ class KafkaSystemFactory(SystemFactory):
             "an integer >= 1",
             "kafka: replication of the topics sparkpoint creates (default: the broker's)",
         ),
+        READ_MAX_BYTES,
     )
 
     def get_admin(self, system: str, config: Mapping[str, str]) -> KafkaAdmin:
