@@ -14,7 +14,7 @@ from sparkpoint.errors import ConfigError, StoreError
 from sparkpoint.serde import IntegerSerde, JsonSerde, StringSerde
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.factory import open_engine
-from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+from sparkpoint.storage.kv.rocksdb import KEEP_INFO_LOGS, RocksDBEngine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 
 
@@ -223,6 +223,18 @@ def test_rocksdb_survives_reopen(tmp_path: Path) -> None:
     e.close()
     again = RocksDBEngine("s", tmp_path / "db")
     assert list(again.all()) == [(b"a", b"1"), (b"b", b"2")]
+    again.close()
+
+
+def test_rocksdb_keeps_a_few_info_logs_however_often_it_is_opened(tmp_path: Path) -> None:
+    for i in range(12):  # a task opens its stores once a batch
+        e = RocksDBEngine("s", tmp_path / "db")
+        e.put(b"k", str(i).encode())
+        e.close()
+    logs = [p.name for p in (tmp_path / "db").iterdir() if p.name.startswith("LOG")]
+    assert "LOG" in logs and len(logs) <= KEEP_INFO_LOGS
+    again = RocksDBEngine("s", tmp_path / "db")
+    assert again.get(b"k") == b"11"
     again.close()
 
 

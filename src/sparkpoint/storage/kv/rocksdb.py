@@ -22,6 +22,10 @@ from sparkpoint.errors import StoreError
 from sparkpoint.storage.kv.base import KeyValueEngine
 
 IDENTITY = "IDENTITY"  # RocksDB's unique id of a database, made when it is created
+#: RocksDB's own info logs kept per store (``LOG`` and ``LOG.old.*``): each open starts a new
+#: one, and a task opens its stores every batch, so RocksDB's default of 1,000 left about 27 MB
+#: of them in every store of a long-running job
+KEEP_INFO_LOGS = 3
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +45,7 @@ class RocksDBEngine(KeyValueEngine):
         self.read_only = read_only
         options = Options(raw_mode=True)
         options.create_if_missing(not read_only)
+        options.set_keep_log_file_num(KEEP_INFO_LOGS)
         if not read_only:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_dir():
