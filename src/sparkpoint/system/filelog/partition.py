@@ -26,7 +26,6 @@ import fcntl
 import logging
 import mmap
 import os
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -368,7 +367,7 @@ class PartitionLog:
             bound = (
                 len(records)
                 if up_to is None
-                else bisect_left(records, up_to, key=lambda r: int(r.offset))
+                else bisect.bisect_left(records, up_to, key=lambda r: int(r.offset))
             )
             newest: dict[bytes, int] = {}
             for i, rec in enumerate(records[:bound]):
