@@ -1,7 +1,14 @@
 """Serdes: turning keys and values into bytes and back.
 
-Built-in names: ``bytes`` (identity), ``string`` (UTF-8), ``json`` (compact, sorted keys, UTF-8),
-``integer`` (signed 64-bit big-endian, so byte order matches numeric order for non-negatives).
+Built-in names:
+
+- ``bytes`` (identity), ``string`` (UTF-8);
+- ``json``: compact, sorted keys, ASCII-escaped, byte for byte what
+  ``json.dumps(v, separators=(",", ":"), sort_keys=True)`` writes (so a JSON key finds the same
+  state whichever sparkpoint wrote it), plus ``uuid.UUID`` as its string and an ``enum.Enum``
+  member as its value;
+- ``integer``: signed 64-bit big-endian, so byte order matches numeric order for non-negatives.
+
 Users register their own with ``serializers.registry.<name>.class = module:Class`` (a class with
 ``to_bytes`` and ``from_bytes`` and a no-argument constructor). Pickle is never used: state and
 streams outlive code versions.
@@ -13,10 +20,15 @@ import importlib
 import json
 import json.encoder
 import json.scanner
+import re
 import struct
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from enum import Enum
 from typing import Any, Generic, TypeVar
+
+import orjson
 
 from sparkpoint.errors import ConfigError
 
@@ -59,7 +71,17 @@ class StringSerde(Serde[str]):
         return bytes(data).decode("utf-8")
 
 
-_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)  # json.dumps builds one per call
+def _json_default(value: Any) -> Any:
+    """What the standard library's encoder calls for a type it does not know: the two that
+    orjson writes natively, written the same way, so both paths give the same bytes."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=_json_default)
 _JSON_DECODER = json.JSONDecoder()
 
 
@@ -102,11 +124,49 @@ def _json_fast_paths() -> tuple[Callable[[Any], str] | None, Callable[[str], Any
 
 _JSON_ENCODE_FAST, _JSON_DECODE_FAST = _json_fast_paths()
 
+# orjson, about 5x faster than the C encoder above and 3x faster than its scanner, is used where
+# its result is provably the standard library's; every other value takes the path above.
+# - Encoding, orjson differs on: non-ASCII (written raw, not escaped), DEL (raw), floats under
+#   1e-4 ("1e-7" and "0.00001" for "1e-07" and "1e-05"), NaN and infinities (null). So its bytes
+#   are kept only when ASCII with no DEL, "null", "0.0000" or a digit before "e-". Dataclasses
+#   and dates, which orjson writes and the standard library refuses, go to _orjson_declines.
+# - Decoding, orjson differs on: NaN and infinities, lone surrogates, a byte-order mark and
+#   UTF-16/32 (all errors in orjson), and integers outside 64 bits (read as floats). So an error
+#   takes the standard path, and a result other than an object of strings, integers, booleans and
+#   nulls is kept only when the text has no run of 19 digits (an integer read as a float).
+_ORJSON_ENCODE_OPTIONS = (
+    orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+)
+_SMALL_FLOAT = re.compile(r"[0-9]e-")
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+_NO_FLOAT = frozenset({str, int, bool, type(None)})
+
+
+def _orjson_declines(value: Any) -> Any:
+    raise TypeError  # orjson's default hook: the value takes the standard library's encoder
+
 
 class JsonSerde(Serde[Any]):
     name = "json"
 
     def to_bytes(self, value: Any) -> bytes:
+        try:
+            data = orjson.dumps(value, _orjson_declines, _ORJSON_ENCODE_OPTIONS)
+        except TypeError:  # orjson.JSONEncodeError too: not orjson's, or too deep, or a cycle
+            pass
+        else:
+            if data.isascii():
+                text = data.decode("ascii")  # str's `in` is several times faster than bytes'
+                if (
+                    "null" not in text
+                    and "0.0000" not in text
+                    and "\x7f" not in text
+                    and ("e-" not in text or _SMALL_FLOAT.search(text) is None)
+                ):
+                    # a copy of the exact size: orjson's bytes sit in a 1 KiB buffer shrunk in
+                    # place, and the outputs a batch keeps fragment the heap (1.6 us a message
+                    # when kept, against 0.25 us with this copy)
+                    return text.encode("ascii")
         if _JSON_ENCODE_FAST is not None:
             try:
                 return _JSON_ENCODE_FAST(value).encode("utf-8")
@@ -115,6 +175,19 @@ class JsonSerde(Serde[Any]):
         return _JSON.encode(value).encode("utf-8")
 
     def from_bytes(self, data: bytes) -> Any:
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # not orjson's (NaN, a lone surrogate, a BOM, UTF-16/32), or not JSON
+        else:
+            if type(value) is dict:
+                for item in value.values():
+                    if type(item) not in _NO_FLOAT:
+                        break
+                else:
+                    return value
+            if _LONG_NUMBER.search(data) is None:
+                return value
         if _JSON_DECODE_FAST is not None:
             try:  # UTF-8, as RFC 8259 asks, without json.loads' encoding detection per call
                 return _JSON_DECODE_FAST(bytes(data).decode("utf-8"))
