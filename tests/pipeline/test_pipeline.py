@@ -171,6 +171,33 @@ def test_a_pandas_step_keeps_the_same_state(tmp_path: Path, spark: Any) -> None:
     assert sum(int(r["value"]["n"]) for r in sent) == 200
 
 
+def _report_heap(state: Any, chunks: Any) -> Any:
+    import pyarrow as pa
+
+    from sparkpoint.runtime import worker_heap
+
+    state.store("user-counts")
+    for chunk in chunks:
+        frozen = pa.array([worker_heap._frozen] * chunk.num_rows, pa.bool_())
+        yield pa.RecordBatch.from_arrays([chunk.column("user"), frozen], names=["user", "frozen"])
+
+
+def test_a_step_runs_with_its_workers_imports_frozen(tmp_path: Path, spark: Any) -> None:
+    """As a task's batch does (tests/runtime/test_worker_heap.py): the step's worker has frozen
+    what it imported (``gc.freeze``) before the step runs."""
+    config = _small_job(tmp_path)
+
+    def build(batch: Batch) -> Output:
+        views = batch.df.select("task", "value.user")
+        out = batch.stateful(views, _report_heap, "user STRING, frozen BOOLEAN")
+        return batch.to_stream(out, "filelog.heap", key="user")
+
+    _run_pipeline(spark, config, build)
+    sent = list(read_json_lines(config, Systems(config), SystemStream("filelog", "heap")))
+    assert len(sent) == 200
+    assert all(r["value"]["frozen"] is True for r in sent)
+
+
 def test_a_step_computed_twice_in_a_batch_fails_instead_of_counting_twice(
     tmp_path: Path, spark: Any
 ) -> None:

@@ -35,6 +35,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
+from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import (
@@ -202,6 +203,7 @@ class TaskBatch:
             if not plan.clean_up_only:
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
+                freeze_imported_objects()  # the job's code is imported now
                 for ssp in plan.task.sorted_ssps():
                     processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
                 if plan.window:

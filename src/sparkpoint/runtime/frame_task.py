@@ -50,6 +50,7 @@ from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
@@ -310,6 +311,7 @@ def run_step(
     try:
         batch.storage.open_live(stores)
         opened = batch.storage.stores(init=False)
+        freeze_imported_objects()  # the step's code and pyarrow are imported now
         try:
             for out in fn(StepState(batch.task, batch.config, opened, step), chunks):
                 yield out

@@ -13,11 +13,13 @@ Spark intends.
 
 Only modules that start no threads are imported before the fork (a fork copies one thread):
 pyarrow and pandas start threads when imported, so workers import those themselves, as
-pyspark intends.
+pyspark intends. Before it forks, it freezes what it imported (``gc.freeze``), so that the
+workers' garbage collections neither walk nor copy it.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -46,6 +48,7 @@ def main() -> None:
 
     import sparkpoint.runtime.executor  # noqa: F401  (the task API's whole batch path)
 
+    gc.freeze()  # see sparkpoint.runtime.worker_heap: the workers' collections skip all this
     manager()
 
 

@@ -1,0 +1,37 @@
+"""The garbage collector in Spark's Python workers: what a worker has imported is frozen once.
+
+A batch keeps tens of thousands of young objects alive until its output is flushed (records,
+envelopes, decoded messages, encoded outputs), so CPython promotes many of them and, every few
+thousand, runs a full collection. A full collection walks every tracked object, and most of
+those belong to code that never becomes garbage: pyspark, sparkpoint, the job's modules and, in
+DataFrame steps, pyarrow. ``gc.freeze()`` moves the objects alive at that moment to the
+permanent generation, which no collection walks. Objects created later are collected as
+before; a cycle among the frozen objects that became garbage later would stay, which is why
+this runs once per worker process, at the first batch, after the job's code is imported, and
+never in the driver or in a test process (``InlineRunner``).
+
+The Python worker daemon (:mod:`sparkpoint.runtime.pydaemon`) freezes its own imports before it
+forks, as the ``gc.freeze`` documentation advises, so a forked worker's collections do not
+touch (and copy) the daemon's pages.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+_frozen = False
+
+
+def in_spark_worker() -> bool:
+    """Whether this process is running a Spark task now (a Python worker)."""
+    taskcontext = sys.modules.get("pyspark.taskcontext")  # imported by every worker
+    return taskcontext is not None and taskcontext.TaskContext.get() is not None
+
+
+def freeze_imported_objects() -> None:
+    """Freeze what this Spark worker has imported, the first time it is called here."""
+    global _frozen
+    if not _frozen and in_spark_worker():
+        gc.freeze()
+        _frozen = True
