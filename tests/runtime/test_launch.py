@@ -281,3 +281,22 @@ def test_only_the_tasks_that_lost_their_state_restore_in_other_processes(tmp_pat
     assert {r.task for r in keeping.results if not r.executor.endswith(here)} == lost
     assert {r.task for r in keeping.results if r.restored} == lost
     assert committed_counts(config) == dict(expected)
+
+
+def test_a_new_job_creates_its_stores_in_this_process(tmp_path: Path) -> None:
+    """No checkpoint, nothing to fetch: no process is spawned (each would import the job and
+    sparkpoint again while the JVM starts), and the first batch keeps the stores made here."""
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 400, seed=5)
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    keeping = Keeping(launch.RestoreRunner(2))
+    coordinator.restore_ahead(keeping)
+    here = f":{os.getpid()}"
+    assert len(keeping.results) == 4
+    assert all(r.executor.endswith(here) for r in keeping.results)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()
+    assert committed_counts(config) == dict(expected)

@@ -5,10 +5,10 @@ on a background thread, and meanwhile the driver does the job's own start-up (me
 checkpoints, startpoints). In local mode the driver shares the executors' disk, so it also
 restores every task's state in that time
 (:meth:`~sparkpoint.runtime.coordinator.JobCoordinator.restore_ahead`). That runs the same
-executor code, in as many local processes as Spark has cores (``local[N]``), and changes no
-checkpoint: the first batch finds the state current and keeps it. A restart after losing the
-state directory is then back in about the longer of the restore and Spark's start, not their
-sum.
+executor code and changes no checkpoint: the first batch finds the state current and keeps it.
+Tasks with state to fetch restore in as many local processes as Spark has cores (``local[N]``);
+the others are set up in the driver (:class:`RestoreRunner`). A restart after losing the state
+directory is then back in about the longer of the restore and Spark's start, not their sum.
 
 In local mode the run's last pass, which reads nothing and cleans up after the final
 checkpoint, also runs in the driver: one Spark job less at the end of a run.
@@ -33,6 +33,7 @@ from sparkpoint.runtime.executor import state_is_current
 from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_session
+from sparkpoint.storage.task_storage import EMPTY_STATE
 
 log = logging.getLogger(__name__)
 
@@ -92,17 +93,19 @@ class SparkStart:
 
 
 class RestoreRunner:
-    """The restore ahead's runner: tasks whose local state is current (a restart on the same
-    host, a new job) in this process, the others in a pool of up to ``workers`` processes
-    (spawning one costs more than keeping a store)."""
+    """The restore ahead's runner: tasks with nothing to fetch in this process, the others in
+    a pool of up to ``workers`` processes. Nothing to fetch: the local state is current (a
+    restart on the same host), or the task starts empty (a new job: no checkpoint). A spawned
+    process imports the job and sparkpoint again, about 0.5 s of CPU each, taken from the JVM
+    starting beside it; keeping or creating a store takes milliseconds."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        stale = [p for p in plans if not state_is_current(p)]
-        current = [p for p in plans if p not in stale]
-        return InlineRunner()(batch, current) + LocalPoolRunner(self.workers)(batch, stale)
+        fetch = [p for p in plans if p.expected_state_id != EMPTY_STATE and not state_is_current(p)]
+        here = [p for p in plans if p not in fetch]
+        return InlineRunner()(batch, here) + LocalPoolRunner(self.workers)(batch, fetch)
 
 
 class DeferredRunner:
