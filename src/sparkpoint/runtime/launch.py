@@ -103,8 +103,11 @@ class RestoreRunner:
         self.workers = workers
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        fetch = [p for p in plans if p.expected_state_id != EMPTY_STATE and not state_is_current(p)]
-        here = [p for p in plans if p not in fetch]
+        here: list[TaskBatchPlan] = []
+        fetch: list[TaskBatchPlan] = []
+        for plan in plans:
+            nothing_to_fetch = plan.expected_state_id == EMPTY_STATE or state_is_current(plan)
+            (here if nothing_to_fetch else fetch).append(plan)
         return InlineRunner()(batch, here) + LocalPoolRunner(self.workers)(batch, fetch)
 
 
