@@ -1,5 +1,9 @@
 """A test task that reports, per message, whether its process froze its imports
-(:mod:`sparkpoint.runtime.worker_heap`) and how many objects are frozen there."""
+(:mod:`sparkpoint.runtime.worker_heap`) and how many objects are frozen there.
+
+Its ``init`` marks the process unfrozen, as a new worker is: the batch freezes after ``init``,
+so a message reports frozen only if this batch froze, not because Spark reused a worker that an
+earlier batch or test froze."""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ import gc
 
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime import worker_heap
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskCoordinator
+from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
 
 class HeapReporter(StreamTask):
+    def init(self, context: TaskContext) -> None:
+        worker_heap._frozen = False
+
     def process(
         self,
         envelope: IncomingMessageEnvelope,
