@@ -274,7 +274,9 @@ def store_backends(config: Config, store: str, kind: str) -> list[str]:
     out = []
     for name in names:
         canonical = ALIASES.get(name, name)
-        if canonical not in known_backends() and ":" not in canonical:
+        # the installed plugins only for a name that is not built in: reading every
+        # distribution's entry points took 0.35 s of a Spark worker's first task
+        if canonical not in BUILTIN and ":" not in canonical and canonical not in known_backends():
             raise ConfigError(
                 f"{key}: store {store} lists unknown backend {name!r}; "
                 f"known: {', '.join(known_backends())}"
