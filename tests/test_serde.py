@@ -179,11 +179,29 @@ def test_any_bytes_decode_or_fail_as_json_loads_does(data: bytes) -> None:
         (b"[-9223372036854775809]", [-9223372036854775809]),
         (b"18446744073709551616", 18446744073709551616),
         (b'{"n":1.5,"big":18446744073709551617}', {"n": 1.5, "big": 18446744073709551617}),
+        # past 128 bytes the digit runs are found by another path (a digit-dense hex pad)
+        (
+            b'{"pad":"' + b"0123456789abcdef" * 16 + b'","v":[18446744073709551617]}',
+            {"pad": "0123456789abcdef" * 16, "v": [18446744073709551617]},
+        ),
     ],
 )
 def test_integers_past_64_bits_stay_integers(data: bytes, value: Any) -> None:
     """orjson reads these as floats; the serde must not."""
     assert same(JsonSerde().from_bytes(data), value)
+
+
+@pytest.mark.parametrize("size", [100, 128, 129, 1000])
+@pytest.mark.parametrize("run", [18, 19])
+def test_a_run_of_19_digits_is_found_at_any_length(size: int, run: int) -> None:
+    """Short and long texts take different searches; both find the same runs."""
+    from sparkpoint.serde import _has_long_number
+
+    digits = ("1234567890" * 2)[:run]
+    text = ("ab" * size)[: size - run - 2] + " " + digits + " "
+    assert len(text) == size
+    assert _has_long_number(text.encode()) is (run == 19)
+    assert _has_long_number(memoryview(text.encode())) is (run == 19)
 
 
 def nested(levels: int) -> Any:

@@ -139,6 +139,20 @@ _ORJSON_ENCODE_OPTIONS = (
 )
 _SMALL_FLOAT = re.compile(r"[0-9]e-")
 _LONG_NUMBER = re.compile(rb"[0-9]{19}")
+#: every digit as "0": a run of 19 digits is then a plain substring search, in C. Past ~128
+#: bytes it beats the regex, which tries each digit of a digit-dense text (hex, say) 19 times:
+#: 3 us against 20 us for a 1 KB value with a hex payload; below that the regex is quicker
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else b for b in range(256))
+_DIGIT_RUN = b"0" * 19
+
+
+def _has_long_number(data: bytes) -> bool:
+    """Whether ``data`` has a run of 19 digits (an integer orjson may have read as a float)."""
+    if len(data) <= 128:
+        return _LONG_NUMBER.search(data) is not None
+    return _DIGIT_RUN in bytes(data).translate(_DIGITS_AS_ZERO)
+
+
 _NO_FLOAT = frozenset({str, int, bool, type(None)})
 
 
@@ -186,7 +200,7 @@ class JsonSerde(Serde[Any]):
                         break
                 else:
                     return value
-            if _LONG_NUMBER.search(data) is None:
+            if not _has_long_number(data):
                 return value
         if _JSON_DECODE_FAST is not None:
             try:  # UTF-8, as RFC 8259 asks, without json.loads' encoding detection per call
