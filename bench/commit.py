@@ -89,7 +89,7 @@ def throughput(spark: object, events: int) -> dict[str, float]:
             job_file = Path(tmp) / "job.json"
             job_file.write_text(json.dumps(config.to_dict()))
             write(str(job_file), events, seed=1, users=10_000)
-            coordinator = JobCoordinator(config, SparkRunner(spark))
+            coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
             summary = coordinator.run(until_caught_up=True)
             coordinator.close()
             rates[name] = summary.processed / summary.seconds

@@ -113,7 +113,7 @@ def _sparkpoint(
     job_file.write_text(json.dumps(dict(config.items())))
     write(str(job_file), args.events, args.seed, args.users)
     if name == "task-api":
-        runner: Any = SparkRunner(spark)
+        runner: Any = SparkRunner(spark.sparkContext)
     else:
         build = latest_to_parquet if name == "dataframe-latest" else per_view_to_stream
         runner = DataFrameRunner(spark, Pipeline(build, config.to_dict(), SCHEMA), config)

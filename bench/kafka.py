@@ -47,7 +47,7 @@ def run_once(spark: object, values: dict[str, str], tmp: Path, n: int) -> tuple[
     job_file.write_text(json.dumps(config.to_dict()))
     write(str(job_file), n, seed=7, users=1_000)
     expected = Counter(str(e["user"]) for e in events(n, 7, 1_000))
-    coordinator = JobCoordinator(config, SparkRunner(spark))
+    coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
     coordinator.start()
     summary = coordinator.run(until_caught_up=True)
     coordinator.close()

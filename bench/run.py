@@ -55,7 +55,7 @@ def main() -> None:
         write(str(job_file), args.events, seed=1, users=10_000)
         gen = time.perf_counter() - t0
         spark = spark_session(config, f"local[{args.cores}]")
-        coordinator = JobCoordinator(config, SparkRunner(spark))
+        coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
         coordinator.start()
         summary = coordinator.run(until_caught_up=True)
         coordinator.close()

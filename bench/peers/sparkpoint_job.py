@@ -128,7 +128,7 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
 
     def make_runner(spark: object) -> object:
         if api == "task":
-            return SparkRunner(spark)
+            return SparkRunner(spark)  # the SparkContext (sql=False)
         from sparkpoint_steps import per_view
 
         from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
@@ -142,6 +142,7 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
         make_runner,  # type: ignore[arg-type]
         exact_batches=api != "task",
         listener=recorder,  # type: ignore[arg-type]
+        sql=api != "task",
     )
     if api != "task":  # the DataFrame side's modules, imported while Spark is still starting
         import sparkpoint_steps  # noqa: F401

@@ -166,13 +166,18 @@ def run(
 
     def make_runner(spark: Any) -> BatchRunner:
         if pipeline is None:
-            return SparkRunner(spark)
+            return SparkRunner(spark)  # the SparkContext: a task job starts no SQL session
         from sparkpoint.runtime.pipeline import DataFrameRunner
 
         return DataFrameRunner(spark, pipeline, config)
 
     coordinator, spark = start_job(
-        config, master, make_runner, exact_batches=pipeline is not None, listener=display
+        config,
+        master,
+        make_runner,
+        exact_batches=pipeline is not None,
+        listener=display,
+        sql=pipeline is not None,  # a task job runs on the SparkContext alone
     )
 
     def on_signal(signum: int, _frame: Any) -> None:

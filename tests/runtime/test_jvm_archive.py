@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,41 +11,13 @@ from sparkpoint.config import Config
 from sparkpoint.runtime import jvm_archive, spark
 
 
-class _Builder:
-    """Records what spark_session configures instead of starting a JVM."""
-
-    def __init__(self) -> None:
-        self.conf: dict[str, str] = {}
-
-    def appName(self, name: str) -> _Builder:
-        return self
-
-    def master(self, master: str) -> _Builder:
-        return self
-
-    def config(self, key: str, value: str) -> _Builder:
-        self.conf[key] = value
-        return self
-
-    def getOrCreate(self) -> Any:
-        raise _Started(self.conf)
-
-
-class _Started(Exception):
-    def __init__(self, conf: dict[str, str]) -> None:
-        self.conf = conf
-
-
 def _driver_options(
     monkeypatch: pytest.MonkeyPatch, archive: Path, master: str = "local[2]", **config: str
 ) -> str:
-    from pyspark.sql import SparkSession
-
+    """The driver JVM options both spark_session and spark_context start Spark with."""
     monkeypatch.setattr(jvm_archive, "archive_path", lambda: archive)
-    monkeypatch.setattr(SparkSession, "builder", _Builder())
-    with pytest.raises(_Started) as started:
-        spark.spark_session(Config({"job.name": "j", **config}), master)
-    return started.value.conf["spark.driver.extraJavaOptions"]
+    _master, settings = spark.spark_settings(Config({"job.name": "j", **config}), master)
+    return settings["spark.driver.extraJavaOptions"]
 
 
 def test_the_driver_maps_the_archive_only_when_there_is_one(

@@ -300,3 +300,36 @@ def test_a_new_job_creates_its_stores_in_this_process(tmp_path: Path) -> None:
     coordinator.close()
     assert runner.restored_tasks() == set()
     assert committed_counts(config) == dict(expected)
+
+
+@pytest.mark.parametrize(("sql", "started"), [(True, "session"), (False, "context")])
+def test_a_task_job_starts_the_spark_context_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sql: bool, started: str
+) -> None:
+    """A task API job (``sql=False``) runs on the SparkContext; only a pipeline needs the SQL
+    session, which takes seconds more to start."""
+    calls: list[str] = []
+
+    def start(what: str) -> Any:
+        def started_one(config: Config, master: str | None = None) -> Session:
+            calls.append(what)
+            return Session()
+
+        return started_one
+
+    monkeypatch.setattr(launch, "spark_session", start("session"))
+    monkeypatch.setattr(launch, "spark_context", start("context"))
+    config, expected = lost_host(tmp_path)
+    made: list[Any] = []
+
+    def make(spark: Any) -> Recording:
+        made.append(spark)
+        return Recording()
+
+    coordinator, spark = launch.start_job(config, "local[2]", make, sql=sql)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    spark.stop()
+    assert calls == [started]
+    assert made == [spark.session()]
+    assert committed_counts(config) == expected

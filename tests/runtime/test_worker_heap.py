@@ -59,7 +59,7 @@ def _reports(tmp_path: Path, runner: Any) -> list[dict[str, Any]]:
 
 
 def test_a_task_on_spark_processes_with_its_imports_frozen(spark: Any, tmp_path: Path) -> None:
-    reports = _reports(tmp_path, SparkRunner(spark))
+    reports = _reports(tmp_path, SparkRunner(spark.sparkContext))
     assert len(reports) == 40
     assert all(r["frozen"] and r["freeze_count"] > 10_000 for r in reports)
 

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,17 +33,20 @@ from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
 from sparkpoint.runtime.executor import state_is_current
 from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_session
+from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
 from sparkpoint.storage.task_storage import EMPTY_STATE
 
 log = logging.getLogger(__name__)
 
 
 class SparkStart:
-    """A Spark session starting on a background thread."""
+    """A Spark session starting on a background thread; with ``sql=False`` only its
+    SparkContext (:func:`~sparkpoint.runtime.spark.spark_context`), which is all a task API
+    job needs, and starts faster."""
 
-    def __init__(self, config: Config, master: str | None = None) -> None:
+    def __init__(self, config: Config, master: str | None = None, *, sql: bool = True) -> None:
         self.master = master or config.get_str("spark.master") or DEFAULT_MASTER
+        self.sql = sql
         self._session: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -51,8 +55,12 @@ class SparkStart:
         self._thread.start()
 
     def _start(self, config: Config) -> None:
+        began = time.monotonic()
         try:
-            self._session = spark_session(config, self.master)
+            start = spark_session if self.sql else spark_context
+            self._session = start(config, self.master)
+            what = "session" if self.sql else "context"
+            log.info("Spark %s (%s) started in %.1fs", what, self.master, time.monotonic() - began)
         except BaseException as exc:  # handed to whoever waits for the session
             self._error = exc
 
@@ -69,7 +77,8 @@ class SparkStart:
         return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
 
     def session(self) -> Any:
-        """The session, once started; Spark's own error if it failed to start."""
+        """The session (the SparkContext with ``sql=False``), once started; Spark's own error
+        if it failed to start."""
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -148,11 +157,13 @@ def start_job(
     *,
     exact_batches: bool = False,
     listener: Listener | None = None,
+    sql: bool = True,
 ) -> tuple[JobCoordinator, SparkStart]:
     """A started job coordinator whose runner comes from a Spark session starting meanwhile;
     in local mode every task's state is established before this returns. The caller runs the
-    coordinator, then closes it and stops the session."""
-    start = SparkStart(config, master)
+    coordinator, then closes it and stops the session. ``make_runner`` gets the session, or
+    with ``sql=False`` (a task API job) only the SparkContext."""
+    start = SparkStart(config, master, sql=sql)
     runner = DeferredRunner(start, make_runner, exact_batches=exact_batches)
     coordinator = JobCoordinator(config, runner, listener=listener)
     if start.local:  # the driver shares the executors' disk: the last pass needs no Spark job

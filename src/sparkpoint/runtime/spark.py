@@ -66,23 +66,22 @@ def log4j_config() -> str:
     return str(resources.files("sparkpoint.runtime") / "conf" / "log4j2.properties")
 
 
-def spark_session(config: Config, master: str | None = None) -> Any:
-    """Get or create the Spark session for a job (``spark.*`` keys of the config pass through)."""
+def spark_settings(config: Config, master: str | None = None) -> tuple[str, dict[str, str]]:
+    """The master and every ``spark.*`` setting of a job's Spark application: sparkpoint's
+    defaults, then the config's ``spark.*`` keys. Sets the Python and loopback variables Spark
+    reads from the environment (unless already set)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # bind Spark to loopback unless told otherwise: no traffic leaves the machine by default
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName(f"sparkpoint-{config.job_name}-{config.job_id}")
     master = master or config.get_str("spark.master") or DEFAULT_MASTER
-    builder = builder.master(master)
     java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
     if config.get_bool("job.spark.class.archive", True):
         java_options = f"{java_options} {jvm_archive.java_options()}".strip()
     if master.startswith("local") and config.get_bool("job.spark.driver.quick.jit", True):
         java_options = f"{java_options} {QUICK_JIT}"
-    defaults = {
+    settings = {
+        "spark.app.name": f"sparkpoint-{config.job_name}-{config.job_id}",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
@@ -95,14 +94,41 @@ def spark_session(config: Config, master: str | None = None) -> Any:
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     if not master.startswith("local"):
-        defaults.update(CLUSTER_DEFAULTS)
-    for key, value in {**defaults, **config.subset("spark.")}.items():
+        settings.update(CLUSTER_DEFAULTS)
+    for key, value in config.subset("spark.").items():
         full = key if key.startswith("spark.") else f"spark.{key}"
         if full != "spark.master":
-            builder = builder.config(full, value)
+            settings[full] = value
+    return master, settings
+
+
+def spark_session(config: Config, master: str | None = None) -> Any:
+    """Get or create the Spark session for a job (``spark.*`` keys of the config pass through):
+    for a DataFrame pipeline, and whatever else needs Spark SQL."""
+    master, settings = spark_settings(config, master)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def spark_context(config: Config, master: str | None = None) -> Any:
+    """Get or create the SparkContext for a job, with the settings of :func:`spark_session`
+    but no SQL session: all a task API job runs on. Creating the session (Spark SQL's shared
+    state and catalog, and importing ``pyspark.sql``) was about 1.3 s of the 4-5.5 s a local
+    Spark took to run its first job on this project's 2-core machines (``docs/performance.md``).
+    A session made later (``SparkSession.builder.getOrCreate``) uses this context."""
+    master, settings = spark_settings(config, master)
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("WARN")
+    return sc
 
 
 def user_error_from(exc: BaseException) -> SparkpointError | None:
@@ -134,9 +160,9 @@ class SparkRunner:
     """Runs a batch as one Spark job with one partition per task, each partition preferring
     its task's executor (host affinity) when the plans name one."""
 
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
-        self.sc = spark.sparkContext
+    def __init__(self, sc: Any) -> None:
+        """``sc``: the SparkContext (:func:`spark_context`, or a session's ``sparkContext``)."""
+        self.sc = sc
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
