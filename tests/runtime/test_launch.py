@@ -283,6 +283,46 @@ def test_only_the_tasks_that_lost_their_state_restore_in_other_processes(tmp_pat
     assert committed_counts(config) == dict(expected)
 
 
+def test_a_restart_on_the_same_host_relinks_its_checkpoints_in_this_process(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILL after batches no checkpoint covers: the live stores are not the checkpoint's,
+    but every store's local copy of it is on disk. Linking it back fetches nothing, so no
+    process is spawned for it; the tasks that lost their directories still restore in one."""
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 1500, seed=8)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    tasks = [LocalTaskState(config.store_base_dir, TaskName(f"Partition {p}")) for p in range(4)]
+    for task in tasks:
+        task.clear_marker()  # the live stores moved on past the checkpoint, as a batch does
+    for lost in tasks[2:]:  # two: the pool runs a single plan in this process
+        shutil.rmtree(lost.dir)
+    expected += generate(config, tmp_path / "job.yaml", 300, seed=9)
+    coordinator = JobCoordinator(config, Recording())
+    keeping = Keeping(launch.RestoreRunner(2))
+    coordinator.restore_ahead(keeping)
+    coordinator.close()
+    here = f":{os.getpid()}"
+    in_driver = {r.task for r in keeping.results if r.executor.endswith(here)}
+    assert in_driver == {"Partition 0", "Partition 1"}
+    sources = {r.task: {s.source for s in r.restored} for r in keeping.results}
+    assert sources == {
+        "Partition 0": {"local-checkpoint"},
+        "Partition 1": {"local-checkpoint"},
+        "Partition 2": {"changelog"},
+        "Partition 3": {"changelog"},
+    }
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()  # the state established ahead was kept
+    assert committed_counts(config) == dict(expected)
+
+
 def test_a_new_job_creates_its_stores_in_this_process(tmp_path: Path) -> None:
     """No checkpoint, nothing to fetch: no process is spawned (each would import the job and
     sparkpoint again while the JVM starts), and the first batch keeps the stores made here."""

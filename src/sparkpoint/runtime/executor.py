@@ -390,10 +390,13 @@ def setup_worker_logging(config: Mapping[str, str]) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def state_is_current(plan: TaskBatchPlan) -> bool:
-    """Whether the task's local state is the one ``plan`` expects (its batch would keep the
-    live stores, restoring nothing); changes nothing."""
-    return TaskBatch(plan).storage.is_current(plan.expected_state_id)
+def state_is_on_disk(plan: TaskBatchPlan) -> bool:
+    """Whether ``plan``'s batch would fetch no state: the local state is current, the task
+    starts empty, or every store restores from its local checkpoint. Changes nothing."""
+    if plan.expected_state_id == EMPTY_STATE:
+        return True
+    storage = TaskBatch(plan).storage
+    return storage.is_current(plan.expected_state_id) or storage.restores_from_disk()
 
 
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:

@@ -30,11 +30,10 @@ from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
-from sparkpoint.runtime.executor import state_is_current
+from sparkpoint.runtime.executor import state_is_on_disk
 from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
-from sparkpoint.storage.task_storage import EMPTY_STATE
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +102,11 @@ class SparkStart:
 
 class RestoreRunner:
     """The restore ahead's runner: tasks with nothing to fetch in this process, the others in
-    a pool of up to ``workers`` processes. Nothing to fetch: the local state is current (a
-    restart on the same host), or the task starts empty (a new job: no checkpoint). A spawned
-    process imports the job and sparkpoint again, about 0.5 s of CPU each, taken from the JVM
-    starting beside it; keeping or creating a store takes milliseconds."""
+    a pool of up to ``workers`` processes. Nothing to fetch: the local state is current, or
+    every store has its copy of the last checkpoint on this disk (a restart on the same host:
+    hard links), or the task starts empty (a new job: no checkpoint). A spawned process
+    imports the job and sparkpoint again, about 0.5 s of CPU each, taken from the JVM starting
+    beside it; keeping, linking or creating a store takes milliseconds."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -115,8 +115,7 @@ class RestoreRunner:
         here: list[TaskBatchPlan] = []
         fetch: list[TaskBatchPlan] = []
         for plan in plans:
-            nothing_to_fetch = plan.expected_state_id == EMPTY_STATE or state_is_current(plan)
-            (here if nothing_to_fetch else fetch).append(plan)
+            (here if state_is_on_disk(plan) else fetch).append(plan)
         return InlineRunner()(batch, here) + LocalPoolRunner(self.workers)(batch, fetch)
 
 

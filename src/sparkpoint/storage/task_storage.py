@@ -201,6 +201,23 @@ class TaskStorage:
             and not self._missing_stores()
         )
 
+    def restores_from_disk(self) -> bool:
+        """Whether restoring the last checkpoint would fetch nothing: every store is on disk
+        and has its copy of that checkpoint here (hard links; a restart on the same host). The
+        restore may still turn a copy down (a backend finds it differs) and fetch after all.
+        Changes nothing."""
+        cid = self.last_checkpoint_id
+        if cid is None or not self.config.get_bool(
+            "task.transactional.state.checkpoint.enabled", True
+        ):
+            return False
+        return all(
+            persistent_store(self.config, store)
+            and not self.config.get_bool(f"stores.{store}.clean.on.container.start")
+            and self.local.has_checkpoint(store, cid)
+            for store in self.config.stores
+        )
+
     def open_live(self, stores: Iterable[str] | None = None) -> None:
         """Open ``stores`` (all by default) as they are on disk, without checking the marker:
         for a later phase of a batch whose state :meth:`open` already established (inside
