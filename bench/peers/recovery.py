@@ -26,8 +26,9 @@ What "local state" is, and what is kept, per variant:
 
 The reference is a plain copy (``shutil.copytree``) of sparkpoint's state directory on the same
 disk, the physical limit of bringing the state back; and Spark's own floor: a process that only
-starts sparkpoint's local Spark session and runs one Python job, with no state and no input,
-which any restart of a job on Spark pays before its first output.
+starts the local SparkContext a task API job runs on (sparkpoint's settings) and runs one Python
+job, with no state and no input, which any restart of a job on Spark pays before its first
+output.
 """
 
 from __future__ import annotations
@@ -459,17 +460,18 @@ PEER_RUNS = {"pyflink": flink_recovery, "bytewax": bytewax_recovery, "quixstream
 _FLOOR = """
 import sys, time
 from sparkpoint.config import Config
-from sparkpoint.runtime.spark import spark_session
-spark = spark_session(Config({"job.name": "floor"}), "local[2]")
-spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda it: [sum(it)]).collect()
+from sparkpoint.runtime.spark import spark_context
+sc = spark_context(Config({"job.name": "floor"}), "local[2]")
+sc.parallelize(range(2), 2).mapPartitions(lambda it: [sum(it)]).collect()
 print(time.time(), flush=True)
-spark.stop()
+sc.stop()
 """
 
 
 def spark_floor(runs: int = 3) -> float:
-    """Median seconds from process start to the end of a first Python job on sparkpoint's local
-    Spark session (``local[2]``, its JVM settings), with no state and no input."""
+    """Median seconds from process start to the end of a first Python job on the local
+    SparkContext a task API job starts (``local[2]``, sparkpoint's settings), with no state and
+    no input."""
     times = []
     for _ in range(runs):
         started = time.time()
@@ -532,7 +534,7 @@ def run_all(
     shutil.rmtree(data, ignore_errors=True)
     os.sync()
     floor = spark_floor()
-    print(f"recovery: Spark's floor (session and a first Python job) {floor:.1f} s", flush=True)
+    print(f"recovery: Spark's floor (a SparkContext, a first Python job) {floor:.1f} s", flush=True)
     rows.append({"variant": "reference: Spark's floor", "caught_up_s": floor})
     if failures:
         rows.append({"variant": "failed", "errors": failures, "fatal": fatal})

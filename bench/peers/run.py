@@ -380,8 +380,8 @@ def recovery_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> list
         if floor is not None:
             lines += [
                 "",
-                f"Spark's floor here (sparkpoint's local session started and a first Python "
-                f"job run, no state, no input): {floor:.1f} s; 5x the fastest peer needs "
+                f"Spark's floor here (a task job's local SparkContext started and a first "
+                f"Python job run, no state, no input): {floor:.1f} s; 5x the fastest peer needs "
                 f"{best['caught_up_s'] / 5:.1f} s from restart to caught up.",
             ]
     return lines
