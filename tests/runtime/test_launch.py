@@ -15,7 +15,7 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.model import TaskName
 from sparkpoint.runtime import launch
 from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
+from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner, ThreadPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.base import StreamSpec
@@ -320,6 +320,72 @@ def test_a_restart_on_the_same_host_relinks_its_checkpoints_in_this_process(
     coordinator.run(until_caught_up=True)
     coordinator.close()
     assert runner.restored_tasks() == set()  # the state established ahead was kept
+    assert committed_counts(config) == dict(expected)
+
+
+BLOBSTORE = {
+    "stores.user-counts.changelog": "",
+    "stores.user-counts.backup.factories": "blobstore",
+}
+
+
+DUAL = {**CHANGELOG, "stores.user-counts.backup.factories": "blobstore,changelog"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "on", "source"),
+    [
+        (BLOBSTORE, "threads", "blobstore"),
+        (CHANGELOG, "processes", "changelog"),
+        # may fall back to the changelog: processes, though the blob store restores it
+        (DUAL, "processes", "blobstore"),
+    ],
+)
+def test_blob_store_restores_run_on_threads_changelog_ones_in_processes(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, str],
+    on: str,
+    source: str,
+) -> None:
+    """A blob store restore is file transfers, with the GIL released: the lost tasks restore
+    on threads of the driver, sparing a process spawn each. A changelog restore decodes
+    records in Python, so a task that may restore from one keeps its process."""
+    config = load_config(None, pageviews_config(tmp_path, **overrides))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 1500, seed=7)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    shutil.rmtree(config.store_base_dir)
+    used: dict[str, list[str]] = {"threads": [], "processes": []}
+
+    def recording(kind: str, real: Any) -> Any:
+        def make(workers: int) -> Any:
+            def run(batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+                used[kind] += [p.task.name.name for p in plans]
+                return real(workers)(batch, plans)
+
+            return run
+
+        return make
+
+    monkeypatch.setattr(launch, "ThreadPoolRunner", recording("threads", ThreadPoolRunner))
+    monkeypatch.setattr(launch, "LocalPoolRunner", recording("processes", LocalPoolRunner))
+    coordinator = JobCoordinator(config, Recording())
+    keeping = Keeping(launch.RestoreRunner(2))
+    coordinator.restore_ahead(keeping)
+    coordinator.close()
+    assert sorted(used[on]) == sorted(coordinator.tasks)
+    assert [t for kind, tasks in used.items() if kind != on for t in tasks] == []
+    in_driver = {r.task for r in keeping.results if r.executor.endswith(f":{os.getpid()}")}
+    assert in_driver == (set(coordinator.tasks) if on == "threads" else set())
+    assert {s.source for r in keeping.results for s in r.restored} == {source}
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()  # the state restored ahead was kept
     assert committed_counts(config) == dict(expected)
 
 

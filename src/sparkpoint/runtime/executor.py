@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
+from sparkpoint.storage.backend import restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import (
     EMPTY_STATE,
@@ -60,8 +62,13 @@ class _ProcessCache:
 
     def __init__(self) -> None:
         self.configs: dict[int, tuple[Config, Systems]] = {}
+        self._lock = threading.Lock()  # the driver restores on threads (RestoreRunner)
 
     def config(self, values: dict[str, str]) -> tuple[Config, Systems]:
+        with self._lock:
+            return self._config(values)
+
+    def _config(self, values: dict[str, str]) -> tuple[Config, Systems]:
         key = hash(frozenset(values.items()))
         if key in self.configs:
             self.configs[key] = self.configs.pop(key)  # the most recent last
@@ -397,6 +404,13 @@ def state_is_on_disk(plan: TaskBatchPlan) -> bool:
         return True
     storage = TaskBatch(plan).storage
     return storage.is_current(plan.expected_state_id) or storage.restores_from_disk()
+
+
+def restores_in_threads(plan: TaskBatchPlan) -> bool:
+    """Whether ``plan``'s task restores only from backends whose restore releases the GIL, so
+    that it may restore on a thread beside other tasks' (in the driver, while Spark starts)."""
+    config, _systems = worker_config(plan.config)
+    return restores_off_the_gil(config)
 
 
 def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:

@@ -30,8 +30,8 @@ from typing import Any
 
 from sparkpoint.config import Config
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
-from sparkpoint.runtime.executor import state_is_on_disk
-from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner
+from sparkpoint.runtime.executor import restores_in_threads, state_is_on_disk
+from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner, ThreadPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
 
@@ -106,17 +106,28 @@ class RestoreRunner:
     every store has its copy of the last checkpoint on this disk (a restart on the same host:
     hard links), or the task starts empty (a new job: no checkpoint). A spawned process
     imports the job and sparkpoint again, about 0.5 s of CPU each, taken from the JVM starting
-    beside it; keeping, linking or creating a store takes milliseconds."""
+    beside it; keeping, linking or creating a store takes milliseconds. So tasks that restore
+    only from backends that work with the GIL released (the blob store's downloads) restore on
+    threads of this process, and the others (the changelog's, decoding records in Python) in
+    processes."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         here: list[TaskBatchPlan] = []
-        fetch: list[TaskBatchPlan] = []
+        threads: list[TaskBatchPlan] = []
+        processes: list[TaskBatchPlan] = []
         for plan in plans:
-            (here if state_is_on_disk(plan) else fetch).append(plan)
-        return InlineRunner()(batch, here) + LocalPoolRunner(self.workers)(batch, fetch)
+            if state_is_on_disk(plan):
+                here.append(plan)
+            else:
+                (threads if restores_in_threads(plan) else processes).append(plan)
+        return (
+            InlineRunner()(batch, here)
+            + ThreadPoolRunner(self.workers)(batch, threads)
+            + LocalPoolRunner(self.workers)(batch, processes)
+        )
 
 
 class DeferredRunner:

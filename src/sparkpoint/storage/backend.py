@@ -191,6 +191,10 @@ class StateBackendFactory(ABC):
     #: the config keys this backend reads (``stores.<s>.…`` per store, or global ones), declared
     #: so that ``sparkpoint config keys`` lists them and a job's config is validated against them
     config_keys: tuple[ConfigKey, ...] = ()
+    #: whether a restore spends its time with the GIL released (file transfers, checksums), so
+    #: that several tasks restore well side by side in threads of one process; a restore that
+    #: decodes records in Python (the changelog's) needs processes
+    restores_off_the_gil: bool = False
     backup_class: type[TaskBackupManager]
     restore_class: type[TaskRestoreManager]
     admin_class: type[StateBackendAdmin] = NoResources
@@ -283,6 +287,16 @@ def store_backends(config: Config, store: str, kind: str) -> list[str]:
             )
         out.append(canonical)
     return out
+
+
+def restores_off_the_gil(config: Config) -> bool:
+    """Whether every store restores only from backends whose restore releases the GIL
+    (:attr:`StateBackendFactory.restores_off_the_gil`)."""
+    return all(
+        backend_factory(name).restores_off_the_gil
+        for store in config.stores
+        for name in store_backends(config, store, "restore")
+    )
 
 
 def checkpoint_markers(

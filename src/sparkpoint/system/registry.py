@@ -8,6 +8,7 @@ Implementations load lazily, so a system's dependencies are imported only when i
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib.metadata import entry_points
@@ -61,8 +62,14 @@ class Systems:
         self._config = config
         self._factories: dict[str, SystemFactory] = {}
         self._admins: dict[str, SystemAdmin] = {}
+        # made once each, also when tasks share this on threads (the driver's restore ahead)
+        self._lock = threading.RLock()
 
     def factory(self, system: str) -> SystemFactory:
+        with self._lock:
+            return self._factory(system)
+
+    def _factory(self, system: str) -> SystemFactory:
         if system not in self._factories:
             key = f"systems.{system}.factory"
             name = self._config.get(key)
@@ -80,9 +87,10 @@ class Systems:
         return self._factories[system]
 
     def admin(self, system: str) -> SystemAdmin:
-        if system not in self._admins:
-            self._admins[system] = self.factory(system).get_admin(system, self._config)
-        return self._admins[system]
+        with self._lock:
+            if system not in self._admins:
+                self._admins[system] = self._factory(system).get_admin(system, self._config)
+            return self._admins[system]
 
     def consumer(self, system: str) -> SystemConsumer:
         return self.factory(system).get_consumer(system, self._config)

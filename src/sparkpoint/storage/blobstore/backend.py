@@ -367,6 +367,8 @@ class BlobStoreAdmin(StateBackendAdmin):
 
 class BlobStoreStateBackendFactory(StateBackendFactory):
     name = NAME
+    # a restore's downloads (on a pool of threads already) and zlib.crc32 release the GIL
+    restores_off_the_gil = True
 
     backup_class = BlobStoreBackupManager
     restore_class = BlobStoreRestoreManager
