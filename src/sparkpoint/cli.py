@@ -166,7 +166,7 @@ def run(
 
     def make_runner(spark: Any) -> BatchRunner:
         if pipeline is None:
-            return SparkRunner(spark)  # the SparkContext: a task job starts no SQL session
+            return SparkRunner(spark)  # local mode: the SparkContext alone (sql=False)
         from sparkpoint.runtime.pipeline import DataFrameRunner
 
         return DataFrameRunner(spark, pipeline, config)

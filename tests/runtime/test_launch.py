@@ -408,12 +408,20 @@ def test_a_new_job_creates_its_stores_in_this_process(tmp_path: Path) -> None:
     assert committed_counts(config) == dict(expected)
 
 
-@pytest.mark.parametrize(("sql", "started"), [(True, "session"), (False, "context")])
-def test_a_task_job_starts_the_spark_context_alone(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sql: bool, started: str
+@pytest.mark.parametrize(
+    ("sql", "master", "started"),
+    [
+        (True, "local[2]", "session"),
+        (False, "local[2]", "context"),
+        (False, "spark://127.0.0.1:7077", "session"),  # its executors register meanwhile
+    ],
+)
+def test_a_local_task_job_starts_the_spark_context_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sql: bool, master: str, started: str
 ) -> None:
-    """A task API job (``sql=False``) runs on the SparkContext; only a pipeline needs the SQL
-    session, which takes seconds more to start."""
+    """A task API job (``sql=False``) in local mode runs on the SparkContext; only a pipeline
+    needs the SQL session, which takes a second or more to start. On a cluster that second
+    lets the executors register before the first batch places the tasks."""
     calls: list[str] = []
 
     def start(what: str) -> Any:
@@ -432,7 +440,7 @@ def test_a_task_job_starts_the_spark_context_alone(
         made.append(spark)
         return Recording()
 
-    coordinator, spark = launch.start_job(config, "local[2]", make, sql=sql)
+    coordinator, spark = launch.start_job(config, master, make, sql=sql)
     coordinator.run(until_caught_up=True)
     coordinator.close()
     spark.stop()

@@ -61,3 +61,11 @@ def test_without_the_private_api_batches_run_without_a_preference(
         assert locality.live_executors(broken) == []
     assert rdd.collect() == ["a", "b"] and rdd.getNumPartitions() == 2
     assert "tasks run without a preferred executor" in caplog.text
+
+
+def test_the_spark_runner_runs_on_a_session_or_on_its_context(spark: Any) -> None:
+    """A local task job starts the SparkContext alone; a cluster's starts the session."""
+    from sparkpoint.runtime.spark import SparkRunner
+
+    assert SparkRunner(spark).sc is spark.sparkContext
+    assert SparkRunner(spark.sparkContext).sc is spark.sparkContext

@@ -39,13 +39,16 @@ log = logging.getLogger(__name__)
 
 
 class SparkStart:
-    """A Spark session starting on a background thread; with ``sql=False`` only its
-    SparkContext (:func:`~sparkpoint.runtime.spark.spark_context`), which is all a task API
-    job needs, and starts faster."""
+    """A Spark session starting on a background thread; with ``sql=False`` in local mode only
+    its SparkContext (:func:`~sparkpoint.runtime.spark.spark_context`), which is all a task
+    API job needs, and starts faster."""
 
     def __init__(self, config: Config, master: str | None = None, *, sql: bool = True) -> None:
         self.master = master or config.get_str("spark.master") or DEFAULT_MASTER
-        self.sql = sql
+        # a cluster's task job starts the session anyway: the first batch places the tasks on
+        # the executors registered by then, and without spark.cores.max Spark does not wait
+        # for them; the session's extra second let both of a 2-worker test cluster's register
+        self.sql = sql or not self.local
         self._session: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(

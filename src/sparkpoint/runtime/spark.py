@@ -160,9 +160,10 @@ class SparkRunner:
     """Runs a batch as one Spark job with one partition per task, each partition preferring
     its task's executor (host affinity) when the plans name one."""
 
-    def __init__(self, sc: Any) -> None:
-        """``sc``: the SparkContext (:func:`spark_context`, or a session's ``sparkContext``)."""
-        self.sc = sc
+    def __init__(self, spark: Any) -> None:
+        """``spark``: the SparkContext (:func:`spark_context`), or a session (its context is
+        used): what :class:`~sparkpoint.runtime.launch.SparkStart` started."""
+        self.sc = getattr(spark, "sparkContext", spark)
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
