@@ -108,10 +108,13 @@ def run_on_cluster(
 ) -> tuple[Config, Counter[str], Path, subprocess.Popen[bytes]]:
     """The example on ``c`` in the background, once every task has a checkpoint."""
     # every core the cluster has or gets (the added worker's too), and the first batch waits
-    # a few seconds for the first two executors so that the first placement uses both
+    # for the first two executors (2 of those 3 cores) so that the first placement uses both.
+    # A fixed wait of 8 s was not always enough on a loaded 2-core machine: an executor that
+    # registered later was taken for the added one
     sets = [
         *affinity_sets(tmp_path, cores=3),
-        "spark.scheduler.maxRegisteredResourcesWaitingTime=8s",
+        "spark.scheduler.minRegisteredResourcesRatio=0.6",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
     ]
     config, set_args, expected = prepared(tmp_path, sets, events, seed)
     log = tmp_path / "run.log"
