@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +55,31 @@ class Session:
         self.stopped += 1
 
 
+def ran_to_the_end(config: Config, tmp_path: Path, seed: int) -> Counter[str]:
+    """1,500 views in 4 partitions, run to the end in this process; the counts they make."""
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 1500, seed=seed)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    return expected
+
+
+def assert_the_next_run_keeps_the_state(config: Config, expected: Counter[str]) -> None:
+    """A run after the restore ahead restores nothing (it keeps that state) and counts right."""
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set()
+    assert committed_counts(config) == dict(expected)
+
+
 def lost_host(tmp_path: Path, **overrides: str) -> tuple[Config, dict[str, int]]:
     """A job that ran to its end, then lost its state directory, with 500 more views waiting;
     the counts it must end with."""
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG, **overrides))
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
-    expected = generate(config, tmp_path / "job.yaml", 1500, seed=5)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
+    expected = ran_to_the_end(config, tmp_path, seed=5)
     shutil.rmtree(config.store_base_dir)
     expected += generate(config, tmp_path / "job.yaml", 500, seed=6)
     return config, dict(expected)
@@ -265,11 +282,7 @@ class Keeping:
 
 def test_only_the_tasks_that_lost_their_state_restore_in_other_processes(tmp_path: Path) -> None:
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
-    expected = generate(config, tmp_path / "job.yaml", 1500, seed=7)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
+    expected = ran_to_the_end(config, tmp_path, seed=7)
     lost = {"Partition 0", "Partition 2"}
     for task in lost:
         shutil.rmtree(LocalTaskState(config.store_base_dir, TaskName(task)).dir)
@@ -290,11 +303,7 @@ def test_a_restart_on_the_same_host_relinks_its_checkpoints_in_this_process(
     but every store's local copy of it is on disk. Linking it back fetches nothing, so no
     process is spawned for it; the tasks that lost their directories still restore in one."""
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
-    expected = generate(config, tmp_path / "job.yaml", 1500, seed=8)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
+    expected = ran_to_the_end(config, tmp_path, seed=8)
     tasks = [LocalTaskState(config.store_base_dir, TaskName(f"Partition {p}")) for p in range(4)]
     for task in tasks:
         task.clear_marker()  # the live stores moved on past the checkpoint, as a batch does
@@ -315,12 +324,7 @@ def test_a_restart_on_the_same_host_relinks_its_checkpoints_in_this_process(
         "Partition 2": {"changelog"},
         "Partition 3": {"changelog"},
     }
-    runner = Recording()
-    coordinator = JobCoordinator(config, runner)
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
-    assert runner.restored_tasks() == set()  # the state established ahead was kept
-    assert committed_counts(config) == dict(expected)
+    assert_the_next_run_keeps_the_state(config, expected)
 
 
 BLOBSTORE = {
@@ -352,11 +356,7 @@ def test_blob_store_restores_run_on_threads_changelog_ones_in_processes(
     on threads of the driver, sparing a process spawn each. A changelog restore decodes
     records in Python, so a task that may restore from one keeps its process."""
     config = load_config(None, pageviews_config(tmp_path, **overrides))
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
-    expected = generate(config, tmp_path / "job.yaml", 1500, seed=7)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
+    expected = ran_to_the_end(config, tmp_path, seed=7)
     shutil.rmtree(config.store_base_dir)
     used: dict[str, list[str]] = {"threads": [], "processes": []}
 
@@ -381,12 +381,7 @@ def test_blob_store_restores_run_on_threads_changelog_ones_in_processes(
     in_driver = {r.task for r in keeping.results if r.executor.endswith(f":{os.getpid()}")}
     assert in_driver == (set(coordinator.tasks) if on == "threads" else set())
     assert {s.source for r in keeping.results for s in r.restored} == {source}
-    runner = Recording()
-    coordinator = JobCoordinator(config, runner)
-    coordinator.run(until_caught_up=True)
-    coordinator.close()
-    assert runner.restored_tasks() == set()  # the state restored ahead was kept
-    assert committed_counts(config) == dict(expected)
+    assert_the_next_run_keeps_the_state(config, expected)
 
 
 def test_a_new_job_creates_its_stores_in_this_process(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ runs on executors.
 from __future__ import annotations
 
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
 from sparkpoint.runtime.executor import run_task_batch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
@@ -24,34 +24,36 @@ class InlineRunner:
         return [run_task_batch(plan) for plan in plans]
 
 
-class LocalPoolRunner:
-    """Runs the plans in up to ``workers`` processes of this machine, each task in one of
-    them; in this process when there is one worker or one plan. The processes are spawned, not
-    forked: the caller may have threads (a starting Spark session)."""
+class _PoolRunner:
+    """Runs the plans in a pool of up to ``workers``, each task in one of them; in this
+    process when there is one worker or one plan."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
+
+    def _pool(self, workers: int) -> Executor:
+        raise NotImplementedError
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         workers = min(self.workers, len(plans))
         if workers <= 1:
             return InlineRunner()(batch, plans)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with self._pool(workers) as pool:
             return list(pool.map(run_task_batch, plans))
 
 
-class ThreadPoolRunner:
-    """Runs the plans on up to ``workers`` threads of this process. Only for passes that run
-    no user code and spend their time with the GIL released: the driver's restore ahead from
-    a blob store (file transfers), which spares the processes a pool would spawn."""
+class LocalPoolRunner(_PoolRunner):
+    """Runs the plans in processes of this machine. The processes are spawned, not forked:
+    the caller may have threads (a starting Spark session)."""
 
-    def __init__(self, workers: int) -> None:
-        self.workers = max(1, workers)
+    def _pool(self, workers: int) -> Executor:
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        workers = min(self.workers, len(plans))
-        if workers <= 1:
-            return InlineRunner()(batch, plans)
-        with ThreadPoolExecutor(workers, thread_name_prefix="sparkpoint-restore-task") as pool:
-            return list(pool.map(run_task_batch, plans))
+
+class ThreadPoolRunner(_PoolRunner):
+    """Runs the plans on threads of this process. Only for passes that run no user code and
+    spend their time with the GIL released: the driver's restore ahead from a blob store
+    (file transfers), which spares the processes a pool would spawn."""
+
+    def _pool(self, workers: int) -> Executor:
+        return ThreadPoolExecutor(workers, thread_name_prefix="sparkpoint-restore-task")
