@@ -166,7 +166,7 @@ def run(
 
     def make_runner(spark: Any) -> BatchRunner:
         if pipeline is None:
-            return SparkRunner(spark)  # local mode: the SparkContext alone (sql=False)
+            return SparkRunner(spark)  # the context, or on a cluster the session
         from sparkpoint.runtime.pipeline import DataFrameRunner
 
         return DataFrameRunner(spark, pipeline, config)
@@ -177,7 +177,7 @@ def run(
         make_runner,
         exact_batches=pipeline is not None,
         listener=display,
-        sql=pipeline is not None,  # a task job runs on the SparkContext alone
+        sql=pipeline is not None,  # a local task job: the SparkContext alone
     )
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -118,10 +118,10 @@ def spark_session(config: Config, master: str | None = None) -> Any:
 
 def spark_context(config: Config, master: str | None = None) -> Any:
     """Get or create the SparkContext for a job, with the settings of :func:`spark_session`
-    but no SQL session: all a task API job runs on. Creating the session (Spark SQL's shared
-    state and catalog, and importing ``pyspark.sql``) was about 1.3 s of the 4-5.5 s a local
-    Spark took to run its first job on this project's 2-core machines (``docs/performance.md``).
-    A session made later (``SparkSession.builder.getOrCreate``) uses this context."""
+    but no SQL session: all a local task API job runs on. Creating the session (the JVM's
+    ``SparkSession`` constructor) was about 1.3-1.6 s of the 4.6-5.9 s a local Spark took to
+    run its first job on this project's 2-core machines (``docs/performance.md``). A session
+    made later (``SparkSession.builder.getOrCreate``) uses this context."""
     master, settings = spark_settings(config, master)
     from pyspark import SparkConf, SparkContext
 
