@@ -120,10 +120,20 @@ def run(
             "(job.host-affinity.rebalance=true)."
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Start although the job's heartbeat names a live driver (one on another host "
+            "that is known to be gone); the other driver, if alive, stops at its next heartbeat."
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run a job: the driver plans micro-batches and Spark runs one partition per task.
+
+    One driver runs a job at a time: while the job's heartbeat names a live driver, `run`
+    refuses to start (exit 2, naming its host and pid).
 
     A job file runs the low-level task API (`task.class`); `module:attribute` runs a DataFrame
     pipeline (`sparkpoint.runtime.pipeline.Pipeline`). Both share checkpoints, state backends
@@ -178,6 +188,7 @@ def run(
         exact_batches=pipeline is not None,
         listener=display,
         sql=pipeline is not None,  # a local task job: the SparkContext alone
+        force=force,
     )
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -368,6 +368,15 @@ KEYS: tuple[ConfigKey, ...] = (
         _int(1),
     ),
     ConfigKey(
+        "stores.<s>.changelog.restore.accept.loss",
+        "false",
+        "true | false",
+        "restore what a changelog that is missing, recreated or shorter than the checkpointed "
+        "offset still holds, losing committed writes, instead of stopping the job; set it "
+        "once, deliberately, after the error names the store",
+        _bool,
+    ),
+    ConfigKey(
         "stores.<s>.changelog.min.compaction.lag.ms",
         "14400000",
         "milliseconds >= 0",

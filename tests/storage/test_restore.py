@@ -490,3 +490,48 @@ def test_a_deleted_store_directory_is_restored_even_when_the_marker_matches(
     assert "store(s) user-counts are missing" in caplog.text
     assert live_counts(config) == dict(expected)
     assert committed_counts(config) == dict(expected)
+
+
+def delete_changelog(config: Config) -> None:
+    shutil.rmtree(config.data_dir / "streams" / "filelog" / "user-counts-changelog")
+
+
+def test_a_deleted_changelog_stops_the_restore_instead_of_starting_empty(tmp_path: Path) -> None:
+    """Issue 37: a changelog deleted while the job was stopped, then local state lost: the
+    restore started from nothing and reported success (1,388 of 2,000 counts gone)."""
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 1000, seed=63, users=30)
+    run(config, until_caught_up=True)
+    committed = checkpoint_offsets(config)
+    delete_changelog(config)
+    shutil.rmtree(config.store_base_dir)
+    with pytest.raises(RestoreError) as caught:
+        one_batch_without_commit(config)
+    text = str(caught.value)
+    assert re.search(r"user-counts: changelog filelog.user-counts-changelog.\d is empty", text)
+    assert "cannot be restored to its committed state" in text
+    assert "--set stores.user-counts.changelog.restore.accept.loss=true" in text
+    assert checkpoint_offsets(config) == committed  # nothing moved on
+    # the deliberate way on: restore what is there (nothing), and say so
+    accept = {"stores.user-counts.changelog.restore.accept.loss": "true"}
+    accepting = Config({**config.to_dict(), **accept})
+    one_batch_without_commit(accepting)
+    assert live_counts(accepting) == {}
+    assert sum(expected.values()) == 1000
+
+
+def test_a_deleted_changelog_is_rewritten_from_a_local_checkpoint(tmp_path: Path) -> None:
+    """With the local checkpoint still there, the store is right but its changelog lost it: the
+    store's contents are written to the changelog again, so a restore elsewhere later gives the
+    committed state (the campaign's job went on, and would have lost it at the next move)."""
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 1000, seed=64, users=30)
+    run(config, until_caught_up=True)
+    delete_changelog(config)
+    one_batch_without_commit(config)  # restores from the local checkpoint, rewrites the changelog
+    assert changelog_view(config) == dict(expected)
+    more = generate(config, tmp_path / "b.yaml", 200, seed=65, users=30)
+    run(config, until_caught_up=True)
+    shutil.rmtree(config.store_base_dir)  # now another host restores from the changelog
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected + more)

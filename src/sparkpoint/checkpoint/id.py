@@ -1,7 +1,10 @@
-"""CheckpointId: ``<millis>-<nanos>``, unique and increasing within a process.
+"""CheckpointId: ``<millis>-<nanos>``, unique and increasing within a process and per task.
 
 Only :meth:`CheckpointId.create` makes new ids and :meth:`CheckpointId.parse` reads them back;
-ids order by (millis, nanos), so a later commit of a task always has a greater id.
+ids order by (millis, nanos), so a later commit of a task always has a greater id: a commit
+passes the id it builds on (``after``), and the new id is greater than it even when this
+host's clock is behind the one that wrote it (clock skew between drivers or executors, a
+clock stepped back). Ids then stay ordered, and the driver never drops a commit as "older".
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ class CheckpointId:
     nanos: int
 
     @classmethod
-    def create(cls) -> CheckpointId:
-        """A new id greater than every id this process created before."""
+    def create(cls, after: CheckpointId | None = None) -> CheckpointId:
+        """A new id greater than every id this process created before, and than ``after``
+        (the checkpoint the new one builds on, whatever clock made it)."""
         global _last
         with _lock:
             now = time.time_ns()
             candidate = (now // 1_000_000, now % 1_000_000)
-            if candidate <= _last:
-                millis, nanos = _last
+            floor = _last if after is None else max(_last, (after.millis, after.nanos))
+            if candidate <= floor:
+                millis, nanos = floor
                 candidate = (millis, nanos + 1) if nanos + 1 < 1_000_000 else (millis + 1, 0)
             _last = candidate
         return cls(*candidate)

@@ -3,10 +3,16 @@
 Order of precedence per SSP: ``streams.<s>.samza.reset.offset=true`` ignores the checkpoint; a
 checkpointed offset resumes at the offset after it; with no checkpoint (or a reset), the
 stream's ``samza.offset.default`` (or the system's ``default.stream`` one): ``oldest`` or
-``upcoming``. A checkpointed offset that is no longer in the stream (retention removed it)
-follows the default policy, with a WARN naming the SSP and both offsets. Checkpointed SSPs that
-are no longer inputs of the task are dropped with a log line (changelog SSPs of V1 checkpoints
-are not inputs and are skipped silently).
+``upcoming``. Checkpointed SSPs that are no longer inputs of the task are dropped with a log line
+(changelog SSPs of V1 checkpoints are not inputs and are skipped silently).
+
+A checkpointed offset outside what its partition holds stops the job (:class:`OffsetOutOfRange`)
+rather than skip input: beyond the end (the stream was recreated, or the checkpoint names an
+offset the log never reached: reading on would wait for the log to grow past it and skip every
+record before), or before the start (retention removed records the job had not read). The error
+names the task, SSP, offset and range, and the fix: a startpoint, or ``checkpoint set``. The
+driver applies the same check to the offsets it resumes from before every batch
+(:func:`check_in_range`), so a stream recreated under a running job stops it too.
 """
 
 from __future__ import annotations
@@ -17,12 +23,67 @@ from collections.abc import Mapping
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
-from sparkpoint.model import SystemStream, SystemStreamPartition, TaskModel
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskModel, TaskName
 from sparkpoint.startpoint.model import Startpoint
-from sparkpoint.system.base import PartitionMetadata
+from sparkpoint.system.base import PartitionMetadata, SystemAdmin
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
+
+
+class OffsetOutOfRange(UserError, LookupError):
+    """A task would resume an input outside what its partition holds: input would be skipped."""
+
+
+def check_in_range(
+    admin: SystemAdmin,
+    task: TaskName,
+    ssp: SystemStreamPartition,
+    resume: str,
+    meta: PartitionMetadata,
+    *,
+    last_processed: str | None = None,
+) -> None:
+    """Raise :class:`OffsetOutOfRange` unless ``oldest <= resume <= upcoming``.
+
+    ``last_processed`` is the checkpointed offset ``resume`` follows (named in the message)."""
+    try:
+        before = admin.offset_comparator(resume, meta.oldest) < 0
+        beyond = admin.offset_comparator(resume, meta.upcoming) > 0
+    except ValueError:
+        raise OffsetOutOfRange(
+            f"task {task}: input {ssp}: offset {resume!r} is not an offset of system "
+            f"{ssp.system}; {_FIX.format(ssp=ssp)}"
+        ) from None
+    if not (before or beyond):
+        return
+    held = (
+        f"the partition holds offsets {meta.oldest}..{meta.newest}"
+        if meta.newest is not None
+        else f"the partition is empty (its next offset is {meta.upcoming})"
+    )
+    what = (
+        f"the checkpoint's last processed offset {last_processed}"
+        if last_processed is not None
+        else f"the next offset to read, {resume},"
+    )
+    why = (
+        "records the job had not read were removed (retention, or `stream` deletes)"
+        if before
+        else "the stream was recreated or truncated, or the offset was never written; "
+        "reading on would skip every record written before the log reaches it"
+    )
+    raise OffsetOutOfRange(
+        f"task {task}: input {ssp}: {what} is outside what the partition holds ({held}): "
+        f"{why}. Nothing was read. {_FIX.format(ssp=ssp)}"
+    )
+
+
+_FIX = (
+    "Choose where the task resumes: `sparkpoint startpoint set <job> --stream {ssp.stream} "
+    "--partition {ssp.partition} --oldest` (or --upcoming, or --offset N), or set the offset "
+    "with `sparkpoint checkpoint set <job> FILE` while the job is stopped"
+)
 
 
 class OffsetManager:
@@ -79,21 +140,13 @@ class OffsetManager:
                 continue
             reset = self.config.get_bool(f"streams.{ssp.stream}.samza.reset.offset")
             if ssp in offsets and not reset:
-                candidate = admin.offset_after(ssp, offsets[ssp])
-                if admin.offset_comparator(candidate, m.oldest) < 0:
-                    nxt[ssp] = self.default_start(ssp, m)
-                    log.warning(
-                        "task %s: %s checkpointed offset %s is no longer in the stream "
-                        "(oldest is %s); following the default policy: start at %s",
-                        task.name,
-                        ssp,
-                        offsets[ssp],
-                        m.oldest,
-                        nxt[ssp],
-                    )
-                else:
-                    nxt[ssp] = candidate
-                    last[ssp] = offsets[ssp]
+                try:
+                    candidate = admin.offset_after(ssp, offsets[ssp])
+                except ValueError:
+                    candidate = offsets[ssp]  # not an offset: check_in_range names it
+                check_in_range(admin, task.name, ssp, candidate, m, last_processed=offsets[ssp])
+                nxt[ssp] = candidate
+                last[ssp] = offsets[ssp]
             else:
                 nxt[ssp] = self.default_start(ssp, m)
         return nxt, last

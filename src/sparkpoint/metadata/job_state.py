@@ -5,7 +5,10 @@
 * ``set-changelog``: task -> changelog partition. Existing tasks keep their partition for ever,
   also when the number of tasks grows; a new task takes its own partition number when that is
   free, else the lowest free one.
-* ``liveness``: the running driver's heartbeat, so tools refuse to change checkpoints under it.
+* ``liveness``: the running driver's heartbeat. Tools refuse to change checkpoints under it, a
+  second driver refuses to start while it is fresh, and a running driver that finds another
+  driver's heartbeat stops (:class:`Heartbeat`). A heartbeat written on this host by a process
+  that is gone (``kill -9``) is not a live driver.
 """
 
 from __future__ import annotations
@@ -108,23 +111,82 @@ def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobMod
 
 
 def read_liveness(store: MetadataStore) -> dict[str, Any] | None:
-    """The last heartbeat of a running driver, or ``None`` when no driver is registered."""
+    """The last heartbeat of a running driver, or ``None`` when no driver is registered. A
+    record that cannot be read is logged and taken as none: the next beat of a live driver
+    overwrites it within :data:`HEARTBEAT_SECONDS`."""
     store.refresh()
     raw = store.get(LIVENESS, "driver")
-    return None if raw is None else dict(json.loads(raw))
+    if raw is None:
+        return None
+    try:
+        beat = json.loads(raw)
+        int(beat["heartbeat"])
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("the driver heartbeat record %r is not valid (%s); ignoring it", raw[:80], exc)
+        return None
+    return dict(beat)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    except (OverflowError, ValueError):
+        return False
+    return True
 
 
 def is_running(store: MetadataStore, now_ms: int | None = None) -> dict[str, Any] | None:
-    """The heartbeat if it is fresh enough to mean a driver is running now."""
+    """The heartbeat if it means a driver is running now: fresh (within three beats), and when
+    written on this host, by a process that still exists."""
     beat = read_liveness(store)
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    if beat and now_ms - int(beat["heartbeat"]) < 3 * HEARTBEAT_SECONDS * 1000:
-        return beat
-    return None
+    if not beat or now_ms - int(beat["heartbeat"]) >= 3 * HEARTBEAT_SECONDS * 1000:
+        return None
+    if beat.get("host") == socket.gethostname() and not _process_alive(int(beat.get("pid", -1))):
+        return None
+    return beat
+
+
+def describe_driver(beat: Mapping[str, Any]) -> str:
+    """``host H, pid P, run R, last heartbeat N s ago`` for messages."""
+    age = max(0.0, time.time() - int(beat["heartbeat"]) / 1000)
+    return (
+        f"host {beat.get('host', '?')}, pid {beat.get('pid', '?')}, run {beat.get('run-id', '?')}, "
+        f"last heartbeat {age:.0f} s ago"
+    )
+
+
+class DriverConflict(UserError):
+    """Another driver runs this job: starting (or going on) would mix two drivers' commits."""
+
+
+def refuse_if_running(store: MetadataStore, job: str, run_id: str, *, force: bool) -> None:
+    """Raise :class:`DriverConflict` when a live driver other than ``run_id`` (or this process)
+    holds the job, unless ``force``."""
+    beat = is_running(store)
+    if beat is None or force or beat.get("run-id") == run_id:
+        return
+    if beat.get("host") == socket.gethostname() and beat.get("pid") == os.getpid():
+        return  # this process: one process is one driver
+    raise DriverConflict(
+        f"job {job} is running already ({describe_driver(beat)}): two drivers would commit over "
+        f"each other's state. Stop that driver first; if it is gone (its host died), wait "
+        f"{3 * HEARTBEAT_SECONDS:.0f} s for its heartbeat to expire, or pass --force"
+    )
 
 
 class Heartbeat:
-    """Writes the driver's liveness record every few seconds on a daemon thread."""
+    """Writes the driver's liveness record every few seconds on a daemon thread.
+
+    Before each beat it reads the record back: one written by another live driver since the
+    last beat means a second driver took the job over (started with ``--force``, or the two
+    started at once). This driver then stops beating and sets :attr:`conflict`, which the
+    coordinator checks before every batch and every checkpoint it writes.
+    """
 
     def __init__(self, config: Config, run_id: str) -> None:
         self._config = config
@@ -132,6 +194,19 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sparkpoint-heartbeat", daemon=True)
         self._store: CoordinatorStreamStore | None = None
+        #: set when another driver's heartbeat replaced this one's: the message to stop with
+        self.conflict: str | None = None
+
+    def check(self) -> None:
+        """Read the record back; set :attr:`conflict` if another live driver wrote it."""
+        assert self._store is not None
+        beat = is_running(self._store)
+        if beat is not None and beat.get("run-id") != self._run_id:
+            self.conflict = (
+                f"job {self._config.job_name}: another driver took this job over "
+                f"({describe_driver(beat)}); this driver (run {self._run_id}) stops without "
+                f"committing, so the two never commit over each other's state"
+            )
 
     def _beat(self) -> None:
         assert self._store is not None
@@ -146,6 +221,10 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
+                self.check()
+                if self.conflict is not None:
+                    log.error("%s", self.conflict)
+                    return
                 self._beat()
             except Exception:  # a missed heartbeat must not kill the job
                 log.exception("could not write the driver heartbeat")
@@ -156,11 +235,14 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop beating and remove the record (a clean exit)."""
+        """Stop beating and remove the record (a clean exit), unless another driver's is
+        there now. Idempotent."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         if self._store is not None:
-            self._store.delete(LIVENESS, "driver")
+            beat = read_liveness(self._store)
+            if beat is None or beat.get("run-id") == self._run_id:
+                self._store.delete(LIVENESS, "driver")
             self._store.close()
             self._store = None

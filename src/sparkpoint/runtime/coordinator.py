@@ -23,12 +23,18 @@ from typing import Protocol
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
-from sparkpoint.checkpoint.offsets import OffsetManager
+from sparkpoint.checkpoint.offsets import OffsetManager, check_in_range
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
-from sparkpoint.metadata.job_state import Heartbeat, assign_changelog_partitions, store_config
+from sparkpoint.metadata.job_state import (
+    DriverConflict,
+    Heartbeat,
+    assign_changelog_partitions,
+    refuse_if_running,
+    store_config,
+)
 from sparkpoint.model import (
     JobModel,
     SystemStreamPartition,
@@ -179,8 +185,12 @@ class JobCoordinator:
         *,
         listener: Listener | None = None,
         systems: Systems | None = None,
+        force: bool = False,
     ) -> None:
         self.config = config
+        #: start even while another driver's heartbeat is fresh (``sparkpoint run --force``)
+        self.force = force
+        self.heartbeat: Heartbeat | None = None
         self.runner = runner
         #: a runner in the driver's process for the run's last pass, which reads nothing; set
         #: when the driver shares the executors' disk (local mode): it saves a Spark job
@@ -225,6 +235,7 @@ class JobCoordinator:
     def start(self) -> JobModel:
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()
+        self._claim_the_job()
         self._compact_metadata_streams()
         self.metadata_store = CoordinatorStreamStore(
             self.config, self.systems, source="coordinator"
@@ -234,7 +245,9 @@ class JobCoordinator:
         admins = self._prepare_backends(model)
         self.checkpoints.create_resources()
         checkpoints = self.checkpoints.read_all()
+        must_restore: set[TaskName] = set()
         for admin in admins:
+            must_restore |= admin.lost_committed_state(checkpoints)
             admin.compact(checkpoints)
         self._delete_unused_state(model, checkpoints)
         meta = self.metadata(ssps)
@@ -250,7 +263,8 @@ class JobCoordinator:
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
             expected = checkpoint_state_id(str(ckpt.checkpoint_id)) if ckpt else EMPTY_STATE
-            if clean_start:  # no local state matches: every task restores at its first batch
+            if clean_start or task.name in must_restore:
+                # no local state matches: the task restores at its first batch
                 expected = f"clean-start:{self.run_id}"
             self.tasks[task.name.name] = TaskState(
                 model=task,
@@ -275,6 +289,22 @@ class JobCoordinator:
                 for ssp, sp in sorted(sps.items()):
                     self.listener.on_startpoint(task_name.name, ssp, ts.resume[ssp], sp.describe())
         return model
+
+    def _claim_the_job(self) -> None:
+        """Refuse to start while another driver runs the job (unless forced), then beat: from
+        here on a second driver refuses to start, and this one stops if another takes over."""
+        probe = CoordinatorStreamStore(self.config, self.systems, source="coordinator")
+        try:
+            refuse_if_running(probe, self.config.job_name, self.run_id, force=self.force)
+        finally:
+            probe.close()
+        self.heartbeat = Heartbeat(self.config, self.run_id)
+        self.heartbeat.start()
+
+    def _check_still_the_driver(self) -> None:
+        """Stop (raise) when another driver took the job over since the last heartbeat."""
+        if self.heartbeat is not None and self.heartbeat.conflict is not None:
+            raise DriverConflict(self.heartbeat.conflict)
 
     def _cmp(self, ssp: SystemStreamPartition, a: str, b: str) -> int:
         return self.systems.admin(ssp.system).offset_comparator(a, b)
@@ -434,6 +464,7 @@ class JobCoordinator:
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
         """Step 6 of the commit: one message per configured version; then the driver's view."""
+        self._check_still_the_driver()
         changelog_offsets = v1_changelog_offsets(self.config, checkpoint.state_checkpoint_markers)
         self.checkpoints.write_checkpoint(
             ts.model.name, checkpoint, changelog_offsets=changelog_offsets
@@ -541,6 +572,17 @@ class JobCoordinator:
                     out[s] = str(min(int(end[s]), int(ts.resume[s]) + limit))
         return out
 
+    def _check_resume_offsets(
+        self, meta: Mapping[SystemStreamPartition, PartitionMetadata]
+    ) -> None:
+        """Stop before a batch that would skip input: every task resumes each SSP inside what
+        its partition holds (a stream recreated or truncated under the running job is not
+        waited for)."""
+        for ts in self.tasks.values():
+            for ssp in ts.model.ssps:
+                admin = self.systems.admin(ssp.system)
+                check_in_range(admin, ts.model.name, ssp, ts.resume[ssp], meta[ssp])
+
     def _lags(self, meta: Mapping[SystemStreamPartition, PartitionMetadata]) -> dict[str, int]:
         lags = {}
         for name, ts in self.tasks.items():
@@ -556,12 +598,10 @@ class JobCoordinator:
         """Run batches until stopped; always finish with a commit of every task."""
         if self.model is None:
             self.start()
-        heartbeat = Heartbeat(self.config, self.run_id)
-        heartbeat.start()
         try:
             return self._run(until_caught_up, max_batches)
         finally:
-            heartbeat.stop()
+            self._release_the_job()
 
     def _run(self, until_caught_up: bool, max_batches: int | None) -> RunSummary:
         summary = RunSummary()
@@ -575,9 +615,11 @@ class JobCoordinator:
         poll = self.config.get_int("task.poll.interval.ms") / 1000
         last_committed = False
         while not self.stop_event.is_set():
+            self._check_still_the_driver()
             if self.startpoints is not None and self.startpoints.take_apply_now_request():
                 self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
+            self._check_resume_offsets(meta)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
             replay_id = None
             if self._replay:
@@ -720,7 +762,14 @@ class JobCoordinator:
         summary.restore_seconds += restored_seconds
         summary.away += len(report.away)
 
+    def _release_the_job(self) -> None:
+        """Stop beating and remove this driver's heartbeat (the end of a run). Idempotent."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
+
     def close(self) -> None:
+        self._release_the_job()
         if self.reporters is not None:
             self.reporters.close()
             self.reporters = None

@@ -171,6 +171,7 @@ def start_job(
     exact_batches: bool = False,
     listener: Listener | None = None,
     sql: bool = True,
+    force: bool = False,
 ) -> tuple[JobCoordinator, SparkStart]:
     """A started job coordinator whose runner comes from a Spark session starting meanwhile;
     in local mode every task's state is established before this returns. The caller runs the
@@ -178,7 +179,7 @@ def start_job(
     with ``sql=False`` (a task API job) only the SparkContext."""
     start = SparkStart(config, master, sql=sql)
     runner = DeferredRunner(start, make_runner, exact_batches=exact_batches)
-    coordinator = JobCoordinator(config, runner, listener=listener)
+    coordinator = JobCoordinator(config, runner, listener=listener, force=force)
     if start.local:  # the driver shares the executors' disk: the last pass needs no Spark job
         coordinator.local_runner = InlineRunner()
     try:

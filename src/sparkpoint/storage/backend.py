@@ -159,6 +159,13 @@ class StateBackendAdmin(ABC):
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
         """Bound the backend's storage by the tasks' last checkpoints (at job start)."""
 
+    def lost_committed_state(self, checkpoints: Mapping[TaskName, Checkpoint]) -> set[TaskName]:
+        """Tasks whose last checkpoint names state this backend no longer holds (e.g. a
+        changelog deleted while the job was stopped). Their live local state is not kept as
+        is: they restore, and the restore repairs the backend from a local checkpoint or
+        stops with an error naming the fix. Checked at job start."""
+        return set()
+
     def delete_unused(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
         """Delete remote state the tasks' last checkpoints name for stores that no longer use
         this backend (gone from the job, or moved to another backend). Run at job start for

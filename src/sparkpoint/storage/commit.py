@@ -455,7 +455,7 @@ class TaskCommitManager:
         ``uploading`` naming its base. Returns the record and each backend's markers."""
         for engine in self.engines.values():
             engine.flush()
-        cid = CheckpointId.create()
+        cid = CheckpointId.create(after=None if base is None else CheckpointId.parse(base))
         for store, engine in self.engines.items():
             if engine.persistent:
                 engine.checkpoint(self.local.checkpoint_dir(store, str(cid)))

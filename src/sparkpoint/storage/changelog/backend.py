@@ -164,15 +164,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
             meta = admin.get_metadata([ssp])[ssp]
             start = self._uncommitted_from(store, ssp, admin, meta)
             if start is None:
-                log.warning(
-                    "task %s store %s: changelog %s (offsets %s..%s) does not hold the "
-                    "checkpointed offset; not trimming it",
-                    self.ctx.task.name,
-                    store,
-                    ssp,
-                    meta.oldest,
-                    meta.newest,
-                )
+                self._reseed(store, ssp, meta)
             elif admin.offset_comparator(start, meta.upcoming) < 0:
                 self._trim_logged(store, ssp, self.ctx.engine(store), start, meta.upcoming)
 
@@ -227,6 +219,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
             )
             return meta.oldest, meta.upcoming, False
         end = self._uncommitted_from(store, ssp, admin, meta)
+        if end is None and marker is not None and marker.offset is not None:
+            self._refuse_a_lost_tail(store, ssp, admin, meta, marker.offset)
         if end is None:
             log.error(
                 "task %s store %s: checkpointed changelog offset %s is outside what changelog "
@@ -242,6 +236,77 @@ class ChangelogRestoreManager(TaskRestoreManager):
             return meta.oldest, meta.upcoming, False
         # with nothing committed, end is the oldest offset: nothing to replay, all to trim
         return meta.oldest, end, True
+
+    def _refuse_a_lost_tail(
+        self,
+        store: str,
+        ssp: SystemStreamPartition,
+        admin: SystemAdmin,
+        meta: PartitionMetadata,
+        offset: str,
+    ) -> None:
+        """Stop a restore from a changelog that is missing or shorter than the checkpointed
+        offset: it lost committed writes, and restoring what is left would pass a store behind
+        its input offsets for the checkpoint's state (unless
+        ``stores.<s>.changelog.restore.accept.loss`` says to, once, deliberately)."""
+        if meta.newest is not None and admin.offset_comparator(offset, meta.newest) <= 0:
+            return  # the head is gone, not the tail: Samza restores what is there
+        key = f"stores.{store}.changelog.restore.accept.loss"
+        held = "is empty" if meta.newest is None else f"ends at offset {meta.newest}"
+        if self.ctx.config.get_bool(key):
+            log.error(
+                "task %s store %s: changelog %s %s, before the checkpointed offset %s; "
+                "%s=true: restoring what it holds (committed writes are lost)",
+                self.ctx.task.name,
+                store,
+                ssp,
+                held,
+                offset,
+                key,
+            )
+            return
+        raise RestoreError(
+            f"task {self.ctx.task.name} store {store}: changelog {ssp} {held}, but checkpoint "
+            f"{self._checkpoint.checkpoint_id if self._checkpoint else '?'} committed the "
+            f"store up to changelog offset {offset}: the changelog was deleted, recreated or "
+            f"truncated, and the store cannot be restored to its committed state. Restore the "
+            f"changelog, or restore from another backend of the store (list it first in "
+            f"stores.{store}.restore.factories); to accept losing the committed state, run "
+            f"once with --set {key}=true"
+        )
+
+    def _reseed(self, store: str, ssp: SystemStreamPartition, meta: PartitionMetadata) -> None:
+        """The store is at its checkpoint (a local checkpoint, or another backend) but the
+        changelog no longer holds the checkpointed offset (deleted, recreated, truncated): write
+        the store's whole contents to it, and a tombstone for each key it holds that the store
+        does not, so a later restore from the changelog gives this state again."""
+        engine = self.ctx.engine(store)
+        stale = {r.key for r in self._read(ssp, meta.oldest, meta.upcoming) if r.key is not None}
+        now = int(time.time() * 1000)
+        producer = self.ctx.systems.producer(ssp.system)
+        written = 0
+        try:
+            for key, value in engine.all():
+                stale.discard(key)
+                producer.send(ssp.stream, ssp.partition, Record("", key, value, now))
+                written += 1
+            for key in stale:
+                producer.send(ssp.stream, ssp.partition, Record("", key, None, now))
+            producer.flush()
+        finally:
+            producer.close()
+        log.warning(
+            "task %s store %s: changelog %s (offsets %s..%s) does not hold the checkpointed "
+            "offset (deleted, recreated or truncated); rewrote the store's %d entries to it "
+            "(and %d tombstones) so that it restores this state again",
+            self.ctx.task.name,
+            store,
+            ssp,
+            meta.oldest,
+            meta.newest,
+            written,
+            len(stale),
+        )
 
     def _restore_store(self, store: str) -> RestoreStats:
         started = time.monotonic()
@@ -365,6 +430,31 @@ class ChangelogAdmin(StateBackendAdmin):
                 admin.validate_stream(self._spec(store))
             except ConfigError as exc:
                 raise ConfigError(f"store {store}: changelog {ss}: {exc}") from exc
+
+    def lost_committed_state(self, checkpoints: Mapping[TaskName, Checkpoint]) -> set[TaskName]:
+        """Tasks whose checkpointed changelog offset is past the end of their changelog
+        partition (the changelog was deleted, recreated or truncated while the job was
+        stopped): their stores must not go on logging into a changelog that lacks their state."""
+        lost = set()
+        for store in self.stores:
+            for task in self.model.tasks.values():
+                ssp = changelog_ssp(self.config, store, task.changelog_partition)
+                marker = marker_for(self.config, checkpoints.get(task.name), store, ssp)
+                if marker is None or marker.offset is None:
+                    continue
+                admin = self.systems.admin(ssp.system)
+                meta = admin.get_metadata([ssp])[ssp]
+                if meta.newest is None or admin.offset_comparator(marker.offset, meta.newest) > 0:
+                    log.warning(
+                        "task %s store %s: changelog %s ends before the checkpointed offset %s "
+                        "(deleted, recreated or truncated); the task restores its state first",
+                        task.name,
+                        store,
+                        ssp,
+                        marker.offset,
+                    )
+                    lost.add(task.name)
+        return lost
 
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
         """Compact each changelog partition up to its task's checkpointed changelog offset:
