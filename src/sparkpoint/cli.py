@@ -252,6 +252,42 @@ def stream_list(job: JobArg, set_: SetOpt = None) -> None:
             print(f"{system}.{name}\tpartitions={n}\tmessages={total}")
 
 
+@stream_app.command("repair")
+def stream_repair(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream (a filelog one).")],
+    partition: Annotated[int | None, typer.Option(help="Only this partition.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Remove damaged records from a filelog stream, after an error named them.
+
+    A record the log had listed may have been read, so it is never cut silently: this command
+    removes each damaged record, records its offset range in the partition's `LOST` file (every
+    later read over it logs the loss), and the next append continues after the highest offset
+    the log ever handed out, so no reader's checkpoint can skip a new record. Run it with the
+    job stopped; readers whose checkpoint lies in a removed tail resume when new records arrive.
+
+    Example: `sparkpoint stream repair job.yaml pageviews --partition 2`
+    """
+    from sparkpoint.system.filelog.system import FileLogAdmin
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import resolve_stream
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    admin = Systems(config).admin(ss.system)
+    if not isinstance(admin, FileLogAdmin):
+        raise UserError(f"stream repair works on filelog streams; {ss.system} is not one")
+    n = admin.partition_count(ss.stream)
+    partitions = range(n) if partition is None else [partition]
+    removed = 0
+    for p in partitions:
+        for first, last in admin.repair(ss.stream, p):
+            print(f"{ss}.{p}: removed damaged records {first}..{last} (offsets not reused)")
+            removed += last - first + 1
+    err.print(f"{ss}: {removed} damaged records removed" if removed else f"{ss}: nothing damaged")
+
+
 @stream_app.command("write")
 def stream_write(
     job: JobArg,

@@ -191,3 +191,67 @@ def test_a_restore_that_cannot_reach_committed_state_is_one_line(tmp_path: Path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_line_error(proc.stderr, "store user-counts", "cannot restore checkpoint")
     assert not list((tmp_path / "data" / "state").rglob("*.restoring"))
+
+
+def test_a_damaged_tail_is_refused_then_repaired_without_reusing_its_offset(
+    tmp_path: Path,
+) -> None:
+    """Issue 37: `stream write` cut a damaged last record as a "torn tail" and gave its offset
+    to the next record, which a reader whose checkpoint had passed it then skipped."""
+    set_args = ["--set", f"job.data.dir={tmp_path / 'data'}"]
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "1", *set_args)
+    lines = "".join(
+        json.dumps({"key": f"u{i}", "value": {"user": f"u{i}"}}) + "\n" for i in range(5)
+    )
+    sp("stream", "write", str(JOB), "pageviews", *set_args, stdin=lines)
+    log = tmp_path / "data" / "streams" / "filelog" / "pageviews" / "0" / "0.log"
+    log.write_bytes(log.read_bytes()[:-3])
+    new = json.dumps({"key": "new", "value": {"user": "new"}}) + "\n"
+    proc = sp("stream", "write", str(JOB), "pageviews", *set_args, stdin=new, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, "filelog.pageviews partition 0 at offset 4", "stream repair")
+    repaired = sp("stream", "repair", str(JOB), "pageviews", *set_args)
+    assert (
+        "filelog.pageviews.0: removed damaged records 4..4 (offsets not reused)" in repaired.stdout
+    )
+    sp("stream", "write", str(JOB), "pageviews", *set_args, stdin=new)
+    read = sp("stream", "read", str(JOB), "pageviews", *set_args)
+    rows = [json.loads(line) for line in read.stdout.splitlines()]
+    assert [r["offset"] for r in rows] == ["0", "1", "2", "3", "5"]
+    assert rows[-1]["key"] == "new"
+    assert "records 4..4 were damaged and removed" in read.stderr
+
+
+def test_a_second_run_of_a_running_job_is_refused(tmp_path: Path) -> None:
+    """Issue 37: a second `sparkpoint run` of a job whose driver was running started too, and
+    both failed on RocksDB files the other had changed."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.metadata.job_state import LIVENESS
+
+    sets = [f"job.data.dir={tmp_path / 'data'}"]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "2", *set_args)
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        store = CoordinatorStreamStore(config, source="heartbeat")
+        beat = {
+            "host": socket.gethostname(),
+            "pid": driver.pid,
+            "run-id": "first",
+            "heartbeat": int(time.time() * 1000),
+        }
+        store.put(LIVENESS, "driver", json.dumps(beat))
+        store.close()
+        proc = sp("run", str(JOB), "--until-caught-up", *set_args, check=False)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert_one_line_error(proc.stderr, "is running already", f"pid {driver.pid}", "--force")
+        assert not (tmp_path / "data" / "state").exists()  # it touched no task state
+    finally:
+        driver.kill()
+        driver.wait()

@@ -57,16 +57,68 @@ def test_torn_tail_is_cut_and_never_read(system: SystemUnderTest) -> None:
     assert log.stat().st_size > size  # the torn bytes were cut before appending
 
 
-def test_torn_last_record_after_index_write_is_dropped(system: SystemUnderTest) -> None:
+def test_a_damaged_indexed_record_is_never_cut_as_a_torn_tail(system: SystemUnderTest) -> None:
+    """Issue 37: the last record lost its tail though the index listed it (readers may have
+    read it and committed past it); the next append cut it as a "torn tail" and handed its
+    offset out again, so a reader whose checkpoint passed it skipped the new record."""
     fill(system, 5)
     log = part_dir(system) / "0.log"
-    data = log.read_bytes()
-    log.write_bytes(data[:-3])  # the last record lost its tail, though the index lists it
+    log.write_bytes(log.read_bytes()[:-3])
+    damaged = log.read_bytes()
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("x", "y", 1))
+    with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset 4: .*stream repair"):
+        producer.flush()
+    assert log.read_bytes() == damaged  # nothing cut, nothing written
+
+
+def test_repair_removes_damaged_records_and_never_reuses_their_offsets(
+    system: SystemUnderTest, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sparkpoint.system.filelog.partition import PartitionLog
+
+    fill(system, 20)
+    log = part_dir(system) / "0.log"
+    raw = bytearray(log.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # a record in the middle fails its checksum
+    log.write_bytes(bytes(raw[:-3]))  # and the last one lost its tail
+    partition = PartitionLog(part_dir(system), "fl.s partition 0")
+    lost = partition.repair()
+    assert len(lost) == 2 and lost[-1] == (19, 19)
+    middle = lost[0][0]
+    assert partition.lost_ranges() == lost
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("x", "after-repair", 1))
+    producer.flush()
+    consumer = system.factory.get_consumer("fl", system.config)
+    with caplog.at_level("ERROR"):
+        got = consumer.read(SSP, "0", "100")
+    offsets = [int(r.offset) for r in got]
+    assert offsets == [o for o in range(21) if o not in (middle, 19)]
+    assert got[-1].value == b"after-repair"  # at 20: offset 19 was handed out once already
+    assert f"records {middle}..{middle} were damaged and removed" in caplog.text
+    assert "records 19..19 were damaged and removed" in caplog.text
+    caplog.clear()
+    with caplog.at_level("ERROR"):
+        consumer.read(SSP, "20", "100")  # reads past the lost ranges say nothing
+    assert "damaged" not in caplog.text
+    assert partition.repair() == []  # idempotent
+
+
+def test_index_entries_the_os_never_wrote_are_dropped_and_rebuilt(
+    system: SystemUnderTest,
+) -> None:
+    """A power loss after the log's fsync can leave the index's newest entries as zeros: they
+    are not records anyone read, so they are indexed again from the (durable) log."""
+    fill(system, 6)
+    index = part_dir(system) / "0.index"
+    raw = index.read_bytes()
+    index.write_bytes(raw[: -2 * fmt.INDEX_SIZE] + bytes(2 * fmt.INDEX_SIZE))
     producer = system.factory.get_producer("fl", system.config)
     producer.send("s", 0, rec("x", "y", 1))
     producer.flush()
     got = system.factory.get_consumer("fl", system.config).read(SSP, "0", "100")
-    assert [r.offset for r in got] == ["0", "1", "2", "3", "4"]
+    assert [r.offset for r in got] == [str(i) for i in range(7)]
     assert got[-1].value == b"y"
 
 

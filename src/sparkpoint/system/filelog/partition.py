@@ -2,9 +2,11 @@
 
 Files in the partition directory: ``CURRENT`` names the generation in use (a number), then the
 offset a generation with no records starts at (so that offsets never repeat after retention
-deleted every record; Kafka's log start offset); the generation's records are in ``<gen>.log``
-and its index in ``<gen>.index``; ``lock`` is the cross-process lock. Compaction writes a new
-generation and switches ``CURRENT`` atomically.
+deleted every record; Kafka's log start offset), then the least offset the next append may take
+(raised by :meth:`PartitionLog.repair`, so that offsets cut from the log are never handed out
+again); the generation's records are in ``<gen>.log`` and its index in ``<gen>.index``; ``lock``
+is the cross-process lock; ``LOST`` lists the offset ranges a repair cut (JSON lines). Compaction
+writes a new generation and switches ``CURRENT`` atomically.
 
 Contracts:
 
@@ -12,10 +14,13 @@ Contracts:
   partition; offsets are assigned under the lock (last offset + 1) and never repeat.
 * An append writes the records, fsyncs the log, then writes and fsyncs their index entries.
   Readers only read records the index lists, so they never see a torn or half-written record.
-* Every append first *recovers* the tail: index entries past the valid log are dropped, complete
-  valid records past the index are indexed, and a torn tail (a crash mid-write) is cut off.
-* A record listed by the index that fails its checksum is corruption, reported with the
-  partition and offset, never skipped.
+* Every append first *recovers* the tail: complete valid records past the index are indexed,
+  and a torn tail past the index (a crash mid-write, never read by anyone) is cut off.
+* A record the index lists was durable before it was listed, and readers may have read it and
+  committed past it: when it is damaged (checksum, or the log ends inside it) that is
+  corruption, reported with the partition and offset, never skipped and never cut as a torn
+  tail. Only an explicit :meth:`PartitionLog.repair` removes it: its offset is not reused, the
+  range is recorded in ``LOST``, and every read over that range logs it as lost.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import fcntl
+import json
 import logging
 import mmap
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -91,13 +98,27 @@ class PartitionLog:
         if not (self.path / "CURRENT").exists():
             self._write_current(0)
 
-    def _write_current(self, gen: int, start: int = 0) -> None:
-        atomic_write(self.path / "CURRENT", f"{gen} {start}".encode())
+    def _write_current(self, gen: int, start: int = 0, floor: int = 0) -> None:
+        text = f"{gen} {start}" if floor <= 0 else f"{gen} {start} {floor}"
+        atomic_write(self.path / "CURRENT", text.encode())
 
     def _current(self) -> tuple[int, int]:
         """(generation, offset an empty generation starts at); "N" alone is generation N."""
-        parts = (self.path / "CURRENT").read_text().split()
-        return int(parts[0]) if parts else 0, int(parts[1]) if len(parts) > 1 else 0
+        gen, start, _floor = self._current_all()
+        return gen, start
+
+    def _current_all(self) -> tuple[int, int, int]:
+        """(generation, offset an empty generation starts at, least next offset)."""
+        try:
+            parts = (self.path / "CURRENT").read_text().split()
+            values = [int(p) for p in parts[:3]]
+        except (UnicodeDecodeError, ValueError):
+            raise CorruptRecordError(
+                f"{self.label}: {self.path / 'CURRENT'} is not '<generation> <start offset>'; "
+                f"write the number of the newest <N>.log there (and its first offset)"
+            ) from None
+        values += [0] * (3 - len(values))
+        return values[0], values[1], values[2]
 
     def _gen(self) -> int:
         return self._current()[0]
@@ -196,6 +217,7 @@ class PartitionLog:
     ) -> list[Record]:
         """Records with ``start <= offset < end`` (at most ``max_records``, and those starting
         within ``max_bytes`` of the first one's start, see :meth:`_span`)."""
+        self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
@@ -212,6 +234,7 @@ class PartitionLog:
         """:meth:`read` as Arrow columns, decoded without a Python object per record."""
         from sparkpoint.system.filelog import columnar
 
+        self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
@@ -257,7 +280,95 @@ class PartitionLog:
         return log_file.read(end_pos - first_pos), i, j
 
     def _corrupt(self, offset: int, reason: str) -> CorruptRecordError:
-        return CorruptRecordError(f"corrupt record in {self.label} at offset {offset}: {reason}")
+        return CorruptRecordError(
+            f"corrupt record in {self.label} at offset {offset}: {reason} (`sparkpoint stream "
+            f"repair` removes damaged records; their offsets are not reused)"
+        )
+
+    def _damaged(self, offset: int, reason: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"corrupt record in {self.label} at offset {offset}: {reason}; the index lists it, "
+            f"so readers may have read it and committed past it, and it is not cut as a torn "
+            f"tail. Nothing was written. `sparkpoint stream repair <job> <stream> --partition "
+            f"<n>` removes damaged records (their offsets are not reused, and readers report "
+            f"them as lost)"
+        )
+
+    # -- repair
+    def lost_ranges(self) -> list[tuple[int, int]]:
+        """The offset ranges (first, last, inclusive) a repair removed, oldest first."""
+        try:
+            text = (self.path / "LOST").read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                out.append((int(entry["first"]), int(entry["last"])))
+        return out
+
+    def _report_lost(self, start: int, end: int) -> None:
+        """Log every repaired range that a read of ``[start, end)`` passes over."""
+        for first, last in self.lost_ranges():
+            if first < end and last >= start:
+                log.error(
+                    "%s: records %d..%d were damaged and removed by `stream repair`; this read "
+                    "of offsets %d..%d passes over them: their messages are lost",
+                    self.label,
+                    first,
+                    last,
+                    start,
+                    end - 1,
+                )
+
+    def _scan(self, index: _Index) -> Iterator[tuple[int, Record | None]]:
+        """Each indexed offset with its record, or None where the record is damaged."""
+        log_path, _index = self._files()
+        data = log_path.read_bytes()
+        for i in range(len(index)):
+            offset, pos, _ts = index[i]
+            try:
+                rec, own, _size = fmt.decode_at(data, pos)
+                yield offset, (rec if own == offset else None)
+            except fmt.FormatError:
+                yield offset, None
+
+    def repair(self) -> list[tuple[int, int]]:
+        """Remove damaged indexed records and a torn tail, keeping every offset handed out:
+        the next append continues after the highest offset the index ever listed, the removed
+        ranges go to ``LOST``, and reads over them log them. Returns the ranges removed."""
+        with self._locked():
+            log_path, index_path = self._files()
+            if not log_path.exists():
+                return []
+            if not index_path.exists():
+                index_path.touch()
+            index = _Index(index_path.read_bytes())
+            scanned = list(self._scan(index))
+            keep = [rec for _offset, rec in scanned if rec is not None]
+            lost: list[tuple[int, int]] = []
+            for offset, rec in scanned:
+                if rec is None:
+                    if lost and lost[-1][1] == offset - 1:
+                        lost[-1] = (lost[-1][0], offset)
+                    else:
+                        lost.append((offset, offset))
+            _gen, start, floor = self._current_all()
+            highest = scanned[-1][0] if scanned else start - 1
+            if not lost:
+                self._recover(log_path, index_path)  # a torn tail past the index only
+                return []
+            with open(self.path / "LOST", "a") as out:
+                for first, last in lost:
+                    entry = {"first": first, "last": last, "at": int(time.time() * 1000)}
+                    out.write(json.dumps(entry) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            self._rewrite(keep, start=highest + 1, floor=max(floor, highest + 1))
+            for first, last in lost:
+                log.warning("%s: removed damaged records %d..%d", self.label, first, last)
+            return lost
 
     def offset_for_timestamp(self, ts: int) -> int:
         """First offset whose timestamp is >= ``ts``; the upcoming offset if none is."""
@@ -279,19 +390,34 @@ class PartitionLog:
             width = fmt.INDEX_SIZE
             n = isize // width
             base, valid_end = 0, 0
-            last_offset, max_ts = self._current()[1] - 1, -(2**63)
-            # drop index entries whose record is not complete and valid (a crash mid-append)
+            max_ts = -(2**63)
+            _gen, start, floor = self._current_all()
+            last_offset = start - 1
+            # the last indexed record was durable before it was listed: damaged, it is
+            # corruption that readers may have read past, never a torn tail to cut
+            # (entries out of order are an index write the OS never persisted, e.g. zeros
+            # after a power loss: dropped, their records are indexed again from the log)
             while n > 0:
                 index_file.seek((n - 1) * width)
                 offset, pos, mts = fmt.INDEX.unpack(index_file.read(width))
+                if n > 1:
+                    index_file.seek((n - 2) * width)
+                    prev_offset, prev_pos, _ = fmt.INDEX.unpack(index_file.read(width))
+                    if offset <= prev_offset or pos <= prev_pos:
+                        n -= 1
+                        continue
                 log_file.seek(pos)
                 raw = log_file.read(max(0, log_size - pos))
                 try:
-                    valid_end = pos + fmt.record_size_at(raw, 0)
-                    base, last_offset, max_ts = pos, offset, mts
-                    break
-                except fmt.FormatError:
+                    _rec, own, size = fmt.decode_at(raw, 0)
+                except fmt.FormatError as exc:
+                    raise self._damaged(offset, exc.reason) from None
+                if own != offset:
                     n -= 1
+                    continue
+                valid_end = pos + size
+                base, last_offset, max_ts = pos, offset, mts
+                break
             if n == 0:
                 log_file.seek(0)
                 raw = log_file.read()
@@ -324,7 +450,7 @@ class PartitionLog:
                 index_file.write(b"".join(new_entries))
             if new_entries or n * width != isize:
                 os.fsync(index_file.fileno())
-            return last_offset + 1, max_ts
+            return max(last_offset + 1, floor), max_ts
 
     def append(self, records: Sequence[Record]) -> tuple[int, int]:
         """Append durably (offsets are assigned here: the records' own are ignored); returns
@@ -395,9 +521,10 @@ class PartitionLog:
                 self._rewrite(keep, start=int(meta.upcoming))
             return len(records) - len(keep)
 
-    def _rewrite(self, keep: Sequence[Record], start: int = 0) -> None:
+    def _rewrite(self, keep: Sequence[Record], start: int = 0, floor: int | None = None) -> None:
         """Switch atomically to a new generation holding ``keep`` (under the lock); with no
-        record kept, the next append gets offset ``start``."""
+        record kept, the next append gets offset ``start``; ``floor`` raises the least offset
+        of the next append (kept as it is by default)."""
         log_path, index_path = self._files()
         gen = self._gen() + 1
         new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
@@ -413,6 +540,7 @@ class PartitionLog:
                 f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
-        self._write_current(gen, int(keep[0].offset) if keep else start)
+        floor = self._current_all()[2] if floor is None else floor
+        self._write_current(gen, int(keep[0].offset) if keep else start, floor)
         log_path.unlink(missing_ok=True)
         index_path.unlink(missing_ok=True)

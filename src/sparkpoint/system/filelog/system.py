@@ -150,6 +150,11 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         clean-up; Kafka's deleteRecords). Returns how many were dropped."""
         return self._s.log(stream, partition).delete_before(int(offset))
 
+    def repair(self, stream: str, partition: int) -> list[tuple[int, int]]:
+        """Remove a partition's damaged records, never reusing their offsets (see
+        :meth:`PartitionLog.repair`); the offset ranges removed."""
+        return self._s.log(stream, partition).repair()
+
 
 class FileLogConsumer(SystemConsumer):
     def __init__(self, streams: _Streams, max_bytes: int) -> None:
