@@ -20,6 +20,9 @@ for extra in (str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs")):
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs"), os.environ.get("PYTHONPATH", "")]
 )
+# reading a config key nobody declared is an error in the suite (and in the workers and CLI runs
+# it starts): a key's default lives in sparkpoint.config.KEYS, never at a call site
+os.environ["SPARKPOINT_STRICT_KEYS"] = "1"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 

@@ -187,3 +187,36 @@ def test_relative_paths_in_a_job_file_follow_the_job_file(
     assert c.store_base_dir == jobs.resolve() / "local" / "state"
     c = load_config(Path("jobs") / "job.yaml", {"job.data.dir": "mine"})
     assert c.data_dir == tmp_path.resolve() / "mine"  # --set: the current directory
+
+
+def _concrete(pattern: str) -> str:
+    return pattern.replace("<s>", "name").replace("<property>", "prop")
+
+
+def test_every_boolean_key_reads_its_declared_default() -> None:
+    """Issue 30: get_bool ignored the declared default (job.host-affinity.enabled read False
+    unless the call site repeated True), so the next true-default key read without it was
+    silently off."""
+    from sparkpoint.config import KEYS
+
+    booleans = [k for k in KEYS if k.allowed.replace(" ", "") == "true|false"]
+    assert len(booleans) >= 10
+    true_ones = [k for k in booleans if k.default == "true"]
+    assert {"job.host-affinity.enabled", "task.transactional.state.checkpoint.enabled"} <= {
+        k.pattern for k in true_ones
+    }
+    for spec in booleans:
+        assert Config({}).get_bool(_concrete(spec.pattern)) is (spec.default == "true"), spec
+        key = _concrete(spec.pattern)
+        values = {key: "false", "stores.name.factory": "in-memory"}
+        assert Config(values).get_bool(key) is False
+
+
+def test_reading_an_undeclared_key_is_an_error_in_the_suite() -> None:
+    import os
+
+    assert os.environ.get("SPARKPOINT_STRICT_KEYS") == "1"  # set by conftest for every test
+    with pytest.raises(ConfigError, match="config key task.made.up is read but not declared"):
+        Config({}).get_bool("task.made.up")
+    with pytest.raises(ConfigError, match="is read but not declared"):
+        Config({}).get_int("task.made.up.ms")

@@ -713,8 +713,22 @@ class Config(Mapping[str, str]):
             raise ConfigError(f"missing required config key {key}{what}")
         return value
 
-    def get_int(self, key: str, default: int | None = None) -> int:
-        value = self.get_str(key, None if default is None else str(default))
+    def _spec(self, key: str) -> ConfigKey | None:
+        """The declaration of ``key``; with ``SPARKPOINT_STRICT_KEYS`` set (the test suite
+        sets it), reading a key nobody declared is an error, so no default lives at a call
+        site."""
+        spec = _declared(key) or _declared(key, self.plugin_keys)
+        if spec is None and os.environ.get("SPARKPOINT_STRICT_KEYS"):
+            raise ConfigError(
+                f"config key {key} is read but not declared: declare it in sparkpoint.config.KEYS "
+                f"(or a plugin's config_keys) with its default"
+            )
+        return spec
+
+    def get_int(self, key: str) -> int:
+        """The key's integer value, else its declared default (an error if it has none)."""
+        self._spec(key)
+        value = self.get_str(key)
         if value is None:
             return self.get_int_required(key)
         try:
@@ -725,8 +739,11 @@ class Config(Mapping[str, str]):
     def get_int_required(self, key: str) -> int:
         return int(self.require(key))
 
-    def get_bool(self, key: str, default: bool = False) -> bool:
-        value = self.get_str(key, "true" if default else "false")
+    def get_bool(self, key: str) -> bool:
+        """The key's value, else its declared default: only the table says what a boolean key
+        defaults to."""
+        self._spec(key)
+        value = self.get_str(key)
         return (value or "").lower() == "true"
 
     def get_list(self, key: str) -> list[str]:

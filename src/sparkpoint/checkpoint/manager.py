@@ -69,7 +69,7 @@ class CheckpointManager:
         self._latest: dict[int, dict[TaskName, Checkpoint]] = {v: {} for v in TYPES}
         self.write_versions = parse_versions(config, "task.checkpoint.write.versions", "1,2")
         self.read_versions = parse_versions(config, "task.checkpoint.read.versions", "2,1")
-        self.max_age_ms = config.get_int("task.live.checkpoint.max.age", 600_000)
+        self.max_age_ms = config.get_int("task.live.checkpoint.max.age")
 
     def create_resources(self) -> None:
         """Create the checkpoint stream if absent, or check the one there. Idempotent."""

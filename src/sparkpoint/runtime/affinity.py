@@ -44,7 +44,7 @@ class HostAffinity:
     """Host affinity of one run (see the module docstring)."""
 
     def __init__(self, config: Config, store: MetadataStore, tasks: Sequence[str]) -> None:
-        self.enabled = config.get_bool("job.host-affinity.enabled", True)
+        self.enabled = config.get_bool("job.host-affinity.enabled")
         self.rebalance = config.get_bool("job.host-affinity.rebalance")
         self.store = store
         self.tasks = list(tasks)

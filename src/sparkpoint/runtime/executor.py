@@ -246,8 +246,7 @@ class TaskBatch:
             report = self.storage.commit(
                 self.last_processed,
                 due=plan.commit or coordinator.commit_requested,
-                wait=plan.wait_for_uploads
-                or not self.config.get_bool("task.commit.async.enabled", True),
+                wait=plan.wait_for_uploads or not self.config.get_bool("task.commit.async.enabled"),
             )
         except BaseException:
             self.storage.close()

@@ -184,7 +184,7 @@ def start_job(
         coordinator.local_runner = InlineRunner()
     try:
         coordinator.start()
-        if start.local and config.get_bool("job.restore.while.spark.starts", True):
+        if start.local and config.get_bool("job.restore.while.spark.starts"):
             coordinator.restore_ahead(RestoreRunner(start.local_cores))
     except BaseException:
         coordinator.close()

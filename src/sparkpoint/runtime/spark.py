@@ -76,9 +76,9 @@ def spark_settings(config: Config, master: str | None = None) -> tuple[str, dict
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     master = master or config.get_str("spark.master") or DEFAULT_MASTER
     java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
-    if config.get_bool("job.spark.class.archive", True):
+    if config.get_bool("job.spark.class.archive"):
         java_options = f"{java_options} {jvm_archive.java_options()}".strip()
-    if master.startswith("local") and config.get_bool("job.spark.driver.quick.jit", True):
+    if master.startswith("local") and config.get_bool("job.spark.driver.quick.jit"):
         java_options = f"{java_options} {QUICK_JIT}"
     settings = {
         "spark.app.name": f"sparkpoint-{config.job_name}-{config.job_id}",

@@ -158,7 +158,7 @@ class TaskRestore:
         self.local = local
         self.checkpoint = checkpoint
         self.open_engine = open_engine
-        self.transactional = config.get_bool("task.transactional.state.checkpoint.enabled", True)
+        self.transactional = config.get_bool("task.transactional.state.checkpoint.enabled")
         self.engines: dict[str, KeyValueEngine] = {}
         self.stats: list[RestoreStats] = []
         self.restored_by: dict[str, str] = {}  # store -> where its state came from

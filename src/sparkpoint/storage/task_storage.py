@@ -207,9 +207,7 @@ class TaskStorage:
         restore may still turn a copy down (a backend finds it differs) and fetch after all.
         Changes nothing."""
         cid = self.last_checkpoint_id
-        if cid is None or not self.config.get_bool(
-            "task.transactional.state.checkpoint.enabled", True
-        ):
+        if cid is None or not self.config.get_bool("task.transactional.state.checkpoint.enabled"):
             return False
         return all(
             persistent_store(self.config, store)

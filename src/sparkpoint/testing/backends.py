@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import ConfigKey
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -45,7 +46,7 @@ def _remote(context: BackendContext, store: str) -> Path:
 class CopyBackup(TaskBackupManager):
     def __init__(self, context: BackendContext) -> None:
         self.ctx = context
-        self.delay = context.config.get_int("testing.copy.delay.ms", 0) / 1000
+        self.delay = context.config.get_int("testing.copy.delay.ms") / 1000
         self.fail_flag = context.config.get_str("testing.copy.fail.flag", "") or ""
         self.sync_fail_flag = context.config.get_str("testing.copy.fail.sync.flag", "") or ""
 
@@ -116,5 +117,18 @@ class CopyRestore(TaskRestoreManager):
 
 class CopyStateBackendFactory(StateBackendFactory):
     name = NAME
+    config_keys = (
+        ConfigKey("testing.copy.dir", None, "a directory path", "where the copies go"),
+        ConfigKey("testing.copy.delay.ms", "0", "milliseconds >= 0", "each upload sleeps this"),
+        ConfigKey(
+            "testing.copy.fail.flag", None, "a file path", "while it exists, an upload fails"
+        ),
+        ConfigKey(
+            "testing.copy.fail.sync.flag",
+            None,
+            "a file path",
+            "while it exists, upload() itself raises",
+        ),
+    )
     backup_class = CopyBackup
     restore_class = CopyRestore

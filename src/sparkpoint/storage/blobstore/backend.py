@@ -77,7 +77,7 @@ class BlobStoreBackupManager(TaskBackupManager):
     def __init__(self, context: BackendContext) -> None:
         self.ctx = context
         self.blobs = blob_manager(context.config)
-        self.skip_sst = context.config.get_bool("blob.store.sst.checksum.skip", True)
+        self.skip_sst = context.config.get_bool("blob.store.sst.checksum.skip")
         self.previous: dict[str, tuple[str, SnapshotIndex]] = {}
         self._stats: dict[str, int] = {}
 

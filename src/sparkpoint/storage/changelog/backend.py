@@ -143,9 +143,7 @@ def marker_for(
 class ChangelogRestoreManager(TaskRestoreManager):
     def __init__(self, context: BackendContext) -> None:
         self.ctx = context
-        self.transactional = context.config.get_bool(
-            "task.transactional.state.checkpoint.enabled", True
-        )
+        self.transactional = context.config.get_bool("task.transactional.state.checkpoint.enabled")
         self._checkpoint: Checkpoint | None = None
 
     def init(self, checkpoint: Checkpoint | None) -> None:
@@ -206,9 +204,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
             return meta.oldest, meta.upcoming, False
         marker = marker_for(self.ctx.config, self._checkpoint, store, ssp)
         unmarked = marker is None or marker.offset is None
-        if unmarked and self.ctx.config.get_bool(
-            "task.transactional.state.retain.existing.state", False
-        ):
+        if unmarked and self.ctx.config.get_bool("task.transactional.state.retain.existing.state"):
             log.warning(
                 "task %s store %s: no checkpointed changelog offset and "
                 "task.transactional.state.retain.existing.state=true: restoring the whole "
@@ -403,7 +399,7 @@ class ChangelogAdmin(StateBackendAdmin):
         the checkpoint and trims what came after, so a write after the checkpoint must not yet
         have compacted away the checkpointed value it overwrote (Samza sets it likewise)."""
         properties = {}
-        if self.config.get_bool("task.transactional.state.checkpoint.enabled", True):
+        if self.config.get_bool("task.transactional.state.checkpoint.enabled"):
             key = f"stores.{store}.changelog.min.compaction.lag.ms"
             properties["min.compaction.lag.ms"] = str(self.config.get_int(key))
         ss = changelog_stream(self.config, store)
