@@ -442,3 +442,52 @@ def test_a_local_task_job_starts_the_spark_context_alone(
     assert calls == [started]
     assert made == [spark.session()]
     assert committed_counts(config) == expected
+
+
+def test_a_restore_process_that_dies_is_run_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: a restore process that died at start ended the run with BrokenProcessPool."""
+    flag = tmp_path / "crash-once"
+    flag.write_text("0")
+    config, expected = lost_host(tmp_path)
+    crashing = {
+        "testing.crash.at": "during-restore",
+        "testing.crash.mode": "exit",  # os._exit, as a killed process
+        "testing.crash.flag": str(flag),
+    }
+    coordinator = JobCoordinator(Config({**config.to_dict(), **crashing}), Recording())
+    keeping = Keeping(launch.RestoreRunner(2))
+    with caplog.at_level("WARNING"):
+        coordinator.restore_ahead(keeping)
+    assert not flag.exists()  # a process did die at the failpoint
+    assert "died" in caplog.text and "running them again" in caplog.text
+    assert {r.task for r in keeping.results if r.restored} == set(coordinator.tasks)
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert committed_counts(config) == expected
+
+
+def test_a_restore_process_that_keeps_dying_leaves_the_restore_to_spark(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from sparkpoint.runtime import inline
+
+    class DyingPool(ThreadPoolExecutor):
+        def map(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            raise BrokenProcessPool("a child process terminated abruptly")
+
+    monkeypatch.setattr(inline.LocalPoolRunner, "_pool", lambda self, workers: DyingPool(1))
+    config, expected = lost_host(tmp_path)
+    runner = Recording()
+    coordinator = JobCoordinator(config, runner)
+    with caplog.at_level("WARNING"):
+        coordinator.restore_ahead(launch.RestoreRunner(2))
+    assert "died 2 times" in caplog.text and "first batch on Spark restores" in caplog.text
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert runner.restored_tasks() == set(coordinator.tasks)  # the job's runner restored them
+    assert committed_counts(config) == expected

@@ -10,11 +10,20 @@ runs on executors.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
+from sparkpoint.errors import SparkpointError
 from sparkpoint.runtime.executor import run_task_batch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+
+log = logging.getLogger(__name__)
+
+
+class WorkerProcessDied(SparkpointError):
+    """A pool's worker process died (killed, out of memory) on every attempt."""
 
 
 class InlineRunner:
@@ -46,8 +55,31 @@ class LocalPoolRunner(_PoolRunner):
     """Runs the plans in processes of this machine. The processes are spawned, not forked:
     the caller may have threads (a starting Spark session)."""
 
+    def __init__(self, workers: int, attempts: int = 2) -> None:
+        super().__init__(workers)
+        self.attempts = attempts
+
     def _pool(self, workers: int) -> Executor:
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        """The plans' results; a pool whose process died (a transient fault: killed, out of
+        memory) runs them again in a new pool, up to ``attempts`` times in all (every pass
+        these runners run is safe to repeat: a restore that died restarts from the
+        checkpoint), then :class:`WorkerProcessDied`."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return super().__call__(batch, plans)
+            except BrokenProcessPool as exc:
+                tasks = ", ".join(sorted(p.task.name.name for p in plans))
+                if attempt == self.attempts:
+                    raise WorkerProcessDied(
+                        f"a worker process running tasks {tasks} died {attempt} times: {exc}"
+                    ) from exc
+                log.warning(
+                    "a worker process running tasks %s died (%s); running them again", tasks, exc
+                )
+        raise AssertionError("unreachable")
 
 
 class ThreadPoolRunner(_PoolRunner):

@@ -31,7 +31,12 @@ from typing import Any
 from sparkpoint.config import Config
 from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
 from sparkpoint.runtime.executor import restores_in_threads, state_is_on_disk
-from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner, ThreadPoolRunner
+from sparkpoint.runtime.inline import (
+    InlineRunner,
+    LocalPoolRunner,
+    ThreadPoolRunner,
+    WorkerProcessDied,
+)
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
 
@@ -126,11 +131,14 @@ class RestoreRunner:
                 here.append(plan)
             else:
                 (threads if restores_in_threads(plan) else processes).append(plan)
-        return (
-            InlineRunner()(batch, here)
-            + ThreadPoolRunner(self.workers)(batch, threads)
-            + LocalPoolRunner(self.workers)(batch, processes)
-        )
+        done = InlineRunner()(batch, here) + ThreadPoolRunner(self.workers)(batch, threads)
+        try:
+            return done + LocalPoolRunner(self.workers)(batch, processes)
+        except WorkerProcessDied as exc:
+            # the restore ahead only saves time: Spark restores these tasks at their first
+            # batch, with its own task retries
+            log.warning("%s; their first batch on Spark restores them instead", exc)
+            return done
 
 
 class DeferredRunner:
