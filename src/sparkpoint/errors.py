@@ -42,6 +42,11 @@ class CheckpointNotFound(CheckpointError, LookupError):
     """No checkpoint exists for the task."""
 
 
+class OutputError(SparkpointError):
+    """Sending a task's output to its system failed (the producer, not the message being
+    processed); names the task, stream and partition."""
+
+
 class TaskError(SparkpointError):
     """User task code failed; names the task and the message being processed."""
 

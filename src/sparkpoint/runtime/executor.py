@@ -26,12 +26,13 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, StoreError, TaskError
+from sparkpoint.errors import ConfigError, OutputError, StoreError, TaskError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
@@ -101,6 +102,40 @@ def load_task_class(path: str) -> type[StreamTask]:
     if not (isinstance(cls, type) and issubclass(cls, StreamTask)):
         raise ConfigError(f"task.class={path!r} is not a subclass of sparkpoint StreamTask")
     return cls
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def raised_at(exc: BaseException) -> str:
+    """`` (at FILE:LINE in FUNC)``: the innermost frame of ``exc`` outside sparkpoint (the
+    user's code, or a library it called), for messages; empty when there is none."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(_PACKAGE_DIR)
+    ]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno} in {f.name})"
+
+
+def failure_advice(exc: BaseException) -> str:
+    """What to do about an exception from ``process``: skipping the message only when the
+    message can be at fault."""
+    if isinstance(exc, OutputError):
+        return (
+            "Sending the output failed, not the message: the next run retries this batch from "
+            "the last checkpoint (at-least-once); if it keeps failing, check the output system"
+        )
+    if isinstance(exc, StoreError):
+        return "The store failed, not the message: skipping messages would not help"
+    return (
+        f"The job stops here and every restart fails at this message until it is fixed, or "
+        f"skipped: task.ignored.exceptions={type(exc).__qualname__} (or *) logs and skips such "
+        f"messages"
+    )
 
 
 @dataclass(frozen=True)
@@ -359,14 +394,10 @@ class TaskBatch:
             except Exception as exc:
                 error = (
                     f"task {self.task} failed processing {ssp} offset {rec.offset}: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(exc).__name__}: {exc}{raised_at(exc)}"
                 )
                 if not policy.ignores(exc):
-                    raise TaskError(
-                        f"{error}. The job stops here and every restart fails at this message "
-                        f"until it is fixed, or skipped: task.ignored.exceptions="
-                        f"{type(exc).__qualname__} (or *) logs and skips such messages"
-                    ) from exc
+                    raise TaskError(f"{error}. {failure_advice(exc)}") from exc
                 log.error("%s; ignored (task.ignored.exceptions)", error)
 
     def decode(

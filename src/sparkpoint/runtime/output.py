@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import TaskError
+from sparkpoint.errors import OutputError, TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde
 from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
@@ -89,8 +89,17 @@ class OutputCollector:
         ts = envelope.timestamp
         ts = int(time.time() * 1000) if ts is None else ts
         record = tuple.__new__(Record, ("", key, value, ts))  # Record(...), minus a Python call
-        route.producer.send(stream.stream, partition, record)
+        try:
+            route.producer.send(stream.stream, partition, record)
+        except Exception as exc:
+            raise self._failed(stream, partition, exc) from exc
         self.sent += 1
+
+    def _failed(self, stream: SystemStream, partition: int, exc: Exception) -> OutputError:
+        return OutputError(
+            f"task {self._task}: sending to {stream} partition {partition} failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
 
     def send_many(
         self, stream: SystemStream, keys: Sequence[Any] | None, messages: Sequence[Any]
@@ -137,7 +146,10 @@ class OutputCollector:
         if kbs is None:  # no keys: all go where the system places a key of None
             partition = route.place(None, route.partitions)
             records = [new(Record, ("", None, v, ts)) for v in vbs]
-            route.producer.send_many(stream.stream, partition, records)
+            try:
+                route.producer.send_many(stream.stream, partition, records)
+            except Exception as exc:
+                raise self._failed(stream, partition, exc) from exc
             self.sent += len(vbs)
             return
         place, partitions = route.place, route.partitions
@@ -146,7 +158,10 @@ class OutputCollector:
             buckets[place(kb, partitions)].append(new(Record, ("", kb, vb, ts)))
         for partition, records in enumerate(buckets):
             if records:
-                route.producer.send_many(stream.stream, partition, records)
+                try:
+                    route.producer.send_many(stream.stream, partition, records)
+                except Exception as exc:
+                    raise self._failed(stream, partition, exc) from exc
         self.sent += len(vbs)
 
     def flush(self) -> None:

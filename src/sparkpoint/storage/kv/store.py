@@ -95,8 +95,20 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
     def _decode(self, data: bytes | None) -> V | None:
         if data is None:
             return None
-        value: V = self._from_value(data)
+        try:
+            value: V = self._from_value(data)
+        except (TypeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise self._undecodable(data, exc) from exc
         return value
+
+    def _undecodable(self, data: bytes, exc: Exception) -> StoreError:
+        return StoreError(
+            f"store {self.name}: cannot decode a stored value ({len(data)} bytes, "
+            f"{data[:16]!r}) with its value serde {type(self._vs).__name__}: {exc}. The value "
+            f"was written with another serde (did stores.{self.name}.msg.serde change?): the "
+            f"store's data is not at fault, and neither is the input message; set the serde "
+            f"back, or rebuild the store's state"
+        )
 
     def _buffered(self, hit: tuple[Any, bytes | None]) -> V | None:
         """A buffered write as ``get`` returns it: the object put, or its bytes decoded."""
@@ -117,7 +129,10 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         data = self.engine.get(kb)
         if data is None:
             return None
-        found: V = self._from_value(data)
+        try:
+            found: V = self._from_value(data)
+        except (TypeError, ValueError) as exc:
+            raise self._undecodable(data, exc) from exc
         return found
 
     def get_all(self, keys: Sequence[K]) -> list[V | None]:
