@@ -27,6 +27,7 @@ from sparkpoint.errors import CheckpointError, ConfigError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.system.base import Record, SystemProducer
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.retry import retry_transient
 from sparkpoint.system.streams import create_or_validate, stream_spec
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,14 @@ class CheckpointManager:
             form = forms[version]
             record = Record("", self._key(task, version), form.dumps().encode(), 0)
             self._producer.send(self.stream, 0, record)
-        self._producer.flush()
+        retry_transient(f"writing task {task}'s checkpoint to {self._ssp}", self._producer.flush)
         for version in versions or self.write_versions:
             self._latest[version][task] = forms[version]
 
     def _refresh(self) -> None:
+        retry_transient(f"reading {self._ssp}", self._read_new)
+
+    def _read_new(self) -> None:
         if self.stream not in self._admin.list_streams():
             return
         meta = self._admin.get_metadata([self._ssp])[self._ssp]

@@ -34,6 +34,7 @@ from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.retry import retry_transient
 from sparkpoint.system.streams import create_or_validate, stream_spec
 
 VERSION = 1
@@ -154,6 +155,10 @@ class CoordinatorStreamStore(MetadataStore):
         self.refresh()
 
     def refresh(self) -> None:
+        """Read what was written since the last refresh (transient faults retried)."""
+        retry_transient(f"reading {self._ssp}", self._refresh)
+
+    def _refresh(self) -> None:
         meta = self._admin.get_metadata([self._ssp])[self._ssp]
         start = self._next or meta.oldest
         if self._admin.offset_comparator(start, meta.upcoming) < 0:
@@ -220,9 +225,11 @@ class CoordinatorStreamStore(MetadataStore):
         return sorted(ns for ns, entries in self._data.items() if entries)
 
     def flush(self) -> None:
-        """Make our writes durable, then catch up with every writer (ours included)."""
-        self._producer.flush()
+        """Make our writes durable, then catch up with every writer (ours included); transient
+        faults are retried."""
+        retry_transient(f"writing {self._ssp}", self._producer.flush)
         self.refresh()
 
     def close(self) -> None:
+        retry_transient(f"writing {self._ssp}", self._producer.flush)
         self._producer.close()

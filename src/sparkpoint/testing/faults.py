@@ -36,7 +36,9 @@ from sparkpoint.system.filelog.system import FileLogSystemFactory
 
 
 class InjectedFault(OSError):
-    """A failure injected by the fault kit."""
+    """A failure injected by the fault kit: transient, as the driver's retries see it."""
+
+    transient = True
 
 
 class _Dice:
