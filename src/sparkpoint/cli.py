@@ -7,6 +7,7 @@ User errors (bad config, unknown stream, corrupt data) print one ``error:`` line
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -162,8 +163,10 @@ def run(
         config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
     else:
         config = _config(path, set_)
-        config.require("task.class")
         config = _with_dir_on_path(config, path.resolve().parent)
+        from sparkpoint.runtime.executor import load_task_class
+
+        load_task_class(config.require("task.class"))  # a bad module fails before Spark starts
     if not config.inputs:
         raise UserError("task.inputs is empty: list the job's input streams as system.stream")
     if pipeline is not None:
@@ -702,7 +705,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.errno not in _USER_ERRNOS:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        err.print(
+            f"error: {exc.strerror}{where} (a full disk, a quota, or a read-only or not "
+            f"writable directory: fix it and run the command again)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return 2
     return 0
+
+
+#: OS errors a user fixes: one line and exit 2, not a traceback
+_USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 if __name__ == "__main__":

@@ -496,7 +496,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
 )
 
-_OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.")
+_OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.", "blob.store.")
 
 
 def _is_stream_property(key: str) -> bool:
@@ -853,7 +853,8 @@ class Config(Mapping[str, str]):
         for key, value in self._values.items():
             spec = _declared(key) or _declared(key, self.plugin_keys)
             if spec is None:
-                if key.startswith(_OWNED_PREFIXES) and not _is_stream_property(key):
+                passed_on = _is_stream_property(key) or key.startswith("blob.store.options.")
+                if key.startswith(_OWNED_PREFIXES) and not passed_on:
                     self._unknown(key)
                 continue
             if spec.check is not None and value != "" and not spec.check(value):

@@ -51,6 +51,11 @@ class TaskError(SparkpointError):
     """User task code failed; names the task and the message being processed."""
 
 
+class MessageDecodeError(TaskError, UserError):
+    """A message its stream's serde cannot decode; names the task, SSP and offset. A problem
+    of the data (or of the serde configured for it), so a user error."""
+
+
 class RestoreError(UserError):
     """A store cannot be brought to the state its checkpoint commits to; names the task, the
     store, the checkpoint and the fix. The job stops rather than run on wrong state."""

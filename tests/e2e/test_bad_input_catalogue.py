@@ -255,3 +255,104 @@ def test_a_second_run_of_a_running_job_is_refused(tmp_path: Path) -> None:
     finally:
         driver.kill()
         driver.wait()
+
+
+def _stream_job(tmp_path: Path) -> list[str]:
+    """A pageviews stream of 2 partitions with 4 messages, for the stream rows below."""
+    set_args = ["--set", f"job.data.dir={tmp_path / 'data'}"]
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "2", *set_args)
+    lines = "".join(
+        json.dumps({"key": f"u{i}", "value": {"user": f"u{i}"}}) + "\n" for i in range(4)
+    )
+    sp("stream", "write", str(JOB), "pageviews", *set_args, stdin=lines)
+    return set_args
+
+
+def _pageviews_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "streams" / "filelog" / "pageviews"
+
+
+STREAM_ROWS: list[tuple[str, Callable[[Path], None], list[str], tuple[str, ...]]] = [
+    (
+        "deleted partition directory",
+        lambda d: shutil.rmtree(d / "1"),
+        ["stream", "list"],
+        ("filelog.pageviews partition 1", "is missing", "stream.json lists 2 partitions"),
+    ),
+    (
+        "deleted partition directory, read",
+        lambda d: shutil.rmtree(d / "1"),
+        ["stream", "read", "pageviews", "--partition", "1"],
+        ("filelog.pageviews partition 1", "is missing"),
+    ),
+    (
+        "corrupt stream.json",
+        lambda d: (d / "stream.json").write_text("{not json"),
+        ["stream", "read", "pageviews"],
+        ("stream filelog.pageviews:", "stream.json is not", "JSONDecodeError"),
+    ),
+    (
+        "corrupt CURRENT",
+        lambda d: (d / "0" / "CURRENT").write_bytes(b"\xff\xfe"),
+        ["stream", "read", "pageviews", "--partition", "0"],
+        ("filelog.pageviews partition 0", "CURRENT is not"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("row", "damage", "args", "needles"), STREAM_ROWS, ids=[r[0] for r in STREAM_ROWS]
+)
+def test_damaged_filelog_files(
+    tmp_path: Path,
+    row: str,
+    damage: Callable[[Path], None],
+    args: list[str],
+    needles: tuple[str, ...],
+) -> None:
+    """Issue 37: each was a traceback (FileNotFoundError, JSONDecodeError, ValueError)."""
+    set_args = _stream_job(tmp_path)
+    damage(_pageviews_dir(tmp_path))
+    proc = sp(args[0], args[1], str(JOB), *args[2:], *set_args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, *needles)
+
+
+def test_a_message_the_serde_cannot_decode_is_a_user_error(tmp_path: Path) -> None:
+    """Issue 37: decode errors exited 1 with a traceback (struct.error, JSONDecodeError)."""
+    set_args = _stream_job(tmp_path)
+    integer = ["--set", "streams.pageviews.samza.msg.serde=integer"]
+    proc = sp("stream", "read", str(JOB), "pageviews", *set_args, *integer, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, "filelog.pageviews.0 offset 0: cannot decode it")
+    text = json.dumps({"key": "u", "value": "not a number"}) + "\n"
+    proc = sp(
+        "stream", "write", str(JOB), "pageviews", *set_args, *integer, stdin=text, check=False
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, "message 1 for filelog.pageviews: cannot encode it")
+
+
+def test_a_typo_under_blob_store_is_refused(tmp_path: Path) -> None:
+    """Issue 37: blob.store.urll was taken as a filesystem option, so blobs went to the
+    default place."""
+    typo = ["--set", "blob.store.urll=file:///tmp/x"]
+    proc = sp("config", "show", str(JOB), "--set", f"job.data.dir={tmp_path}", *typo, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc.stderr, "unknown config key blob.store.urll", "blob.store.url?")
+
+
+def test_a_task_module_with_a_syntax_error_fails_before_spark_starts(tmp_path: Path) -> None:
+    """Issue 37: a 148-line Java traceback from the first batch."""
+    (tmp_path / "badtask.py").write_text(
+        "from sparkpoint import StreamTask\nclass Bad(StreamTask)\n"
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "job: {name: bad}\nsystems: {filelog: {factory: filelog}}\n"
+        "task: {inputs: filelog.in, class: 'badtask:Bad'}\n"
+    )
+    proc = sp("run", str(job), "--until-caught-up", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_line_error(proc.stderr, "task.class='badtask:Bad'", "badtask.py:2", "syntax error")
+    assert "starting Spark" not in proc.stderr

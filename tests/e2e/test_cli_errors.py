@@ -57,3 +57,25 @@ def test_run_of_a_pipeline_that_cannot_be_imported() -> None:
     proc = sp("run", "pageviews_task:PageViewCounter", check=False)
     assert proc.returncode == 2
     assert_one_line_error(proc.stderr, "is the class PageViewCounter, not a sparkpoint Pipeline")
+
+
+def test_an_unwritable_directory_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37: a read-only blob, stream or state directory was an OSError traceback (tried
+    in-process: as root, chmod does not stop writes)."""
+    import errno
+    import tempfile
+
+    from sparkpoint.cli import main
+
+    def denied(*args: object, **kwargs: object) -> str:
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data"))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", denied)
+    code = main(
+        ["stream", "create", str(JOB), "pageviews", "--set", f"job.data.dir={tmp_path / 'data'}"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert_one_line_error(err, "Permission denied: ", str(tmp_path / "data"), "not writable")

@@ -276,3 +276,32 @@ def test_columnar_decoding_checks_every_byte_as_the_record_decoder_does() -> Non
     with pytest.raises(fmt.FormatError, match="record says offset 52"):
         columnar.decode_columns(log, wrong, positions)
     assert n == len(records)
+
+
+def test_a_full_disk_is_one_line_naming_the_partition(
+    system: SystemUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: ENOSPC in the log writer was a 157-line dump; a transient I/O error stays an
+    OSError, for the callers that retry it."""
+    import errno
+    import os
+
+    fill(system, 2)
+    producer = system.factory.get_producer("fl", system.config)
+    real = os.fsync
+    for code, raised in ((errno.ENOSPC, UserError), (errno.EIO, OSError)):
+
+        def failing(fd: int, code: int = code) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "fsync", failing)
+        producer.send("s", 0, rec("k", "v", 1))
+        with pytest.raises(raised) as caught:
+            producer.flush()
+        monkeypatch.setattr(os, "fsync", real)
+        if raised is UserError:
+            assert "cannot append to fl.s partition 0 under" in str(caught.value)
+            assert "No space left on device" in str(caught.value)
+            assert "a retry can write them twice" in str(caught.value)
+        else:
+            assert not isinstance(caught.value, UserError)

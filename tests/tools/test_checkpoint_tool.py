@@ -153,3 +153,16 @@ def test_checkpoint_set_keeps_the_state_restorable(
     coordinator.run_batch(nothing_new, commit=False)
     coordinator.close()
     assert live_counts(again) == counts  # the state as committed, not an older one
+
+
+def test_a_binary_offsets_file_is_one_line(tmp_path: Path) -> None:
+    """Issue 37: a binary `checkpoint set` file gave a UnicodeDecodeError traceback."""
+    from sparkpoint.system.streams import job_model
+    from sparkpoint.tools.checkpoints import parse_offsets_file
+
+    config = load_config(None, pageviews_config(tmp_path))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    offsets = tmp_path / "offsets.bin"
+    offsets.write_bytes(bytes(range(256)))
+    with pytest.raises(UserError, match=r"offsets.bin: not UTF-8 text \(expected YAML"):
+        parse_offsets_file(offsets, job_model(config, Systems(config)))

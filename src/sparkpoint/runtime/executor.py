@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, OutputError, StoreError, TaskError
+from sparkpoint.errors import (
+    ConfigError,
+    MessageDecodeError,
+    OutputError,
+    StoreError,
+    TaskError,
+)
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.api import StreamTask
 from sparkpoint.runtime.output import OutputCollector
@@ -99,6 +105,15 @@ def load_task_class(path: str) -> type[StreamTask]:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"task.class={path!r}: cannot import it ({exc})") from exc
+    except SyntaxError as exc:
+        raise ConfigError(
+            f"task.class={path!r}: {exc.filename}:{exc.lineno}: {exc.msg} (a syntax error)"
+        ) from exc
+    except Exception as exc:  # the module's own code failed while it was imported
+        raise ConfigError(
+            f"task.class={path!r}: importing {module} failed: {type(exc).__name__}: "
+            f"{exc}{raised_at(exc)}"
+        ) from exc
     if not (isinstance(cls, type) and issubclass(cls, StreamTask)):
         raise ConfigError(f"task.class={path!r} is not a subclass of sparkpoint StreamTask")
     return cls
@@ -415,7 +430,7 @@ class TaskBatch:
                 return key, rec.value
             return key, msg_serde.from_bytes(rec.value)
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
-            raise TaskError(
+            raise MessageDecodeError(
                 f"task {self.task}: cannot decode message at {ssp} offset {rec.offset}: {exc}"
             ) from exc
 

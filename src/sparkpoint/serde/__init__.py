@@ -225,7 +225,10 @@ class IntegerSerde(Serde[int]):
             raise ValueError(f"integer serde: {value} does not fit in 64 bits") from exc
 
     def from_bytes(self, data: bytes) -> int:
-        return int(_INT.unpack(bytes(data))[0])
+        try:
+            return int(_INT.unpack(bytes(data))[0])
+        except struct.error as exc:  # not a ValueError: callers catch ValueError
+            raise ValueError(f"integer serde needs 8 bytes, got {len(data)}") from exc
 
 
 BUILTIN_SERDES: dict[str, type[Serde[Any]]] = {

@@ -40,6 +40,10 @@ def parse_offsets_file(
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read offsets file {path}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise UserError(
+            f"cannot read offsets file {path}: not UTF-8 text (expected YAML: SSP: offset)"
+        ) from None
     if not isinstance(data, Mapping) or not data:
         raise UserError(f"{path}: expected a mapping of task or SSP to offsets")
     owner = {ssp: t.name for t in model.tasks.values() for ssp in t.ssps}

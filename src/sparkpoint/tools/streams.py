@@ -94,8 +94,15 @@ def send_messages(
                 raise UserError(
                     f"partition {m.partition}: {stream} has partitions 0..{partitions - 1}"
                 )
-            kb = None if m.key is None else key_serde.to_bytes(m.key)
-            vb = None if m.value is None else msg_serde.to_bytes(m.value)
+            try:
+                kb = None if m.key is None else key_serde.to_bytes(m.key)
+                vb = None if m.value is None else msg_serde.to_bytes(m.value)
+            except (ValueError, TypeError) as exc:
+                raise UserError(
+                    f"message {count + 1} for {stream}: cannot encode it with the stream's "
+                    f"serdes ({type(key_serde).__name__} keys, {type(msg_serde).__name__} "
+                    f"values; streams.{stream.stream}.samza.key.serde / msg.serde): {exc}"
+                ) from None
             ts = int(time.time() * 1000) if m.timestamp is None else m.timestamp
             p = m.partition if m.partition is not None else admin.partition_for_key(kb, partitions)
             producer.send(stream.stream, p, Record("", kb, vb, ts))
@@ -138,11 +145,21 @@ def read_json_lines(
                 if not records:
                     break
                 for rec in records:
+                    try:
+                        key = None if rec.key is None else key_serde.from_bytes(rec.key)
+                        value = None if rec.value is None else msg_serde.from_bytes(rec.value)
+                    except (ValueError, TypeError) as exc:
+                        raise UserError(
+                            f"{ssp} offset {rec.offset}: cannot decode it with the stream's "
+                            f"serdes ({type(key_serde).__name__} keys, "
+                            f"{type(msg_serde).__name__} values; streams.{stream.stream}."
+                            f"samza.key.serde / msg.serde): {exc}"
+                        ) from None
                     yield {
                         "partition": p,
                         "offset": rec.offset,
-                        "key": None if rec.key is None else key_serde.from_bytes(rec.key),
-                        "value": None if rec.value is None else msg_serde.from_bytes(rec.value),
+                        "key": key,
+                        "value": value,
                         "timestamp": rec.timestamp,
                     }
                     emitted += 1

@@ -108,3 +108,26 @@ class TestBlobStoreContract:
         monkeypatch.setattr(blobs.fs, "pipe_file", broken)
         with pytest.raises(BlobStoreError, match=r"failed after 4 attempts: down"):
             blobs.put_bytes(b"data")
+
+
+def test_a_blob_url_no_installed_filesystem_serves_is_a_config_error() -> None:
+    """Issue 37: an unknown scheme or a missing fsspec driver was a traceback."""
+    from sparkpoint.errors import ConfigError
+    from sparkpoint.storage.blobstore.manager import check_filesystem
+
+    with pytest.raises(ConfigError, match=r"blob.store.url='nosuch://b/x': no fsspec filesystem"):
+        check_filesystem("nosuch://b/x", {})
+    with pytest.raises(ConfigError, match=r"scheme 'gcs' needs a package that is not installed"):
+        check_filesystem("gcs://bucket/x", {})  # gcsfs is not a dependency
+
+
+def test_a_filesystem_option_its_class_does_not_take_is_refused() -> None:
+    from sparkpoint.errors import ConfigError
+    from sparkpoint.storage.blobstore.manager import check_filesystem
+
+    check_filesystem("s3://bucket/x", {"endpoint_url": "http://127.0.0.1:1", "key": "k"})
+    check_filesystem("file:///tmp/x", {"auto_mkdir": "true"})
+    with pytest.raises(ConfigError, match=r"options.endpoint_ur: .*did you mean .*endpoint_url"):
+        check_filesystem("s3://bucket/x", {"endpoint_ur": "http://127.0.0.1:1"})
+    with pytest.raises(ConfigError, match=r"LocalFileSystem \(file://\) takes no option 'urll'"):
+        check_filesystem("/tmp/x", {"urll": "x"})

@@ -20,7 +20,9 @@ at ``blob.store.retry.backoff.ms``.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
+import inspect
 import logging
 import random
 import time
@@ -41,6 +43,66 @@ class BlobNotFound(SparkpointError, FileNotFoundError):
 
 class BlobStoreError(SparkpointError):
     """A blob store operation failed after its retries."""
+
+
+#: options every fsspec filesystem takes through its base class
+_FSSPEC_BASE_OPTIONS = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "asynchronous",
+        "loop",
+    }
+)
+
+
+def _options_of(cls: type) -> set[str]:
+    """The keyword options a filesystem class's constructors name, over its whole hierarchy."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names |= {p.name for p in params if p.kind in kinds and p.name != "self"}
+    return names | _FSSPEC_BASE_OPTIONS
+
+
+def check_filesystem(url: str, options: Mapping[str, Any]) -> None:
+    """Refuse a ``blob.store.url`` whose scheme no installed fsspec filesystem serves, and a
+    ``blob.store.options.<name>`` its filesystem class does not take (a typo would otherwise
+    be passed on and ignored), each with a :class:`ConfigError` naming the key and the fix."""
+    import fsspec
+
+    protocol, _path = fsspec.core.split_protocol(url)
+    protocol = protocol or "file"
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ConfigError(
+            f"blob.store.url={url!r}: no fsspec filesystem serves scheme {protocol!r} (known: "
+            f"file, s3, abfs/az, gs, hdfs, memory, ...)"
+        ) from None
+    except ImportError as exc:
+        raise ConfigError(
+            f"blob.store.url={url!r}: scheme {protocol!r} needs a package that is not "
+            f"installed: {exc}"
+        ) from None
+    known = _options_of(cls)
+    for name in sorted(options):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean blob.store.options.{close[0]}?" if close else ""
+            raise ConfigError(
+                f"blob.store.options.{name}: {cls.__name__} ({protocol}://) takes no option "
+                f"{name!r}{hint} (it takes: {', '.join(sorted(known))})"
+            )
 
 
 class BlobStoreManager:
@@ -192,8 +254,10 @@ def manager_from_config(config: Mapping[str, str], default_url: str) -> BlobStor
         return manager
     prefix = "blob.store.options."
     options = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+    url = config.get("blob.store.url") or default_url
+    check_filesystem(url, options)
     return BlobStoreManager(
-        config.get("blob.store.url") or default_url,
+        url,
         options=options,
         ttl_ms=int(config.get("blob.store.ttl.ms") or 24 * 3600 * 1000),
         max_retries=int(config.get("blob.store.max.retries") or 5),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -37,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from sparkpoint.errors import CorruptRecordError
+from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.system.base import PartitionMetadata, Record
 from sparkpoint.system.filelog import format as fmt
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from sparkpoint.system.columns import RecordColumns
 
 log = logging.getLogger(__name__)
+
+#: errors of the disk a user must fix (not retried): full, over quota, read-only, not allowed
+_USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class _Index(Sequence[tuple[int, int, int]]):
@@ -457,6 +461,18 @@ class PartitionLog:
         the first and last offsets assigned."""
         if not records:
             raise ValueError("nothing to append")
+        try:
+            return self._append(records)
+        except OSError as exc:
+            if exc.errno not in _USER_ERRNOS:
+                raise  # transient ones stay OSErrors: callers may retry them
+            raise UserError(
+                f"cannot append to {self.label} under {self.path}: {exc.strerror} (a full disk, "
+                f"a quota or a read-only directory? fix it and retry: records of this append "
+                f"may be in the log already, so a retry can write them twice)"
+            ) from None
+
+    def _append(self, records: Sequence[Record]) -> tuple[int, int]:
         with self._locked():
             log_path, index_path = self._files()
             next_offset, max_ts = self._recover(log_path, index_path)

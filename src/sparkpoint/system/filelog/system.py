@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkpoint.config import ConfigKey
-from sparkpoint.errors import ConfigError, StreamNotFound, UserError
+from sparkpoint.errors import ConfigError, CorruptRecordError, StreamNotFound, UserError
 from sparkpoint.fsutil import fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
@@ -73,15 +73,25 @@ class _Streams:
     def partitions(self, stream: str) -> int:
         if stream not in self._partitions:
             self.check_name(stream)
+            path = self.root / stream / "stream.json"
             try:
-                meta = json.loads((self.root / stream / "stream.json").read_text())
+                meta = json.loads(path.read_text())
+                partitions = int(meta["partitions"])
+                if partitions < 1:
+                    raise ValueError(f"{partitions} partitions")
             except FileNotFoundError:
                 known = ", ".join(self.list()) or "none"
                 raise StreamNotFound(
                     f"stream {self.system}.{stream} does not exist; streams in "
                     f"{self.system}: {known}"
                 ) from None
-            self._partitions[stream] = int(meta["partitions"])
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+                raise CorruptRecordError(
+                    f"stream {self.system}.{stream}: {path} is not "
+                    f'{{"partitions": N, "compacted": false}} ({type(exc).__name__}: {exc}); '
+                    f"write the stream's partition count there"
+                ) from None
+            self._partitions[stream] = partitions
         return self._partitions[stream]
 
     def log(self, stream: str, partition: int) -> PartitionLog:
@@ -91,9 +101,15 @@ class _Streams:
                 f"partition {partition} of {self.system}.{stream} does not exist "
                 f"(partitions 0..{n - 1})"
             )
-        return PartitionLog(
-            self.root / stream / str(partition), f"{self.system}.{stream} partition {partition}"
-        )
+        path = self.root / stream / str(partition)
+        if not (path / "CURRENT").is_file():
+            raise CorruptRecordError(
+                f"{self.system}.{stream} partition {partition}: {path} is missing or has no "
+                f"CURRENT file, though {self.root / stream / 'stream.json'} lists {n} partitions; "
+                f"restore the directory, or recreate the stream (its readers then stop until a "
+                f"startpoint says where they resume)"
+            )
+        return PartitionLog(path, f"{self.system}.{stream} partition {partition}")
 
 
 class FileLogAdmin(IntegerOffsets, SystemAdmin):
