@@ -346,3 +346,26 @@ def test_delete_all_removes_every_startpoint_and_fan_out(tmp_path: Path) -> None
     assert delete_all_startpoints(config) == 2
     assert not any(list_startpoints(config).values())
     assert delete_all_startpoints(config) == 0  # idempotent
+
+
+def test_a_new_fan_out_replaces_a_tasks_earlier_one(tmp_path: Path) -> None:
+    """Samza's StartpointManager.fanOut writes each task's fan-out anew (issue 37: sparkpoint
+    merged the earlier one into it); a task with no new startpoint keeps its earlier one."""
+    config = make(tmp_path, 2, broadcast=True)
+    manager = StartpointManager(CoordinatorStreamStore(config))
+    ssp0, ssp1 = SystemStreamPartition("log", "in", 0), SystemStreamPartition("log", "in", 1)
+    t0, t1 = TaskName("Partition 0"), TaskName("Partition 1")
+    now = int(time.time() * 1000)
+    oldest = StartpointOldest(creation_timestamp=now)
+    upcoming = StartpointUpcoming(creation_timestamp=now)
+    manager.write_startpoint(ssp0, oldest, t0)
+    manager.write_startpoint(ssp0, oldest, t1)
+    first = manager.fan_out({t0: [ssp0, ssp1], t1: [ssp0, ssp1]})
+    assert first == {t0: {ssp0: oldest}, t1: {ssp0: oldest}}
+    manager.write_startpoint(ssp1, upcoming, t0)  # only task 0 gets a new one
+    second = manager.fan_out({t0: [ssp0, ssp1], t1: [ssp0, ssp1]})
+    assert second[t0] == {ssp1: upcoming}  # ssp0's earlier entry is replaced
+    assert second[t1] == {ssp0: oldest}  # kept: nothing new for task 1
+    again = StartpointManager(CoordinatorStreamStore(config))
+    assert again.get_fan_out_for_task(t0) == {ssp1: upcoming}
+    assert list_startpoints(config)["waiting"] == {}  # the sources were deleted

@@ -159,8 +159,9 @@ def test_retain_existing_state_restores_the_whole_changelog_without_a_checkpoint
 def test_an_upload_that_raises_at_once_fails_fast_and_the_retry_commits(
     tmp_path: Path,
 ) -> None:
-    """TestTaskStorageCommitManager (upload throws synchronously): the first commit fails naming
-    the cause, and the retried commit does not wait for an upload that never started."""
+    """An upload that throws synchronously in a commit that waits for its uploads (a stop's):
+    that commit fails naming the cause, and the retried commit does not wait for an upload
+    that never started."""
     config = make_failing(
         tmp_path,
         "testing.copy.fail.sync.flag",
@@ -175,6 +176,26 @@ def test_an_upload_that_raises_at_once_fails_fast_and_the_retry_commits(
     assert results[0].commit_started and len(results[0].completed_checkpoints) == 1
     coordinator.close()
     assert_committed_state_matches_its_offsets(config)
+
+
+def test_an_upload_that_raises_at_once_in_an_async_commit_fails_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    """TestTaskInstance.testCommitFailsIfPreviousAsyncUploadFailsSynchronously: with async
+    commit the commit that started the upload returns, and the next commit fails naming it
+    (issue 37: docs/samza-compatibility.md said the first one failed at once)."""
+    config = make_failing(
+        tmp_path,
+        "testing.copy.fail.sync.flag",
+        **{"task.commit.max.delay.ms": "0", "task.commit.timeout.ms": "3000"},
+    )
+    coordinator, end = batches(config)
+    _, first = coordinator.run_batch(end, commit=True)
+    assert first[0].commit_started and not first[0].completed_checkpoints
+    with pytest.raises(CommitError, match="OSError: injected synchronous upload failure"):
+        coordinator.run_batch(end, commit=True)
+    coordinator.close()
+    assert CheckpointManager(config).read_all() == {}
 
 
 class _FailsRightAfterTheCheck(TaskCommitManager):

@@ -88,7 +88,10 @@ class StartpointManager:
     ) -> dict[TaskName, dict[SystemStreamPartition, Startpoint]]:
         """Fan startpoints out to tasks (newest of SSP-only and SSP+task wins), then delete them.
 
-        Returns every task's fan-out, including entries left by an earlier start.
+        As in Samza's ``StartpointManager.fanOut``, a task with new startpoints gets a new
+        fan-out that replaces its earlier one (an entry of an earlier start not yet covered by
+        a checkpoint is dropped); a task with none keeps its earlier fan-out. Returns every
+        task's fan-out, including those left by an earlier start.
         """
         self.store.refresh()
         written = self.store.all(NAMESPACE)
@@ -97,7 +100,7 @@ class StartpointManager:
         updates: dict[str, str | None] = {}
         result: dict[TaskName, dict[SystemStreamPartition, Startpoint]] = {}
         for task, ssps in tasks.items():
-            current = self.get_fan_out_for_task(task)
+            current: dict[SystemStreamPartition, Startpoint] = {}
             for ssp in ssps:
                 candidates = []
                 for key in (key_for(ssp), key_for(ssp, task)):
@@ -111,6 +114,8 @@ class StartpointManager:
             if current:
                 result[task] = current
                 updates[task.name] = dump_fan_out(current)
+            elif earlier := self.get_fan_out_for_task(task):
+                result[task] = earlier
         if updates:
             self.store.put_all(FAN_OUT, updates)
         if used:

@@ -41,7 +41,7 @@ from sparkpoint.storage.backend import (
     TaskRestoreManager,
     store_backends,
 )
-from sparkpoint.storage.blobstore.diff import crc32_of, diff_dir, same_file
+from sparkpoint.storage.blobstore.diff import crc32_of, diff_dir, metadata_of, same_file
 from sparkpoint.storage.blobstore.index import (
     FileIndex,
     InvalidSnapshotIndex,
@@ -203,17 +203,28 @@ def delete_snapshot(blobs: BlobStoreManager, index_id: str, where: str) -> None:
 def fetch_file(blobs: BlobStoreManager, f: FileIndex, dest: Path, where: str) -> None:
     """Download the file ``f`` of a snapshot to ``dest`` and verify its size and checksum:
     :class:`RestoreError` naming ``where`` if it is corrupt, :class:`BlobNotFound` if its blob
-    is gone. A Samza index lists an empty file without blobs."""
+    is gone. A Samza index lists an empty file without blobs, and may split a file over
+    several blobs: they are joined in the order of their offsets (Samza's restore does the
+    same), and the whole file is verified."""
     if not f.blobs and f.metadata.size == 0:
         dest.touch()
         return
-    if len(f.blobs) != 1 or f.blobs[0].offset != 0:
-        raise RestoreError(f"{where}: file {f.file_name}: multi-blob files are not supported")
-    blobs.get_file(f.blobs[0].blob_id, dest)
-    size = dest.stat().st_size
+    parts = sorted(f.blobs, key=lambda b: b.offset)
+    if len(parts) == 1:
+        blobs.get_file(parts[0].blob_id, dest)
+    else:
+        with open(dest, "wb") as out:
+            for i, blob in enumerate(parts):
+                part = dest.with_name(f"{dest.name}.part{i}")  # in the staging directory
+                blobs.get_file(blob.blob_id, part)
+                with open(part, "rb") as data:
+                    shutil.copyfileobj(data, out)
+                part.unlink()
+    size = dest.stat().st_size if dest.exists() else 0
     if size != f.metadata.size or crc32_of(dest) != f.checksum:
+        ids = ", ".join(b.blob_id for b in parts) or "none"
         raise RestoreError(
-            f"{where}: file {f.file_name} from blob {f.blobs[0].blob_id} is corrupt "
+            f"{where}: file {f.file_name} from blob(s) {ids} is corrupt "
             f"(size {size}, expected {f.metadata.size}, or checksum mismatch)"
         )
 
@@ -285,7 +296,7 @@ class BlobStoreRestoreManager(TaskRestoreManager):
                 )
             dest.parent.mkdir(parents=True, exist_ok=True)
             local = next(
-                (p for p in copies.get(rel, []) if same_file(p, f.metadata, f, False)), None
+                (p for p in copies.get(rel, []) if same_file(p, metadata_of(p), f, False)), None
             )
             if local is not None:
                 os.link(local, dest)
