@@ -10,7 +10,6 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -57,7 +56,10 @@ err = Console(stderr=True)
 
 
 def _config(job: Path, overrides: list[str] | None) -> Config:
-    return load_config(job, parse_overrides(overrides or []))
+    """The job file's config with this command's ``--set`` values (one-off: a run does not
+    store them as the job's config)."""
+    values = parse_overrides(overrides or [])
+    return load_config(job, values).with_one_off(values)
 
 
 def _ran_config(job: Path, overrides: list[str] | None) -> Config:
@@ -77,18 +79,6 @@ def _setup_logging(verbose: bool) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
-def _with_dir_on_path(config: Config, directory: Path) -> Config:
-    """Let the driver and every Python worker import modules from ``directory`` (the job
-    file's or the pipeline module's)."""
-    job_dir = str(directory)
-    sys.path.insert(0, job_dir)
-    paths = [job_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    key = "spark.executorEnv.PYTHONPATH"
-    extra = [config[key]] if config.get(key) else []
-    return config.with_overrides({key: os.pathsep.join([job_dir, *extra])})
 
 
 @app.command()
@@ -146,6 +136,7 @@ def run(
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
     from sparkpoint.runtime.coordinator import BatchRunner
+    from sparkpoint.runtime.job_path import with_dir_on_path
     from sparkpoint.runtime.launch import start_job
     from sparkpoint.runtime.progress import ProgressDisplay
     from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner
@@ -160,10 +151,11 @@ def run(
         from sparkpoint.runtime.pipeline import load_pipeline
 
         pipeline, module_dir = load_pipeline(job)
-        config = _with_dir_on_path(pipeline.load_config(parse_overrides(set_ or [])), module_dir)
+        one_off = parse_overrides(set_ or [])
+        config = with_dir_on_path(pipeline.load_config(one_off).with_one_off(one_off), module_dir)
     else:
         config = _config(path, set_)
-        config = _with_dir_on_path(config, path.resolve().parent)
+        config = with_dir_on_path(config, path.resolve().parent)
         from sparkpoint.runtime.executor import load_task_class
 
         load_task_class(config.require("task.class"))  # a bad module fails before Spark starts

@@ -20,7 +20,7 @@ import functools
 import importlib
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -668,8 +668,16 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 class Config(Mapping[str, str]):
     """An immutable, validated job config with typed accessors."""
 
-    def __init__(self, values: Mapping[str, str], *, validate: bool = True) -> None:
+    def __init__(
+        self,
+        values: Mapping[str, str],
+        *,
+        validate: bool = True,
+        one_off: frozenset[str] = frozenset(),
+    ) -> None:
         self._values = dict(values)
+        #: keys set for one run only (``--set``): not stored as the job's config
+        self.one_off = one_off
         self._plugins: tuple[ConfigKey, ...] | None = None
         if validate:
             self._validate()
@@ -695,7 +703,11 @@ class Config(Mapping[str, str]):
         return dict(self._values)
 
     def with_overrides(self, overrides: Mapping[str, str]) -> Config:
-        return Config({**self._values, **overrides})
+        return Config({**self._values, **overrides}, one_off=self.one_off)
+
+    def with_one_off(self, keys: Iterable[str]) -> Config:
+        """This config, with ``keys`` marked as set for this run only (``--set``)."""
+        return Config(self._values, validate=False, one_off=self.one_off | frozenset(keys))
 
     # typed access
     def get_str(self, key: str, default: str | None = None) -> str | None:

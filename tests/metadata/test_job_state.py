@@ -120,3 +120,26 @@ def test_credentials_never_reach_logs_or_printed_config(
     assert redact("blob.store.options.key", "AKIA") == "****"
     assert redact("blob.store.url", "s3://bucket/x") == "s3://bucket/x"
     assert redact("task.commit.ms", "100") == "100"
+
+
+def test_one_off_set_values_are_not_stored_as_the_jobs_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: a one-off `--set` was stored as the job's config, so the next run without it
+    warned "config changed"."""
+    store = CoordinatorStreamStore(config(tmp_path))
+    store_config(store, config(tmp_path, **{"task.commit.ms": "5000"}))
+    one_off = config(tmp_path, **{"task.commit.ms": "100", "task.window.ms": "7"}).with_one_off(
+        {"task.commit.ms", "task.window.ms"}
+    )
+    with caplog.at_level(logging.INFO):
+        assert store_config(CoordinatorStreamStore(config(tmp_path)), one_off) == []
+    assert "this run's --set values (not stored as the job's config)" in caplog.text
+    assert "task.commit.ms=100" in caplog.text
+    again = CoordinatorStreamStore(config(tmp_path))
+    assert again.get("set-config", "task.commit.ms") == "5000"
+    assert again.get("set-config", "task.window.ms") is None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert store_config(again, config(tmp_path, **{"task.commit.ms": "5000"})) == []
+    assert "config changed" not in caplog.text

@@ -49,14 +49,25 @@ def config_diff(old: Mapping[str, str], new: Mapping[str, str]) -> list[str]:
 
 
 def store_config(store: MetadataStore, config: Config) -> list[str]:
-    """Write ``config`` as the job's config; return (and log) the diff from the stored one."""
+    """Write ``config`` as the job's config; return (and log) the diff from the stored one.
+
+    Keys set for this run only (``config.one_off``, the CLI's ``--set``) are logged, not
+    stored: the next run without them is not a config change."""
     old = store.all(SET_CONFIG)
-    new = config.to_dict()
-    diff = config_diff(old, new)
+    values = config.to_dict()
+    one_off = {k: v for k, v in values.items() if k in config.one_off}
+    if one_off:
+        log.info(
+            "this run's --set values (not stored as the job's config): %s",
+            ", ".join(f"{k}={redact(k, v)}" for k, v in sorted(one_off.items())),
+        )
+    new = {k: v for k, v in values.items() if k not in one_off}
+    kept = {k: v for k, v in old.items() if k in one_off}  # the stored value stays
+    diff = config_diff({k: v for k, v in old.items() if k not in one_off}, new)
     if old and diff:
         log.warning("job config changed since the last run:\n  %s", "\n  ".join(diff))
     changes: dict[str, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
-    changes.update({k: None for k in old if k not in new})
+    changes.update({k: None for k in old if k not in new and k not in kept})
     if changes:
         store.put_all(SET_CONFIG, changes)
     return diff

@@ -82,6 +82,7 @@ class JobTestDriver:
         config: Mapping[str, str] | None = None,
         spark: Any = None,
     ) -> None:
+        from sparkpoint.runtime.job_path import with_dir_on_path
         from sparkpoint.runtime.pipeline import Pipeline
 
         self._owned = directory is None
@@ -92,6 +93,9 @@ class JobTestDriver:
             overrides["task.class"] = _register(task)
         base = self._load(job, overrides)
         self.config = load_config(None, {**_on_filelog(base), **overrides})
+        if isinstance(job, (str, Path)) and task is None:
+            # the job's modules are importable as `sparkpoint run` makes them, from any cwd
+            self.config = with_dir_on_path(self.config, Path(job).resolve().parent)
         if not self.config.inputs:
             raise UserError("the job has no task.inputs: list its input streams")
         self._spark = spark
