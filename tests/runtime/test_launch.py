@@ -491,3 +491,40 @@ def test_a_restore_process_that_keeps_dying_leaves_the_restore_to_spark(
     coordinator.close()
     assert runner.restored_tasks() == set(coordinator.tasks)  # the job's runner restored them
     assert committed_counts(config) == expected
+
+
+def test_restore_counts_agree_between_the_restore_ahead_and_the_run(tmp_path: Path) -> None:
+    """Issue 37: a fresh job printed "4 restored (0 bytes)" then "0 task restores"; a restore
+    ahead's restores were missing from the run's summary."""
+    fresh = load_config(None, pageviews_config(tmp_path / "fresh", **CHANGELOG))
+    Systems(fresh).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(fresh, tmp_path / "fresh.yaml", 200, seed=11)
+    coordinator = JobCoordinator(fresh, Recording())
+    report = coordinator.restore_ahead(launch.RestoreRunner(2))
+    assert report is not None and report.restored_tasks == 0  # every task started empty
+    summary = coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert summary.restores == 0 and summary.restore_bytes == 0
+    config, _ = lost_host(tmp_path / "lost")
+    coordinator = JobCoordinator(config, Recording())
+    report = coordinator.restore_ahead(launch.RestoreRunner(2))
+    assert report is not None and report.restored_tasks == 4
+    summary = coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert summary.restores == 4 and summary.restore_bytes > 0  # the restore ahead's, counted
+
+
+def test_a_local_checkpoint_restore_reports_what_it_linked(tmp_path: Path) -> None:
+    """Issue 37: after a crash a relinked local checkpoint reported "0 entries, 0 bytes"."""
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    ran_to_the_end(config, tmp_path, seed=12)
+    for task in ("Partition 0", "Partition 1", "Partition 2", "Partition 3"):
+        (LocalTaskState(config.store_base_dir, TaskName(task)).dir / "STATE").unlink()
+    coordinator = JobCoordinator(config, Recording())
+    report = coordinator.restore_ahead(launch.RestoreRunner(2))
+    coordinator.close()
+    assert report is not None
+    local = [i for _t, i in report.restored if i.source == "local-checkpoint"]
+    assert len(local) == 4
+    assert all(i.entries > 0 and i.bytes > 0 and i.unit == "files" for i in local)
+    assert report.restore_cost()[0] == 0  # hard links: nothing was fetched

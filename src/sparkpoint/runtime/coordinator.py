@@ -55,6 +55,7 @@ from sparkpoint.storage.backend import (
     store_backends,
     v1_changelog_offsets,
 )
+from sparkpoint.storage.restore import LOCAL
 from sparkpoint.storage.task_storage import EMPTY_STATE, checkpoint_state_id
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
@@ -112,12 +113,15 @@ class BatchReport:
 
     @property
     def restored_tasks(self) -> int:
-        """Tasks whose live state was not kept: they restored (or started) their stores."""
-        return len({task for task, _ in self.restored})
+        """Tasks that restored state (from a backend or a local checkpoint); a task that
+        started empty (nothing committed yet) restored nothing."""
+        return len({task for task, i in self.restored if i.brought_state})
 
     def restore_cost(self) -> tuple[int, float]:
-        """Bytes restored and seconds spent restoring, over every store of the batch."""
-        return sum(i.bytes for _, i in self.restored), sum(i.seconds for _, i in self.restored)
+        """Bytes fetched (from backends; a local checkpoint's files are hard-linked, not
+        copied) and seconds spent restoring, over every store of the batch."""
+        fetched = sum(i.bytes for _, i in self.restored if i.source != LOCAL)
+        return fetched, sum(i.seconds for _, i in self.restored)
 
 
 @dataclass
@@ -214,6 +218,8 @@ class JobCoordinator:
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
         self._last_window = time.monotonic()
+        #: the restore ahead's pass (restore_ahead), counted in the run's summary
+        self._restored_ahead: BatchReport | None = None
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
@@ -605,6 +611,8 @@ class JobCoordinator:
 
     def _run(self, until_caught_up: bool, max_batches: int | None) -> RunSummary:
         summary = RunSummary()
+        if self._restored_ahead is not None:  # its restores are the run's; it is no batch
+            self._account_restores(summary, self._restored_ahead)
         started = time.monotonic()
         ssps = [s for ts in self.tasks.values() for s in ts.model.ssps]
         targets = (
@@ -702,6 +710,7 @@ class JobCoordinator:
             )
         if self.listener:
             self.listener.on_batch(report)
+        self._restored_ahead = report
         return report
 
     @contextlib.contextmanager
@@ -756,11 +765,15 @@ class JobCoordinator:
         summary.batch_seconds += report.seconds
         summary.task_seconds += report.task_seconds
         summary.lag = report.lag
+        JobCoordinator._account_restores(summary, report)
+        summary.away += len(report.away)
+
+    @staticmethod
+    def _account_restores(summary: RunSummary, report: BatchReport) -> None:
         summary.restores += report.restored_tasks
         restored_bytes, restored_seconds = report.restore_cost()
         summary.restore_bytes += restored_bytes
         summary.restore_seconds += restored_seconds
-        summary.away += len(report.away)
 
     def _release_the_job(self) -> None:
         """Stop beating and remove this driver's heartbeat (the end of a run). Idempotent."""

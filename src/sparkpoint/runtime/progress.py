@@ -15,6 +15,7 @@ from rich.table import Table
 
 from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.coordinator import BatchReport, RunSummary
+from sparkpoint.storage.restore import LOCAL
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,12 @@ class ProgressDisplay:
         self._last = report
         self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
         for task, info in report.restored:
-            if info.source != "local-checkpoint" and info.entries == 0 and info.bytes == 0:
+            if not info.brought_state:
                 continue  # a fresh start: nothing was restored
+            how = " hard-linked" if info.source == LOCAL else ""
             line = (
-                f"restore {task} store {info.store}: {info.source}, {info.entries} {info.unit}, "
-                f"{info.bytes} bytes, {info.seconds:.2f}s"
+                f"restore {task} store {info.store}: {info.source}, {info.entries:,} {info.unit}, "
+                f"{info.bytes:,} bytes{how}, {info.seconds:.2f}s"
             )
             self._restores.append(line)
             log.info(line)

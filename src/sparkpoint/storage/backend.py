@@ -56,6 +56,11 @@ class RestoreStats:
     seconds: float = 0.0
     unit: str = "entries"  # changelog records; "files" for snapshots
 
+    @property
+    def brought_state(self) -> bool:
+        """Whether this restore brought any state (a fresh start restores nothing)."""
+        return self.entries > 0 or self.bytes > 0
+
 
 @dataclass
 class BackendContext:

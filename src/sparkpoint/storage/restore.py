@@ -65,6 +65,16 @@ LOCAL = "local-checkpoint"
 EMPTY = "empty"
 
 
+def _files_and_bytes(directory: Path) -> tuple[int, int]:
+    """Files under ``directory`` and their total size (a relinked local checkpoint's)."""
+    files = size = 0
+    for path in directory.rglob("*"):
+        if path.is_file():
+            files += 1
+            size += path.stat().st_size
+    return files, size
+
+
 def _has_committed_state(checkpoint: Checkpoint, store: str) -> str | None:
     """Why ``checkpoint`` shows committed state for ``store`` (or None if it shows none)."""
     if isinstance(checkpoint, CheckpointV1):
@@ -177,7 +187,9 @@ class TaskRestore:
                 and self._local_checkpoint_usable(store)
                 and self.local.restore_from_checkpoint(store, self.checkpoint_id)
             ):
-                self._opened(store, LOCAL, RestoreStats(store, LOCAL, seconds=0.0), start)
+                files, size = _files_and_bytes(self.local.store_dir(store))
+                stats = RestoreStats(store, LOCAL, files, size, unit="files")
+                self._opened(store, LOCAL, stats, start)
                 continue
             self.local.clear_store(store)
             candidates = restore_candidates(self.config, store, self.task, self.checkpoint)
