@@ -186,6 +186,9 @@ def run(
         force=force,
     )
 
+    if coordinator.reporters is not None and coordinator.reporters.url:
+        err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
+
     def on_signal(signum: int, _frame: Any) -> None:
         coordinator.stop(f"signal {signal.Signals(signum).name}")
 
@@ -498,14 +501,25 @@ def state_check(
 
     Example: `sparkpoint state check job.yaml`
     """
-    from sparkpoint.tools.state import check_blobs
+    from sparkpoint.tools.state import blob_check
 
-    problems = check_blobs(_ran_config(job, set_), checksums=not quick)
-    for line in problems:
+    result = blob_check(_ran_config(job, set_), checksums=not quick)
+    for line in result.problems:
         print(line)
-    if problems:
+    if result.problems:
         raise typer.Exit(1)
-    print("ok: every referenced blob exists" + ("" if quick else " and matches its checksum"))
+    if result.snapshots == 0:
+        print(
+            f"nothing to check: none of the job's {result.checkpoints} checkpoints (V2) names a "
+            f"blob-store snapshot (no store lists blobstore in stores.<s>.backup.factories, or "
+            f"no commit has uploaded one yet)"
+        )
+        return
+    what = "exists" if quick else "exists and matches its size and checksum"
+    print(
+        f"ok: {result.snapshots} snapshots of {result.checkpoints} checkpoints, "
+        f"{result.files} files: every blob {what}"
+    )
 
 
 @config_app.command("show")

@@ -18,6 +18,7 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.metrics import MetricsReporters
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
@@ -115,3 +116,20 @@ def test_metrics_config_errors_name_the_key(tmp_path: Path) -> None:
             JobCoordinator(taken, InlineRunner()).start()
     with pytest.raises(ConfigError, match="unknown config key metrics.reporter.prometheus.prot"):
         load_config(None, {"job.name": "j", "metrics.reporter.prometheus.prot": "1"})
+
+
+def test_the_metrics_url_names_the_port_it_serves_on(tmp_path: Path) -> None:
+    """Issue 37: the Prometheus URL was never printed (`sparkpoint run` prints this one); with
+    port 0 the log said port 0."""
+    values = pageviews_config(
+        tmp_path, **{"metrics.reporters": "prometheus", "metrics.reporter.prometheus.port": "0"}
+    )
+    config = load_config(None, values)
+    reporters = MetricsReporters(config, Systems(config))
+    try:
+        assert reporters.url is not None and reporters.url.startswith("http://127.0.0.1:")
+        assert not reporters.url.startswith("http://127.0.0.1:0/")
+        with urllib.request.urlopen(reporters.url, timeout=10) as response:
+            assert b"sparkpoint" in response.read()
+    finally:
+        reporters.close()

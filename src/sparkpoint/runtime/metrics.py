@@ -136,6 +136,8 @@ class MetricsReporters:
                 f"metrics.reporters: unknown reporter {unknown[0]!r}; known: {', '.join(REPORTERS)}"
             )
         self._server: Any = None
+        #: where Prometheus scrapes this job (``http://host:port/metrics``), if it serves
+        self.url: str | None = None
         if "prometheus" in names:
             host = config.get_str("metrics.reporter.prometheus.host") or "127.0.0.1"
             port = config.get_int("metrics.reporter.prometheus.port")
@@ -146,7 +148,10 @@ class MetricsReporters:
                     f"metrics.reporter.prometheus.port={port}: cannot serve metrics on "
                     f"{host}:{port} ({exc}); pick a free port"
                 ) from exc
-            log.info("metrics: http://%s:%d/metrics", host, port)
+            bound_host, bound_port = self._server[0].server_address[:2]
+            shown = socket.gethostname() if bound_host in ("0.0.0.0", "::") else bound_host
+            self.url = f"http://{shown}:{bound_port}/metrics"  # the real port, also for port 0
+            log.info("metrics: %s", self.url)
         self._snapshots = _SnapshotWriter(config, systems) if "snapshot" in names else None
 
     def on_batch(self, report: BatchReport) -> None:

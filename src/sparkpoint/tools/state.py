@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,22 +176,44 @@ def blob_snapshots(config: Config) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclass
+class BlobCheck:
+    """What :func:`blob_check` looked at, and the problems it found."""
+
+    checkpoints: int = 0  # V2 checkpoints read
+    snapshots: int = 0  # blob-store snapshots they name
+    files: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
 def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
     """Problems found walking every V2 checkpoint's blob-store snapshots: snapshot indexes or
     file blobs that are missing, unreadable, or (with ``checksums``, the default; it downloads
     every blob) of the wrong size or checksum. An empty list means every snapshot any checkpoint
     names can be restored as it was committed."""
+    return blob_check(config, checksums=checksums).problems
+
+
+def blob_check(config: Config, *, checksums: bool = True) -> BlobCheck:
+    """:func:`check_blobs`, with how many checkpoints, snapshots and files it checked."""
     from sparkpoint.checkpoint.manager import CheckpointManager
     from sparkpoint.errors import RestoreError
     from sparkpoint.storage.blobstore.backend import NAME, blob_manager, fetch_file
     from sparkpoint.storage.blobstore.index import InvalidSnapshotIndex, SnapshotIndex
     from sparkpoint.storage.blobstore.manager import BlobNotFound
 
+    result = BlobCheck()
+    problems = result.problems
+    checkpoints = CheckpointManager(config).read_version(2)
+    result.checkpoints = len(checkpoints)
+    named = [c for c in checkpoints.values() if c.state_checkpoint_markers.get(NAME)]
+    if not named:
+        return result  # no snapshot to check: the blob store is not even opened
     blobs = blob_manager(config)
-    problems = []
-    for task, checkpoint in sorted(CheckpointManager(config).read_version(2).items()):
+    for task, checkpoint in sorted(checkpoints.items()):
         for store, index_id in sorted(checkpoint.state_checkpoint_markers.get(NAME, {}).items()):
             where = f"task {task} store {store} checkpoint {checkpoint.checkpoint_id}"
+            result.snapshots += 1
             try:
                 index = SnapshotIndex.loads(blobs.get_bytes(index_id))
             except (BlobNotFound, InvalidSnapshotIndex) as exc:
@@ -198,6 +221,7 @@ def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
                 continue
             with tempfile.TemporaryDirectory(prefix="sparkpoint-check-") as tmp:
                 for rel, f in index.dir_index.all_files():
+                    result.files += 1
                     try:
                         if checksums:
                             fetch_file(blobs, f, Path(tmp) / "file", where)
@@ -208,4 +232,4 @@ def check_blobs(config: Config, *, checksums: bool = True) -> list[str]:
                         problems.append(f"{where}: file {rel}: blob {ids} is missing")
                     except RestoreError as exc:
                         problems.append(str(exc))
-    return problems
+    return result
