@@ -356,3 +356,82 @@ def test_a_task_module_with_a_syntax_error_fails_before_spark_starts(tmp_path: P
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_line_error(proc.stderr, "task.class='badtask:Bad'", "badtask.py:2", "syntax error")
     assert "starting Spark" not in proc.stderr
+
+
+def _ran_in_process(tmp_path: Path) -> tuple[list[str], Path]:
+    """The example job run to its end in this process (no Spark); its --set args."""
+    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.inline import InlineRunner
+
+    set_args = _stream_job(tmp_path)
+    config = load_config(JOB, {"job.data.dir": str(tmp_path / "data"), "task.commit.ms": "0"})
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    return set_args, tmp_path / "data"
+
+
+def test_a_store_directory_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    """Issue 37: a traceback (rmtree on a symbolic link); following the link would delete or
+    write files outside the task's directory."""
+    import os
+
+    from sparkpoint.errors import RestoreError
+    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.inline import InlineRunner
+
+    _, data = _ran_in_process(tmp_path)
+    task_dir = next(p for p in (data / "state").iterdir() if (p / "user-counts").is_dir())
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(task_dir / "user-counts", elsewhere)
+    shutil.rmtree(task_dir / "user-counts")
+    os.symlink(elsewhere, task_dir / "user-counts")
+    (task_dir / "STATE").unlink()  # the task restores: it must clear its store directory
+    config = load_config(JOB, {"job.data.dir": str(data)})
+    coordinator = JobCoordinator(config, InlineRunner())
+    with pytest.raises(RestoreError, match=r"user-counts is a symbolic link \(to .*elsewhere\)"):
+        coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert sorted(p.name for p in elsewhere.iterdir())  # nothing behind the link was deleted
+
+
+def test_a_corrupt_heartbeat_record_is_ignored_by_job_show_and_checkpoint_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: `job show` and `checkpoint set` gave tracebacks on a corrupt heartbeat; the
+    next beat of a live driver overwrites it, so it is taken as no driver, with a WARNING."""
+    from sparkpoint.cli import main
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.metadata.job_state import LIVENESS
+
+    set_args, data = _ran_in_process(tmp_path)
+    config = load_config(JOB, {"job.data.dir": str(data)})
+    store = CoordinatorStreamStore(config)
+    store.put(LIVENESS, "driver", '{"host": "h", "heartbeat": "soon"')
+    store.close()
+    assert main(["job", "show", str(JOB), *set_args]) == 0
+    assert "not running" in capsys.readouterr().out
+    assert "the driver heartbeat record" in caplog.text and "is not valid" in caplog.text
+    offsets = tmp_path / "offsets.yaml"
+    offsets.write_text("filelog.pageviews.0: 0\n")
+    assert main(["checkpoint", "set", str(JOB), "--file", str(offsets), *set_args]) == 0
+
+
+def test_a_checkpointed_offset_that_is_not_an_offset_is_one_line(tmp_path: Path) -> None:
+    """Issue 37: a checkpoint offset `abc` was a ValueError traceback."""
+    from sparkpoint.checkpoint import CheckpointId, CheckpointV2
+    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.checkpoint.offsets import OffsetOutOfRange
+    from sparkpoint.model import SystemStreamPartition, TaskName
+    from sparkpoint.runtime.coordinator import JobCoordinator
+    from sparkpoint.runtime.inline import InlineRunner
+
+    _, data = _ran_in_process(tmp_path)
+    config = load_config(JOB, {"job.data.dir": str(data)})
+    ssp = SystemStreamPartition("filelog", "pageviews", 0)
+    bad = CheckpointV2(CheckpointId.create(), {ssp: "abc"})
+    CheckpointManager(config).write_checkpoint(TaskName("Partition 0"), bad)
+    coordinator = JobCoordinator(config, InlineRunner())
+    with pytest.raises(OffsetOutOfRange, match="offset 'abc' is not an offset of system filelog"):
+        coordinator.start()
+    coordinator.close()

@@ -48,7 +48,7 @@ from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch
+from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch, raised_at
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.storage.backend import RestoreStats
@@ -319,7 +319,7 @@ def run_step(
         except SparkpointError:
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
             batch.local.write_note(step_note, {"batch": key, "error": error})
             raise TaskError(f"task {batch.task}: stateful step {step!r} failed: {error}") from exc
         for store in opened.values():

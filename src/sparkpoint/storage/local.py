@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sparkpoint.errors import RestoreError
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import TaskName
 
@@ -113,8 +114,17 @@ class LocalTaskState:
         return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
     def clear_store(self, store: str) -> None:
-        """Remove the live store and any half-built restore of it (its local checkpoints stay)."""
+        """Remove the live store and any half-built restore of it (its local checkpoints stay).
+        A store directory that is a symbolic link is refused, not followed: deleting or
+        rebuilding through it would reach files outside the task's directory."""
         for stale in (self.store_dir(store), self.staging_dir(store)):
+            if stale.is_symlink():
+                raise RestoreError(
+                    f"task {self.task} store {store}: {stale} is a symbolic link (to "
+                    f"{os.readlink(stale)}); sparkpoint deletes and rebuilds a store only inside "
+                    f"its task's directory. Remove the link (the store restores from its "
+                    f"checkpoint), or move every store with job.logged.store.base.dir"
+                )
             if stale.exists():
                 shutil.rmtree(stale)
 
