@@ -33,7 +33,9 @@ stream_app = typer.Typer(help="Create, list, write and read streams.", no_args_i
 checkpoint_app = typer.Typer(help="Inspect checkpoints.", no_args_is_help=True)
 state_app = typer.Typer(help="Inspect committed state.", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
-job_app = typer.Typer(help="Inspect a job: where its tasks run.", no_args_is_help=True)
+job_app = typer.Typer(
+    help="Inspect a job (where its tasks run), or start it over.", no_args_is_help=True
+)
 startpoint_app = typer.Typer(
     help="Rewind or fast-forward inputs without touching checkpoints (input only: state is kept).",
     no_args_is_help=True,
@@ -353,6 +355,38 @@ def job_show(
         print(json.dumps(data, indent=2))
         return
     print("\n".join(overview_lines(data)))
+
+
+@job_app.command("reset")
+def job_reset(
+    job: JobArg,
+    keep_input: Annotated[
+        bool,
+        typer.Option(
+            "--keep-input", help="Keep the job's input streams (task.inputs): rerun on them."
+        ),
+    ] = False,
+    force: Annotated[
+        bool, typer.Option(help="Reset although the job's heartbeat names a live driver.")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Start a job over: delete its checkpoints, stored config, startpoints, changelogs, local
+    state and, on the embedded filelog under job.data.dir, its streams (inputs too, unless
+    --keep-input). The next run starts from the inputs' oldest (or upcoming) offsets with empty
+    state. Refused while the job runs.
+
+    Example: `sparkpoint job reset job.yaml --keep-input`
+    """
+    from sparkpoint.tools.reset import reset_job
+
+    config = _config(job, set_)
+    done = reset_job(config, keep_input=keep_input, force=force)
+    for line in done:
+        print(line)
+    err.print(
+        f"job {config.job_name} reset" if done else f"job {config.job_name}: nothing to reset"
+    )
 
 
 @checkpoint_app.command("show")

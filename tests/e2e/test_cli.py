@@ -55,6 +55,8 @@ def test_every_subcommand_has_help_with_an_example() -> None:
         ["startpoint", "list"],
         ["startpoint", "delete"],
         ["job", "show"],
+        ["job", "reset"],
+        ["stream", "repair"],
     ):
         out = sp(*cmd, "--help").stdout  # piped, as in a log or a pager
         assert "Example" in out, cmd

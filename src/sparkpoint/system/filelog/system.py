@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,6 +166,19 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         """Drop the records of a partition before ``offset`` (retention, or an operator's
         clean-up; Kafka's deleteRecords). Returns how many were dropped."""
         return self._s.log(stream, partition).delete_before(int(offset))
+
+    def delete_stream(self, stream: str) -> bool:
+        """Delete a stream and all its records (renamed away first, so no reader sees half a
+        stream); ``False`` if there was none. For tools that start a job over."""
+        self._s.check_name(stream)
+        target = self._s.root / stream
+        if not target.is_dir():
+            return False
+        doomed = self._s.root / f".{stream}.deleting-{uuid.uuid4().hex[:8]}"
+        os.replace(target, doomed)
+        shutil.rmtree(doomed)
+        self._s._partitions.pop(stream, None)
+        return True
 
     def repair(self, stream: str, partition: int) -> list[tuple[int, int]]:
         """Remove a partition's damaged records, never reusing their offsets (see

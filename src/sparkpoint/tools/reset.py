@@ -1,0 +1,96 @@
+"""``sparkpoint job reset``: start a job over, as if it had never run.
+
+What a job has made is deleted: its checkpoint and coordinator streams (checkpoints, stored
+config, startpoints, changelog mappings), its stores' changelogs, its local state directory,
+the default blob store under ``job.data.dir`` and, on the embedded filelog under
+``job.data.dir``, every other stream too (outputs), inputs included unless ``keep_input``.
+Refused while a driver runs the job. Only the embedded filelog's streams are deleted: a job
+whose metadata lives on another system (Kafka) is refused with the topics to delete by hand,
+and a filelog directory outside ``job.data.dir`` (shared by jobs) keeps every stream that is
+not the job's own.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sparkpoint.checkpoint.manager import checkpoint_stream_name
+from sparkpoint.config import Config
+from sparkpoint.errors import UserError
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
+from sparkpoint.metadata.job_state import refuse_if_running
+from sparkpoint.model import SystemStream
+from sparkpoint.system.filelog.system import FileLogAdmin, root_for
+from sparkpoint.system.registry import Systems
+
+
+def _own_streams(config: Config) -> set[SystemStream]:
+    """The streams only this job uses: metadata streams and its stores' changelogs."""
+    own = {
+        SystemStream(config.checkpoint_system, checkpoint_stream_name(config)),
+        SystemStream(
+            config.coordinator_system, coordinator_stream_name(config.job_name, config.job_id)
+        ),
+    }
+    for store in config.stores:
+        changelog = config.get_str(f"stores.{store}.changelog")
+        if changelog:
+            own.add(SystemStream.parse(changelog))
+    return own
+
+
+def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[str]:
+    """Delete what the job has made (see the module docstring); what was deleted, a line
+    each."""
+    systems = Systems(config)
+    try:
+        own = _own_streams(config)
+        elsewhere = sorted(
+            str(s) for s in own if not isinstance(systems.admin(s.system), FileLogAdmin)
+        )
+        if elsewhere:
+            raise UserError(
+                f"job reset deletes the embedded filelog's streams only; job {config.job_name} "
+                f"keeps {', '.join(elsewhere)} elsewhere: delete them with that system's tools "
+                f"(e.g. kafka-topics.sh --delete), then run job reset again"
+            )
+        if config.coordinator_system in config.systems:
+            probe = CoordinatorStreamStore(config, systems, source="job-reset")
+            try:
+                refuse_if_running(probe, config.job_name, "job-reset", force=force)
+            finally:
+                probe.close()
+        inputs = set(config.inputs) | {ss for ss, _p in config.broadcast_inputs}
+        done: list[str] = []
+        for system in config.systems:
+            admin = systems.admin(system)
+            if not isinstance(admin, FileLogAdmin):
+                continue
+            job_dir = _under(root_for(system, config), config.data_dir)
+            for name in admin.list_streams():
+                ss = SystemStream(system, name)
+                if ss in inputs and keep_input:
+                    continue
+                mine = ss in own or ss in inputs or job_dir
+                if mine and admin.delete_stream(name):
+                    done.append(f"deleted stream {ss}")
+        for what, path in (
+            ("local state", config.store_base_dir),
+            ("blob store", None if config.get_str("blob.store.url") else config.data_dir / "blobs"),
+        ):
+            if path is not None and path.is_dir():
+                shutil.rmtree(path)
+                done.append(f"deleted {what} {path}")
+        if config.get_str("blob.store.url"):
+            done.append(
+                f"kept blob store {config.get_str('blob.store.url')}: its snapshots are no longer "
+                f"referenced (delete them there if you need the space)"
+            )
+        return done
+    finally:
+        systems.close()
+
+
+def _under(path: Path, parent: Path) -> bool:
+    return path.resolve().is_relative_to(parent.resolve())

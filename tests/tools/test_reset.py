@@ -1,0 +1,86 @@
+"""`sparkpoint job reset` starts a job over (issue 37: there was no reset, and deleting
+`.sparkpoint/<job>` also deleted the embedded input)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import load_config
+from sparkpoint.errors import UserError
+from sparkpoint.metadata.job_state import DriverConflict
+from sparkpoint.runtime.coordinator import JobCoordinator
+from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.reset import reset_job
+from tests.conftest import pageviews_config
+from tests.helpers import committed_counts, generate
+
+CHANGELOG = {"stores.user-counts.changelog": "filelog.user-counts-changelog", "task.commit.ms": "0"}
+
+
+def run(config: object) -> None:
+    coordinator = JobCoordinator(config, InlineRunner())  # type: ignore[arg-type]
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+
+
+def test_reset_keeping_the_input_reruns_it_from_scratch(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=51)
+    run(config)
+    assert committed_counts(config) == dict(expected)
+    done = reset_job(config, keep_input=True)
+    assert "deleted stream filelog.user-counts-changelog" in done
+    assert "deleted stream filelog.user-counts" in done  # an output, under job.data.dir
+    assert any(line.startswith("deleted local state ") for line in done)
+    assert "deleted stream filelog.pageviews" not in done
+    streams = Systems(config).admin("filelog").list_streams()
+    assert streams == ["pageviews"]
+    run(config)  # from scratch: every view counted once, not twice
+    assert committed_counts(config) == dict(expected)
+
+
+def test_reset_without_keep_input_deletes_the_input_too(tmp_path: Path) -> None:
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "a.yaml", 100, seed=52)
+    run(config)
+    assert "deleted stream filelog.pageviews" in reset_job(config, keep_input=False)
+    assert Systems(config).admin("filelog").list_streams() == []
+    assert CheckpointManager(config).read_all() == {}
+
+
+def test_reset_is_refused_while_the_job_runs_and_for_streams_it_cannot_delete(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.runtime.test_driver_safety import beat
+
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        beat(config, pid=driver.pid)  # a live driver of this job on this host
+        with pytest.raises(DriverConflict, match="is running already"):
+            reset_job(config, keep_input=True)
+        assert "pageviews" in Systems(config).admin("filelog").list_streams()
+    finally:
+        driver.kill()
+        driver.wait()
+    kafka = load_config(
+        None,
+        pageviews_config(
+            tmp_path / "k",
+            **{"systems.k.factory": "kafka", "systems.k.consumer.bootstrap.servers": "x:1"},
+            **{"stores.user-counts.changelog": "k.counts-changelog"},
+        ),
+    )
+    with pytest.raises(UserError, match="keeps k.counts-changelog elsewhere"):
+        reset_job(kafka, keep_input=True)
