@@ -310,3 +310,16 @@ def test_a_pipelines_relative_job_file_is_next_to_its_module(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.job.config == tmp_path / "mine" / "job.yaml"
+
+
+def test_a_relative_parquet_sink_path_is_relative_to_the_module_creating_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: `ParquetSink("out/views")` wrote relative to the current directory, unlike
+    every other path (relative to the job file's directory)."""
+    from sparkpoint.runtime.pipeline import ParquetSink
+
+    monkeypatch.chdir(tmp_path)
+    sink = ParquetSink("out/views")
+    assert sink.path == Path(__file__).resolve().parent / "out" / "views"
+    assert ParquetSink(tmp_path / "abs").path == tmp_path / "abs"

@@ -125,11 +125,17 @@ class ParquetSink:
 
     Each batch overwrites its own directory (a retry of an unfinished batch replaces its
     partial files) and then records its id in ``path/_sparkpoint/last-batch``; reading ``path``
-    with Spark gives every batch once, with a ``batch_id`` column.
+    with Spark gives every batch once, with a ``batch_id`` column. A relative ``path`` is
+    relative to the module that creates the sink (the pipeline's, next to its job file), as a
+    pipeline's job file is, not to the current directory.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if not self.path.is_absolute():
+            creator = sys._getframe(1).f_globals.get("__file__")  # the module calling us
+            base = Path(creator).resolve().parent if creator else Path.cwd()
+            self.path = base / self.path
 
     @property
     def _commit_file(self) -> Path:
