@@ -24,9 +24,11 @@ test-fast: setup
 lint: setup
 	@.venv/bin/ruff check src tests examples bench soak docs/hooks && .venv/bin/ruff format --check src tests examples bench soak docs/hooks
 
-# the documentation site (docs/, mkdocs.yml) into build/site; warnings are errors
-docs: setup
-	@.venv/bin/mkdocs build --strict
+# the documentation site (docs/, mkdocs.yml) into build/site; warnings are errors. Only the
+# docs tools are installed (.venv-docs): no Java, Spark or test services
+docs:
+	@scripts/bootstrap.sh docs
+	@.venv-docs/bin/mkdocs build --strict
 
 typecheck: setup
 	@.venv/bin/mypy
@@ -69,4 +71,4 @@ bench-peers: setup
 	@.venv/bin/python bench/peers/run.py
 
 clean:
-	rm -rf .venv .sparkpoint .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .venv .venv-docs .venv-docs.log .sparkpoint .mypy_cache .ruff_cache .pytest_cache

@@ -2,13 +2,47 @@
 # Creates .venv with sparkpoint, once; re-runs only when pyproject.toml changes or more is needed.
 #   scripts/bootstrap.sh run   what a job needs: `pip install sparkpoint` (make example)
 #   scripts/bootstrap.sh dev   that, the [dev] extra and Azurite (npm) for the tests (make test)
+#   scripts/bootstrap.sh docs  .venv-docs with only what the docs build needs (make docs):
+#                              mkdocs, and sparkpoint without its runtime dependencies
 # Checks for Java 17+ (Spark needs it) and Python 3.11+, and says exactly what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-dev}
-case "$mode" in run|dev) ;; *) echo "usage: $0 [run|dev]" >&2; exit 2 ;; esac
+case "$mode" in run|dev|docs) ;; *) echo "usage: $0 [run|dev|docs]" >&2; exit 2 ;; esac
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+find_python() {
+  for cand in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+    [ -n "$cand" ] || continue
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  say "Python 3.11 or newer is required; none found on PATH."
+  exit 3
+}
+
+if [ "$mode" = docs ]; then
+  # the docs build imports sparkpoint.config (its config reference) and nothing that runs jobs:
+  # no Java, Spark, Arrow or RocksDB; confluent-kafka for the Kafka system's declared keys
+  stamp=.venv-docs/.sparkpoint-installed
+  want=$(sha1sum pyproject.toml | cut -d' ' -f1)
+  if [ -x .venv-docs/bin/mkdocs ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ]; then
+    exit 0
+  fi
+  PY=$(find_python)
+  say "creating .venv-docs with $PY and installing the docs tools"
+  [ -x .venv-docs/bin/python ] || "$PY" -m venv .venv-docs
+  if ! { .venv-docs/bin/python -m pip install -q --no-deps -e . &&
+         .venv-docs/bin/python -m pip install -q pyyaml orjson 'mkdocs>=1.6' 'confluent-kafka>=2.4'; } \
+       >.venv-docs.log 2>&1; then
+    tail -n 30 .venv-docs.log >&2; say "pip install failed (full log: .venv-docs.log)"; exit 4
+  fi
+  echo "$want" > "$stamp"
+  say "ready: .venv-docs"
+  exit 0
+fi
 
 if ! command -v java >/dev/null 2>&1; then
   say "Java 17 is required by Spark but 'java' is not on PATH."
@@ -21,17 +55,7 @@ if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
   exit 3
 fi
 
-PY=""
-for cand in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
-  [ -n "$cand" ] || continue
-  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
-    PY=$cand; break
-  fi
-done
-if [ -z "$PY" ]; then
-  say "Python 3.11 or newer is required; none found on PATH."
-  exit 3
-fi
+PY=$(find_python)
 
 stamp=.venv/.sparkpoint-installed
 want=$(sha1sum pyproject.toml | cut -d' ' -f1)
