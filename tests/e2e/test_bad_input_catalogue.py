@@ -1,6 +1,28 @@
-"""The bad-input catalogue (issue 11), as a user meets it on the command line: each row is one
-clear `error:` line naming what is wrong and where, no traceback, exit code 2, and nothing written
-outside the job's directories. Rows whose library-level behaviour is tested elsewhere say where."""
+"""The bad-input catalogue (issues 11 and 37), as a user meets it on the command line: each row
+is one clear `error:` line naming what is wrong and where, no traceback, exit code 2, and nothing
+written outside the job's directories. Rows whose library-level behaviour is tested elsewhere
+say where.
+
+Issue 37's rows tested in this module: a damaged indexed tail (refused, then repaired without
+reusing its offset), a second `run` of a running job, damaged filelog files (a deleted partition
+directory, a corrupt stream.json or CURRENT), decode errors (exit 2), a typo under blob.store.,
+a task module with a syntax error, a store directory that is a symlink, a corrupt heartbeat
+record, a checkpointed offset that is not an offset. Elsewhere:
+
+- input skipped or state lost: a recreated input stream, one recreated under a running job, a
+  second driver, a driver taken over, a checkpoint id from a clock a day ahead
+  (tests/runtime/test_driver_safety.py); offsets before or beyond the partition
+  (tests/checkpoint/test_offsets.py); a deleted changelog (tests/storage/test_restore.py); a
+  damaged indexed record, repair, index entries the OS never wrote, a full disk
+  (tests/system/test_filelog.py);
+- transient faults: the driver's metadata reads and writes (tests/system/test_retry.py), a
+  restore process that dies (tests/runtime/test_launch.py);
+- advice that fits: a failed send, a changed store serde, a failure's file and line
+  (tests/runtime/test_bad_messages.py);
+- an unwritable directory (tests/e2e/test_cli_errors.py); a blob URL no filesystem serves and a
+  filesystem option its class does not take (tests/storage/blobstore/test_manager.py); a binary
+  `checkpoint set` file (tests/tools/test_checkpoint_tool.py).
+"""
 
 from __future__ import annotations
 
