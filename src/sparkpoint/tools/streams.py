@@ -21,6 +21,17 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
+def _serde_error(
+    what: str, stream: SystemStream, key_serde: Any, msg_serde: Any, exc: Exception
+) -> UserError:
+    """``what`` failed in the stream's serdes: a user error naming them and their keys."""
+    return UserError(
+        f"{what} with the stream's serdes ({type(key_serde).__name__} keys, "
+        f"{type(msg_serde).__name__} values; streams.{stream.stream}.samza.key.serde / "
+        f"msg.serde): {exc}"
+    )
+
+
 def resolve_stream(config: Config, name: str) -> SystemStream:
     """``system.stream``, or a bare stream name in the first input's (or coordinator's) system."""
     if "." in name:
@@ -98,11 +109,8 @@ def send_messages(
                 kb = None if m.key is None else key_serde.to_bytes(m.key)
                 vb = None if m.value is None else msg_serde.to_bytes(m.value)
             except (ValueError, TypeError) as exc:
-                raise UserError(
-                    f"message {count + 1} for {stream}: cannot encode it with the stream's "
-                    f"serdes ({type(key_serde).__name__} keys, {type(msg_serde).__name__} "
-                    f"values; streams.{stream.stream}.samza.key.serde / msg.serde): {exc}"
-                ) from None
+                what = f"message {count + 1} for {stream}: cannot encode it"
+                raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
             ts = int(time.time() * 1000) if m.timestamp is None else m.timestamp
             p = m.partition if m.partition is not None else admin.partition_for_key(kb, partitions)
             producer.send(stream.stream, p, Record("", kb, vb, ts))
@@ -149,12 +157,8 @@ def read_json_lines(
                         key = None if rec.key is None else key_serde.from_bytes(rec.key)
                         value = None if rec.value is None else msg_serde.from_bytes(rec.value)
                     except (ValueError, TypeError) as exc:
-                        raise UserError(
-                            f"{ssp} offset {rec.offset}: cannot decode it with the stream's "
-                            f"serdes ({type(key_serde).__name__} keys, "
-                            f"{type(msg_serde).__name__} values; streams.{stream.stream}."
-                            f"samza.key.serde / msg.serde): {exc}"
-                        ) from None
+                        what = f"{ssp} offset {rec.offset}: cannot decode it"
+                        raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
                     yield {
                         "partition": p,
                         "offset": rec.offset,

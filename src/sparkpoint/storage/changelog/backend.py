@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
@@ -432,48 +432,50 @@ class ChangelogAdmin(StateBackendAdmin):
         partition (the changelog was deleted, recreated or truncated while the job was
         stopped): their stores must not go on logging into a changelog that lacks their state."""
         lost = set()
+        for store, task, ssp, offset in self._checkpointed(checkpoints):
+            admin = self.systems.admin(ssp.system)
+            meta = admin.get_metadata([ssp])[ssp]
+            if meta.newest is None or admin.offset_comparator(offset, meta.newest) > 0:
+                log.warning(
+                    "task %s store %s: changelog %s ends before the checkpointed offset %s "
+                    "(deleted, recreated or truncated); the task restores its state first",
+                    task.name,
+                    store,
+                    ssp,
+                    offset,
+                )
+                lost.add(task.name)
+        return lost
+
+    def _checkpointed(
+        self, checkpoints: Mapping[TaskName, Checkpoint]
+    ) -> Iterator[tuple[str, TaskModel, SystemStreamPartition, str]]:
+        """(store, task, changelog SSP, checkpointed offset) of every store and task whose
+        checkpoint names a changelog offset."""
         for store in self.stores:
             for task in self.model.tasks.values():
                 ssp = changelog_ssp(self.config, store, task.changelog_partition)
                 marker = marker_for(self.config, checkpoints.get(task.name), store, ssp)
-                if marker is None or marker.offset is None:
-                    continue
-                admin = self.systems.admin(ssp.system)
-                meta = admin.get_metadata([ssp])[ssp]
-                if meta.newest is None or admin.offset_comparator(marker.offset, meta.newest) > 0:
-                    log.warning(
-                        "task %s store %s: changelog %s ends before the checkpointed offset %s "
-                        "(deleted, recreated or truncated); the task restores its state first",
-                        task.name,
-                        store,
-                        ssp,
-                        marker.offset,
-                    )
-                    lost.add(task.name)
-        return lost
+                if marker is not None and marker.offset is not None:
+                    yield store, task, ssp, marker.offset
 
     def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
         """Compact each changelog partition up to its task's checkpointed changelog offset:
         replaying it to that offset still gives the checkpointed state, and the writes after
         it (which a transactional restore trims) stay as they are. Partitions of tasks without
         a checkpoint are left alone."""
-        for store in self.stores:
-            for task in self.model.tasks.values():
-                ssp = changelog_ssp(self.config, store, task.changelog_partition)
-                marker = marker_for(self.config, checkpoints.get(task.name), store, ssp)
-                if marker is None or marker.offset is None:
-                    continue
-                admin = self.systems.admin(ssp.system)
-                up_to = admin.offset_after(ssp, marker.offset)
-                result = admin.compact(ssp.stream, ssp.partition, up_to)
-                if result is not None and result[0] != result[1]:
-                    log.info(
-                        "store %s: compacted changelog %s up to offset %s: %d -> %d records",
-                        store,
-                        ssp,
-                        up_to,
-                        *result,
-                    )
+        for store, _task, ssp, offset in self._checkpointed(checkpoints):
+            admin = self.systems.admin(ssp.system)
+            up_to = admin.offset_after(ssp, offset)
+            result = admin.compact(ssp.stream, ssp.partition, up_to)
+            if result is not None and result[0] != result[1]:
+                log.info(
+                    "store %s: compacted changelog %s up to offset %s: %d -> %d records",
+                    store,
+                    ssp,
+                    up_to,
+                    *result,
+                )
 
 
 class ChangelogStateBackendFactory(StateBackendFactory):
