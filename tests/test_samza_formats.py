@@ -14,14 +14,14 @@ from sparkpoint.checkpoint.checkpoint import CheckpointV1, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.startpoint.manager import dump_fan_out, load_fan_out
-from sparkpoint.startpoint.model import (
+from sparkpoint.model.startpoint import (
     Startpoint,
     StartpointOldest,
     StartpointSpecific,
     StartpointTimestamp,
     StartpointUpcoming,
 )
+from sparkpoint.startpoint.manager import dump_fan_out, load_fan_out
 from sparkpoint.storage.blobstore.index import SnapshotIndex
 from sparkpoint.storage.changelog.marker import ChangelogMarker
 

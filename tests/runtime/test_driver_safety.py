@@ -69,8 +69,8 @@ def test_a_recreated_input_stops_the_job_instead_of_skipping_what_is_written_aga
     assert "startpoint set <job> --stream pageviews --partition" in text
     assert CheckpointManager(config).read_all() == before  # nothing committed, nothing skipped
     # the fix the message names: a startpoint to the oldest offset of every partition
+    from sparkpoint.model.startpoint import StartpointOldest
     from sparkpoint.startpoint.manager import StartpointManager
-    from sparkpoint.startpoint.model import StartpointOldest
 
     store = CoordinatorStreamStore(config)
     for ssp in Systems(config).job_inputs(config.inputs, [])[0]:

@@ -24,7 +24,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskModel, TaskName
-from sparkpoint.startpoint.model import Startpoint
+from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.system.base import PartitionMetadata, SystemAdmin
 from sparkpoint.system.registry import Systems
 

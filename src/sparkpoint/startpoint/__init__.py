@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkpoint.startpoint.model import (
+from sparkpoint.model.startpoint import (
     Startpoint,
     StartpointOldest,
     StartpointSpecific,

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.startpoint.model import InvalidStartpoint, Startpoint
+from sparkpoint.model.startpoint import InvalidStartpoint, Startpoint
 
 log = logging.getLogger(__name__)
 

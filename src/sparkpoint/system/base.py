@@ -19,7 +19,7 @@ from sparkpoint.errors import ConfigError, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 
 if TYPE_CHECKING:
-    from sparkpoint.startpoint.model import Startpoint
+    from sparkpoint.model.startpoint import Startpoint
     from sparkpoint.system.columns import RecordColumns
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparkpoint.model import SystemStreamPartition
-from sparkpoint.startpoint.model import (
+from sparkpoint.model.startpoint import (
     InvalidStartpoint,
     StartpointOldest,
     StartpointSpecific,

@@ -17,14 +17,14 @@ from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.startpoint.manager import FAN_OUT, NAMESPACE, StartpointManager
-from sparkpoint.startpoint.model import (
+from sparkpoint.model.startpoint import (
     Startpoint,
     StartpointOldest,
     StartpointSpecific,
     StartpointTimestamp,
     StartpointUpcoming,
 )
+from sparkpoint.startpoint.manager import FAN_OUT, NAMESPACE, StartpointManager
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 from sparkpoint.tools.streams import resolve_stream

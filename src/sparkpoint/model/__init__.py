@@ -1,4 +1,6 @@
-"""The job model: systems, streams, partitions (SSPs), tasks and the grouping of SSPs into tasks.
+"""The job model: systems, streams, partitions (SSPs), tasks and the grouping of SSPs into tasks;
+:mod:`sparkpoint.model.startpoint` holds the startpoint values (what a system resolves to an
+offset, what the startpoint manager stores). The model layer imports only ``errors``.
 
 All values are immutable. ``TaskName`` strings follow Samza: ``Partition <n>``. Offsets are opaque
 strings; only a system's admin compares them.
