@@ -29,7 +29,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from common import arguments, partitions, write_result  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.coordinator import BatchReport  # noqa: E402
+from sparkpoint.runtime.reports import BatchReport  # noqa: E402
 from sparkpoint.system.base import Record, StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 

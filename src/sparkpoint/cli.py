@@ -137,10 +137,10 @@ def run(
 
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
-    from sparkpoint.runtime.coordinator import BatchRunner
     from sparkpoint.runtime.job_path import with_dir_on_path
     from sparkpoint.runtime.launch import start_job
     from sparkpoint.runtime.progress import ProgressDisplay
+    from sparkpoint.runtime.reports import BatchRunner
     from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner
 
     _setup_logging(verbose)

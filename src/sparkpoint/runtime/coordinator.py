@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
@@ -41,39 +40,26 @@ from sparkpoint.model import (
     TaskModel,
     TaskName,
 )
+from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.runtime.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.batchlog import BatchLog
 from sparkpoint.runtime.metrics import MetricsReporters
-from sparkpoint.runtime.placement import Move
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.reports import BatchReport, BatchRunner, Listener, RunSummary
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
-    RestoreStats,
     StateBackendAdmin,
     backend_factory,
     known_backends,
     store_backends,
     v1_changelog_offsets,
 )
-from sparkpoint.storage.restore import LOCAL
 from sparkpoint.storage.task_storage import EMPTY_STATE, checkpoint_state_id
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
 log = logging.getLogger(__name__)
-
-
-class BatchRunner(Protocol):
-    """Runs one micro-batch: one plan per task, results in any order.
-
-    A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
-    ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
-    :class:`~sparkpoint.runtime.batchlog.BatchLog` and replayed with the same ids and end
-    offsets after a restart.
-    """
-
-    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...
 
 
 @dataclass
@@ -91,65 +77,6 @@ class TaskState:
     lag: int = 0
     # SSPs started from a startpoint; its fan-out entry goes once a checkpoint covers the SSP
     startpoints: set[SystemStreamPartition] = field(default_factory=set)
-
-
-@dataclass
-class BatchReport:
-    """One batch as the progress display and logs see it."""
-
-    batch: int
-    seconds: float
-    processed: int
-    sent: int
-    committed: bool
-    commit_seconds: float
-    task_seconds: float  # summed over tasks: the executor time the batch's work took
-    lag: dict[str, int]
-    restored: list[tuple[str, RestoreStats]]
-    uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
-    moved: list[Move] = field(default_factory=list)  # host affinity: placed before the batch
-    away: list[Move] = field(default_factory=list)  # ran away from their executor
-    tasks: list[TaskBatchResult] = field(default_factory=list)  # what each task reported
-
-    @property
-    def restored_tasks(self) -> int:
-        """Tasks that restored state (from a backend or a local checkpoint); a task that
-        started empty (nothing committed yet) restored nothing."""
-        return len({task for task, i in self.restored if i.brought_state})
-
-    def restore_cost(self) -> tuple[int, float]:
-        """Bytes fetched (from backends; a local checkpoint's files are hard-linked, not
-        copied) and seconds spent restoring, over every store of the batch."""
-        fetched = sum(i.bytes for _, i in self.restored if i.source != LOCAL)
-        return fetched, sum(i.seconds for _, i in self.restored)
-
-
-@dataclass
-class RunSummary:
-    batches: int = 0
-    processed: int = 0
-    sent: int = 0
-    commits: int = 0
-    seconds: float = 0.0
-    batch_seconds: float = 0.0
-    task_seconds: float = 0.0
-    stopped_by: str = ""
-    lag: dict[str, int] = field(default_factory=dict)
-    restores: int = 0  # task restores (a task's first batch included)
-    restore_bytes: int = 0
-    restore_seconds: float = 0.0
-    away: int = 0  # tasks the scheduler ran away from their executor
-
-
-class Listener(Protocol):
-    def on_start(self, model: JobModel) -> None: ...
-
-    def on_startpoint(self, task: str, ssp: SystemStreamPartition, offset: str, what: str) -> None:
-        """A task starts reading ``ssp`` at ``offset`` because of startpoint ``what``."""
-
-    def on_batch(self, report: BatchReport) -> None: ...
-
-    def on_end(self, summary: RunSummary) -> None: ...
 
 
 def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
@@ -239,28 +166,66 @@ class JobCoordinator:
         return out
 
     def start(self) -> JobModel:
+        """The job's start-up, step by step; then :meth:`run` loops over batches."""
         model = job_model(self.config, self.systems)
-        ssps = self.all_ssps()
+        ssps = self.all_ssps()  # every input exists, before anything is written
         self._claim_the_job()
+        self._open_metadata()
+        model = assign_changelog_partitions(self._metadata(), model)
+        checkpoints, must_restore = self._prepare_state(model)
+        fanned = self._fan_out_startpoints(model)
+        self._plan_tasks(model, checkpoints, fanned, must_restore, self.metadata(ssps))
+        self.model = model
+        self._start_services(startpoints=bool(fanned))
+        self._announce(model, fanned)
+        return model
+
+    def _metadata(self) -> CoordinatorStreamStore:
+        assert self.metadata_store is not None, "the job's metadata store opens at start()"
+        return self.metadata_store
+
+    def _open_metadata(self) -> None:
+        """Compact the metadata streams, open the coordinator stream, store this run's config."""
         self._compact_metadata_streams()
         self.metadata_store = CoordinatorStreamStore(
             self.config, self.systems, source="coordinator"
         )
         store_config(self.metadata_store, self.config)
-        model = assign_changelog_partitions(self.metadata_store, model)
+
+    def _prepare_state(self, model: JobModel) -> tuple[dict[TaskName, Checkpoint], set[TaskName]]:
+        """Create and check the state backends' resources, read every task's last checkpoint,
+        let each backend bound its storage by them and name the tasks whose committed state it
+        lost, and delete state of stores no longer configured. The checkpoints, and the tasks
+        that must restore before they process."""
         admins = self._prepare_backends(model)
         self.checkpoints.create_resources()
-        checkpoints = self.checkpoints.read_all()
+        checkpoints = dict(self.checkpoints.read_all())
         must_restore: set[TaskName] = set()
         for admin in admins:
             must_restore |= admin.lost_committed_state(checkpoints)
             admin.compact(checkpoints)
         self._delete_unused_state(model, checkpoints)
-        meta = self.metadata(ssps)
+        return checkpoints, must_restore
+
+    def _fan_out_startpoints(
+        self, model: JobModel
+    ) -> dict[TaskName, dict[SystemStreamPartition, Startpoint]]:
+        """Fan the waiting startpoints out to the tasks (each task's, new or left from before)."""
         self.startpoints = StartpointManager(
-            self.metadata_store, max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
+            self._metadata(), max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
         )
-        fanned = self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+        return self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+
+    def _plan_tasks(
+        self,
+        model: JobModel,
+        checkpoints: Mapping[TaskName, Checkpoint],
+        fanned: Mapping[TaskName, Mapping[SystemStreamPartition, Startpoint]],
+        must_restore: set[TaskName],
+        meta: Mapping[SystemStreamPartition, PartitionMetadata],
+    ) -> None:
+        """Where each task starts: its offsets (startpoint, else checkpoint, else the stream's
+        policy) and the state it must start from."""
         clean_start = any(
             self.config.get_bool(f"stores.{s}.clean.on.container.start") for s in self.config.stores
         )
@@ -282,19 +247,26 @@ class JobCoordinator:
                 checkpoint_last_processed=dict(last),
                 startpoints=set(sps),
             )
-        self.model = model
+
+    def _start_services(self, *, startpoints: bool) -> None:
+        """Metrics reporters, host affinity and (DataFrame pipelines) the batch log."""
         if self.config.get_list("metrics.reporters") and self.reporters is None:
             self.reporters = MetricsReporters(self.config, self.systems)
-        self.affinity = HostAffinity(self.config, self.metadata_store, sorted(self.tasks))
+        self.affinity = HostAffinity(self.config, self._metadata(), sorted(self.tasks))
         if self.exact_batches:
-            self._open_batch_log(bool(fanned))
-        if self.listener:
-            self.listener.on_start(model)
-            for task_name, sps in sorted(fanned.items()):
-                ts = self.tasks[task_name.name]
-                for ssp, sp in sorted(sps.items()):
-                    self.listener.on_startpoint(task_name.name, ssp, ts.resume[ssp], sp.describe())
-        return model
+            self._open_batch_log(startpoints)
+
+    def _announce(
+        self, model: JobModel, fanned: Mapping[TaskName, Mapping[SystemStreamPartition, Startpoint]]
+    ) -> None:
+        """Tell the listener the job started, and where startpoints make tasks read."""
+        if self.listener is None:
+            return
+        self.listener.on_start(model)
+        for task_name, sps in sorted(fanned.items()):
+            ts = self.tasks[task_name.name]
+            for ssp, sp in sorted(sps.items()):
+                self.listener.on_startpoint(task_name.name, ssp, ts.resume[ssp], sp.describe())
 
     def _claim_the_job(self) -> None:
         """Refuse to start while another driver runs the job (unless forced), then beat: from
@@ -376,8 +348,8 @@ class JobCoordinator:
     def _delete_unused_state(
         self, model: JobModel, checkpoints: Mapping[TaskName, Checkpoint]
     ) -> None:
-        """Step 5 of restore: each backend any checkpoint names deletes what stores that no
-        longer use it left behind."""
+        """Restore's clean-up (docs/architecture.md, Restore): each backend any checkpoint names
+        deletes what stores that no longer use it left behind."""
         named = {n for c in checkpoints.values() for n in c.state_checkpoint_markers}
         for name in sorted(n for n in named if n in known_backends()):
             backend_factory(name).admin(self.config, model, self.systems).delete_unused(checkpoints)
@@ -469,7 +441,8 @@ class JobCoordinator:
         return written
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
-        """Step 6 of the commit: one message per configured version; then the driver's view."""
+        """Step 4 of the commit (docs/architecture.md): one message per configured version;
+        then the driver's view."""
         self._check_still_the_driver()
         changelog_offsets = v1_changelog_offsets(self.config, checkpoint.state_checkpoint_markers)
         self.checkpoints.write_checkpoint(
@@ -485,7 +458,7 @@ class JobCoordinator:
         }
         covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
         if covered and self.startpoints is not None:
-            # step 8: the checkpoint now holds offsets read after the startpoint
+            # step 5 of the commit: the checkpoint now holds offsets read after the startpoint
             self.startpoints.remove_fan_out_for_task(ts.model.name, covered)
             ts.startpoints -= covered
 
@@ -666,7 +639,7 @@ class JobCoordinator:
                 self._publish(summary, report)
         else:
             summary.lag = self._lags(self.metadata(ssps))
-        # one more pass that reads nothing: tasks clean up after the final checkpoint (step 7),
+        # one more pass that reads nothing: tasks clean up after the final checkpoint (step 0),
         # so a stopped job leaves no superseded local checkpoints or remote snapshots behind
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
         with self._running_on(self.local_runner or self.runner):

@@ -233,12 +233,12 @@ class TaskBatch:
         self.last_processed: dict[SystemStreamPartition, str] = {}
         self.kept = False  # whether begin() kept the live stores (else it restored them)
 
-    # -- 3. input
+    # -- input
     def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
         return stream_serdes(self.config, stream)
 
     def begin(self) -> dict[SystemStreamPartition, str]:
-        """Step 1: establish state (keep the live stores or restore the last checkpoint); the
+        """First, establish state (keep the live stores or restore the last checkpoint); the
         next offset to read per SSP, matching the state."""
         self.kept = self.storage.open(self.plan.expected_state_id)
         if self.kept:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, Listener
+from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.executor import restores_in_threads, state_is_on_disk
 from sparkpoint.runtime.inline import (
     InlineRunner,
@@ -38,6 +38,7 @@ from sparkpoint.runtime.inline import (
     WorkerProcessDied,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.reports import BatchRunner, Listener
 from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
 
 log = logging.getLogger(__name__)

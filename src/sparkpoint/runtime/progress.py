@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sparkpoint.model import JobModel, SystemStreamPartition
-from sparkpoint.runtime.coordinator import BatchReport, RunSummary
+from sparkpoint.runtime.reports import BatchReport, RunSummary
 from sparkpoint.storage.restore import LOCAL
 
 log = logging.getLogger(__name__)

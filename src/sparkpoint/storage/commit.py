@@ -560,7 +560,7 @@ class TaskCommitManager:
                 self._wait_for(record.checkpoint_id)
         self._check()
 
-    # -- 7. clean-up after the driver wrote a checkpoint
+    # -- 0. clean-up after the driver wrote a checkpoint (the commit's steps: docs/architecture.md)
     def clean_up(self, committed: Checkpoint | None) -> None:
         """Delete what the committed checkpoint no longer needs. Idempotent.
 

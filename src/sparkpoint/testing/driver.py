@@ -36,8 +36,9 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.api import StreamTask
-from sparkpoint.runtime.coordinator import BatchRunner, JobCoordinator, RunSummary
+from sparkpoint.runtime.coordinator import JobCoordinator
 from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.reports import BatchRunner, RunSummary
 from sparkpoint.storage import task_storage
 from sparkpoint.storage.kv.store import store_serdes
 from sparkpoint.system.registry import Systems

@@ -1,0 +1,504 @@
+"""The declared config keys: every key sparkpoint reads, once, with its default, what is
+allowed and a line of help (:data:`KEYS`); which namespaces sparkpoint owns; which keys hold
+credentials (:func:`redact`). Imports only the serde names and errors."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkpoint.serde import BUILTIN_SERDES
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A declared key: ``pattern`` may hold ``<s>`` for a store, system or stream name."""
+
+    pattern: str
+    default: str | None
+    allowed: str
+    help: str
+    check: Callable[[str], bool] | None = None
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _pattern_regex(self.pattern)
+
+
+@functools.cache
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A key pattern as a regex, built once per pattern (key lookups run in every batch)."""
+    return re.compile("^" + re.escape(pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
+
+
+#: what a serde key allows: the built-in serdes, or one registered in config
+SERDE_NAMES = (
+    " | ".join(BUILTIN_SERDES) + ", or a name registered as serializers.registry.<name>.class"
+)
+
+
+def _int(minimum: int | None = None) -> Callable[[str], bool]:
+    def check(v: str) -> bool:
+        try:
+            n = int(v)
+        except ValueError:
+            return False
+        return minimum is None or n >= minimum
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    return lambda v: v in choices
+
+
+def _bool(v: str) -> bool:
+    return v.lower() in ("true", "false")
+
+
+KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "job.name",
+        None,
+        "a name of letters, digits, '-', '_'",
+        "the job's name",
+        lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v)),
+    ),
+    ConfigKey(
+        "job.id",
+        "1",
+        "a name of letters, digits, '-', '_'",
+        "instance id of the job",
+        lambda v: bool(re.fullmatch(r"[A-Za-z0-9_-]+", v)),
+    ),
+    ConfigKey(
+        "job.data.dir",
+        None,
+        "a directory path",
+        "root of every path the job uses (default .sparkpoint/<job.name> next to the job file; "
+        "relative paths in a job file are relative to its directory)",
+    ),
+    ConfigKey(
+        "job.logged.store.base.dir",
+        None,
+        "a directory path",
+        "where executors keep store directories (default <job.data.dir>/state; {cwd} = the "
+        "executor's working directory, private per executor)",
+    ),
+    ConfigKey(
+        "job.host-affinity.enabled",
+        "true",
+        "true | false",
+        "on a Spark cluster, run each task on the executor that holds its state (Samza's host "
+        "affinity); the assignment is kept in the metadata store",
+        _bool,
+    ),
+    ConfigKey(
+        "job.host-affinity.rebalance",
+        "false",
+        "true | false",
+        "move tasks from the busiest executors to idle ones (a new executor) until task "
+        "counts differ by at most one; moved tasks restore there (sparkpoint run --rebalance)",
+        _bool,
+    ),
+    ConfigKey(
+        "job.coordinator.system",
+        None,
+        "a configured system name",
+        "system of the coordinator and checkpoint streams (default: first system)",
+    ),
+    ConfigKey(
+        "job.spark.class.archive",
+        "true",
+        "true | false",
+        "start the Spark driver JVM with the class-data-sharing archive made at install "
+        "(python -m sparkpoint.runtime.jvm_archive), when there is one: seconds off every start",
+        _bool,
+    ),
+    ConfigKey(
+        "job.spark.driver.quick.jit",
+        "true",
+        "true | false",
+        "in local mode, run the Spark driver JVM with its quick (C1) JIT compiler only "
+        "(-XX:TieredStopAtLevel=1): Spark starts about 0.8 s sooner; the JVM only schedules "
+        "and moves small plans there. Never applied on a cluster",
+        _bool,
+    ),
+    ConfigKey(
+        "job.restore.while.spark.starts",
+        "true",
+        "true | false",
+        "in local mode, restore every task's state in the driver while the Spark session "
+        "starts (the driver shares the executors' disk), so a restart is back in about the "
+        "longer of the two instead of their sum; on a cluster the executors restore",
+        _bool,
+    ),
+    ConfigKey(
+        "job.executor.log.level",
+        "WARNING",
+        "DEBUG | INFO | WARNING | ERROR",
+        "log level of sparkpoint on the executors",
+        _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+    ),
+    ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
+    ConfigKey(
+        "metrics.reporters",
+        None,
+        "comma-separated: prometheus, snapshot",
+        "where the driver reports job and task metrics (docs/operations.md)",
+    ),
+    ConfigKey(
+        "metrics.reporter.prometheus.host",
+        "127.0.0.1",
+        "a host or address",
+        "address the Prometheus text endpoint listens on (0.0.0.0: every interface)",
+    ),
+    ConfigKey(
+        "metrics.reporter.prometheus.port",
+        "9464",
+        "a port",
+        "port of the Prometheus text endpoint, http://<host>:<port>/metrics",
+        _int(0),
+    ),
+    ConfigKey(
+        "metrics.reporter.snapshot.stream",
+        None,
+        "system.stream",
+        "stream of Samza-style metrics snapshots (default <coordinator system>.metrics)",
+    ),
+    ConfigKey(
+        "metrics.reporter.snapshot.interval.ms",
+        "60000",
+        "milliseconds >= 0",
+        "how often a metrics snapshot is written (and once when the job stops)",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.broadcast.inputs",
+        None,
+        "comma-separated system.stream, system.stream#N or system.stream#[A-B]",
+        "streams (or partitions) every task consumes in full",
+    ),
+    ConfigKey(
+        "task.startpoint.max.age.ms",
+        "43200000",
+        "an integer >= 0 (milliseconds)",
+        "startpoints older than this are ignored with a warning",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.class",
+        None,
+        "module:Class or module.Class of a StreamTask",
+        "the low-level task class",
+    ),
+    ConfigKey(
+        "task.commit.ms",
+        "60000",
+        "an integer >= 0 (milliseconds)",
+        "commit at the end of a batch when this long has passed since the last",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.ignored.exceptions",
+        None,
+        "comma-separated exception class names (ValueError, mymod.MyError) or *",
+        "exceptions from process() that skip the message (logged) instead of failing the job",
+    ),
+    ConfigKey(
+        "task.drop.deserialization.errors",
+        "false",
+        "true | false",
+        "skip (and log) input messages that cannot be decoded instead of failing the job",
+        _bool,
+    ),
+    ConfigKey(
+        "task.window.ms",
+        "-1",
+        "an integer (milliseconds; -1 disables)",
+        "call window() on tasks this often",
+        _int(-1),
+    ),
+    ConfigKey(
+        "task.checkpoint.system",
+        None,
+        "a configured system name",
+        "system of the checkpoint stream (default: job.coordinator.system)",
+    ),
+    ConfigKey(
+        "task.checkpoint.write.versions",
+        "1,2",
+        "a list of versions from 1, 2",
+        "checkpoint versions written at every commit",
+    ),
+    ConfigKey(
+        "task.checkpoint.read.versions",
+        "2,1",
+        "a list of versions from 1, 2 (by priority)",
+        "checkpoint versions read at start, in priority order (Samza's default is 1; V1 "
+        "checkpoints carry no blob-store markers)",
+    ),
+    ConfigKey(
+        "task.live.checkpoint.max.age",
+        "600000",
+        "an integer >= 0 (milliseconds)",
+        "a lower-priority checkpoint this much newer than the preferred one wins",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.batch.max.messages",
+        "10000",
+        "an integer >= 1",
+        "most messages read from one partition in one micro-batch",
+        _int(1),
+    ),
+    ConfigKey(
+        "task.poll.interval.ms",
+        "500",
+        "an integer >= 0 (milliseconds)",
+        "pause between batches when no input is waiting",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.shutdown.ms",
+        "30000",
+        "an integer >= 0 (milliseconds)",
+        "how long a shutdown may wait for the current batch",
+        _int(0),
+    ),
+    ConfigKey(
+        "systems.<s>.factory",
+        None,
+        "filelog, or module:Class of a SystemFactory",
+        "the system's implementation",
+    ),
+    ConfigKey(
+        "systems.<s>.default.stream.samza.offset.default",
+        "oldest",
+        "oldest | upcoming",
+        "where to start a partition with no checkpoint",
+        _one_of("oldest", "upcoming"),
+    ),
+    ConfigKey(
+        "systems.<s>.default.stream.partitions",
+        "1",
+        "an integer >= 1",
+        "partition count of streams the job creates in this system",
+        _int(1),
+    ),
+    ConfigKey(
+        "streams.<s>.samza.offset.default",
+        None,
+        "oldest | upcoming",
+        "overrides the system default for this stream",
+        _one_of("oldest", "upcoming"),
+    ),
+    ConfigKey(
+        "streams.<s>.samza.reset.offset",
+        "false",
+        "true | false",
+        "ignore this stream's checkpointed offsets at start",
+        _bool,
+    ),
+    ConfigKey(
+        "streams.<s>.samza.key.serde",
+        "string",
+        SERDE_NAMES,
+        "serde of message keys in this stream",
+    ),
+    ConfigKey(
+        "streams.<s>.samza.msg.serde",
+        "json",
+        SERDE_NAMES,
+        "serde of message values in this stream",
+    ),
+    ConfigKey(
+        "streams.<s>.partitions",
+        None,
+        "an integer >= 1",
+        "partition count when the stream is created",
+        _int(1),
+    ),
+    ConfigKey(
+        "streams.<s>.<property>",
+        None,
+        "a value",
+        "any other key (not samza.*) is a property the system creates the stream with, e.g. "
+        "Kafka's retention.ms; systems.<s>.default.stream.<property> sets it for every stream",
+    ),
+    ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
+    ConfigKey("stores.<s>.key.serde", "string", SERDE_NAMES, "serde of the store's keys"),
+    ConfigKey("stores.<s>.msg.serde", "json", SERDE_NAMES, "serde of the store's values"),
+    ConfigKey(
+        "stores.<s>.changelog",
+        None,
+        "system.stream",
+        "changelog stream of the store (used by the changelog backend)",
+    ),
+    ConfigKey(
+        "stores.<s>.write.batch.size",
+        "10000",
+        "an integer >= 1",
+        "writes wait for a commit, a range or all scan, a flush, or this many distinct keys; "
+        "then only the newest value of each key is written to the store and logged to its "
+        "changelog, in one batch, as Samza's CachedStore does; reads see waiting writes",
+        _int(1),
+    ),
+    ConfigKey(
+        "stores.<s>.changelog.restore.accept.loss",
+        "false",
+        "true | false",
+        "restore what a changelog that is missing, recreated or shorter than the checkpointed "
+        "offset still holds, losing committed writes, instead of stopping the job; set it "
+        "once, deliberately, after the error names the store",
+        _bool,
+    ),
+    ConfigKey(
+        "stores.<s>.changelog.min.compaction.lag.ms",
+        "14400000",
+        "milliseconds >= 0",
+        "with transactional state, the changelog's records stay uncompacted this long "
+        "(Kafka topic config min.compaction.lag.ms, 4 h) so that a restore can trim writes "
+        "made after the last checkpoint; set it above the longest time between commits",
+        _int(0),
+    ),
+    ConfigKey(
+        "stores.<s>.clean.on.container.start",
+        "false",
+        "true | false",
+        "at every job start, delete the store's local state and restore it from its backend",
+        _bool,
+    ),
+    ConfigKey(
+        "stores.<s>.backup.factories",
+        None,
+        "comma-separated backend names (changelog, blobstore, or registered ones)",
+        "backends every commit backs the store up to (several = dual commit)",
+    ),
+    ConfigKey(
+        "stores.<s>.restore.factories",
+        None,
+        "comma-separated backend names, preferred first",
+        "backends the store may be restored from (default: the backup factories)",
+    ),
+    ConfigKey(
+        "task.transactional.state.checkpoint.enabled",
+        "true",
+        "true | false",
+        "restore state to exactly its checkpoint (true) or to the newest changelog entry",
+        _bool,
+    ),
+    ConfigKey(
+        "task.transactional.state.retain.existing.state",
+        "false",
+        "true | false",
+        "with no checkpointed changelog offset, restore the whole changelog (true) instead of "
+        "trimming it (Samza's default is true)",
+        _bool,
+    ),
+    ConfigKey(
+        "task.commit.max.delay.ms",
+        "60000",
+        "an integer >= 0 (milliseconds)",
+        "skip a commit while the previous upload has run less than this; then wait for it",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.commit.timeout.ms",
+        "1800000",
+        "an integer >= 1 (milliseconds)",
+        "fail the task when a commit waits longer than this for the previous upload",
+        _int(1),
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.during.failures.enabled",
+        "false",
+        "true | false",
+        "log and skip failed or timed-out commits (up to the limits below) instead of failing",
+        _bool,
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.exception.max.limit",
+        "5",
+        "an integer >= 0",
+        "with skipping on: fail after more than this many successive failed commits",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.commit.skip.commit.timeout.max.limit",
+        "2",
+        "an integer >= 0",
+        "with skipping on: fail after more than this many successive commit timeouts",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.commit.async.enabled",
+        "true",
+        "true | false",
+        "upload while processing continues (true), or wait for uploads inside the batch",
+        _bool,
+    ),
+    ConfigKey(
+        "blob.store.url",
+        None,
+        "an fsspec URL: file://, s3://, abfs://, gs://, ...",
+        "where the blob store backend keeps snapshots (default file://<job.data.dir>/blobs)",
+    ),
+    ConfigKey(
+        "blob.store.manager.factory",
+        "fsspec",
+        "fsspec | module:function",
+        "the blob store manager (fsspec serves every URL; a function (config, url) for others)",
+        lambda v: v == "fsspec" or bool(re.fullmatch(r"[\w.]+:\w+", v)),
+    ),
+    ConfigKey(
+        "blob.store.ttl.ms", "86400000", "an integer >= 1", "life of unadopted uploads", _int(1)
+    ),
+    ConfigKey(
+        "blob.store.max.retries", "5", "an integer >= 0", "retries of a blob operation", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.retry.max.duration.ms", "60000", "an integer >= 0", "retry budget", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.retry.backoff.ms", "100", "an integer >= 0", "first retry backoff", _int(0)
+    ),
+    ConfigKey(
+        "blob.store.sst.checksum.skip",
+        "true",
+        "true | false",
+        "compare immutable .sst files by name, size and permissions only",
+        _bool,
+    ),
+    ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
+)
+
+OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.", "blob.store.")
+
+
+def is_stream_property(key: str) -> bool:
+    """``streams.<s>.<p>`` other than sparkpoint's ``samza.*`` ones: a property the system
+    creates the stream with (see :meth:`Config.stream_properties`)."""
+    return key.startswith("streams.") and ".samza." not in key and key.count(".") >= 2
+
+
+def declared(key: str, extra: tuple[ConfigKey, ...] = ()) -> ConfigKey | None:
+    for spec in (*KEYS, *extra):
+        if spec.regex.match(key):
+            return spec
+    return None
+
+
+_SECRET = re.compile(
+    r"secret|password|passwd|token|credential|connection[_.]?string|account[_.]?key|sas|(^|[._])key$",
+    re.I,
+)
+
+
+def redact(key: str, value: str) -> str:
+    """``value``, or a mask when ``key`` names a credential (for logs and printed config)."""
+    if key.startswith(("blob.store.options.", "systems.", "spark.")) and _SECRET.search(key):
+        return "****" if value else value
+    return value

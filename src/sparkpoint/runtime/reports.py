@@ -1,0 +1,85 @@
+"""What the job coordinator reports, and to whom: :class:`BatchReport` per batch,
+:class:`RunSummary` per run, the :class:`Listener` that shows them (the CLI's progress display,
+metrics reporters), and the :class:`BatchRunner` protocol the coordinator runs batches with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sparkpoint.model import JobModel, SystemStreamPartition
+from sparkpoint.runtime.placement import Move
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.storage.backend import RestoreStats
+from sparkpoint.storage.restore import LOCAL
+
+
+class BatchRunner(Protocol):
+    """Runs one micro-batch: one plan per task, results in any order.
+
+    A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
+    ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
+    :class:`~sparkpoint.runtime.batchlog.BatchLog` and replayed with the same ids and end
+    offsets after a restart.
+    """
+
+    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...
+
+
+@dataclass
+class BatchReport:
+    """One batch as the progress display and logs see it."""
+
+    batch: int
+    seconds: float
+    processed: int
+    sent: int
+    committed: bool
+    commit_seconds: float
+    task_seconds: float  # summed over tasks: the executor time the batch's work took
+    lag: dict[str, int]
+    restored: list[tuple[str, RestoreStats]]
+    uploads: dict[str, int] = field(default_factory=dict)  # summed upload metrics of commits
+    moved: list[Move] = field(default_factory=list)  # host affinity: placed before the batch
+    away: list[Move] = field(default_factory=list)  # ran away from their executor
+    tasks: list[TaskBatchResult] = field(default_factory=list)  # what each task reported
+
+    @property
+    def restored_tasks(self) -> int:
+        """Tasks that restored state (from a backend or a local checkpoint); a task that
+        started empty (nothing committed yet) restored nothing."""
+        return len({task for task, i in self.restored if i.brought_state})
+
+    def restore_cost(self) -> tuple[int, float]:
+        """Bytes fetched (from backends; a local checkpoint's files are hard-linked, not
+        copied) and seconds spent restoring, over every store of the batch."""
+        fetched = sum(i.bytes for _, i in self.restored if i.source != LOCAL)
+        return fetched, sum(i.seconds for _, i in self.restored)
+
+
+@dataclass
+class RunSummary:
+    batches: int = 0
+    processed: int = 0
+    sent: int = 0
+    commits: int = 0
+    seconds: float = 0.0
+    batch_seconds: float = 0.0
+    task_seconds: float = 0.0
+    stopped_by: str = ""
+    lag: dict[str, int] = field(default_factory=dict)
+    restores: int = 0  # task restores (a task's first batch included)
+    restore_bytes: int = 0
+    restore_seconds: float = 0.0
+    away: int = 0  # tasks the scheduler ran away from their executor
+
+
+class Listener(Protocol):
+    def on_start(self, model: JobModel) -> None: ...
+
+    def on_startpoint(self, task: str, ssp: SystemStreamPartition, offset: str, what: str) -> None:
+        """A task starts reading ``ssp`` at ``offset`` because of startpoint ``what``."""
+
+    def on_batch(self, report: BatchReport) -> None: ...
+
+    def on_end(self, summary: RunSummary) -> None: ...
