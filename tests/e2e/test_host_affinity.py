@@ -1,6 +1,7 @@
 """Host affinity on a Spark standalone cluster (a master and workers on loopback): each task
-runs where its state is, so a steady run restores each task once (its first batch) and never
-again; a lost worker moves only its tasks; an added one takes none unless asked."""
+runs where its state is, so a steady run of a new job restores nothing (its first batch opens
+empty stores, which restores no state) and never restores later; a lost worker moves only its
+tasks, which restore; an added one takes none unless asked."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_a_steady_run_restores_each_task_once(
     result = sp("run", job, "--until-caught-up", "--master", cluster.master_url, *set_args)
     batches, restores, away = summary(result.stderr)
     assert batches >= 20
-    assert restores == TASKS, result.stderr[-4000:]  # the first batch, on a cold executor
+    assert restores == 0, result.stderr[-4000:]  # a new job: no task ever restored state
     assert away == 0
     assert restores_after_first_batch(result.stderr) == []
     assert committed_counts(config) == dict(expected)
@@ -151,7 +152,7 @@ def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
     assert 0 < len(held) < TASKS, before  # the others had state elsewhere and kept running
     assert {task for task, _ in moved} == held, text[-4000:]
     _, restores, _ = summary(text)
-    assert restores == TASKS + len(held), text[-4000:]
+    assert restores == len(held), text[-4000:]  # only the moved tasks restored their state
     assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
 
@@ -171,7 +172,9 @@ def test_a_rebalance_moves_tasks_to_an_added_worker(tmp_path: Path) -> None:
     moved = re.findall(r"host affinity: task (Partition \d) from .* to (.*): rebalance", text)
     to_new = [t for t, new in moved if new == joins[-1]]
     assert len(to_new) == 1, text[-4000:]  # 2+2+0 -> 2+1+1
-    assert restores == TASKS + len(moved) and away == 0, text[-4000:]
+    # every move after the first commit restores state; one made before it (onto an executor
+    # that registered late) moves empty stores, which restores nothing
+    assert len(to_new) <= restores <= len(moved) and away == 0, text[-4000:]
     assert changelog_view(config) == dict(expected)
 
 
@@ -185,7 +188,7 @@ def test_a_restarted_driver_places_tasks_back_and_restores_nothing(
     sets.append(f"job.logged.store.base.dir={tmp_path / 'host-state'}")
     config, set_args, expected = prepared(tmp_path, sets, 3_000, 34)
     first = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
-    assert summary(first.stderr)[1] == TASKS
+    assert summary(first.stderr)[1] == 0  # a new job: nothing to restore
     before = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
     more = generate(config, tmp_path / "job.yaml", 1_000, seed=35, users=100)
     second = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
