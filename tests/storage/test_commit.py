@@ -122,7 +122,7 @@ def test_sync_mode_waits_for_the_upload_inside_the_batch(tmp_path: Path) -> None
     _, first = coordinator.run_batch(end, commit=True)
     assert first[0].commit_seconds >= 0.3
     assert len(first[0].completed_checkpoints) == 1
-    assert first[0].state_id == f"ckpt:{first[0].commit_started}"
+    assert first[0].state_id.text == f"ckpt:{first[0].commit_started}"
     coordinator.close()
 
 

@@ -10,7 +10,8 @@ import pytest
 from sparkpoint.config import load_config
 from sparkpoint.errors import StoreError
 from sparkpoint.model import SystemStreamPartition, TaskModel, TaskName
-from sparkpoint.storage.task_storage import EMPTY_STATE, TaskStorage, held_engines
+from sparkpoint.storage.state_id import EMPTY, UncommittedState
+from sparkpoint.storage.task_storage import TaskStorage, held_engines
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
 
@@ -30,7 +31,7 @@ def test_phases_inside_the_block_share_one_open_engine_and_the_block_closes_it(
 ) -> None:
     with held_engines():
         first = storage(tmp_path)
-        first.open(EMPTY_STATE)  # establish (here: a restore from nothing)
+        first.open(EMPTY)  # establish (here: a restore from nothing)
         engine = first.engines[STORE]
         engine.put(b"k", b"1")
         first.close()  # a phase ends: kept open for the next one
@@ -49,24 +50,24 @@ def test_phases_inside_the_block_share_one_open_engine_and_the_block_closes_it(
 def test_the_final_close_and_a_restore_never_use_a_held_engine(tmp_path: Path) -> None:
     with held_engines():
         first = storage(tmp_path)
-        first.open(EMPTY_STATE)
+        first.open(EMPTY)
         engine = first.engines[STORE]
         first.close()
         again = storage(tmp_path)
-        again.open(EMPTY_STATE)  # may restore: the held engine is closed first
+        again.open(EMPTY)  # may restore: the held engine is closed first
         assert again.engines[STORE] is not engine
         with pytest.raises(StoreError, match="used after close"):
             engine.get(b"k")
         last = again.engines[STORE]
-        again.close("batch:r:1")  # the final close: for real, then the marker
+        again.close(UncommittedState("r", 1))  # the final close: for real, then the marker
         with pytest.raises(StoreError, match="used after close"):
             last.get(b"k")
-        assert again.local.read_marker() == "batch:r:1"
+        assert again.local.read_marker() == UncommittedState("r", 1)
 
 
 def test_outside_the_block_every_close_closes(tmp_path: Path) -> None:
     first = storage(tmp_path)
-    first.open(EMPTY_STATE)
+    first.open(EMPTY)
     engine = first.engines[STORE]
     first.close()
     with pytest.raises(StoreError, match="used after close"):

@@ -54,7 +54,13 @@ from sparkpoint.storage.backend import (
     store_backends,
     v1_changelog_offsets,
 )
-from sparkpoint.storage.task_storage import EMPTY_STATE, checkpoint_state_id
+from sparkpoint.storage.state_id import (
+    EMPTY,
+    CleanStart,
+    CommittedState,
+    StateId,
+    check_transition,
+)
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
@@ -68,7 +74,7 @@ class TaskState:
 
     model: TaskModel
     last_checkpoint: Checkpoint | None
-    expected_state_id: str
+    expected_state_id: StateId
     resume: dict[SystemStreamPartition, str]
     last_processed: dict[SystemStreamPartition, str]
     from_checkpoint: dict[SystemStreamPartition, str]
@@ -233,10 +239,9 @@ class JobCoordinator:
             ckpt = checkpoints.get(task.name)
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
-            expected = checkpoint_state_id(str(ckpt.checkpoint_id)) if ckpt else EMPTY_STATE
+            expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
             if clean_start or task.name in must_restore:
-                # no local state matches: the task restores at its first batch
-                expected = f"clean-start:{self.run_id}"
+                expected = CleanStart(self.run_id)  # matches no local state: the task restores
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,
@@ -399,6 +404,7 @@ class JobCoordinator:
 
     def _apply(self, result: TaskBatchResult) -> bool:
         ts = self.tasks[result.task]
+        check_transition(result.task, result.batch, ts.expected_state_id, result.state_id)
         ts.expected_state_id = result.state_id
         ts.resume = dict(result.next_offsets)
         ts.last_processed = dict(result.last_processed)
@@ -625,7 +631,7 @@ class JobCoordinator:
             report, results = self.run_batch(
                 end, commit=commit_due, window=window_due, batch_id=replay_id
             )
-            last_committed = all(r.state_id.startswith("ckpt:") for r in results)
+            last_committed = all(r.state_id.committed for r in results)
             report.lag = self._lags(self.metadata(ssps))
             self._publish(summary, report)
             if any(r.shutdown_requested for r in results):
@@ -659,7 +665,7 @@ class JobCoordinator:
             end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
             report, results = self.run_batch(end, commit=True, wait=True)
             reports.append(report)
-            if all(r.state_id.startswith("ckpt:") for r in results):
+            if all(r.state_id.committed for r in results):
                 break
         return reports
 

@@ -47,10 +47,9 @@ from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.storage.task_storage import (
-    EMPTY_STATE,
     TaskStorage,
-    checkpoint_state_id,
     persistent_store,
 )
 from sparkpoint.system.base import IncomingMessageEnvelope, Record
@@ -333,7 +332,7 @@ class TaskBatch:
             state_bytes=sizes,
         )
 
-    def _uncommitted_state_id(self) -> str:
+    def _uncommitted_state_id(self) -> StateId:
         """The state id of the stores after this batch when it committed nothing: the batch's
         own, unless the batch only cleaned up (then the stores hold what they held)."""
         plan = self.plan
@@ -342,7 +341,7 @@ class TaskBatch:
         if self.kept:
             return plan.expected_state_id
         last = plan.last_checkpoint_id
-        return EMPTY_STATE if last is None else checkpoint_state_id(last)
+        return EMPTY if last is None else CommittedState(last)
 
     def _process_ssp(
         self,
@@ -445,7 +444,7 @@ def setup_worker_logging(config: Mapping[str, str]) -> None:
 def state_is_on_disk(plan: TaskBatchPlan) -> bool:
     """Whether ``plan``'s batch would fetch no state: the local state is current, the task
     starts empty, or every store restores from its local checkpoint. Changes nothing."""
-    if plan.expected_state_id == EMPTY_STATE:
+    if plan.expected_state_id == EMPTY:
         return True
     storage = TaskBatch(plan).storage
     return storage.is_current(plan.expected_state_id) or storage.restores_from_disk()

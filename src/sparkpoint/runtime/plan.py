@@ -1,7 +1,7 @@
 """What the driver sends a task for one micro-batch, and what the task sends back.
 
 Both are plain, picklable values. A task's local state is identified by a *state id*
-(:mod:`sparkpoint.storage.task_storage`). The driver remembers which state id each task should
+(:mod:`sparkpoint.storage.state_id`). The driver remembers which state id each task should
 have; a task whose local marker says anything else throws its live state away and restores the
 last checkpoint, then reads from the checkpoint's offsets, so state and offsets always agree.
 """
@@ -15,6 +15,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, Checkpoin
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import RestoreStats
+from sparkpoint.storage.state_id import StateId, UncommittedState
 
 
 def parse_checkpoint(text: str) -> Checkpoint:
@@ -36,7 +37,7 @@ class TaskBatchPlan:
     run_id: str
     batch: int
     task: TaskModel
-    expected_state_id: str
+    expected_state_id: StateId
     resume: dict[SystemStreamPartition, str]
     from_checkpoint: dict[SystemStreamPartition, str]
     checkpoint_last_processed: dict[SystemStreamPartition, str]
@@ -60,8 +61,9 @@ class TaskBatchPlan:
         return str(parse_checkpoint(self.last_checkpoint).checkpoint_id)
 
     @property
-    def batch_state_id(self) -> str:
-        return f"batch:{self.run_id}:{self.batch}"
+    def batch_state_id(self) -> UncommittedState:
+        """The state the stores hold after this batch when it is not committed."""
+        return UncommittedState(self.run_id, self.batch)
 
 
 @dataclass
@@ -70,7 +72,7 @@ class TaskBatchResult:
 
     task: str
     batch: int
-    state_id: str
+    state_id: StateId
     next_offsets: dict[SystemStreamPartition, str]
     last_processed: dict[SystemStreamPartition, str]
     processed: int

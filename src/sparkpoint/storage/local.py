@@ -27,6 +27,7 @@ from typing import Any
 from sparkpoint.errors import RestoreError
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import TaskName
+from sparkpoint.storage.state_id import StateId
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,12 @@ class LocalTaskState:
     def checkpoint_dir(self, store: str, checkpoint_id: str) -> Path:
         return self.checkpoints_dir(store) / checkpoint_id
 
-    def read_marker(self) -> str | None:
+    def read_marker(self) -> StateId | None:
+        """The state the live stores hold, as the marker says; None when there is no marker
+        (or it cannot be read: the state is then unknown and the task restores)."""
         try:
             data = json.loads((self.dir / MARKER).read_bytes())
-            return str(data["state-id"])
+            return StateId.parse(str(data["state-id"]))
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError):
@@ -87,9 +90,9 @@ class LocalTaskState:
         except FileNotFoundError:
             pass
 
-    def write_marker(self, state_id: str) -> None:
+    def write_marker(self, state_id: StateId) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id}).encode())
+        atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id.text}).encode())
 
     def read_note(self, name: str) -> dict[str, Any] | None:
         """A small JSON note kept beside the state (see :mod:`sparkpoint.runtime.frame_task`)."""

@@ -16,8 +16,8 @@ runtime (the task API's executor and the DataFrame API's phases alike) only call
 The local marker (:mod:`sparkpoint.storage.local`) names the state the live stores hold; it is
 cleared by :meth:`TaskStorage.open` before anything changes and written by
 :meth:`TaskStorage.close` after every store is flushed and closed. A *state id* is
-``ckpt:<checkpoint id>`` right after a commit, ``batch:<run>:<n>`` after an uncommitted batch and
-``empty`` before any.
+a :class:`~sparkpoint.storage.state_id.StateId`: a committed checkpoint right after a commit, an
+uncommitted batch of a run after one, empty before any.
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import TaskRestore
+from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
-EMPTY_STATE = "empty"
-
 # In-memory engines live only inside this Python worker, tagged with the state id they hold.
-_MEMORY: dict[tuple[str, str], tuple[str, KeyValueEngine]] = {}
+_MEMORY: dict[tuple[str, str], tuple[StateId, KeyValueEngine]] = {}
 # Inside held_engines(): persistent engines a phase of a batch closed, for the next phase in
 # this process to take again, keyed by (task, store); None outside the block.
 _HELD: dict[tuple[str, str], KeyValueEngine] | None = None
@@ -86,10 +85,6 @@ def held_engines() -> Iterator[None]:
             engine.close()
 
 
-def checkpoint_state_id(checkpoint_id: str) -> str:
-    return f"ckpt:{checkpoint_id}"
-
-
 def persistent_store(config: Config, store: str) -> bool:
     """Whether ``store`` lives on disk (RocksDB) rather than in one process's memory."""
     return engine_kind(store, config.require(f"stores.{store}.factory")) == "rocksdb"
@@ -109,11 +104,11 @@ class CommitReport:
         started = self.outcome.started
         return started is not None and any(r.checkpoint_id == started for r in self.completed)
 
-    def state_id(self, *, uncommitted: str) -> str:
+    def state_id(self, *, uncommitted: StateId) -> StateId:
         """The state the stores hold after this batch: the commit's when it finished now,
         else ``uncommitted`` (the batch's own state id)."""
         if self.finished_now and self.outcome.started is not None:
-            return checkpoint_state_id(self.outcome.started)
+            return CommittedState(self.outcome.started)
         return uncommitted
 
 
@@ -150,7 +145,7 @@ class TaskStorage:
 
     # -- open: keep the live stores, or restore the last checkpoint
 
-    def open(self, expected_state_id: str) -> bool:
+    def open(self, expected_state_id: StateId) -> bool:
         """Open every store at the state the driver expects: the live stores when the local
         marker names ``expected_state_id`` (returns ``True``), else the last checkpoint
         restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
@@ -175,7 +170,7 @@ class TaskStorage:
                 self.local.dir,
                 self.last_checkpoint_id,
             )
-        elif marker is not None or expected_state_id != EMPTY_STATE:
+        elif marker is not None or expected_state_id != EMPTY:
             log.info(
                 "task %s: local state %s, expected %s: restoring checkpoint %s",
                 self.task.name,
@@ -192,7 +187,7 @@ class TaskStorage:
         ).run()
         return False
 
-    def is_current(self, expected_state_id: str) -> bool:
+    def is_current(self, expected_state_id: StateId) -> bool:
         """Whether :meth:`open` would keep the live stores: the local marker names
         ``expected_state_id`` and every store is there. Changes nothing."""
         return (
@@ -245,7 +240,7 @@ class TaskStorage:
             and not (self.local.store_dir(store) / "CURRENT").exists()
         ]
 
-    def _memory_stores_hold(self, state_id: str) -> bool:
+    def _memory_stores_hold(self, state_id: StateId) -> bool:
         for store in self.config.stores:
             if not persistent_store(self.config, store):
                 cached = _MEMORY.get((self.task.name.name, store))
@@ -361,7 +356,7 @@ class TaskStorage:
 
     # -- close
 
-    def close(self, state_id: str | None = None) -> None:
+    def close(self, state_id: StateId | None = None) -> None:
         """Close the backups and the persistent stores (idempotent). With ``state_id`` (after
         a batch that finished), in-memory stores stay in this worker tagged with it, and the
         marker says the stores hold it. Without one, buffered writes are dropped: the batch

@@ -1,0 +1,93 @@
+"""The task-state protocol's values: one format and one parse per state (the wire format of
+the local marker unchanged), and the transitions a task may report (issue 30)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.model import TaskName
+from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.state_id import (
+    EMPTY,
+    CleanStart,
+    CommittedState,
+    IllegalStateTransition,
+    StateId,
+    UncommittedState,
+    check_transition,
+)
+
+STATES = [
+    (EMPTY, "empty"),
+    (CommittedState("1700000000000-12"), "ckpt:1700000000000-12"),
+    (UncommittedState("3f9a2c1b0d4e", 17), "batch:3f9a2c1b0d4e:17"),
+    (UncommittedState("run:with:colons", 2), "batch:run:with:colons:2"),
+    (CleanStart("3f9a2c1b0d4e"), "clean-start:3f9a2c1b0d4e"),
+]
+
+
+@pytest.mark.parametrize(("state", "text"), STATES, ids=[t for _, t in STATES])
+def test_each_state_has_one_format_and_one_parse(state: StateId, text: str) -> None:
+    assert state.text == text == str(state)
+    assert StateId.parse(text) == state
+    assert state.committed is isinstance(state, CommittedState)
+
+
+@pytest.mark.parametrize("text", ["", "ckpt:", "ckpt:abc", "batch:r", "batch:r:x", "full", "x:1"])
+def test_anything_else_is_not_a_state(text: str) -> None:
+    with pytest.raises(ValueError, match="not a state id"):
+        StateId.parse(text)
+
+
+def test_markers_written_before_the_types_still_read(tmp_path: Path) -> None:
+    local = LocalTaskState(tmp_path, TaskName("Partition 0"))
+    for _state, text in STATES:
+        local.dir.mkdir(parents=True, exist_ok=True)
+        (local.dir / "STATE").write_text(json.dumps({"state-id": text}))
+        assert local.read_marker() == StateId.parse(text)
+    (local.dir / "STATE").write_text(json.dumps({"state-id": "garbage"}))
+    assert local.read_marker() is None  # unknown: the task restores
+    local.write_marker(CommittedState("5-0"))
+    assert json.loads((local.dir / "STATE").read_text()) == {"state-id": "ckpt:5-0"}
+
+
+ALLOWED = [
+    (EMPTY, EMPTY),
+    (EMPTY, UncommittedState("r", 1)),
+    (EMPTY, CommittedState("5-0")),
+    (CleanStart("r"), EMPTY),
+    (CleanStart("r"), CommittedState("5-0")),
+    (CommittedState("5-0"), CommittedState("5-0")),
+    (CommittedState("5-0"), CommittedState("6-0")),
+    (CommittedState("5-0"), UncommittedState("r", 3)),
+    (CommittedState("5-0"), EMPTY),  # a restore that found no checkpoint
+    (UncommittedState("r", 3), UncommittedState("r", 4)),
+    (UncommittedState("r", 3), CommittedState("6-0")),
+    (UncommittedState("old", 9), UncommittedState("new", 1)),
+]
+REFUSED = [
+    (EMPTY, CleanStart("r"), "a task never reports a clean start"),
+    (CommittedState("6-0"), CommittedState("5-9"), "a checkpoint older than"),
+    (UncommittedState("r", 4), UncommittedState("r", 3), "an earlier batch of the same run"),
+]
+
+
+@pytest.mark.parametrize(("before", "after"), ALLOWED, ids=[f"{b}->{a}" for b, a in ALLOWED])
+def test_allowed_transitions(before: StateId, after: StateId) -> None:
+    check_transition("Partition 0", 7, before, after)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "why"), REFUSED, ids=[f"{b}->{a}" for b, a, _ in REFUSED]
+)
+def test_refused_transitions_name_task_batch_and_states(
+    before: StateId, after: StateId, why: str
+) -> None:
+    with pytest.raises(IllegalStateTransition) as caught:
+        check_transition("Partition 0", 7, before, after)
+    text = str(caught.value)
+    assert text.startswith(f"task Partition 0 batch 7: state {after} cannot follow {before}")
+    assert why in text
