@@ -53,15 +53,16 @@ from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.worker_heap import freeze_imported_objects
 from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.local import PHASE_NOTE_PREFIX
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.system.base import Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 
 log = logging.getLogger(__name__)
 
-BATCH_NOTE = "FRAME-BATCH"
-READ_NOTE = "FRAME-READ"
-DROPPED_NOTE = "FRAME-DROPPED"
+BATCH_NOTE = PHASE_NOTE_PREFIX + "BATCH"
+READ_NOTE = PHASE_NOTE_PREFIX + "READ"
+DROPPED_NOTE = PHASE_NOTE_PREFIX + "DROPPED"
 READ_CHUNK = 10_000
 
 
@@ -274,7 +275,7 @@ class StepState:
 
 
 def _note_name(step: str) -> str:
-    return "FRAME-STEP-" + re.sub(r"[^A-Za-z0-9_.-]", "_", step)
+    return PHASE_NOTE_PREFIX + "STEP-" + re.sub(r"[^A-Za-z0-9_.-]", "_", step)
 
 
 def run_step(

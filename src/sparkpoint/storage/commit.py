@@ -226,8 +226,8 @@ class TaskCommitManager:
         self.config = scope.config
         self.settings = settings
         self.skip = settings.skip
-        self.dir = scope.local.dir / "commits"
-        self._failures_file = scope.local.dir / "COMMIT-FAILURES"
+        self.dir = scope.local.commits_dir()
+        self._failures_file = scope.local.commit_failures_file()
 
     # -- successive failures (task.commit.skip.commit.during.failures.*)
     def _failures(self) -> dict[str, int]:
@@ -578,7 +578,7 @@ class TaskCommitManager:
         if committed is None:
             return
         floor = committed.checkpoint_id
-        done_marker = self.local.dir / "CLEANED"
+        done_marker = self.local.cleaned_file()
         if done_marker.exists() and done_marker.read_text() == f"{self.run_id}:{floor}":
             return
         maybe_crash(self.config, "during-cleanup")

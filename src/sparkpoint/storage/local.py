@@ -1,4 +1,5 @@
-"""A task's state on an executor's local disk, and the marker that says which state it is.
+"""A task's directory on an executor's local disk: the one owner of every file a task keeps
+there (:class:`LocalTaskState`). Nothing else names, creates, reads or deletes them.
 
 Layout under ``job.logged.store.base.dir``::
 
@@ -8,6 +9,9 @@ Layout under ``job.logged.store.base.dir``::
     <task>/<store>.restoring/          the store while a restore rebuilds it (then renamed)
     <task>/<store>.checkpoints/<id>/   a local checkpoint of the store (RocksDB hard links)
                                        with a CHECKPOINT file holding the checkpoint JSON
+    <task>/commits/<checkpoint id>     a commit's record (storage/commit.py)
+    <task>/COMMIT-FAILURES             successive failed or timed-out commits, while skipped
+    <task>/CLEANED                     the checkpoint whose clean-up finished (``<run>:<id>``)
 
 The marker is removed before a batch changes any store and written back, atomically, only after
 every store is flushed and closed; so after a crash at any point the marker is either absent or
@@ -33,6 +37,11 @@ log = logging.getLogger(__name__)
 
 MARKER = "STATE"
 CHECKPOINT_FILE = "CHECKPOINT"
+COMMITS = "commits"
+COMMIT_FAILURES = "COMMIT-FAILURES"
+CLEANED = "CLEANED"
+#: the DataFrame phases' notes (runtime/frame_task.py) all start so
+PHASE_NOTE_PREFIX = "FRAME-"
 
 
 def task_dir_name(task: TaskName) -> str:
@@ -108,6 +117,67 @@ class LocalTaskState:
     def write_note(self, name: str, data: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.dir / name, json.dumps(data).encode())
+
+    def delete_note(self, name: str) -> None:
+        (self.dir / name).unlink(missing_ok=True)
+
+    # -- the commit's files (storage/commit.py)
+    def commits_dir(self) -> Path:
+        """Where each commit's record lives, named by its checkpoint id."""
+        return self.dir / COMMITS
+
+    def commit_failures_file(self) -> Path:
+        return self.dir / COMMIT_FAILURES
+
+    def cleaned_file(self) -> Path:
+        return self.dir / CLEANED
+
+    def store_present(self, store: str) -> bool:
+        """Whether a persistent store's database is on disk (RocksDB's ``CURRENT`` file)."""
+        return (self.store_dir(store) / "CURRENT").exists()
+
+    def contents(self) -> dict[str, Any]:
+        """What the directory holds, by kind: the marker's state, live stores, local
+        checkpoints per store, commit records, phase notes, and anything this module does not
+        name (``unknown``), for the tools and tests."""
+        out: dict[str, Any] = {
+            "state": None,
+            "stores": [],
+            "restoring": [],
+            "checkpoints": {},
+            "commit-records": [],
+            "commit-failures": False,
+            "cleaned": None,
+            "notes": [],
+            "unknown": [],
+        }
+        if not self.dir.is_dir():
+            return out
+        marker = self.read_marker()
+        out["state"] = None if marker is None else marker.text
+        for path in sorted(self.dir.iterdir()):
+            name = path.name
+            if name == MARKER:
+                continue
+            if name == COMMITS:
+                out["commit-records"] = sorted(p.name for p in path.iterdir())
+            elif name == COMMIT_FAILURES:
+                out["commit-failures"] = True
+            elif name == CLEANED:
+                out["cleaned"] = path.read_text()
+            elif name.startswith(PHASE_NOTE_PREFIX):
+                out["notes"].append(name)
+            elif name.endswith(".checkpoints") and path.is_dir():
+                out["checkpoints"][name[: -len(".checkpoints")]] = sorted(
+                    p.name for p in path.iterdir()
+                )
+            elif name.endswith(".restoring"):
+                out["restoring"].append(name[: -len(".restoring")])
+            elif path.is_dir():
+                out["stores"].append(name)
+            else:
+                out["unknown"].append(name)
+        return out
 
     def store_bytes(self, store: str) -> int:
         """Bytes the live store takes on disk (0 if it has no directory)."""

@@ -236,8 +236,7 @@ class TaskStorage:
         return [
             store
             for store in self.config.stores
-            if persistent_store(self.config, store)
-            and not (self.local.store_dir(store) / "CURRENT").exists()
+            if persistent_store(self.config, store) and not self.local.store_present(store)
         ]
 
     def _memory_stores_hold(self, state_id: StateId) -> bool:

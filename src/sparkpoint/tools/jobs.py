@@ -17,6 +17,8 @@ from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
 from sparkpoint.metadata.locality import stored_assignment, task_locality
+from sparkpoint.model import TaskName
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
@@ -70,6 +72,7 @@ def job_overview(config: Config) -> dict[str, Any]:
                 },
                 "state-bytes": record.get("state-bytes", {}),
                 "state-current": last is not None and record.get("checkpoint") == last,
+                "local": _local_directory(config, name),
             }
         )
     beat = is_running(store)
@@ -79,6 +82,18 @@ def job_overview(config: Config) -> dict[str, Any]:
         "running": None if beat is None else f"driver pid {beat['pid']} on {beat['host']}",
         "tasks": tasks,
     }
+
+
+def _local_directory(config: Config, task: str) -> dict[str, Any] | None:
+    """The task's directory on this machine (its marker's state, commit records, phase notes),
+    when the job keeps task state here (local mode, or a per-host directory)."""
+    if "{cwd}" in (config.get_str("job.logged.store.base.dir") or ""):
+        return None  # every executor has its own: nothing to show from the driver's host
+    directory = LocalTaskState(config.store_base_dir, TaskName(task))
+    if not directory.dir.is_dir():
+        return None
+    contents = directory.contents()
+    return {k: contents[k] for k in ("state", "commit-records", "notes", "commit-failures")}
 
 
 def overview_lines(data: dict[str, Any]) -> list[str]:
@@ -94,4 +109,13 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
             f"  {t['task']}: {where}; last checkpoint {last}; local state {state}"
             + (f"; {sizes}" if sizes else "")
         )
+        local = t.get("local")
+        if local is not None:
+            records = ", ".join(local["commit-records"]) or "none"
+            notes = ", ".join(local["notes"]) or "none"
+            lines.append(
+                f"    on this machine: state {local['state'] or 'unknown (changing or lost)'}; "
+                f"commit records {records}; phase notes {notes}"
+                + ("; commits failing" if local["commit-failures"] else "")
+            )
     return lines
