@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "sparkpoint"
 
 # a package may import its own modules and those of lower layers, never higher ones; only the
 # leaf utilities (which import nothing of sparkpoint) share a layer
-LEAVES = {"errors", "fsutil", "failpoints"}
+LEAVES = {"errors", "fsutil", "failpoints", "worker"}
 LAYER = {
     **dict.fromkeys(LEAVES, 0),
     "serde": 1,

@@ -17,7 +17,7 @@ from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvel
 
 class HeapReporter(StreamTask):
     def init(self, context: TaskContext) -> None:
-        worker_heap._frozen = False
+        worker_heap.FROZEN.done = False
 
     def process(
         self,
@@ -25,6 +25,6 @@ class HeapReporter(StreamTask):
         collector: MessageCollector,
         coordinator: TaskCoordinator,
     ) -> None:
-        report = {"frozen": worker_heap._frozen, "freeze_count": gc.get_freeze_count()}
+        report = {"frozen": worker_heap.FROZEN.done, "freeze_count": gc.get_freeze_count()}
         heap = SystemStream(envelope.ssp.system, "heap")
         collector.send(OutgoingMessageEnvelope(heap, None, report, partition=0))

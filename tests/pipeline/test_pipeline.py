@@ -180,9 +180,9 @@ def _report_heap(state: Any, chunks: Any) -> Any:
 
     from sparkpoint.runtime import worker_heap
 
-    frozen = worker_heap._frozen
+    frozen = worker_heap.FROZEN.done
     ran_here_before = getattr(worker_heap, "_test_step_ran_here", False)
-    worker_heap._frozen = False
+    worker_heap.FROZEN.done = False
     setattr(worker_heap, "_test_step_ran_here", True)  # noqa: B010 - not an attribute it has
     state.store("user-counts")
     for chunk in chunks:

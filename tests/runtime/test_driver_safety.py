@@ -171,7 +171,7 @@ def test_checkpoints_keep_moving_after_the_clock_jumps_back(
     run(config, until_caught_up=True)
     ahead = CheckpointManager(config).read_all()
     monkeypatch.setattr(checkpoint_id.time, "time_ns", real)
-    monkeypatch.setattr(checkpoint_id, "_last", (0, 0))  # a fresh process on the slower clock
+    monkeypatch.setattr(checkpoint_id._ISSUED, "last", (0, 0))  # a fresh process, slower clock
     generate(config, tmp_path / "b.yaml", 400, seed=78)
     run(config, until_caught_up=True)
     after = CheckpointManager(config).read_all()

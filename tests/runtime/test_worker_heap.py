@@ -30,7 +30,7 @@ def _freeze_twice(_: int) -> tuple[int, int, int, bool]:
     worker_heap.freeze_imported_objects()
     second = gc.get_freeze_count()
     del kept
-    return inherited, first, second, worker_heap._frozen
+    return inherited, first, second, worker_heap.FROZEN.done
 
 
 def test_a_worker_inherits_the_daemons_frozen_imports_and_freezes_its_own_once(

@@ -14,11 +14,21 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sparkpoint import worker
 from sparkpoint.errors import CheckpointError
 
 _PATTERN = re.compile(r"^(\d+)-(\d+)$")
-_lock = threading.Lock()
-_last: tuple[int, int] = (0, 0)
+
+
+class _Issued:
+    """The greatest id this process made (the ``checkpoint-ids`` slot of sparkpoint.worker)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: tuple[int, int] = (0, 0)
+
+
+_ISSUED = worker.slot("checkpoint-ids", _Issued)
 
 
 @dataclass(frozen=True, order=True)
@@ -32,15 +42,15 @@ class CheckpointId:
     def create(cls, after: CheckpointId | None = None) -> CheckpointId:
         """A new id greater than every id this process created before, and than ``after``
         (the checkpoint the new one builds on, whatever clock made it)."""
-        global _last
-        with _lock:
+        with _ISSUED.lock:
             now = time.time_ns()
             candidate = (now // 1_000_000, now % 1_000_000)
-            floor = _last if after is None else max(_last, (after.millis, after.nanos))
+            last = _ISSUED.last
+            floor = last if after is None else max(last, (after.millis, after.nanos))
             if candidate <= floor:
                 millis, nanos = floor
                 candidate = (millis, nanos + 1) if nanos + 1 < 1_000_000 else (millis + 1, 0)
-            _last = candidate
+            _ISSUED.last = candidate
         return cls(*candidate)
 
     @classmethod

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkpoint import worker
 from sparkpoint.config import Config
 from sparkpoint.errors import (
     ConfigError,
@@ -87,7 +88,7 @@ class _ProcessCache:
         return self.configs[key]
 
 
-_CACHE = _ProcessCache()
+_CACHE = worker.slot("configs", _ProcessCache)
 
 
 def worker_config(values: dict[str, str]) -> tuple[Config, Systems]:

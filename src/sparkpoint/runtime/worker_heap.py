@@ -20,7 +20,17 @@ from __future__ import annotations
 import gc
 import sys
 
-_frozen = False
+from sparkpoint import worker
+
+
+class _Frozen:
+    """Whether this worker froze its imports (the ``frozen-imports`` slot of sparkpoint.worker)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+FROZEN = worker.slot("frozen-imports", _Frozen)
 
 
 def in_spark_worker() -> bool:
@@ -31,7 +41,6 @@ def in_spark_worker() -> bool:
 
 def freeze_imported_objects() -> None:
     """Freeze what this Spark worker has imported, the first time it is called here."""
-    global _frozen
-    if not _frozen and in_spark_worker():
+    if not FROZEN.done and in_spark_worker():
         gc.freeze()
-        _frozen = True
+        FROZEN.done = True

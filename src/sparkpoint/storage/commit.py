@@ -51,6 +51,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sparkpoint import worker
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
@@ -75,11 +76,19 @@ class CommitState(StrEnum):
 
 UPLOADING, DONE, FAILED = CommitState.UPLOADING, CommitState.DONE, CommitState.FAILED
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+
+class _CommitPool:
+    """The process's commit pool (the ``commit-pool`` slot of :mod:`sparkpoint.worker`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+        self.size = 0
+
+
+_POOL = worker.slot("commit-pool", _CommitPool)
 # uploads running in this process, by (task, checkpoint id)
-_active: set[tuple[str, str]] = set()
+_active: set[tuple[str, str]] = worker.slot("active-uploads", set)
 
 
 def _start_upload(
@@ -103,13 +112,12 @@ def commit_pool(tasks: int) -> ThreadPoolExecutor:
     Made on first use; when a later caller needs more threads a larger pool replaces it (the old
     one finishes what it was given).
     """
-    global _pool, _pool_size
     size = max(1, min(tasks, 64))
-    with _pool_lock:
-        if _pool is None or size > _pool_size:
-            _pool = ThreadPoolExecutor(size, thread_name_prefix="sparkpoint-commit")
-            _pool_size = size
-        return _pool
+    with _POOL.lock:
+        if _POOL.pool is None or size > _POOL.size:
+            _POOL.pool = ThreadPoolExecutor(size, thread_name_prefix="sparkpoint-commit")
+            _POOL.size = size
+        return _POOL.pool
 
 
 def _alive(record: CommitRecord, task: TaskName) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkpoint import worker
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.errors import CommitError
@@ -56,11 +57,21 @@ from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
-# In-memory engines live only inside this Python worker, tagged with the state id they hold.
-_MEMORY: dict[tuple[str, str], tuple[StateId, KeyValueEngine]] = {}
-# Inside held_engines(): persistent engines a phase of a batch closed, for the next phase in
-# this process to take again, keyed by (task, store); None outside the block.
-_HELD: dict[tuple[str, str], KeyValueEngine] | None = None
+# In-memory engines live only inside this Python worker, tagged with the state id they hold
+# (the ``memory-stores`` slot of sparkpoint.worker), keyed by (task, store).
+_MEMORY: dict[tuple[str, str], tuple[StateId, KeyValueEngine]] = worker.slot("memory-stores", dict)
+
+
+class _Held:
+    """Inside :func:`held_engines`: persistent engines a phase of a batch closed, for the next
+    phase in this process, keyed by (task, store); ``engines`` is None outside the block (the
+    ``held-engines`` slot of :mod:`sparkpoint.worker`)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[tuple[str, str], KeyValueEngine] | None = None
+
+
+_HELD_SLOT = worker.slot("held-engines", _Held)
 
 
 @contextlib.contextmanager
@@ -72,15 +83,14 @@ def held_engines() -> Iterator[None]:
     open replays its write-ahead log: about 25 ms a store). :meth:`TaskStorage.open`, which
     may restore, and the final close with a state id close them for real; the block closes
     whatever is left, on success or failure."""
-    global _HELD
-    if _HELD is not None:
+    if _HELD_SLOT.engines is not None:
         yield  # already inside a block
         return
-    _HELD = {}
+    _HELD_SLOT.engines = {}
     try:
         yield
     finally:
-        held, _HELD = _HELD, None
+        held, _HELD_SLOT.engines = _HELD_SLOT.engines, None
         for engine in held.values():
             engine.close()
 
@@ -216,7 +226,7 @@ class TaskStorage:
         for a later phase of a batch whose state :meth:`open` already established (inside
         :func:`held_engines`, taking the engines an earlier phase left open)."""
         names = self.config.stores if stores is None else list(stores)
-        held = {} if _HELD is None else _HELD
+        held = {} if _HELD_SLOT.engines is None else _HELD_SLOT.engines
         task = self.task.name.name
         self.engines = {}
         for store in names:
@@ -225,10 +235,11 @@ class TaskStorage:
 
     def _release_held(self) -> None:
         """Close the engines of this task an earlier phase left open (:func:`held_engines`)."""
-        if _HELD:
+        held = _HELD_SLOT.engines
+        if held:
             task = self.task.name.name
-            for key in [k for k in _HELD if k[0] == task]:
-                _HELD.pop(key).close()
+            for key in [k for k in held if k[0] == task]:
+                held.pop(key).close()
 
     def _missing_stores(self) -> list[str]:
         """Persistent stores whose database is not on disk (a lost or deleted directory): the
@@ -368,8 +379,9 @@ class TaskStorage:
         self._backups.clear()
         for name, engine in list(self.engines.items()):
             if engine.persistent:
-                if state_id is None and _HELD is not None:
-                    _HELD[(self.task.name.name, name)] = engine  # the next phase takes it
+                if state_id is None and _HELD_SLOT.engines is not None:
+                    # the next phase takes it
+                    _HELD_SLOT.engines[(self.task.name.name, name)] = engine
                 else:
                     engine.close()
                 del self.engines[name]

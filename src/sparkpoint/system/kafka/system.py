@@ -40,6 +40,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
+from sparkpoint import worker
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStreamPartition
@@ -130,7 +131,7 @@ def close_idle_clients(bootstrap: str | None = None) -> None:
     _POOL.close_idle(bootstrap)
 
 
-_POOL = _Pool()
+_POOL = worker.slot("kafka-clients", _Pool)
 
 
 def _client(kind: type[Any], settings: dict[str, Any], system: str, role: str) -> Any:

@@ -1,0 +1,104 @@
+"""What a Python process keeps between batches, in one place, with its rules.
+
+A Spark Python worker lives for many batches, and so does the driver's process (it restores
+ahead and runs the last pass; tests run many jobs in one). Everything sparkpoint keeps across
+batches in a process is a slot here, declared in :data:`SLOTS` with the module that owns it,
+what it holds and when its contents are reused or dropped. A module takes its slot once, at
+import (:func:`slot`); nothing else in the product keeps state between batches in module
+globals. Imports nothing of sparkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    owner: str  # the module that takes the slot
+    holds: str
+    rule: str  # when what it holds is reused, and when it is dropped
+
+
+SLOTS: dict[str, Slot] = {
+    s.name: s
+    for s in (
+        Slot(
+            "configs",
+            "sparkpoint.runtime.executor",
+            "the Config and Systems (clients) of the last few job configs this process ran",
+            "reused by every batch of the same config; the oldest is closed when a fifth comes",
+        ),
+        Slot(
+            "memory-stores",
+            "sparkpoint.storage.task_storage",
+            "in-memory stores, each tagged with the state id it holds",
+            "taken by the task's next batch in this process when that state id is the one "
+            "expected; dropped when the task restores",
+        ),
+        Slot(
+            "held-engines",
+            "sparkpoint.storage.task_storage",
+            "persistent engines a phase of a DataFrame batch closed, for its next phase",
+            "only inside held_engines(): taken by the next phase, closed when the block ends",
+        ),
+        Slot(
+            "commit-pool",
+            "sparkpoint.storage.commit",
+            "the thread pool that runs commits' uploads (min(tasks, 64) threads)",
+            "made on first use; replaced by a larger one when a caller needs more threads",
+        ),
+        Slot(
+            "active-uploads",
+            "sparkpoint.storage.commit",
+            "the uploads running in this process, by (task, checkpoint id)",
+            "added when an upload starts, removed when it ends, whatever its outcome",
+        ),
+        Slot(
+            "checkpoint-ids",
+            "sparkpoint.checkpoint.id",
+            "the greatest checkpoint id this process made",
+            "every new id is greater; kept for the life of the process",
+        ),
+        Slot(
+            "frozen-imports",
+            "sparkpoint.runtime.worker_heap",
+            "whether this Spark worker froze what it had imported (gc.freeze)",
+            "set once, by the first task or step that runs; kept for the life of the process",
+        ),
+        Slot(
+            "kafka-clients",
+            "sparkpoint.system.kafka.system",
+            "idle Kafka consumers, producers and admins, by their settings",
+            "given back after each use and taken by the next with the same settings; closed "
+            "by close_idle_clients()",
+        ),
+    )
+}
+
+_lock = threading.Lock()
+_taken: dict[str, Any] = {}
+
+
+def slot(name: str, make: Callable[[], T]) -> T:
+    """The object kept in slot ``name``, made with ``make()`` the first time. A name not
+    declared in :data:`SLOTS` is a :class:`KeyError`: every kept thing has its rule written."""
+    if name not in SLOTS:
+        raise KeyError(f"worker slot {name!r} is not declared in sparkpoint.worker.SLOTS")
+    with _lock:
+        if name not in _taken:
+            _taken[name] = make()
+        kept: T = _taken[name]
+        return kept
+
+
+def taken() -> dict[str, Any]:
+    """The slots this process has taken so far, by name."""
+    with _lock:
+        return dict(_taken)
