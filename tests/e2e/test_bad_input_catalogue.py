@@ -299,7 +299,13 @@ STREAM_ROWS: list[tuple[str, Callable[[Path], None], list[str], tuple[str, ...]]
         "deleted partition directory",
         lambda d: shutil.rmtree(d / "1"),
         ["stream", "list"],
-        ("filelog.pageviews partition 1", "is missing", "stream.json lists 2 partitions"),
+        ("filelog.pageviews partition 1", "is missing", "stream.json lists this partition"),
+    ),
+    (
+        "deleted partition directory, write",
+        lambda d: shutil.rmtree(d / "1"),
+        ["stream", "write", "pageviews", "--partition", "1"],
+        ("filelog.pageviews partition 1", "is missing"),
     ),
     (
         "deleted partition directory, read",
@@ -335,7 +341,8 @@ def test_damaged_filelog_files(
     """Issue 37: each was a traceback (FileNotFoundError, JSONDecodeError, ValueError)."""
     set_args = _stream_job(tmp_path)
     damage(_pageviews_dir(tmp_path))
-    proc = sp(args[0], args[1], str(JOB), *args[2:], *set_args, check=False)
+    stdin = '{"key": "u", "value": {"user": "u"}}\n' if args[1] == "write" else None
+    proc = sp(args[0], args[1], str(JOB), *args[2:], *set_args, check=False, stdin=stdin)
     assert proc.returncode == 2, proc.stderr
     assert_one_line_error(proc.stderr, *needles)
 

@@ -93,6 +93,7 @@ class PartitionLog:
     def __init__(self, path: Path, label: str) -> None:
         self.path = path
         self.label = label  # "system.stream partition N", for messages
+        self._lost = os.path.join(path, "LOST")  # a str: reads check it without pathlib
 
     # -- files
     def create(self) -> None:
@@ -116,6 +117,8 @@ class PartitionLog:
         try:
             parts = (self.path / "CURRENT").read_text().split()
             values = [int(p) for p in parts[:3]]
+        except FileNotFoundError:
+            raise self._missing() from None
         except (UnicodeDecodeError, ValueError):
             raise CorruptRecordError(
                 f"{self.label}: {self.path / 'CURRENT'} is not '<generation> <start offset>'; "
@@ -123,6 +126,13 @@ class PartitionLog:
             ) from None
         values += [0] * (3 - len(values))
         return values[0], values[1], values[2]
+
+    def _missing(self) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"{self.label}: {self.path} is missing or has no CURRENT file, though the stream's "
+            f"stream.json lists this partition; restore the directory, or recreate the stream "
+            f"(its readers then stop until a startpoint says where they resume)"
+        )
 
     def _gen(self) -> int:
         return self._current()[0]
@@ -133,7 +143,11 @@ class PartitionLog:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self.path / "lock", "a+b") as lock:
+        try:
+            lock = open(self.path / "lock", "a+b")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise self._missing() from None
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -314,6 +328,8 @@ class PartitionLog:
 
     def _report_lost(self, start: int, end: int) -> None:
         """Log every repaired range that a read of ``[start, end)`` passes over."""
+        if not os.path.exists(self._lost):  # one stat: the common case, nothing was repaired
+            return
         for first, last in self.lost_ranges():
             if first < end and last >= start:
                 log.error(

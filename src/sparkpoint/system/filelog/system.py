@@ -102,15 +102,9 @@ class _Streams:
                 f"partition {partition} of {self.system}.{stream} does not exist "
                 f"(partitions 0..{n - 1})"
             )
-        path = self.root / stream / str(partition)
-        if not (path / "CURRENT").is_file():
-            raise CorruptRecordError(
-                f"{self.system}.{stream} partition {partition}: {path} is missing or has no "
-                f"CURRENT file, though {self.root / stream / 'stream.json'} lists {n} partitions; "
-                f"restore the directory, or recreate the stream (its readers then stop until a "
-                f"startpoint says where they resume)"
-            )
-        return PartitionLog(path, f"{self.system}.{stream} partition {partition}")
+        return PartitionLog(
+            self.root / stream / str(partition), f"{self.system}.{stream} partition {partition}"
+        )
 
 
 class FileLogAdmin(IntegerOffsets, SystemAdmin):
