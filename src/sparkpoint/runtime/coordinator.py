@@ -44,7 +44,7 @@ from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.runtime.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.batchlog import BatchLog
 from sparkpoint.runtime.metrics import MetricsReporters
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import Commits, Reads, StartState, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.reports import BatchReport, BatchRunner, Listener, RunSummary
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
@@ -385,17 +385,19 @@ class JobCoordinator:
                     run_id=self.run_id,
                     batch=self._batch,
                     task=ts.model,
-                    expected_state_id=ts.expected_state_id,
-                    resume=dict(ts.resume),
-                    from_checkpoint=dict(ts.from_checkpoint),
-                    checkpoint_last_processed=dict(ts.checkpoint_last_processed),
-                    last_processed=dict(ts.last_processed),
-                    end={s: end[s] for s in ts.model.ssps},
-                    max_messages=max_messages,
-                    last_checkpoint=ts.last_checkpoint.dumps() if ts.last_checkpoint else None,
-                    commit=commit,
-                    window=window,
-                    wait_for_uploads=wait,
+                    reads=Reads(
+                        resume=dict(ts.resume),
+                        last_processed=dict(ts.last_processed),
+                        end={s: end[s] for s in ts.model.ssps},
+                        max_messages=max_messages,
+                    ),
+                    start=StartState(
+                        expected=ts.expected_state_id,
+                        checkpoint=ts.last_checkpoint.dumps() if ts.last_checkpoint else None,
+                        from_checkpoint=dict(ts.from_checkpoint),
+                        checkpoint_last_processed=dict(ts.checkpoint_last_processed),
+                    ),
+                    commits=Commits(due=commit, window=window, wait_for_uploads=wait),
                     task_count=len(self.tasks),
                     location=locations.get(ts.model.name.name),
                 )
@@ -488,7 +490,7 @@ class JobCoordinator:
         locations = self._place()
         plans = self._plans(end, commit=commit, window=window, wait=wait, locations=locations)
         if clean_up_only:
-            plans = [replace(p, clean_up_only=True) for p in plans]
+            plans = [replace(p, commits=replace(p.commits, clean_up_only=True)) for p in plans]
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0

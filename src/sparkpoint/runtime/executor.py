@@ -225,8 +225,8 @@ class TaskBatch:
             plan.task,
             run_id=plan.run_id,
             pool_size=plan.task_count,
-            last_checkpoint=parse_checkpoint(plan.last_checkpoint)
-            if plan.last_checkpoint
+            last_checkpoint=parse_checkpoint(plan.start.checkpoint)
+            if plan.start.checkpoint
             else None,
         )
         self.local = self.storage.local
@@ -240,12 +240,12 @@ class TaskBatch:
     def begin(self) -> dict[SystemStreamPartition, str]:
         """First, establish state (keep the live stores or restore the last checkpoint); the
         next offset to read per SSP, matching the state."""
-        self.kept = self.storage.open(self.plan.expected_state_id)
+        self.kept = self.storage.open(self.plan.start.expected)
         if self.kept:
-            self.last_processed = dict(self.plan.last_processed)
-            return dict(self.plan.resume)
-        self.last_processed = dict(self.plan.checkpoint_last_processed)
-        return dict(self.plan.from_checkpoint)
+            self.last_processed = dict(self.plan.reads.last_processed)
+            return dict(self.plan.reads.resume)
+        self.last_processed = dict(self.plan.start.checkpoint_last_processed)
+        return dict(self.plan.start.from_checkpoint)
 
     def run(self) -> TaskBatchResult:
         plan = self.plan
@@ -257,13 +257,13 @@ class TaskBatch:
         processed = 0
         try:
             context.stores = self.storage.stores()
-            if not plan.clean_up_only:
+            if not plan.commits.clean_up_only:
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
                 freeze_imported_objects()  # the job's code is imported now
                 for ssp in plan.task.sorted_ssps():
                     processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
-                if plan.window:
+                if plan.commits.window:
                     task.window(collector, coordinator)
                 task.close()
             collector.close()
@@ -295,8 +295,9 @@ class TaskBatch:
         try:
             report = self.storage.commit(
                 self.last_processed,
-                due=plan.commit or coordinator.commit_requested,
-                wait=plan.wait_for_uploads or not self.config.get_bool("task.commit.async.enabled"),
+                due=plan.commits.due or coordinator.commit_requested,
+                wait=plan.commits.wait_for_uploads
+                or not self.config.get_bool("task.commit.async.enabled"),
             )
         except BaseException:
             self.storage.close()
@@ -337,11 +338,11 @@ class TaskBatch:
         """The state id of the stores after this batch when it committed nothing: the batch's
         own, unless the batch only cleaned up (then the stores hold what they held)."""
         plan = self.plan
-        if not plan.clean_up_only:
+        if not plan.commits.clean_up_only:
             return plan.batch_state_id
         if self.kept:
-            return plan.expected_state_id
-        last = plan.last_checkpoint_id
+            return plan.start.expected
+        last = plan.start.checkpoint_id
         return EMPTY if last is None else CommittedState(last)
 
     def _process_ssp(
@@ -356,11 +357,11 @@ class TaskBatch:
         read stops early at ``systems.<s>.read.max.bytes``, so memory stays bounded whatever
         the message size)."""
         start = next_offsets.get(ssp)
-        end = self.plan.end.get(ssp)
+        end = self.plan.reads.end.get(ssp)
         if start is None or end is None:
             return 0
         admin = self.systems.admin(ssp.system)
-        remaining = self.plan.max_messages
+        remaining = self.plan.reads.max_messages
         if remaining < 1 or admin.offset_comparator(start, end) >= 0:
             return 0
         consumer = self.systems.consumer(ssp.system)
@@ -377,7 +378,7 @@ class TaskBatch:
                 remaining -= len(records)
         finally:
             consumer.close()
-        return self.plan.max_messages - remaining
+        return self.plan.reads.max_messages - remaining
 
     def _process_records(
         self,
@@ -445,10 +446,10 @@ def setup_worker_logging(config: Mapping[str, str]) -> None:
 def state_is_on_disk(plan: TaskBatchPlan) -> bool:
     """Whether ``plan``'s batch would fetch no state: the local state is current, the task
     starts empty, or every store restores from its local checkpoint. Changes nothing."""
-    if plan.expected_state_id == EMPTY:
+    if plan.start.expected == EMPTY:
         return True
     storage = TaskBatch(plan).storage
-    return storage.is_current(plan.expected_state_id) or storage.restores_from_disk()
+    return storage.is_current(plan.start.expected) or storage.restores_from_disk()
 
 
 def restores_in_threads(plan: TaskBatchPlan) -> bool:

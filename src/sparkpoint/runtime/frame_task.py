@@ -126,7 +126,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     next_offsets = dict(start)
     processed = 0
     for ssp in plan.task.sorted_ssps():
-        offset, end = start.get(ssp), plan.end.get(ssp)
+        offset, end = start.get(ssp), plan.reads.end.get(ssp)
         if offset is None or end is None:
             continue
         decoder = _ChunkDecoder(batch, ssp, schema)

@@ -364,7 +364,7 @@ class DataFrameRunner:
         cached = source.df.persist(StorageLevel.MEMORY_AND_DISK)
         frame = Batch(self.spark, cached, batch, plans, self.config)
         frame._cached.append(cached)
-        if plans and all(p.clean_up_only for p in plans):
+        if plans and all(p.commits.clean_up_only for p in plans):
             try:  # no pipeline: only each task's finish, which cleans up after the checkpoint
                 return self._finish(cached, Finisher(plans, []))
             finally:

@@ -26,39 +26,64 @@ def parse_checkpoint(text: str) -> Checkpoint:
 
 
 @dataclass(frozen=True)
-class TaskBatchPlan:
-    """One task's work in one micro-batch.
+class Reads:
+    """The offsets a task reads in one batch: from ``resume`` (the next offset per SSP,
+    inclusive, when it keeps its live state; ``last_processed`` are the offsets just before
+    them) up to ``end`` (exclusive), at most ``max_messages`` per SSP."""
 
-    Offsets in ``resume`` and ``from_checkpoint`` are the *next* offsets to read (inclusive);
-    ``end`` is exclusive. ``last_checkpoint_id`` is the committed checkpoint (or ``None``).
-    """
+    resume: dict[SystemStreamPartition, str]
+    last_processed: dict[SystemStreamPartition, str]
+    end: dict[SystemStreamPartition, str]
+    max_messages: int
+
+
+@dataclass(frozen=True)
+class StartState:
+    """The state a task must start from: ``expected`` when its live stores hold it, else the
+    last checkpoint (``checkpoint``, its JSON, V1 or V2; None before any), after which it reads
+    from ``from_checkpoint`` (``checkpoint_last_processed`` just before them)."""
+
+    expected: StateId
+    checkpoint: str | None
+    from_checkpoint: dict[SystemStreamPartition, str]
+    checkpoint_last_processed: dict[SystemStreamPartition, str]
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        if self.checkpoint is None:
+            return None
+        return str(parse_checkpoint(self.checkpoint).checkpoint_id)
+
+
+@dataclass(frozen=True)
+class Commits:
+    """What a task commits in one batch: a commit when ``due``; ``window`` calls the task's
+    ``window``; ``wait_for_uploads`` finishes the uploads before the batch returns;
+    ``clean_up_only`` reads nothing and runs no user code, only cleans up after the last
+    checkpoint (the pass after a run's final commit: the stores keep the state they have)."""
+
+    due: bool
+    window: bool = False
+    wait_for_uploads: bool = False
+    clean_up_only: bool = False
+
+
+@dataclass(frozen=True)
+class TaskBatchPlan:
+    """One task's work in one micro-batch, in three parts a reader can hold in their head: what
+    it reads (:class:`Reads`), the state it starts from (:class:`StartState`) and what it
+    commits (:class:`Commits`); then where it runs (``location``, the preferred executor of
+    host affinity) and how many tasks share its process's commit pool (``task_count``)."""
 
     config: dict[str, str]
     run_id: str
     batch: int
     task: TaskModel
-    expected_state_id: StateId
-    resume: dict[SystemStreamPartition, str]
-    from_checkpoint: dict[SystemStreamPartition, str]
-    checkpoint_last_processed: dict[SystemStreamPartition, str]
-    last_processed: dict[SystemStreamPartition, str]
-    end: dict[SystemStreamPartition, str]
-    max_messages: int
-    last_checkpoint: str | None  # the committed checkpoint's JSON (V1 or V2)
-    commit: bool
-    window: bool
-    wait_for_uploads: bool = False
+    reads: Reads
+    start: StartState
+    commits: Commits
     task_count: int = 1
-    location: str | None = None  # the preferred executor (host affinity), if any
-    #: read nothing and run no user code, only clean up after the last checkpoint (the pass
-    #: after a run's final commit): the stores keep the state id they have
-    clean_up_only: bool = False
-
-    @property
-    def last_checkpoint_id(self) -> str | None:
-        if self.last_checkpoint is None:
-            return None
-        return str(parse_checkpoint(self.last_checkpoint).checkpoint_id)
+    location: str | None = None
 
     @property
     def batch_state_id(self) -> UncommittedState:
