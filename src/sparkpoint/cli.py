@@ -7,7 +7,6 @@ User errors (bad config, unknown stream, corrupt data) print one ``error:`` line
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import shutil
@@ -21,6 +20,7 @@ from rich.console import Console
 
 from sparkpoint.config import KEYS, Config, load_config, parse_overrides, redact
 from sparkpoint.errors import SparkpointError, UserError
+from sparkpoint.fsutil import USER_ERRNOS
 
 app = typer.Typer(
     help="sparkpoint: stateful stream processing on Spark, with Samza's state and checkpoints.",
@@ -746,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:
-        if exc.errno not in _USER_ERRNOS:
+        if exc.errno not in USER_ERRNOS:
             raise
         where = f": {exc.filename}" if exc.filename else ""
         err.print(
@@ -758,10 +758,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     return 0
-
-
-#: OS errors a user fixes: one line and exit 2, not a traceback
-_USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+#: errors of the disk a user must fix, not retried: full, over quota, read-only, not allowed
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def fsync_dir(path: Path) -> None:

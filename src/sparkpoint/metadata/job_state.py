@@ -240,8 +240,16 @@ class Heartbeat:
             except Exception:  # a missed heartbeat must not kill the job
                 log.exception("could not write the driver heartbeat")
 
-    def start(self) -> None:
-        self._store = CoordinatorStreamStore(self._config, source="heartbeat")
+    def start(self, *, force: bool = False) -> None:
+        """Claim the job: refuse (:class:`DriverConflict`) while another live driver holds it,
+        unless ``force``; then beat now and every few seconds."""
+        store = CoordinatorStreamStore(self._config, source="heartbeat")
+        try:
+            refuse_if_running(store, self._config.job_name, self._run_id, force=force)
+        except DriverConflict:
+            store.close()
+            raise
+        self._store = store
         self._beat()
         self._thread.start()
 

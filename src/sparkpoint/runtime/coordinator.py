@@ -31,7 +31,6 @@ from sparkpoint.metadata.job_state import (
     DriverConflict,
     Heartbeat,
     assign_changelog_partitions,
-    refuse_if_running,
     store_config,
 )
 from sparkpoint.model import (
@@ -276,13 +275,9 @@ class JobCoordinator:
     def _claim_the_job(self) -> None:
         """Refuse to start while another driver runs the job (unless forced), then beat: from
         here on a second driver refuses to start, and this one stops if another takes over."""
-        probe = CoordinatorStreamStore(self.config, self.systems, source="coordinator")
-        try:
-            refuse_if_running(probe, self.config.job_name, self.run_id, force=self.force)
-        finally:
-            probe.close()
-        self.heartbeat = Heartbeat(self.config, self.run_id)
-        self.heartbeat.start()
+        heartbeat = Heartbeat(self.config, self.run_id)
+        heartbeat.start(force=self.force)
+        self.heartbeat = heartbeat
 
     def _check_still_the_driver(self) -> None:
         """Stop (raise) when another driver took the job over since the last heartbeat."""

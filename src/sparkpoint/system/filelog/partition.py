@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from sparkpoint.errors import CorruptRecordError, UserError
-from sparkpoint.fsutil import atomic_write
+from sparkpoint.fsutil import USER_ERRNOS, atomic_write
 from sparkpoint.system.base import PartitionMetadata, Record
 from sparkpoint.system.filelog import format as fmt
 
@@ -47,9 +46,6 @@ if TYPE_CHECKING:
     from sparkpoint.system.columns import RecordColumns
 
 log = logging.getLogger(__name__)
-
-#: errors of the disk a user must fix (not retried): full, over quota, read-only, not allowed
-_USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class _Index(Sequence[tuple[int, int, int]]):
@@ -316,7 +312,8 @@ class PartitionLog:
     def lost_ranges(self) -> list[tuple[int, int]]:
         """The offset ranges (first, last, inclusive) a repair removed, oldest first."""
         try:
-            text = (self.path / "LOST").read_text()
+            with open(self._lost) as lost:
+                text = lost.read()
         except FileNotFoundError:
             return []
         out = []
@@ -379,7 +376,7 @@ class PartitionLog:
             if not lost:
                 self._recover(log_path, index_path)  # a torn tail past the index only
                 return []
-            with open(self.path / "LOST", "a") as out:
+            with open(self._lost, "a") as out:
                 for first, last in lost:
                     entry = {"first": first, "last": last, "at": int(time.time() * 1000)}
                     out.write(json.dumps(entry) + "\n")
@@ -480,7 +477,7 @@ class PartitionLog:
         try:
             return self._append(records)
         except OSError as exc:
-            if exc.errno not in _USER_ERRNOS:
+            if exc.errno not in USER_ERRNOS:
                 raise  # transient ones stay OSErrors: callers may retry them
             raise UserError(
                 f"cannot append to {self.label} under {self.path}: {exc.strerror} (a full disk, "
