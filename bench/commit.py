@@ -33,8 +33,8 @@ from sparkpoint.checkpoint.checkpoint import CheckpointV2  # noqa: E402
 from sparkpoint.checkpoint.id import CheckpointId  # noqa: E402
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
 from sparkpoint.model import SystemStreamPartition, TaskModel, TaskName  # noqa: E402
-from sparkpoint.runtime.coordinator import JobCoordinator  # noqa: E402
-from sparkpoint.runtime.spark import SparkRunner, spark_session  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.storage.backend import BackendContext  # noqa: E402
 from sparkpoint.storage.changelog.backend import (  # noqa: E402
     ChangelogBackupManager,

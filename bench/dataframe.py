@@ -47,8 +47,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from sss_baseline import run_sss_pageviews  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.coordinator import JobCoordinator  # noqa: E402
-from sparkpoint.runtime.pipeline import (  # noqa: E402
+from sparkpoint.runtime.dataframe.pipeline import (  # noqa: E402
     Batch,
     DataFrameRunner,
     Output,
@@ -56,7 +55,8 @@ from sparkpoint.runtime.pipeline import (  # noqa: E402
     Pipeline,
     StepState,
 )
-from sparkpoint.runtime.spark import SparkRunner, spark_session  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 from sparkpoint.tools.state import committed_entries  # noqa: E402

@@ -32,8 +32,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from generate import events, write  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.coordinator import JobCoordinator  # noqa: E402
-from sparkpoint.runtime.spark import SparkRunner, spark_session  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.testing.services import TansuKafka  # noqa: E402
 from sparkpoint.tools.state import committed_entries  # noqa: E402
 

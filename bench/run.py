@@ -24,8 +24,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from generate import write  # noqa: E402
 
 from sparkpoint.config import load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.coordinator import JobCoordinator  # noqa: E402
-from sparkpoint.runtime.spark import SparkRunner, spark_session  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 

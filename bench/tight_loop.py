@@ -37,8 +37,8 @@ from generate import events, write  # noqa: E402
 from rocksdict import Options, Rdict, WriteBatch  # noqa: E402
 
 from sparkpoint.config import load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.coordinator import JobCoordinator  # noqa: E402
-from sparkpoint.runtime.inline import InlineRunner  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.driver.inline import InlineRunner  # noqa: E402
 from sparkpoint.serde import JsonSerde  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402

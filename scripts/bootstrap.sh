@@ -85,9 +85,9 @@ if [ "$mode" = dev ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
   fi
 fi
 # a class-data-sharing archive of the Spark driver JVM: every Spark start is seconds faster
-# (sparkpoint/runtime/jvm_archive.py); only a speed-up, so a failure is reported, not fatal
+# (sparkpoint/runtime/spark/jvm_archive.py); only a speed-up, so a failure is reported, not fatal
 say "archiving the Spark JVM's classes for faster starts (about 30 s, once)"
-.venv/bin/python -m sparkpoint.runtime.jvm_archive >.venv/jvm-archive.log 2>&1 \
+.venv/bin/python -m sparkpoint.runtime.spark.jvm_archive >.venv/jvm-archive.log 2>&1 \
   || { tail -n 5 .venv/jvm-archive.log >&2; say "warning: no JVM class archive; Spark starts slower"; }
 echo "$want $mode" > "$stamp"
 say "ready: .venv ($mode; $(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"

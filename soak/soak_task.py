@@ -6,7 +6,7 @@ from typing import Any
 
 from pageviews_task import PageViewCounter
 
-from sparkpoint.runtime.api import MessageCollector, TaskContext, TaskCoordinator
+from sparkpoint.runtime.taskapi.api import MessageCollector, TaskContext, TaskCoordinator
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope
 

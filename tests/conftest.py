@@ -31,7 +31,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 def spark() -> Iterator[Any]:
     """The one local Spark session of this test run."""
     from sparkpoint.config import Config
-    from sparkpoint.runtime.spark import spark_session
+    from sparkpoint.runtime.spark.session import spark_session
 
     session = spark_session(Config({"job.name": "tests"}), "local[2]")
     yield session

@@ -103,3 +103,55 @@ def test_tests_mirror_the_package_layout() -> None:
         and not (SRC / d.relative_to(tests)).is_dir()
     ]
     assert stray == [], f"test folders with no sparkpoint package of that name: {stray}"
+
+
+# the runtime's own packages, in the one order they may import each other (plan.py, the
+# contract between the driver and the tasks, is below them all)
+RUNTIME_LAYER = {"plan": 0, "taskapi": 1, "spark": 2, "dataframe": 3, "driver": 4}
+RUNTIME = SRC / "runtime"
+
+
+def runtime_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["sparkpoint", "runtime"]:
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def test_the_runtime_is_its_packages() -> None:
+    """Every module of the runtime is in one of its packages (or is the plan), and each package
+    says in its docstring what it owns and what it may import."""
+    parts = {
+        p.stem for p in RUNTIME.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+    }
+    assert parts - {"__init__"} == set(RUNTIME_LAYER)
+    for name in RUNTIME_LAYER:
+        if name == "plan":
+            continue
+        doc = ast.get_docstring(ast.parse((RUNTIME / name / "__init__.py").read_text())) or ""
+        assert "Owns" in doc and "May import" in doc, f"runtime/{name}/__init__.py docstring"
+
+
+def test_runtime_packages_import_one_way() -> None:
+    wrong = []
+    for where, name, line in imports():
+        if where.split(":")[0] != "runtime":
+            continue
+        path = where.split(":")[1]
+        here, there = runtime_part(path.replace("/", ".")), runtime_part(name)
+        if here in (None, "__init__") or there in (None, "__init__") or here == there:
+            continue
+        if RUNTIME_LAYER[there] >= RUNTIME_LAYER[here]:
+            wrong.append(f"{path}:{line} imports {name}")
+    assert wrong == []
+
+
+def test_no_spark_in_the_task_api() -> None:
+    """The task API's executor side runs without Spark (the inline runner, the test kit)."""
+    wrong = [
+        f"{where.split(':')[1]}:{line}"
+        for where, name, line in imports()
+        if name.startswith("pyspark")
+        and runtime_part(where.split(":")[1].replace("/", ".")) in ("plan", "taskapi")
+    ]
+    assert wrong == []

@@ -460,7 +460,7 @@ PEER_RUNS = {"pyflink": flink_recovery, "bytewax": bytewax_recovery, "quixstream
 _FLOOR = """
 import sys, time
 from sparkpoint.config import Config
-from sparkpoint.runtime.spark import spark_context
+from sparkpoint.runtime.spark.session import spark_context
 sc = spark_context(Config({"job.name": "floor"}), "local[2]")
 sc.parallelize(range(2), 2).mapPartitions(lambda it: [sum(it)]).collect()
 print(time.time(), flush=True)

@@ -29,7 +29,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 from common import arguments, partitions, write_result  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.reports import BatchReport  # noqa: E402
+from sparkpoint.runtime.driver.reports import BatchReport  # noqa: E402
 from sparkpoint.system.base import Record, StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 
@@ -123,15 +123,15 @@ def checkpointed(config: Config) -> int:
 
 
 def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) -> None:
-    from sparkpoint.runtime.launch import start_job
-    from sparkpoint.runtime.spark import SparkRunner
+    from sparkpoint.runtime.driver.launch import start_job
+    from sparkpoint.runtime.spark.session import SparkRunner
 
     def make_runner(spark: object) -> object:
         if api == "task":
             return SparkRunner(spark)  # the SparkContext (sql=False)
         from sparkpoint_steps import per_view
 
-        from sparkpoint.runtime.pipeline import DataFrameRunner, Pipeline
+        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner, Pipeline
 
         pipeline = Pipeline(per_view, config.to_dict(), "user STRING, page STRING, ts LONG")
         return DataFrameRunner(spark, pipeline, config)
@@ -147,7 +147,7 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
     if api != "task":  # the DataFrame side's modules, imported while Spark is still starting
         import sparkpoint_steps  # noqa: F401
 
-        import sparkpoint.runtime.pipeline  # noqa: F401
+        import sparkpoint.runtime.dataframe.pipeline  # noqa: F401
     try:
         coordinator.run(until_caught_up=not forever)
     finally:

@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.runtime.taskapi.api import (
+    MessageCollector,
+    StreamTask,
+    TaskContext,
+    TaskCoordinator,
+)
 from sparkpoint.startpoint import (
     Startpoint,
     StartpointOldest,
@@ -41,19 +46,19 @@ from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvel
 from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, set_startpoints
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.frame_task import StepState
-    from sparkpoint.runtime.pipeline import Batch, Output, ParquetSink, Pipeline, Sink
+    from sparkpoint.runtime.dataframe.pipeline import Batch, Output, ParquetSink, Pipeline, Sink
+    from sparkpoint.runtime.dataframe.task import StepState
 
 __version__ = "0.1.0"
 
 #: names that import Spark, loaded on first use
 _LAZY = {
-    "Batch": "sparkpoint.runtime.pipeline",
-    "Output": "sparkpoint.runtime.pipeline",
-    "ParquetSink": "sparkpoint.runtime.pipeline",
-    "Pipeline": "sparkpoint.runtime.pipeline",
-    "Sink": "sparkpoint.runtime.pipeline",
-    "StepState": "sparkpoint.runtime.frame_task",
+    "Batch": "sparkpoint.runtime.dataframe.pipeline",
+    "Output": "sparkpoint.runtime.dataframe.pipeline",
+    "ParquetSink": "sparkpoint.runtime.dataframe.pipeline",
+    "Pipeline": "sparkpoint.runtime.dataframe.pipeline",
+    "Sink": "sparkpoint.runtime.dataframe.pipeline",
+    "StepState": "sparkpoint.runtime.dataframe.task",
 }
 
 __all__ = [

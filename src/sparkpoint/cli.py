@@ -129,19 +129,18 @@ def run(
     refuses to start (exit 2, naming its host and pid).
 
     A job file runs the low-level task API (`task.class`); `module:attribute` runs a DataFrame
-    pipeline (`sparkpoint.runtime.pipeline.Pipeline`). Both share checkpoints, state backends
-    and startpoints. Ctrl-C or SIGTERM finishes the current batch, commits every task and
-    exits 0.
+    pipeline (`sparkpoint.Pipeline`). Both share checkpoints, state backends and startpoints.
+    Ctrl-C or SIGTERM finishes the current batch, commits every task and exits 0.
 
     Example: `sparkpoint run job.yaml --until-caught-up --set task.commit.ms=2000`
 
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
     """
-    from sparkpoint.runtime.job_path import with_dir_on_path
-    from sparkpoint.runtime.launch import start_job
-    from sparkpoint.runtime.progress import ProgressDisplay
-    from sparkpoint.runtime.reports import BatchRunner
-    from sparkpoint.runtime.spark import DEFAULT_MASTER, SparkRunner
+    from sparkpoint.runtime.driver.job_path import with_dir_on_path
+    from sparkpoint.runtime.driver.launch import start_job
+    from sparkpoint.runtime.driver.progress import ProgressDisplay
+    from sparkpoint.runtime.driver.reports import BatchRunner
+    from sparkpoint.runtime.spark.session import DEFAULT_MASTER, SparkRunner
 
     _setup_logging(verbose)
     path = Path(job)
@@ -149,8 +148,8 @@ def run(
     if ":" in job and not path.exists():
         # the DataFrame side (Arrow, pyspark.sql) only for a pipeline: a task job's start, and
         # so its Spark session's, does not wait for those imports
-        from sparkpoint.runtime.frame_task import require_persistent_stores
-        from sparkpoint.runtime.pipeline import load_pipeline
+        from sparkpoint.runtime.dataframe.pipeline import load_pipeline
+        from sparkpoint.runtime.dataframe.task import require_persistent_stores
 
         pipeline, module_dir = load_pipeline(job)
         one_off = parse_overrides(set_ or [])
@@ -158,7 +157,7 @@ def run(
     else:
         config = _config(path, set_)
         config = with_dir_on_path(config, path.resolve().parent)
-        from sparkpoint.runtime.executor import load_task_class
+        from sparkpoint.runtime.taskapi.executor import load_task_class
 
         load_task_class(config.require("task.class"))  # a bad module fails before Spark starts
     if not config.inputs:
@@ -174,7 +173,7 @@ def run(
     def make_runner(spark: Any) -> BatchRunner:
         if pipeline is None:
             return SparkRunner(spark)  # the context, or on a cluster the session
-        from sparkpoint.runtime.pipeline import DataFrameRunner
+        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
 
         return DataFrameRunner(spark, pipeline, config)
 

@@ -389,8 +389,8 @@ def test_a_task_module_with_a_syntax_error_fails_before_spark_starts(tmp_path: P
 
 def _ran_in_process(tmp_path: Path) -> tuple[list[str], Path]:
     """The example job run to its end in this process (no Spark); its --set args."""
-    from sparkpoint.runtime.coordinator import JobCoordinator
-    from sparkpoint.runtime.inline import InlineRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
 
     set_args = _stream_job(tmp_path)
     config = load_config(JOB, {"job.data.dir": str(tmp_path / "data"), "task.commit.ms": "0"})
@@ -406,8 +406,8 @@ def test_a_store_directory_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     import os
 
     from sparkpoint.errors import RestoreError
-    from sparkpoint.runtime.coordinator import JobCoordinator
-    from sparkpoint.runtime.inline import InlineRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
 
     _, data = _ran_in_process(tmp_path)
     task_dir = next(p for p in (data / "state").iterdir() if (p / "user-counts").is_dir())
@@ -452,8 +452,8 @@ def test_a_checkpointed_offset_that_is_not_an_offset_is_one_line(tmp_path: Path)
     from sparkpoint.checkpoint.manager import CheckpointManager
     from sparkpoint.checkpoint.offsets import OffsetOutOfRange
     from sparkpoint.model import SystemStreamPartition, TaskName
-    from sparkpoint.runtime.coordinator import JobCoordinator
-    from sparkpoint.runtime.inline import InlineRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
 
     _, data = _ran_in_process(tmp_path)
     config = load_config(JOB, {"job.data.dir": str(data)})

@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.runtime.taskapi.api import (
+    MessageCollector,
+    StreamTask,
+    TaskContext,
+    TaskCoordinator,
+)
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 

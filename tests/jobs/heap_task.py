@@ -1,5 +1,5 @@
 """A test task that reports, per message, whether its process froze its imports
-(:mod:`sparkpoint.runtime.worker_heap`) and how many objects are frozen there.
+(:mod:`sparkpoint.runtime.taskapi.worker_heap`) and how many objects are frozen there.
 
 Its ``init`` marks the process unfrozen, as a new worker is: the batch freezes after ``init``,
 so a message reports frozen only if this batch froze, not because Spark reused a worker that an
@@ -10,8 +10,13 @@ from __future__ import annotations
 import gc
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime import worker_heap
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.runtime.taskapi import worker_heap
+from sparkpoint.runtime.taskapi.api import (
+    MessageCollector,
+    StreamTask,
+    TaskContext,
+    TaskCoordinator,
+)
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
 

@@ -4,7 +4,12 @@ the input's system."""
 from __future__ import annotations
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.api import MessageCollector, StreamTask, TaskContext, TaskCoordinator
+from sparkpoint.runtime.taskapi.api import (
+    MessageCollector,
+    StreamTask,
+    TaskContext,
+    TaskCoordinator,
+)
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
 

@@ -18,8 +18,8 @@ from pyspark.sql import functions as F
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.runtime.pipeline import Batch, Output, ParquetSink, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Output, ParquetSink, Pipeline
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
@@ -77,7 +77,7 @@ def _sent(config: Config, stream: str) -> Counter[tuple[str, int]]:
 def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
     tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sparkpoint.runtime.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
 
     task_config, expected = _job(tmp_path / "task")
     _run(task_config, InlineRunner())
@@ -87,7 +87,7 @@ def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
         config, _ = _job(tmp_path / name)
         pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.pipeline"):
+        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.pipeline"):
             _run(config, DataFrameRunner(spark, pipeline, config))
         batches = [r.getMessage() for r in caplog.records if "outputs written" in r.getMessage()]
         assert len(batches) >= 4, name  # 500 views per task, 150 a batch
@@ -107,7 +107,7 @@ def _wrong_types(state: Any, chunks: Any) -> Any:
 def test_a_fused_step_that_yields_other_types_fails_naming_task_and_step(
     tmp_path: Path, spark: Any
 ) -> None:
-    from sparkpoint.runtime.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
 
     config, _ = _job(tmp_path)
 

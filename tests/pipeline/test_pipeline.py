@@ -13,9 +13,9 @@ from pageviews_pipeline import job as example_pipeline
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.runtime.pipeline import Batch, DataFrameRunner, Output, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Output, Pipeline
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
@@ -178,7 +178,7 @@ def _report_heap(state: Any, chunks: Any) -> Any:
     by whatever ran in it first, cannot pass for one the step froze."""
     import pyarrow as pa
 
-    from sparkpoint.runtime import worker_heap
+    from sparkpoint.runtime.taskapi import worker_heap
 
     frozen = worker_heap.FROZEN.done
     ran_here_before = getattr(worker_heap, "_test_step_ran_here", False)
@@ -317,7 +317,7 @@ def test_a_relative_parquet_sink_path_is_relative_to_the_module_creating_it(
 ) -> None:
     """Issue 37: `ParquetSink("out/views")` wrote relative to the current directory, unlike
     every other path (relative to the job file's directory)."""
-    from sparkpoint.runtime.pipeline import ParquetSink
+    from sparkpoint.runtime.dataframe.pipeline import ParquetSink
 
     monkeypatch.chdir(tmp_path)
     sink = ParquetSink("out/views")

@@ -7,7 +7,7 @@ from pathlib import Path
 from sparkpoint.config import load_config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.model import SystemStreamPartition
-from sparkpoint.runtime.batchlog import BatchLog
+from sparkpoint.runtime.driver.batchlog import BatchLog
 from tests.conftest import pageviews_config
 
 A = SystemStreamPartition("filelog", "pageviews", 0)

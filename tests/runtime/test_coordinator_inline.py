@@ -10,8 +10,8 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import StreamNotFound, TaskError
 from sparkpoint.model import SystemStreamPartition
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config

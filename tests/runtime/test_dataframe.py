@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from sparkpoint.config import load_config
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.dataframe import batch_dataframe
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.dataframe.source import batch_dataframe
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
@@ -139,7 +139,7 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(
     to start Python workers of its own every batch)."""
     from types import SimpleNamespace
 
-    from sparkpoint.runtime.spark import task_frame
+    from sparkpoint.runtime.spark.session import task_frame
 
     rows = [f"plan-{i}".encode() * (i + 1) for i in range(5)]
     plans: Any = [SimpleNamespace(location=None) for _ in rows]
@@ -152,7 +152,7 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(
     placed: Any = [SimpleNamespace(location=f"executor_h_{i}") for i in range(5)]
     located = task_frame(spark, placed, rows)
     assert "ExistingRDD" in located._jdf.queryExecution().executedPlan().toString()
-    monkeypatch.setattr("sparkpoint.runtime.spark.JVM_PLANS_MAX_BYTES", 400)
+    monkeypatch.setattr("sparkpoint.runtime.spark.session.JVM_PLANS_MAX_BYTES", 400)
     large = task_frame(spark, plans, rows)  # 5 tasks x 90 bytes: over the limit
     assert "ExistingRDD" in large._jdf.queryExecution().executedPlan().toString()
     assert [bytes(r.plan) for r in large.collect()] == rows
@@ -160,7 +160,7 @@ def test_without_affinity_the_plans_frame_is_built_in_the_jvm(
 
 def test_schemas_are_parsed_once_and_must_be_columns(spark: Any) -> None:
     from sparkpoint.errors import ConfigError
-    from sparkpoint.runtime.dataframe import arrow_schema, spark_schema
+    from sparkpoint.runtime.dataframe.source import arrow_schema, spark_schema
 
     assert spark_schema("user STRING, n LONG") is spark_schema("user STRING, n LONG")
     assert arrow_schema("user STRING, n LONG").names == ["user", "n"]

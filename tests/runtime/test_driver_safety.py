@@ -20,8 +20,8 @@ from sparkpoint.checkpoint.offsets import OffsetOutOfRange
 from sparkpoint.config import Config, load_config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import LIVENESS, DriverConflict, is_running
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config

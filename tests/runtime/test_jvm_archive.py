@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.config import Config
-from sparkpoint.runtime import jvm_archive, spark
+from sparkpoint.runtime.spark import jvm_archive
+from sparkpoint.runtime.spark import session as spark
 
 
 def _driver_options(

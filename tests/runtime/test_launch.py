@@ -14,9 +14,9 @@ import pytest
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.model import TaskName
-from sparkpoint.runtime import launch
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner, LocalPoolRunner, ThreadPoolRunner
+from sparkpoint.runtime.driver import launch
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner, LocalPoolRunner, ThreadPoolRunner
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.base import StreamSpec
@@ -474,7 +474,7 @@ def test_a_restore_process_that_keeps_dying_leaves_the_restore_to_spark(
     from concurrent.futures import ThreadPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from sparkpoint.runtime import inline
+    from sparkpoint.runtime.driver import inline
 
     class DyingPool(ThreadPoolExecutor):
         def map(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparkpoint.metadata.locality import Executor
-from sparkpoint.runtime import locality
+from sparkpoint.runtime.spark import locality
 
 
 def _preferred(rdd: Any) -> list[list[str]]:
@@ -65,7 +65,7 @@ def test_without_the_private_api_batches_run_without_a_preference(
 
 def test_the_spark_runner_runs_on_a_session_or_on_its_context(spark: Any) -> None:
     """A local task job starts the SparkContext alone; a cluster's starts the session."""
-    from sparkpoint.runtime.spark import SparkRunner
+    from sparkpoint.runtime.spark.session import SparkRunner
 
     assert SparkRunner(spark).sc is spark.sparkContext
     assert SparkRunner(spark.sparkContext).sc is spark.sparkContext

@@ -16,9 +16,9 @@ import pytest
 from sparkpoint.config import load_config
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.runtime.metrics import MetricsReporters
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.driver.metrics import MetricsReporters
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines

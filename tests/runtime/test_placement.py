@@ -8,8 +8,8 @@ from pathlib import Path
 from sparkpoint.config import load_config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.locality import Executor, stored_assignment
-from sparkpoint.runtime.affinity import HostAffinity
-from sparkpoint.runtime.placement import Placement
+from sparkpoint.runtime.driver.affinity import HostAffinity
+from sparkpoint.runtime.driver.placement import Placement
 from sparkpoint.runtime.plan import TaskBatchResult
 from tests.conftest import pageviews_config
 

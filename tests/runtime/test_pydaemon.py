@@ -9,7 +9,7 @@ from typing import Any
 
 import pyspark
 
-from sparkpoint.runtime.pydaemon import installed_package_zips
+from sparkpoint.runtime.spark.pydaemon import installed_package_zips
 
 PACKAGE = Path(pyspark.__file__).resolve().parent
 
@@ -31,10 +31,10 @@ def _worker(_: int) -> tuple[str, int, list[str]]:
 
 def test_spark_workers_import_pyspark_from_the_installed_package(spark: Any) -> None:
     conf = spark.sparkContext.getConf()
-    assert conf.get("spark.python.daemon.module") == "sparkpoint.runtime.pydaemon"
+    assert conf.get("spark.python.daemon.module") == "sparkpoint.runtime.spark.pydaemon"
     workers = spark.sparkContext.parallelize(range(2), 2).map(_worker).collect()
     for file, threads, modules in workers:
         assert ".zip" not in file, file
         assert Path(file).resolve().is_relative_to(PACKAGE)
         assert threads == 1  # nothing imported before the fork started a thread
-        assert "sparkpoint.runtime.executor" in modules  # imported once, by the daemon
+        assert "sparkpoint.runtime.taskapi.executor" in modules  # imported once, by the daemon

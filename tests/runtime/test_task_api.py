@@ -12,8 +12,8 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import Record, StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines

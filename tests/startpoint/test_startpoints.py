@@ -16,8 +16,8 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.startpoint import (
     Startpoint,
     StartpointOldest,

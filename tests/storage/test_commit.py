@@ -8,8 +8,8 @@ import pytest
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import CommitError
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY

@@ -18,8 +18,8 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
 from sparkpoint.errors import CommitError, RestoreError
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.storage.blobstore.manager import manager_from_config
 from sparkpoint.storage.changelog.marker import ChangelogMarker
 from sparkpoint.storage.commit import (

@@ -99,8 +99,8 @@ def test_the_task_directory_lists_what_a_batch_a_commit_and_a_clean_up_leave(
     """Issue 30: every file a task keeps is named by its directory (storage/local.py); after
     each step of a run it lists exactly what that step left, and nothing it does not name."""
     from sparkpoint.config import load_config
-    from sparkpoint.runtime.coordinator import JobCoordinator
-    from sparkpoint.runtime.inline import InlineRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
     from sparkpoint.system.base import StreamSpec
     from sparkpoint.system.registry import Systems
     from tests.conftest import pageviews_config

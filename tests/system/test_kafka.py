@@ -176,8 +176,8 @@ def changelog_job(broker: TansuKafka, tmp_path: Path, **extra: str) -> Config:
 
 
 def start(config: Config) -> None:
-    from sparkpoint.runtime.coordinator import JobCoordinator
-    from sparkpoint.runtime.inline import InlineRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
 
     Systems(config).admin("log").create_stream(StreamSpec("pageviews", 4))
     coordinator = JobCoordinator(config, InlineRunner())

@@ -12,8 +12,8 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.filelog.system import FileLogConsumer, FileLogProducer
 from sparkpoint.system.registry import Systems

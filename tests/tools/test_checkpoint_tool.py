@@ -11,8 +11,8 @@ from sparkpoint.config import load_config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.job_state import Heartbeat
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.checkpoints import set_checkpoints

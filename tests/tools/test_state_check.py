@@ -9,8 +9,8 @@ import pytest
 
 from sparkpoint.cli import main
 from sparkpoint.config import load_config
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import EXAMPLE_DIR, pageviews_config

@@ -114,7 +114,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "true",
         "true | false",
         "start the Spark driver JVM with the class-data-sharing archive made at install "
-        "(python -m sparkpoint.runtime.jvm_archive), when there is one: seconds off every start",
+        "(python -m sparkpoint.runtime.spark.jvm_archive), when there is one: seconds off "
+        "every start",
         _bool,
     ),
     ConfigKey(

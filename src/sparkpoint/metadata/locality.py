@@ -8,7 +8,7 @@ the assignment, with a Spark executor in the role of a container:
 * ``task-locality`` (sparkpoint's own): task -> JSON of where it last committed, which
   checkpoint, and its stores' size on disk then.
 
-The assignment rules live in :mod:`sparkpoint.runtime.placement`.
+The assignment rules live in :mod:`sparkpoint.runtime.driver.placement`.
 """
 
 from __future__ import annotations

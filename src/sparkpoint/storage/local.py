@@ -40,7 +40,7 @@ CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
 CLEANED = "CLEANED"
-#: the DataFrame phases' notes (runtime/frame_task.py) all start so
+#: the DataFrame phases' notes (runtime/dataframe/task.py) all start so
 PHASE_NOTE_PREFIX = "FRAME-"
 
 
@@ -104,7 +104,7 @@ class LocalTaskState:
         atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id.text}).encode())
 
     def read_note(self, name: str) -> dict[str, Any] | None:
-        """A small JSON note kept beside the state (see :mod:`sparkpoint.runtime.frame_task`)."""
+        """A small JSON note kept beside the state (:mod:`sparkpoint.runtime.dataframe.phases`)."""
         try:
             data = json.loads((self.dir / name).read_bytes())
         except FileNotFoundError:

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.api import StreamTask
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
-from sparkpoint.runtime.reports import BatchRunner, RunSummary
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.driver.reports import BatchRunner, RunSummary
+from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.storage import task_storage
 from sparkpoint.storage.kv.store import store_serdes
 from sparkpoint.system.registry import Systems
@@ -46,7 +46,7 @@ from sparkpoint.tools.state import committed_entries
 from sparkpoint.tools.streams import Message, read_json_lines, resolve_stream, send_messages
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.pipeline import Pipeline
+    from sparkpoint.runtime.dataframe.pipeline import Pipeline
 
 __all__ = ["JobTestDriver", "Message", "OutputMessage"]
 
@@ -83,8 +83,8 @@ class JobTestDriver:
         config: Mapping[str, str] | None = None,
         spark: Any = None,
     ) -> None:
-        from sparkpoint.runtime.job_path import with_dir_on_path
-        from sparkpoint.runtime.pipeline import Pipeline
+        from sparkpoint.runtime.dataframe.pipeline import Pipeline
+        from sparkpoint.runtime.driver.job_path import with_dir_on_path
 
         self._owned = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="sparkpoint-test-"))
@@ -105,7 +105,7 @@ class JobTestDriver:
 
     @staticmethod
     def _load(job: Any, overrides: Mapping[str, str]) -> Config:
-        from sparkpoint.runtime.pipeline import Pipeline
+        from sparkpoint.runtime.dataframe.pipeline import Pipeline
 
         if isinstance(job, Pipeline):
             return job.load_config(overrides)
@@ -158,8 +158,8 @@ class JobTestDriver:
     def _runner(self) -> BatchRunner:
         if self.pipeline is None:
             return InlineRunner()
-        from sparkpoint.runtime.pipeline import DataFrameRunner
-        from sparkpoint.runtime.spark import spark_session
+        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.spark.session import spark_session
 
         if self._spark is None:
             self._spark = spark_session(self.config, "local[2]")

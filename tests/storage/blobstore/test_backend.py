@@ -12,8 +12,8 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import InjectedCrash
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.inline import InlineRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.storage.blobstore.backend import blob_manager
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems

@@ -10,8 +10,8 @@ before; a cycle among the frozen objects that became garbage later would stay, w
 this runs once per worker process, at the first batch, after the job's code is imported, and
 never in the driver or in a test process (``InlineRunner``).
 
-The Python worker daemon (:mod:`sparkpoint.runtime.pydaemon`) freezes its own imports before it
-forks, as the ``gc.freeze`` documentation advises, so a forked worker's collections do not
+The Python worker daemon (:mod:`sparkpoint.runtime.spark.pydaemon`) freezes its own imports
+before it forks, as the ``gc.freeze`` documentation advises, so a forked worker's collections do not
 touch (and copy) the daemon's pages.
 """
 

@@ -14,14 +14,14 @@ from rich.live import Live
 from rich.table import Table
 
 from sparkpoint.model import JobModel, SystemStreamPartition
-from sparkpoint.runtime.reports import BatchReport, RunSummary
+from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
 from sparkpoint.storage.restore import LOCAL
 
 log = logging.getLogger(__name__)
 
 
 class ProgressDisplay:
-    """A :class:`~sparkpoint.runtime.coordinator.Listener` that shows progress."""
+    """A :class:`~sparkpoint.runtime.driver.coordinator.Listener` that shows progress."""
 
     def __init__(self, console: Console | None = None, *, live: bool | None = None) -> None:
         # one line per batch in logs, never wrapped at 80 columns (greppable)

@@ -2,7 +2,7 @@
 
 The driver (this process) is the job coordinator. Each batch is one Spark job over an RDD of the
 task plans with exactly one partition per task; the executor side is
-:func:`sparkpoint.runtime.executor.run_task_batch`. Python workers use this interpreter
+:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`. Python workers use this interpreter
 (``PYSPARK_PYTHON``), so they import the same sparkpoint.
 """
 
@@ -26,10 +26,10 @@ from sparkpoint.errors import (
     UserError,
 )
 from sparkpoint.metadata.locality import Executor
-from sparkpoint.runtime import jvm_archive
-from sparkpoint.runtime.executor import run_task_batch
-from sparkpoint.runtime.locality import executors_of_group, live_executors, located_rdd
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.spark import jvm_archive
+from sparkpoint.runtime.spark.locality import executors_of_group, live_executors, located_rdd
+from sparkpoint.runtime.taskapi.executor import run_task_batch
 
 _ERRORS: dict[str, type[SparkpointError]] = {
     "ConfigError": ConfigError,
@@ -90,7 +90,7 @@ def spark_settings(config: Config, master: str | None = None) -> tuple[str, dict
         "spark.speculation": "false",
         "spark.driver.extraJavaOptions": java_options,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
-        "spark.python.daemon.module": "sparkpoint.runtime.pydaemon",
+        "spark.python.daemon.module": "sparkpoint.runtime.spark.pydaemon",
         # a DataFrame batch is cached for one batch only: building compressed column batches
         # (dictionary and run-length statistics per column) was half of the JVM's work there
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
@@ -164,7 +164,7 @@ class SparkRunner:
 
     def __init__(self, spark: Any) -> None:
         """``spark``: the SparkContext (:func:`spark_context`), or a session (its context is
-        used): what :class:`~sparkpoint.runtime.launch.SparkStart` started."""
+        used): what :class:`~sparkpoint.runtime.driver.launch.SparkStart` started."""
         self.sc = getattr(spark, "sparkContext", spark)
 
     def executors(self) -> list[Executor] | None:

@@ -40,11 +40,11 @@ from sparkpoint.model import (
     TaskName,
 )
 from sparkpoint.model.startpoint import Startpoint
-from sparkpoint.runtime.affinity import BatchPlacement, HostAffinity
-from sparkpoint.runtime.batchlog import BatchLog
-from sparkpoint.runtime.metrics import MetricsReporters
+from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
+from sparkpoint.runtime.driver.batchlog import BatchLog
+from sparkpoint.runtime.driver.metrics import MetricsReporters
+from sparkpoint.runtime.driver.reports import BatchReport, BatchRunner, Listener, RunSummary
 from sparkpoint.runtime.plan import Commits, Reads, StartState, TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.reports import BatchReport, BatchRunner, Listener, RunSummary
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
     StateBackendAdmin,
@@ -671,7 +671,7 @@ class JobCoordinator:
         reads nothing (like the last pass of a run). The first batch then finds each task's
         state current and keeps it. ``sparkpoint run`` uses this in local mode, where the
         driver shares the executors' disk, to restore while Spark starts
-        (:mod:`sparkpoint.runtime.launch`). Returns None, doing nothing, while batches logged
+        (:mod:`sparkpoint.runtime.driver.launch`). Returns None, doing nothing, while batches logged
         before the last stop wait to be replayed under their own ids."""
         if self.model is None:
             self.start()

@@ -7,12 +7,12 @@
   the batch's last, the task's finish, in one pass over the step's input: the step's rows go
   straight from the function to the stream, never back through the JVM or into a cache;
 * :class:`FusedRead`: the same, reading the task's messages itself, for a step whose input is
-  only columns and struct fields of ``batch.df`` (:func:`sparkpoint.runtime.fusion.
+  only columns and struct fields of ``batch.df`` (:func:`sparkpoint.runtime.dataframe.fusion.
   source_projection`): the JVM then schedules the batch and moves no rows at all.
 
 A fused step changes the stores and sends in the same Spark task, so a retry of that task
 cannot reuse the step's rows: it drops the batch's progress for the task instead
-(:func:`~sparkpoint.runtime.frame_task.drop_batch`), which restores the last checkpoint. The
+(:func:`~sparkpoint.runtime.dataframe.task.drop_batch`), which restores the last checkpoint. The
 unfused path keeps its guard: a step computed twice in a batch fails the batch.
 """
 
@@ -28,7 +28,7 @@ import pyarrow as pa
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.runtime.frame_task import (
+from sparkpoint.runtime.dataframe.task import (
     StepState,
     drop_batch,
     finish_batch,
@@ -129,7 +129,7 @@ class Finisher:
 
     def finish(self, plan: TaskBatchPlan | None = None) -> bytes:
         """Finish the task of ``plan`` (or of the current Spark partition); its pickled result."""
-        from sparkpoint.runtime.executor import setup_worker_logging
+        from sparkpoint.runtime.taskapi.executor import setup_worker_logging
 
         plan = plan or self.plans[partition_index()]
         setup_worker_logging(plan.config)
@@ -172,8 +172,8 @@ class StreamWriterUdf:
     ) -> Iterator[pa.RecordBatch]:
         """Send ``chunks``; yields one row: the task, how many messages were sent, and the
         task's pickled result if this output finishes it (``plan``: the task, when known)."""
-        from sparkpoint.runtime.executor import worker_config
-        from sparkpoint.runtime.output import OutputCollector
+        from sparkpoint.runtime.taskapi.executor import worker_config
+        from sparkpoint.runtime.taskapi.output import OutputCollector
 
         config, systems = worker_config(self.config)
         task = "" if plan is None else plan.task.name.name

@@ -3,7 +3,7 @@
 Samza keeps a task's local state worth having by asking the cluster manager for the host the
 task's container ran on before (host affinity, stored in the coordinator stream). On Spark the
 driver gives each task's Spark partition a preferred location, its executor
-(:mod:`sparkpoint.runtime.locality`), and keeps the assignment here:
+(:mod:`sparkpoint.runtime.spark.locality`), and keeps the assignment here:
 
 * a task keeps its executor for as long as that executor lives;
 * a new task, or one whose executor is gone, goes to the live executor with the fewest tasks

@@ -33,7 +33,7 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import ensure_stream
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.reports import BatchReport
+    from sparkpoint.runtime.driver.reports import BatchReport
 
 log = logging.getLogger(__name__)
 

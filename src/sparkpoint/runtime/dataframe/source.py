@@ -3,8 +3,8 @@
 :func:`batch_dataframe` turns the coordinator's plans for one batch into a DataFrame with **one
 Spark partition per task**, in plan order: a DataFrame of the pickled plans (built in the JVM,
 or over an RDD whose partitions prefer their task's executor under host affinity:
-:func:`~sparkpoint.runtime.spark.task_frame`), mapped by ``mapInArrow`` to the task's messages
-as Arrow batches (no driver-side collect) by :func:`sparkpoint.runtime.frame_task.
+:func:`~sparkpoint.runtime.spark.session.task_frame`), mapped by ``mapInArrow`` to the task's
+messages as Arrow batches (no driver-side collect) by :func:`sparkpoint.runtime.dataframe.task.
 read_batches`, which also establishes the task's state. Every step after it is narrow or
 reads its cache, so it runs where the task's state is. Columns:
 ``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
@@ -24,7 +24,7 @@ from typing import Any
 
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.plan import TaskBatchPlan
-from sparkpoint.runtime.spark import task_frame
+from sparkpoint.runtime.spark.session import task_frame
 
 SCHEMA = (
     "task STRING, stream STRING, partition INT, offset STRING, key STRING, "
@@ -40,7 +40,7 @@ class _ReadPlans:
         self.__name__ = name  # pyspark names the UDF after it (its plans show it)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
-        from sparkpoint.runtime.frame_task import read_batches
+        from sparkpoint.runtime.dataframe.task import read_batches
 
         for chunk in chunks:
             for raw in chunk.column(0).to_pylist():

@@ -2,10 +2,10 @@
 
 Written plainly, a stateful step's rows go from its Python worker into a cache in the JVM, and
 from there to a second Python worker that sends them to the output stream. When the stream
-output is the only reader of the step, :class:`~sparkpoint.runtime.frame_udfs.FusedStep`
+output is the only reader of the step, :class:`~sparkpoint.runtime.dataframe.udfs.FusedStep`
 sends them from the step's own worker instead (one Python pass, no cache). When, in addition,
 the step's input is only columns and struct fields of ``batch.df`` (``select("task",
-"value.user")``, say), :class:`~sparkpoint.runtime.frame_udfs.FusedRead` has each task read
+"value.user")``, say), :class:`~sparkpoint.runtime.dataframe.udfs.FusedRead` has each task read
 its messages in that same worker, and no row crosses the JVM.
 
 Both decisions read Spark's plans. Each step's UDF is named with a token unique to the batch
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkpoint.runtime.frame_udfs import Projection, StepUdf
+from sparkpoint.runtime.dataframe.udfs import Projection, StepUdf
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The driver's side of host affinity for one run: place tasks before each batch, learn where
 they ran after it, and keep both in the metadata store.
 
-The assignment rules are in :mod:`sparkpoint.runtime.placement`; the Spark calls in
-:mod:`sparkpoint.runtime.locality`. A runner that runs on a Spark cluster offers
+The assignment rules are in :mod:`sparkpoint.runtime.driver.placement`; the Spark calls in
+:mod:`sparkpoint.runtime.spark.locality`. A runner that runs on a Spark cluster offers
 ``executors()`` (the live executors) and fills in :attr:`TaskBatchResult.ran_on`; without it
 (local mode, the inline runner) nothing is placed and every count stays zero.
 
@@ -26,7 +26,7 @@ from sparkpoint.metadata.locality import (
     store_task_locality,
     stored_assignment,
 )
-from sparkpoint.runtime.placement import Move, Placement
+from sparkpoint.runtime.driver.placement import Move, Placement
 from sparkpoint.runtime.plan import TaskBatchResult
 
 log = logging.getLogger(__name__)

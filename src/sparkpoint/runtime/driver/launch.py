@@ -4,7 +4,7 @@ A Spark session takes seconds to start: a JVM, then the session. :func:`start_jo
 on a background thread, and meanwhile the driver does the job's own start-up (metadata,
 checkpoints, startpoints). In local mode the driver shares the executors' disk, so it also
 restores every task's state in that time
-(:meth:`~sparkpoint.runtime.coordinator.JobCoordinator.restore_ahead`). That runs the same
+(:meth:`~sparkpoint.runtime.driver.coordinator.JobCoordinator.restore_ahead`). That runs the same
 executor code and changes no checkpoint: the first batch finds the state current and keeps it.
 Tasks with state to fetch restore in as many local processes as Spark has cores (``local[N]``);
 the others are set up in the driver (:class:`RestoreRunner`). A restart after losing the state
@@ -29,24 +29,24 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.runtime.coordinator import JobCoordinator
-from sparkpoint.runtime.executor import restores_in_threads, state_is_on_disk
-from sparkpoint.runtime.inline import (
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import (
     InlineRunner,
     LocalPoolRunner,
     ThreadPoolRunner,
     WorkerProcessDied,
 )
+from sparkpoint.runtime.driver.reports import BatchRunner, Listener
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.reports import BatchRunner, Listener
-from sparkpoint.runtime.spark import DEFAULT_MASTER, spark_context, spark_session
+from sparkpoint.runtime.spark.session import DEFAULT_MASTER, spark_context, spark_session
+from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
 log = logging.getLogger(__name__)
 
 
 class SparkStart:
     """A Spark session starting on a background thread; with ``sql=False`` in local mode only
-    its SparkContext (:func:`~sparkpoint.runtime.spark.spark_context`), which is all a task
+    its SparkContext (:func:`~sparkpoint.runtime.spark.session.spark_context`), which is all a task
     API job needs, and starts faster."""
 
     def __init__(self, config: Config, master: str | None = None, *, sql: bool = True) -> None:

@@ -14,10 +14,10 @@
 ``sparkpoint run module:job`` runs it. Everything around the function is the runtime the
 low-level task API uses: the same coordinator plans the batches, the same executor code
 establishes and restores state, commits (sync snapshot, async upload), writes checkpoints and
-applies startpoints (see :mod:`sparkpoint.runtime.frame_task` for how a task's batch is split
+applies startpoints (see :mod:`sparkpoint.runtime.dataframe.task` for how a task's batch is split
 into phases). Per batch, :class:`DataFrameRunner`
 
-1. builds ``batch.df``: one Spark partition per task (:mod:`sparkpoint.runtime.dataframe`);
+1. builds ``batch.df``: one Spark partition per task (:mod:`sparkpoint.runtime.dataframe.source`);
 2. calls the function, which may use any Spark SQL. :meth:`Batch.stateful` runs a function on
    the partition of each task with the task's stores (``mapInArrow`` or ``mapInPandas``); its
    input must still be partitioned by task (no shuffle before it), which is checked;
@@ -26,9 +26,9 @@ into phases). Per batch, :class:`DataFrameRunner`
 4. runs one Spark job over the cached batch in which every task commits when due and reports
    to the driver (the batch is cached so that every phase of a task runs where it was read).
 
-Batch ids are durable (:mod:`sparkpoint.runtime.batchlog`): after a crash the batches after the
-last checkpoint are replayed with their old ids and input, so a sink that records the ids it
-committed (:class:`ParquetSink`) never writes a batch twice.
+Batch ids are durable (:mod:`sparkpoint.runtime.driver.batchlog`): after a crash the batches
+after the last checkpoint are replayed with their old ids and input, so a sink that records the
+ids it committed (:class:`ParquetSink`) never writes a batch twice.
 """
 
 from __future__ import annotations
@@ -52,9 +52,17 @@ from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.dataframe import BatchSource, arrow_schema, batch_source
-from sparkpoint.runtime.frame_task import StepState, require_persistent_stores
-from sparkpoint.runtime.frame_udfs import (
+from sparkpoint.runtime.dataframe.fusion import (
+    StepFrame,
+    fusable,
+    reads,
+    source_projection,
+    source_token,
+    step_token,
+)
+from sparkpoint.runtime.dataframe.source import BatchSource, arrow_schema, batch_source
+from sparkpoint.runtime.dataframe.task import StepState, require_persistent_stores
+from sparkpoint.runtime.dataframe.udfs import (
     RESULT_SCHEMA,
     Finisher,
     FusedRead,
@@ -64,16 +72,8 @@ from sparkpoint.runtime.frame_udfs import (
     StreamWriterUdf,
     partitioning_error,
 )
-from sparkpoint.runtime.fusion import (
-    StepFrame,
-    fusable,
-    reads,
-    source_projection,
-    source_token,
-    step_token,
-)
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.spark import (
+from sparkpoint.runtime.spark.session import (
     batch_job_group,
     cluster_executors,
     record_executors,
@@ -229,7 +229,7 @@ class Batch:
         from pyspark import StorageLevel
 
         # cached, so that every reader gets the step's one computation; a step whose only
-        # reader is a stream output runs fused with it instead (sparkpoint.runtime.fusion)
+        # reader is a stream output runs fused with it instead (sparkpoint.runtime.dataframe.fusion)
         out = out.persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(out)
         self._frames.append(StepFrame(function, df, out, schema))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sparkpoint.model import JobModel, SystemStreamPartition
-from sparkpoint.runtime.placement import Move
+from sparkpoint.runtime.driver.placement import Move
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.restore import LOCAL
@@ -19,7 +19,7 @@ class BatchRunner(Protocol):
 
     A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
     ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
-    :class:`~sparkpoint.runtime.batchlog.BatchLog` and replayed with the same ids and end
+    :class:`~sparkpoint.runtime.driver.batchlog.BatchLog` and replayed with the same ids and end
     offsets after a restart.
     """
 

@@ -9,8 +9,8 @@ lost speed-up.
 
 :func:`create` makes it once, in a child process that starts a local session and runs a small
 RDD job and an Arrow DataFrame job (so their classes are archived too); ``scripts/bootstrap.sh``
-calls it after installing (``python -m sparkpoint.runtime.jvm_archive``). :func:`java_options`
-is what :func:`sparkpoint.runtime.spark.spark_session` adds to the driver's options when the
+calls it after installing (``python -m sparkpoint.runtime.spark.jvm_archive``). :func:`java_options`
+is what :func:`sparkpoint.runtime.spark.session.spark_session` adds to the driver's options when the
 archive exists and ``job.spark.class.archive`` is true (the default).
 """
 

@@ -4,7 +4,7 @@
 that need the runtime's exact semantics without starting Spark. :class:`LocalPoolRunner` runs
 them in a pool of worker processes, and :class:`ThreadPoolRunner` on threads of this process;
 the driver uses them to restore state while a local Spark session starts
-(:mod:`sparkpoint.runtime.launch`). All run the very same :func:`run_task_batch` that Spark
+(:mod:`sparkpoint.runtime.driver.launch`). All run the very same :func:`run_task_batch` that Spark
 runs on executors.
 """
 
@@ -16,8 +16,8 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from sparkpoint.errors import SparkpointError
-from sparkpoint.runtime.executor import run_task_batch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.taskapi.executor import run_task_batch
 
 log = logging.getLogger(__name__)
 

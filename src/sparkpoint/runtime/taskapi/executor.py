@@ -14,7 +14,7 @@
 6. ``TaskStorage.close``: close the stores and write the marker for the new state.
 
 Steps 1 and 5-6 are :meth:`TaskBatch.begin` and :meth:`TaskBatch.finish`, which the DataFrame
-API's phases (:mod:`sparkpoint.runtime.frame_task`) call as well.
+API's phases (:mod:`sparkpoint.runtime.dataframe.task`) call as well.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkpoint import worker
@@ -41,10 +42,10 @@ from sparkpoint.errors import (
     TaskError,
 )
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
-from sparkpoint.runtime.api import StreamTask
-from sparkpoint.runtime.output import OutputCollector
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
-from sparkpoint.runtime.worker_heap import freeze_imported_objects
+from sparkpoint.runtime.taskapi.api import StreamTask
+from sparkpoint.runtime.taskapi.output import OutputCollector
+from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
@@ -119,7 +120,8 @@ def load_task_class(path: str) -> type[StreamTask]:
     return cls
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: sparkpoint's own source folder: frames in it are not the user's code
+_PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2])
 
 
 def raised_at(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ naming the run and batch it belongs to:
   the pipeline runner caches each step's output so that Spark does not recompute it.
 * **finish** (:func:`finish_batch`, one Spark job over the cached batch after every output is
   written): commit when due and report to the driver, through the same
-  :class:`~sparkpoint.runtime.executor.TaskBatch` code as the low-level API, so commits,
+  :class:`~sparkpoint.runtime.taskapi.executor.TaskBatch` code as the low-level API, so commits,
   backups, restore and the marker work the same.
 
 The phases of a task must run where its state is (``job.logged.store.base.dir``): always true
@@ -48,9 +48,9 @@ from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.executor import BatchCoordinator, TaskBatch, raised_at
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.worker_heap import freeze_imported_objects
+from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch, raised_at
+from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.local import PHASE_NOTE_PREFIX
@@ -381,7 +381,7 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
 
 
 def drop_batch(plan: TaskBatchPlan, step: str) -> None:
-    """A retried Spark task of a fused step (:mod:`sparkpoint.runtime.frame_udfs`) found that
+    """A retried Spark task of a fused step (:mod:`sparkpoint.runtime.dataframe.udfs`) found that
     ``step`` already changed the task's stores in this batch: the batch's progress for the task
     is dropped. Its other phases still read the batch's planned messages, and its finish
     restores the last checkpoint (trimming the changelog) and reports no progress, so the next

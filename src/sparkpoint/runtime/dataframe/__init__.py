@@ -1,0 +1,11 @@
+"""The DataFrame API: a job as a function from each micro-batch's DataFrame to its outputs.
+
+Owns ``Pipeline``, ``Batch`` and the outputs and sinks (:mod:`.pipeline`), the batch source
+that reads each task's messages as one Spark partition (:mod:`.source`), the functions Spark
+runs per task partition (:mod:`.udfs`), which outputs run fused with their stateful step
+(:mod:`.fusion`), the executor side of a task's batch in phases (:mod:`.task`) and the phase
+machine those phases advance (:mod:`.phases`, no Spark in it).
+
+May import :mod:`sparkpoint.runtime.plan`, :mod:`sparkpoint.runtime.taskapi`,
+:mod:`sparkpoint.runtime.spark`, pyspark and every package below the runtime; never the driver.
+"""

@@ -1,0 +1,11 @@
+"""The driver: the process that runs a job's batches and owns its checkpoints.
+
+Owns the :class:`~.coordinator.JobCoordinator` (start: heartbeat, startpoints, restores; each
+batch: plan, run, write checkpoints), the durable batch ids (:mod:`.batchlog`), task placement
+and host affinity (:mod:`.placement`, :mod:`.affinity`), what a batch reports
+(:mod:`.reports`), metrics (:mod:`.metrics`), the live progress display (:mod:`.progress`),
+the in-process runner for tests (:mod:`.inline`) and launching a job from the CLI
+(:mod:`.launch`, :mod:`.job_path`).
+
+May import every other runtime package and every package below the runtime.
+"""
