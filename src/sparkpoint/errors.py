@@ -51,6 +51,10 @@ class TaskError(SparkpointError):
     """User task code failed; names the task and the message being processed."""
 
 
+class PhaseError(TaskError):
+    """A phase of a task's DataFrame batch ran out of order (names task, batch and phase)."""
+
+
 class MessageDecodeError(TaskError, UserError):
     """A message its stream's serde cannot decode; names the task, SSP and offset. A problem
     of the data (or of the serde configured for it), so a user error."""

@@ -4,7 +4,7 @@ there (:class:`LocalTaskState`). Nothing else names, creates, reads or deletes t
 Layout under ``job.logged.store.base.dir``::
 
     <task>/STATE                       JSON {"state-id": ...}; absent while the state is changing
-    <task>/FRAME-*                     notes of the DataFrame API's batch phases (frame_task)
+    <task>/FRAME-*                     the DataFrame batch phases (runtime/dataframe/phases.py)
     <task>/<store>/                    the live store
     <task>/<store>.restoring/          the store while a restore rebuilds it (then renamed)
     <task>/<store>.checkpoints/<id>/   a local checkpoint of the store (RocksDB hard links)

@@ -1,43 +1,38 @@
-"""The executor side of a DataFrame pipeline's micro-batch: read, stateful steps, finish.
+"""The executor side of a DataFrame pipeline's micro-batch: each task's phases, run.
 
 A DataFrame batch runs as several Spark jobs (one per output, then one to finish), and Spark may
 compute a part of it more than once (a second output reading the batch again, a retried Spark
-task). The work of one task is therefore split into phases, tied together by small notes in the
-task's state directory (:meth:`~sparkpoint.storage.local.LocalTaskState.write_note`), each
-naming the run and batch it belongs to:
+task). The work of one task is therefore split into phases, which
+:class:`~sparkpoint.runtime.dataframe.phases.TaskPhases` orders and checks (read its docstring
+for the machine); this module runs them around the same
+:class:`~sparkpoint.runtime.taskapi.executor.TaskBatch` the task API uses, so commits,
+backups, restore and the marker work the same:
 
-* **read** (:func:`read_batches`, called by the batch source for the task's Spark partition). The
-  first time in a batch it establishes state exactly as the low-level executor does (keep the
-  live stores if the marker says so, else restore the last checkpoint) and notes where reading
-  starts (``FRAME-BATCH``). Any later computation of the source in the same batch reuses that
-  note, so it reads the same messages and touches no state. After the last message it notes
-  where reading ended (``FRAME-READ``).
-* **stateful step** (:func:`run_step`): opens the stores on the partition of the task. Store
-  updates are not idempotent, so a step refuses to run twice in one batch (``FRAME-STEP-*``);
-  the pipeline runner caches each step's output so that Spark does not recompute it.
-* **finish** (:func:`finish_batch`, one Spark job over the cached batch after every output is
-  written): commit when due and report to the driver, through the same
-  :class:`~sparkpoint.runtime.taskapi.executor.TaskBatch` code as the low-level API, so commits,
-  backups, restore and the marker work the same.
+* **read** (:func:`read_batches`, the batch source of the task's Spark partition): the first
+  time in a batch it establishes state exactly as the task API does (keep the live stores if
+  the marker says so, else restore the last checkpoint); a later computation reads the same
+  messages and touches no state.
+* **stateful step** (:func:`run_step`): opens the stores on the partition of the task, once per
+  batch; the pipeline runner caches each step's output so that Spark does not recompute it.
+* **finish** (:func:`finish_batch`, after every output is written): commit when due and report
+  to the driver.
+* **drop** (:func:`drop_batch`): a retried fused step's way to give up the batch's progress.
 
 The phases of a task must run where its state is (``job.logged.store.base.dir``): always true
 in local mode or with a shared directory. On a cluster with private directories the runner
 caches the batch, so Spark's locality preference sends the stateful steps and the finish to the
 executor that read it. A stateful step that still lands elsewhere fails the batch; a finish
-that lands elsewhere (or finds a step missing, or a fused step's retry noted ``FRAME-DROPPED``)
-drops the batch's progress for that task:
-it restores the last checkpoint there, trimming the changelog of the steps' writes, and the
-input is read again in the next batch, so state always matches its offsets.
+that lands elsewhere (or finds a step missing, or the batch dropped) drops the batch's progress
+for that task: it restores the last checkpoint there, trimming the changelog of the steps'
+writes, and the input is read again in the next batch, so state always matches its offsets.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
@@ -48,34 +43,18 @@ from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch, raised_at
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
-from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.local import PHASE_NOTE_PREFIX
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.system.base import Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 
 log = logging.getLogger(__name__)
 
-BATCH_NOTE = PHASE_NOTE_PREFIX + "BATCH"
-READ_NOTE = PHASE_NOTE_PREFIX + "READ"
-DROPPED_NOTE = PHASE_NOTE_PREFIX + "DROPPED"
 READ_CHUNK = 10_000
-
-
-def batch_key(plan: TaskBatchPlan) -> str:
-    return f"{plan.run_id}:{plan.batch}"
-
-
-def _offsets(data: Mapping[str, str]) -> dict[SystemStreamPartition, str]:
-    return {SystemStreamPartition.parse(k): str(v) for k, v in data.items()}
-
-
-def _texts(data: Mapping[SystemStreamPartition, str]) -> dict[str, str]:
-    return {str(k): v for k, v in data.items()}
 
 
 def require_persistent_stores(config: Config) -> None:
@@ -90,29 +69,58 @@ def require_persistent_stores(config: Config) -> None:
             )
 
 
-def _begin(batch: TaskBatch) -> dict[SystemStreamPartition, str]:
-    """Establish state once per batch; later calls in the same batch reuse the note."""
-    key = batch_key(batch.plan)
-    note = batch.local.read_note(BATCH_NOTE)
-    if note is not None and note.get("batch") == key:
-        batch.last_processed = _offsets(note["last_processed"])
-        return _offsets(note["start"])
-    require_persistent_stores(batch.config)
-    try:
-        start = batch.begin()
-    finally:
-        batch.storage.close()  # no marker yet: the batch's state changes until its finish
-    batch.local.write_note(
-        BATCH_NOTE,
-        {
-            "batch": key,
-            "start": _texts(start),
-            "last_processed": _texts(batch.last_processed),
-            "restored": [asdict(r) for r in batch.storage.restored],
-            "kept": batch.kept,
-        },
-    )
-    return start
+class FrameTask:
+    """One task's batch in one phase: the plan, the task's :class:`TaskBatch` (its storage and
+    systems) and its :class:`TaskPhases`, which every phase loads, checks and advances."""
+
+    def __init__(self, plan: TaskBatchPlan) -> None:
+        self.plan = plan
+        self.batch = TaskBatch(plan)
+        self.phases = TaskPhases(
+            self.batch.local,
+            plan.task.name,
+            plan.run_id,
+            plan.batch,
+            clean_up_only=plan.commits.clean_up_only,
+        )
+
+    def begin(self) -> Begun:
+        """Establish state once per batch; a later read of the same batch gets the same."""
+        earlier = self.phases.again()
+        if earlier is not None:
+            return earlier
+        batch = self.batch
+        require_persistent_stores(batch.config)
+        try:
+            start = batch.begin()
+        finally:
+            batch.storage.close()  # no marker yet: the batch's state changes until its finish
+        begun = Begun(start, dict(batch.last_processed), list(batch.storage.restored), batch.kept)
+        self.phases.begin(begun)
+        return begun
+
+    def finish(self, whole: WholeBatch | None, started: float) -> TaskBatchResult:
+        """Commit when due and report: from where the read ended when the ``whole`` batch ran
+        here, else from the last checkpoint, restored here."""
+        batch = self.batch
+        if whole is None:
+            next_offsets, processed = batch.begin(), 0
+        else:
+            begun, end = whole.begun, whole.end
+            batch.resume(
+                kept=begun.kept, restored=begun.restored, last_processed=end.last_processed
+            )
+            next_offsets, processed = dict(end.next), end.processed
+        result = batch.finish(
+            next_offsets,
+            processed=processed,
+            sent=0,
+            coordinator=BatchCoordinator(),
+            started=started,
+            processed_at=time.monotonic(),
+        )
+        self.phases.finished()
+        return result
 
 
 def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -120,13 +128,14 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     ``task, stream, partition, offset, key, value, timestamp``). A struct ``value`` is decoded
     from JSON in bulk by Arrow; otherwise the value column's type decides: text (UTF-8) or
     the raw bytes."""
-    batch = TaskBatch(plan)
-    start = _begin(batch)
-    last_processed = dict(batch.last_processed)
-    next_offsets = dict(start)
+    frame = FrameTask(plan)
+    batch = frame.batch
+    begun = frame.begin()
+    last_processed = dict(begun.last_processed)
+    next_offsets = dict(begun.start)
     processed = 0
     for ssp in plan.task.sorted_ssps():
-        offset, end = start.get(ssp), plan.reads.end.get(ssp)
+        offset, end = begun.start.get(ssp), plan.reads.end.get(ssp)
         if offset is None or end is None:
             continue
         decoder = _ChunkDecoder(batch, ssp, schema)
@@ -143,15 +152,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
                 offset = next_offsets[ssp] = admin.offset_after(ssp, columns.last_offset)
         finally:
             consumer.close()
-    batch.local.write_note(
-        READ_NOTE,
-        {
-            "batch": batch_key(plan),
-            "next": _texts(next_offsets),
-            "last_processed": _texts(last_processed),
-            "processed": processed,
-        },
-    )
+    frame.phases.end_read(ReadEnd(next_offsets, last_processed, processed))
 
 
 def _utf8(data: bytes) -> bool:
@@ -274,10 +275,6 @@ class StepState:
             ) from None
 
 
-def _note_name(step: str) -> str:
-    return PHASE_NOTE_PREFIX + "STEP-" + re.sub(r"[^A-Za-z0-9_.-]", "_", step)
-
-
 def run_step(
     plan: TaskBatchPlan,
     step: str,
@@ -288,27 +285,9 @@ def run_step(
     """Run one stateful step of this batch on the plan's task: open ``stores``, yield what
     ``fn(state, chunks)`` yields, then flush and close them. An error in ``fn`` fails the batch
     with a :class:`TaskError` naming the task and step (and a retry of it says why it failed)."""
-    batch = TaskBatch(plan)
-    key = batch_key(plan)
-    note = batch.local.read_note(BATCH_NOTE)
-    if note is None or note.get("batch") != key:
-        raise TaskError(
-            f"task {batch.task}: stateful step {step!r} of batch {plan.batch} ran on an executor "
-            f"where the task's input of this batch was not read (no note in {batch.local.dir}); "
-            "the task's state is elsewhere. Use a job.logged.store.base.dir every executor "
-            "shares, or raise spark.locality.wait so the step runs beside its cached input"
-        )
-    step_note = _note_name(step)
-    done = batch.local.read_note(step_note)
-    if done is not None and done.get("batch") == key:
-        earlier = f" (it failed: {done['error']})" if done.get("error") else ""
-        raise TaskError(
-            f"task {batch.task}: stateful step {step!r} was computed twice in batch "
-            f"{plan.batch}{earlier}: a retried Spark task, or its DataFrame evicted from the "
-            "cache. Its store updates are not idempotent, so the batch fails; restart the job "
-            "and it resumes from the last checkpoint with state and offsets that match"
-        )
-    batch.local.write_note(step_note, {"batch": key})
+    frame = FrameTask(plan)
+    batch = frame.batch
+    frame.phases.start_step(step)
     try:
         batch.storage.open_live(stores)
         opened = batch.storage.stores(init=False)
@@ -321,7 +300,7 @@ def run_step(
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
-            batch.local.write_note(step_note, {"batch": key, "error": error})
+            frame.phases.fail_step(step, error)
             raise TaskError(f"task {batch.task}: stateful step {step!r} failed: {error}") from exc
         for store in opened.values():
             store.flush()
@@ -329,89 +308,45 @@ def run_step(
         batch.storage.close()
 
 
-def _batch_is_here(batch: TaskBatch, steps: Sequence[str]) -> dict[str, Any] | None:
-    """The READ note if this executor holds the whole batch of the task (its read and every
-    stateful step); ``None`` if the batch ran elsewhere, or partly here."""
-    key = batch_key(batch.plan)
-    note = batch.local.read_note(BATCH_NOTE)
-    if note is None or note.get("batch") != key:
-        return None
-    dropped = batch.local.read_note(DROPPED_NOTE)
-    if dropped is not None and dropped.get("batch") == key:
-        return None
-    read = batch.local.read_note(READ_NOTE)
-    if read is None or read.get("batch") != key:
-        raise TaskError(
-            f"task {batch.task}: batch {batch.plan.batch} read only part of its input (a "
-            "limit(), take() or first() on the batch stops reading early), so sparkpoint cannot "
-            "tell which messages were processed; write whole DataFrames to outputs"
-        )
-    for step in steps:
-        done = batch.local.read_note(_note_name(step))
-        if done is None or done.get("batch") != key:
-            return None
-    batch.storage.restored = [RestoreStats(**r) for r in note.get("restored", [])]
-    batch.kept = bool(note.get("kept"))
-    return read
-
-
 def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     """After the batch's outputs are written: commit if due and report (on the executor that
     holds the task's cached batch). ``steps`` are the pipeline's stateful steps."""
     started = time.monotonic()
-    batch = TaskBatch(plan)
-    read = _batch_is_here(batch, steps)
-    if read is None:
-        require_persistent_stores(batch.config)
-        if steps:
-            # Stateful steps may have changed the stores (and their changelogs) elsewhere:
-            # restore the checkpoint here (which trims the changelog) and read the input again.
-            log.warning(
-                "task %s: batch %d did not run wholly on this executor (%s); its progress is "
-                "dropped and its input is read again from the last checkpoint",
-                batch.task,
-                plan.batch,
-                batch.local.dir,
-            )
-            batch.local.clear_marker()
-        return _finish(batch, batch.begin(), 0, started)
-    batch.storage.open_live()
-    batch.last_processed = _offsets(read["last_processed"])
-    return _finish(batch, _offsets(read["next"]), int(read["processed"]), started)
+    frame = FrameTask(plan)
+    whole = frame.phases.here(steps)
+    if whole is None:
+        require_persistent_stores(frame.batch.config)
+    if whole is None and steps:
+        # Stateful steps may have changed the stores (and their changelogs) elsewhere:
+        # restore the checkpoint here (which trims the changelog) and read the input again.
+        log.warning(
+            "task %s: batch %d did not run wholly on this executor (%s); its progress is "
+            "dropped and its input is read again from the last checkpoint",
+            plan.task.name,
+            plan.batch,
+            frame.batch.local.dir,
+        )
+        frame.batch.local.clear_marker()
+    return frame.finish(whole, started)
 
 
 def drop_batch(plan: TaskBatchPlan, step: str) -> None:
-    """A retried Spark task of a fused step (:mod:`sparkpoint.runtime.dataframe.udfs`) found that
-    ``step`` already changed the task's stores in this batch: the batch's progress for the task
-    is dropped. Its other phases still read the batch's planned messages, and its finish
+    """A retried Spark task of a fused step (:mod:`sparkpoint.runtime.dataframe.udfs`) found
+    that ``step`` already changed the task's stores in this batch: the batch's progress for the
+    task is dropped. Its other phases still read the batch's planned messages, and its finish
     restores the last checkpoint (trimming the changelog) and reports no progress, so the next
     batch reads that input again. What the failed attempt sent may be sent twice
     (at-least-once); state never counts a message twice. Idempotent."""
-    batch = TaskBatch(plan)
     log.warning(
         "task %s: stateful step %r of batch %d ran before in a failed attempt; the batch's "
         "progress is dropped and its input is read again from the last checkpoint",
-        batch.task,
+        plan.task.name,
         step,
         plan.batch,
     )
-    batch.local.write_note(DROPPED_NOTE, {"batch": batch_key(plan), "step": step})
+    FrameTask(plan).phases.drop(step)
 
 
 def step_ran(plan: TaskBatchPlan, step: str) -> bool:
     """Whether ``step`` has started on this task in this batch (in this state directory)."""
-    done = TaskBatch(plan).local.read_note(_note_name(step))
-    return done is not None and done.get("batch") == batch_key(plan)
-
-
-def _finish(
-    batch: TaskBatch, next_offsets: dict[SystemStreamPartition, str], processed: int, started: float
-) -> TaskBatchResult:
-    return batch.finish(
-        next_offsets,
-        processed=processed,
-        sent=0,
-        coordinator=BatchCoordinator(),
-        started=started,
-        processed_at=time.monotonic(),
-    )
+    return FrameTask(plan).phases.step_started(step)

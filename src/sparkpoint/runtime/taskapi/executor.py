@@ -47,7 +47,7 @@ from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.runtime.taskapi.output import OutputCollector
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
-from sparkpoint.storage.backend import restores_off_the_gil
+from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.storage.task_storage import (
@@ -248,6 +248,21 @@ class TaskBatch:
             return dict(self.plan.reads.resume)
         self.last_processed = dict(self.plan.start.checkpoint_last_processed)
         return dict(self.plan.start.from_checkpoint)
+
+    def resume(
+        self,
+        *,
+        kept: bool,
+        restored: Sequence[RestoreStats],
+        last_processed: Mapping[SystemStreamPartition, str],
+    ) -> None:
+        """A later phase of a batch whose state an earlier phase established (the DataFrame
+        API): open the stores as they are, and take what :meth:`begin` found and what the batch
+        processed since."""
+        self.kept = kept
+        self.storage.restored = list(restored)
+        self.last_processed = dict(last_processed)
+        self.storage.open_live()
 
     def run(self) -> TaskBatchResult:
         plan = self.plan
