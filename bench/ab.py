@@ -10,6 +10,7 @@ by run. Each run uses its own tree's benchmark script and its own tree's ``src``
 Usage::
 
     .venv/bin/python bench/ab.py c9946b5 --runs 2 -- bench/dataframe.py --events 300000
+    .venv/bin/python bench/ab.py c9946b5 --this HEAD -- bench/run.py
     .venv/bin/python bench/ab.py HEAD~3 -- bench/tight_loop.py --runs 1
 """
 
@@ -40,6 +41,15 @@ def run(tree: Path, script: list[str]) -> tuple[float, str]:
     return time.monotonic() - started, done.stdout
 
 
+def commit(parser: argparse.ArgumentParser, rev: str) -> str:
+    found = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    if not found:
+        parser.error(f"{rev!r} is not a commit of {ROOT}")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -47,39 +57,50 @@ def main() -> None:
     parser.add_argument("base", help="the commit to compare this checkout with (e.g. HEAD~1)")
     parser.add_argument("--runs", type=int, default=2, help="runs of each, interleaved")
     parser.add_argument(
+        "--this",
+        metavar="REV",
+        help="compare with this commit (its own worktree) instead of this checkout as it is",
+    )
+    parser.add_argument(
         "--match",
         default=r"events/s|msgs/s|/s\b|\d s$| s\b",
         help="a regex: the output lines to print",
     )
-    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- the benchmark and its args")
-    args = parser.parse_args()
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
-    if not script:
+    argv = sys.argv[1:]
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("name the benchmark after --, e.g. -- bench/dataframe.py")
-    base = subprocess.run(
-        ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    if not base:
-        parser.error(f"{args.base!r} is not a commit of {ROOT}")
-    head = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    cut = argv.index("--")
+    args = parser.parse_args(argv[:cut])
+    script = argv[cut + 1 :]
+    base = commit(parser, args.base)
+    this = None if args.this is None else commit(parser, args.this)
+    head = (
+        this
+        or subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
     pattern = re.compile(args.match)
     with tempfile.TemporaryDirectory(prefix="sparkpoint-ab-") as tmp:
-        tree = Path(tmp) / base
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "--quiet", str(tree), base], cwd=ROOT, check=True
-        )
+        trees = [Path(tmp) / rev for rev in (base, this) if rev is not None]
+        for tree in trees:
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", "--quiet", str(tree), tree.name],
+                cwd=ROOT,
+                check=True,
+            )
+        here = ROOT if this is None else trees[1]
         try:
             for i in range(args.runs):
-                for label, where in ((f"base {base}", tree), (f"this {head}", ROOT)):
+                for label, where in ((f"base {base}", trees[0]), (f"this {head}", here)):
                     seconds, out = run(where, script)
                     print(f"-- run {i + 1}, {label} ({seconds:.0f} s in all)", flush=True)
                     for line in out.splitlines():
                         if pattern.search(line):
                             print(f"   {line}", flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+            for tree in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
 if __name__ == "__main__":
