@@ -3,7 +3,7 @@
 A refactoring must not cost speed, and this machine is too noisy for figures taken an hour
 apart; so this runs the same benchmark script alternately on ``BASE`` (a git worktree made for
 the run, removed after) and on this checkout, ``--runs`` times each, and prints every line of
-their output that matches ``--match`` (by default the lines with a rate or a time in them), run
+their output that matches ``--match`` (by default every line that is not blank), run
 by run. Each run uses its own tree's benchmark script and its own tree's ``src`` (first on
 ``PYTHONPATH``, which Spark's Python workers inherit), with this checkout's virtual env.
 
@@ -63,7 +63,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--match",
-        default=r"events/s|msgs/s|/s\b|\d s$| s\b",
+        default=r"\S",
         help="a regex: the output lines to print",
     )
     argv = sys.argv[1:]

@@ -9,7 +9,7 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
@@ -32,7 +32,15 @@ def events(n: int, seed: int, users: int) -> Iterator[dict[str, object]]:
         yield {"user": user, "page": rng.choice(PAGES), "ts": ts}
 
 
-def write(job_file: str, n: int, seed: int, users: int, stream: str = "pageviews") -> int:
+def write(
+    job_file: str,
+    n: int,
+    seed: int,
+    users: int,
+    stream: str = "pageviews",
+    source: Iterable[dict[str, object]] | None = None,
+) -> int:
+    """Write ``events(n, seed, users)`` (or the events of ``source``) to ``stream``."""
     config = load_config(job_file)
     systems = Systems(config)
     system = config.inputs[0].system if config.inputs else "filelog"  # the job's input system
@@ -41,7 +49,7 @@ def write(job_file: str, n: int, seed: int, users: int, stream: str = "pageviews
     admin = systems.admin(ss.system)
     producer = systems.producer(ss.system)
     written = 0
-    for event in events(n, seed, users):
+    for event in events(n, seed, users) if source is None else source:
         key = str(event["user"]).encode()
         value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
         partition = admin.partition_for_key(key, partitions)

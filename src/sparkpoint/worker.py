@@ -73,6 +73,19 @@ SLOTS: dict[str, Slot] = {
             "set once, by the first task or step that runs; kept for the life of the process",
         ),
         Slot(
+            "clock",
+            "sparkpoint.model.clock",
+            "the source of processing time, when a test set one (else the wall clock)",
+            "set and reset by use_clock() around a block; never set in a Spark worker",
+        ),
+        Slot(
+            "ttl-sweeps",
+            "sparkpoint.storage.task_storage",
+            "when each TTL store of each task was last swept of expired entries",
+            "a store is swept at a due commit once a quarter of its TTL has passed since; a "
+            "new worker sweeps at its first due commit",
+        ),
+        Slot(
             "kafka-clients",
             "sparkpoint.system.kafka.system",
             "idle Kafka consumers, producers and admins, by their settings",

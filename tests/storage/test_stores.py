@@ -12,15 +12,20 @@ import pytest
 
 from sparkpoint.errors import ConfigError, StoreError
 from sparkpoint.serde import IntegerSerde, JsonSerde, StringSerde
+from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.factory import open_engine
 from sparkpoint.storage.kv.rocksdb import KEEP_INFO_LOGS, RocksDBEngine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 
 
-@pytest.fixture(params=["rocksdb", "in-memory"])
+@pytest.fixture(params=["rocksdb", "in-memory", "rocksdb+ttl", "in-memory+ttl"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyValueEngine]:
-    e = open_engine("s", request.param, tmp_path / "db")
+    """Every engine, and each with a TTL (an hour: nothing expires in the contract)."""
+    factory, _, with_ttl = str(request.param).partition("+")
+    e = open_engine("s", factory, tmp_path / "db")
+    if with_ttl:
+        e = ttl.prepare(e, 3_600_000)
     yield e
     e.close()
 

@@ -339,6 +339,47 @@ KEYS: tuple[ConfigKey, ...] = (
         "changelog stream of the store (used by the changelog backend)",
     ),
     ConfigKey(
+        "task.timers.store",
+        None,
+        "the name of one of the job's stores, or unset",
+        "the store that keeps the task's timers (context.timers) and its event-time watermark; "
+        "give it a changelog or a blob store backup so timers survive a lost host, and keep it "
+        "for this alone",
+    ),
+    ConfigKey(
+        "task.watermark.lateness.ms",
+        "0",
+        "an integer >= 0 (milliseconds)",
+        "how far a task's watermark stays behind the smallest largest-event-time of its busy "
+        "input partitions: records up to this much out of order are not late",
+        _int(0),
+    ),
+    ConfigKey(
+        "task.watermark.idle.ms",
+        "60000",
+        "an integer >= 1 (milliseconds)",
+        "an input partition with no record for this long (processing time) is idle and no "
+        "longer holds the task's watermark back (Flink's withIdleness)",
+        _int(1),
+    ),
+    ConfigKey(
+        "streams.<s>.event.time.field",
+        None,
+        "the name of an integer field of the stream's messages, or unset",
+        "the message field that holds a record's event time in milliseconds (JSON messages); "
+        "unset: the record's timestamp. A message without it fails its batch, naming the offset",
+    ),
+    ConfigKey(
+        "stores.<s>.rocksdb.ttl.ms",
+        None,
+        "an integer >= 1 (milliseconds), or unset for no TTL",
+        "an entry older than this (by its write time) is never read again and is swept from "
+        "the store and its changelog at a commit (Samza's key; rocksdb and in-memory stores); "
+        "adding, changing or removing it on a store with data takes effect at the next start "
+        "(docs/state-backends.md)",
+        _int(1),
+    ),
+    ConfigKey(
         "stores.<s>.write.batch.size",
         "10000",
         "an integer >= 1",

@@ -33,6 +33,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.errors import CommitError
 from sparkpoint.model import SystemStreamPartition, TaskModel
+from sparkpoint.model.clock import now_ms
 from sparkpoint.storage.backend import (
     BackendContext,
     RestoreStats,
@@ -47,6 +48,7 @@ from sparkpoint.storage.commit import (
     CommitSettings,
     TaskCommitManager,
 )
+from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
@@ -72,6 +74,9 @@ class _Held:
 
 
 _HELD_SLOT = worker.slot("held-engines", _Held)
+
+# when each TTL store was last swept, by (task directory, store) (the ``ttl-sweeps`` slot)
+_SWEPT: dict[tuple[str, str], int] = worker.slot("ttl-sweeps", dict)
 
 
 @contextlib.contextmanager
@@ -273,18 +278,47 @@ class TaskStorage:
         writes)."""
         backups = self._backup_managers(init=init)
         stores: dict[str, KeyValueStore[Any, Any]] = {}
-        for name, engine in self.engines.items():
-            for backend in self.backup_names[name]:
-                engine = backups[backend].wrap_engine(name, engine)
+        for name in self.engines:
             typed: SerializedKeyValueStore[Any, Any] = SerializedKeyValueStore(
                 name,
-                engine,
+                self._with_ttl(name, backups),
                 *store_serdes(self.config, name),
                 write_buffer=self.config.get_int(f"stores.{name}.write.batch.size"),
             )
             self._typed.append(typed)
             stores[name] = typed
         return stores
+
+    def _with_ttl(self, store: str, backups: Mapping[str, TaskBackupManager]) -> KeyValueEngine:
+        """The store's engine wrapped by its backup backends, then read and written with its
+        TTL (:mod:`sparkpoint.storage.kv.ttl`; rewritten once if the TTL was added, changed or
+        removed since the store was written)."""
+        engine = self.engines[store]
+        for backend in self.backup_names[store]:
+            engine = backups[backend].wrap_engine(store, engine)
+        return ttl.prepare(engine, ttl.ttl_of(self.config, store))
+
+    def _sweep_expired(self) -> None:
+        """Delete the expired entries of each TTL store (through its backups, so the changelog
+        gets a tombstone) when a quarter of its TTL has passed since the last sweep here."""
+        for store in self.engines:
+            ttl_ms = ttl.ttl_of(self.config, store)
+            if ttl_ms is None:
+                continue
+            key, now = (str(self.local.dir), store), now_ms()
+            if now - _SWEPT.get(key, now - ttl_ms) < ttl_ms // 4:
+                continue
+            engine = self._with_ttl(store, self._backup_managers(init=True))
+            if isinstance(engine, ttl.TtlEngine):
+                removed = engine.sweep()
+                if removed:
+                    log.info(
+                        "task %s: store %s: %d expired entries swept",
+                        self.task.name,
+                        store,
+                        removed,
+                    )
+            _SWEPT[key] = now
 
     def _drain(self) -> None:
         """Write the stores' buffered writes to their engines: before a commit snapshots them,
@@ -343,6 +377,7 @@ class TaskStorage:
         commits.clean_up(self.last_checkpoint)
         outcome = CommitOutcome()
         if due:
+            self._sweep_expired()
             outcome = commits.commit(offsets, wait=wait)
         elif wait:
             commits.wait_all()

@@ -21,6 +21,7 @@ from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import stored_changelog_partitions
 from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.storage.backend import checkpoint_markers, store_backends
+from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.kv.store import store_serdes
@@ -82,7 +83,7 @@ def _committed(
             store, local.checkpoint_dir(store, cid), read_only=True
         )
         try:
-            yield from engine.all()
+            yield from ttl.readable(engine, ttl.ttl_of(config, store)).all()
         finally:
             engine.close()
         return
@@ -94,7 +95,7 @@ def _committed(
     with tempfile.TemporaryDirectory(prefix="sparkpoint-state-") as tmp:
         engine = restore_for_reading(config, systems, task, store, checkpoint, Path(tmp))
         try:
-            yield from engine.all()
+            yield from ttl.readable(engine, ttl.ttl_of(config, store)).all()
         finally:
             engine.close()
 

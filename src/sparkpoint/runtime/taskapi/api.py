@@ -1,21 +1,26 @@
 """The low-level task API (Samza's StreamTask), which user jobs implement.
 
 A task class has ``init(context)`` and ``process(envelope, collector, coordinator)``, and may have
-``window(collector, coordinator)`` (called every ``task.window.ms``). Lifecycle on Spark: a task
-instance is created, initialised and closed around every micro-batch of its task, possibly in a
-different Python worker each time, so **keep state in the context's stores**, not in attributes
-of the task object; ``init`` must be cheap and side-effect free.
+``window(collector, coordinator)`` (called every ``task.window.ms``) and
+``on_timer(key, timestamp_ms, collector, coordinator)`` (each due timer of ``context.timers``).
+Lifecycle on Spark: a task instance is created, initialised and closed around every micro-batch
+of its task, possibly in a different Python worker each time, so **keep state in the context's
+stores** (and timers in ``context.timers``), not in attributes of the task object; ``init`` must
+be cheap and side-effect free.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.taskapi.timers import TaskTimers
 
 
 class MessageCollector(Protocol):
@@ -50,6 +55,11 @@ class TaskContext(Protocol):
         """The store configured as ``stores.<name>``; error naming the known stores if absent."""
         ...
 
+    @property
+    def timers(self) -> TaskTimers:
+        """The task's timers (``task.timers.store`` keeps them); see ``StreamTask.on_timer``."""
+        ...
+
 
 class StreamTask(ABC):
     """Base class of low-level tasks."""
@@ -68,6 +78,20 @@ class StreamTask(ABC):
 
     def window(self, collector: MessageCollector, coordinator: TaskCoordinator) -> None:  # noqa: B027
         """Called at the end of a batch when task.window.ms has passed."""
+
+    def on_timer(
+        self,
+        key: Any,
+        timestamp_ms: int,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        """Called once for each due timer of ``context.timers`` (Samza's
+        ``CallbackScheduler``): at the end of a batch, after ``process`` and before ``window``,
+        in time order. The timer is gone when this runs; register it again to repeat."""
+        raise NotImplementedError(
+            f"{type(self).__name__} registers timers but has no on_timer method"
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called after each batch."""

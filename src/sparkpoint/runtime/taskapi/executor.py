@@ -45,6 +45,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.runtime.taskapi.output import OutputCollector
+from sparkpoint.runtime.taskapi.timers import TaskTimers
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
@@ -200,6 +201,7 @@ class _Context:
     task_name: TaskName
     ssps: frozenset[SystemStreamPartition]
     config: Mapping[str, str]
+    timers: TaskTimers
     stores: dict[str, KeyValueStore[Any, Any]] = field(default_factory=dict)
 
     def get_store(self, name: str) -> KeyValueStore[Any, Any]:
@@ -268,18 +270,24 @@ class TaskBatch:
         plan = self.plan
         t0 = time.monotonic()
         next_offsets = self.begin()
-        context = _Context(self.task, plan.task.ssps, self.config)
         coordinator = BatchCoordinator()
         collector = OutputCollector(self.config, self.systems, self.task)
         processed = 0
         try:
-            context.stores = self.storage.stores()
+            stores = self.storage.stores()
+            timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
+            context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
             if not plan.commits.clean_up_only:
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
                 freeze_imported_objects()  # the job's code is imported now
                 for ssp in plan.task.sorted_ssps():
-                    processed += self._process_ssp(ssp, next_offsets, task, collector, coordinator)
+                    processed += self._process_ssp(
+                        ssp, next_offsets, task, collector, coordinator, timers
+                    )
+                timers.end_of_batch(task, collector, coordinator)
+                if timers.late:
+                    log.info("task %s: %d late records in this batch", self.task, timers.late)
                 if plan.commits.window:
                     task.window(collector, coordinator)
                 task.close()
@@ -369,6 +377,7 @@ class TaskBatch:
         task: StreamTask,
         collector: OutputCollector,
         coordinator: BatchCoordinator,
+        timers: TaskTimers,
     ) -> int:
         """Process the SSP's messages of this batch: up to ``max_messages``, read in chunks (a
         read stops early at ``systems.<s>.read.max.bytes``, so memory stays bounded whatever
@@ -388,7 +397,7 @@ class TaskBatch:
                 records = consumer.read(ssp, start, end, remaining)
                 if not records:
                     break
-                self._process_records(ssp, records, task, collector, coordinator)
+                self._process_records(ssp, records, task, collector, coordinator, timers)
                 last = records[-1].offset
                 self.last_processed[ssp] = last
                 start = next_offsets[ssp] = admin.offset_after(ssp, last)
@@ -404,11 +413,15 @@ class TaskBatch:
         task: StreamTask,
         collector: OutputCollector,
         coordinator: BatchCoordinator,
+        timers: TaskTimers,
     ) -> None:
         key_serde, msg_serde = self.input_serdes(ssp.system_stream)
         policy = ErrorPolicy.from_config(self.config)
         key_of, msg_of, process = key_serde.from_bytes, msg_serde.from_bytes, task.process
         new = tuple.__new__  # an envelope without the named tuple's Python-level __new__
+        field = timers.event_time_of(ssp.system_stream)
+        watermark = timers.watermark_ms
+        top = -1  # the largest event time of these records
         for rec in records:
             try:  # the decode() below, inlined: this loop runs once per message
                 key = None if rec.key is None else key_of(rec.key)
@@ -421,7 +434,16 @@ class TaskBatch:
                         raise
                     log.error("%s; dropped (task.drop.deserialization.errors=true)", exc)
                     continue
-            envelope = new(IncomingMessageEnvelope, (ssp, rec.offset, key, msg, rec.timestamp))
+            event_time = rec.timestamp if field is None else self._event_time(ssp, rec, msg, field)
+            late = watermark is not None and event_time < watermark
+            if late:
+                timers.late += 1
+            if event_time > top:
+                top = event_time
+            envelope = new(
+                IncomingMessageEnvelope,
+                (ssp, rec.offset, key, msg, rec.timestamp, event_time, late),
+            )
             try:
                 process(envelope, collector, coordinator)
             except Exception as exc:
@@ -432,6 +454,19 @@ class TaskBatch:
                 if not policy.ignores(exc):
                     raise TaskError(f"{error}. {failure_advice(exc)}") from exc
                 log.error("%s; ignored (task.ignored.exceptions)", error)
+        if top >= 0 and timers.tracking:
+            timers.seen(ssp, top)
+
+    def _event_time(self, ssp: SystemStreamPartition, rec: Record, msg: Any, field: str) -> int:
+        """The integer field ``field`` of the message (``streams.<s>.event.time.field``)."""
+        value = msg.get(field) if isinstance(msg, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MessageDecodeError(
+                f"task {self.task}: message at {ssp} offset {rec.offset} has no event time: "
+                f"streams.{ssp.stream}.event.time.field={field!r} must name an integer field "
+                f"of milliseconds >= 0, found {value!r}"
+            )
+        return value
 
     def decode(
         self,

@@ -78,6 +78,10 @@ class SerializedKeyValueStore(KeyValueStore[K, V]):
         # serialized key -> (the value put, or _DECODE; its bytes, None for a delete)
         self._pending: dict[bytes, tuple[Any, bytes | None]] = {}
 
+    @property
+    def key_serde(self) -> Serde[Any]:
+        return self._ks
+
     def _key(self, key: K, op: str) -> bytes:
         try:
             return self._ks.to_bytes(key)

@@ -1,0 +1,198 @@
+"""Per-key timers and event time for the task API: ``context.timers`` and ``on_timer``.
+
+A task registers a timer for a key with :meth:`TaskTimers.register` (processing time, the
+default, or event time) and gets ``on_timer(key, timestamp_ms, collector, coordinator)`` once
+it is due: a processing-time timer at the end of the first batch at or after its time, an
+event-time timer at the end of the batch whose watermark reaches it. A timer registered in the
+past fires at the end of the current batch. Timers are kept in the store named by
+``task.timers.store`` (:mod:`sparkpoint.storage.timers`), so they survive a restart and a lost
+host, and a timer's firing is committed with the batch that fired it.
+
+**Event time.** Each envelope carries ``event_time``: its record's timestamp, or the integer
+field ``streams.<s>.event.time.field`` of its message. A task's watermark is the smallest,
+over its input partitions that are not idle, of the largest event time seen, minus
+``task.watermark.lateness.ms``; a partition with no record for ``task.watermark.idle.ms`` is
+idle and holds nothing back. The watermark advances at the end of each batch, never moves back,
+and is kept in the timer store (a restart does not move it back, refire or drop a timer). A
+record whose event time is below the watermark at the start of its batch is *late*: it reaches
+``process`` with ``envelope.late`` set, and is counted; nothing is dropped. A startpoint that
+rewinds an input does not move the watermark back: the rewound records are late.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.model.clock import now_ms
+from sparkpoint.serde import Serde
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.timers import PartitionTime, TimeKind, TimerStore
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
+
+log = logging.getLogger(__name__)
+
+#: timers fired per batch at most (a timer that registers itself at once would loop for ever);
+#: the rest fire at the end of the next batch
+MAX_FIRED_PER_BATCH = 100_000
+
+
+def _time(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer of milliseconds, not {value!r}")
+    return value
+
+
+class TaskTimers:
+    """``context.timers`` of one task in one batch."""
+
+    def __init__(
+        self,
+        task: TaskName,
+        config: Config,
+        store: SerializedKeyValueStore[Any, Any] | None,
+        ssps: frozenset[SystemStreamPartition],
+    ) -> None:
+        self.task = task
+        self.config = config
+        self.ssps = ssps
+        self._store = None if store is None else TimerStore(store.engine)
+        self._keys: Serde[Any] | None = None if store is None else store.key_serde
+        self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
+        self._seen: dict[SystemStreamPartition, int] = {}
+        self.late = 0
+        self.fired = 0
+
+    @classmethod
+    def open(
+        cls,
+        task: TaskName,
+        config: Config,
+        stores: Mapping[str, KeyValueStore[Any, Any]],
+        ssps: frozenset[SystemStreamPartition],
+    ) -> TaskTimers:
+        name = config.get_str("task.timers.store")
+        if not name:
+            return cls(task, config, None, ssps)
+        store = stores.get(name)
+        if not isinstance(store, SerializedKeyValueStore):
+            raise ConfigError(
+                f"task.timers.store={name!r}: the job has no such store (declare "
+                f"stores.{name}.factory=rocksdb, with a changelog or a blob store backup)"
+            )
+        return cls(task, config, store, ssps)
+
+    @property
+    def tracking(self) -> bool:
+        """Whether event time is tracked (a timer store is configured)."""
+        return self._store is not None
+
+    def _timers(self) -> TimerStore:
+        if self._store is None:
+            raise ConfigError(
+                f"task {self.task}: timers need a store to keep them: set task.timers.store to "
+                "one of the job's stores (stores.<name>.factory=rocksdb, with a changelog or a "
+                "blob store backup so they survive a lost host)"
+            )
+        return self._store
+
+    def _key(self, key: object) -> bytes:
+        assert self._keys is not None
+        try:
+            return self._keys.to_bytes(key)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a timer's key {key!r} cannot be serialized: {exc}") from exc
+
+    # -- the task's calls
+    def now_ms(self) -> int:
+        """Processing time now (what processing-time timers are due by)."""
+        return now_ms()
+
+    def register(self, key: object, timestamp_ms: int, kind: str = "processing") -> None:
+        """Fire ``on_timer(key, timestamp_ms, ...)`` once ``timestamp_ms`` is reached (in
+        processing time, or in event time for ``kind="event"``). Registering it again is one
+        timer."""
+        store = self._timers()
+        store.register(TimeKind.parse(kind), _time(timestamp_ms, "a timer's time"), self._key(key))
+
+    def delete(self, key: object, timestamp_ms: int, kind: str = "processing") -> None:
+        """Forget a registered timer; no error when there is none."""
+        store = self._timers()
+        store.delete(TimeKind.parse(kind), _time(timestamp_ms, "a timer's time"), self._key(key))
+
+    def list(self, key: object = None, kind: str | None = None) -> list[tuple[Any, int, str]]:
+        """Registered timers, ``(key, timestamp_ms, kind)`` in firing order per kind; only those
+        of ``key`` (and of ``kind``) when given. Scans every timer of the task."""
+        store = self._timers()
+        assert self._keys is not None
+        kinds = list(TimeKind) if kind is None else [TimeKind.parse(kind)]
+        wanted = None if key is None else self._key(key)
+        return [
+            (self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value)
+            for k in kinds
+            for t in store.timers(k)
+            if wanted is None or t.key == wanted
+        ]
+
+    # -- the executor's calls
+    def event_time_of(self, stream: SystemStream) -> str | None:
+        return self.config.get_str(f"streams.{stream.stream}.event.time.field")
+
+    def seen(self, ssp: SystemStreamPartition, max_event_ms: int) -> None:
+        """The largest event time of a chunk of ``ssp``'s records."""
+        if max_event_ms > self._seen.get(ssp, -1):
+            self._seen[ssp] = max_event_ms
+
+    def end_of_batch(
+        self, task: StreamTask, collector: MessageCollector, coordinator: TaskCoordinator
+    ) -> None:
+        """Advance the watermark, then fire every due timer (event time, then processing
+        time) in time order, each deleted before ``on_timer`` runs."""
+        if self._store is None:
+            return
+        store, now = self._store, now_ms()
+        before = store.partition_times()
+        for ssp, seen in self._seen.items():
+            old = before.get(ssp)
+            top = seen if old is None else max(old.max_event_ms, seen)
+            store.set_partition_time(ssp, PartitionTime(top, now))
+        self.watermark_ms = store.advance_watermark(
+            self.ssps,
+            now,
+            self.config.get_int("task.watermark.lateness.ms"),
+            self.config.get_int("task.watermark.idle.ms"),
+        )
+        assert self._keys is not None
+        for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now)):
+            if upto is None:
+                continue
+            while self.fired < MAX_FIRED_PER_BATCH:
+                timer = store.next_due(kind, upto)
+                if timer is None:
+                    break
+                store.delete(kind, timer.timestamp_ms, timer.key)
+                key = self._keys.from_bytes(timer.key)
+                try:
+                    task.on_timer(key, timer.timestamp_ms, collector, coordinator)
+                except Exception as exc:
+                    raise TaskError(
+                        f"task {self.task}: on_timer({key!r}, {timer.timestamp_ms}) for a "
+                        f"{kind.value}-time timer failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+                self.fired += 1
+        if self.fired >= MAX_FIRED_PER_BATCH:
+            log.warning(
+                "task %s: %d timers fired in one batch; the rest fire in the next",
+                self.task,
+                self.fired,
+            )
+
+
+__all__ = ["MAX_FIRED_PER_BATCH", "TaskTimers"]

@@ -1,0 +1,171 @@
+"""A task's durable timers and event-time watermarks, kept in one of its stores.
+
+Timers are state: they live in the store named by ``task.timers.store`` (any store of the job,
+kept for this alone), so they are logged to its changelog, uploaded in its blob snapshots and
+restored with it, and a timer's firing (its deletion) is committed with the batch that fired
+it. After a crash, a timer fires again only if its firing was not committed; it never fires
+twice in committed state.
+
+Layout (raw engine keys, in key order)::
+
+    T p <8-byte time> <key bytes>     a processing-time timer, value empty
+    T e <8-byte time> <key bytes>     an event-time timer, value empty
+    W <ssp>                           an input partition's event time: JSON {"max", "active"}
+    S                                 when the task first tracked event time (processing ms)
+    M                                 the task's watermark (event ms; it never moves back)
+
+Times are big-endian and non-negative, so a range scan of ``T p`` or ``T e`` yields timers in
+firing order. The user's key is the store's key serde's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from sparkpoint.errors import StoreError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.storage.kv.base import KeyValueEngine
+
+TIME = struct.Struct(">q")
+TIMER = b"T"
+WATERMARK = b"W"
+SINCE = b"S"
+MARK = b"M"
+MAX_TIME = 2**63 - 1
+
+
+class TimeKind(Enum):
+    PROCESSING = "processing"
+    EVENT = "event"
+
+    @property
+    def tag(self) -> bytes:
+        return b"p" if self is TimeKind.PROCESSING else b"e"
+
+    @classmethod
+    def parse(cls, text: str | TimeKind) -> TimeKind:
+        if isinstance(text, TimeKind):
+            return text
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"a timer's kind is 'processing' or 'event', not {text!r}") from None
+
+
+@dataclass(frozen=True, order=True)
+class Timer:
+    """A registered timer: when (ms) it is due, its kind, and the key (serialized)."""
+
+    timestamp_ms: int
+    kind: TimeKind
+    key: bytes
+
+
+def _timer_key(kind: TimeKind, timestamp_ms: int, key: bytes) -> bytes:
+    return TIMER + kind.tag + TIME.pack(timestamp_ms) + key
+
+
+def _prefix(kind: TimeKind) -> bytes:
+    return TIMER + kind.tag
+
+
+@dataclass(frozen=True)
+class PartitionTime:
+    """An input partition's largest event time seen, and when (processing time) it last had a
+    record."""
+
+    max_event_ms: int
+    active_ms: int
+
+
+class TimerStore:
+    """The timers and event-time state of one task, over its timer store's engine."""
+
+    def __init__(self, engine: KeyValueEngine) -> None:
+        self.engine = engine
+
+    # -- timers
+    def register(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        self.engine.put(_timer_key(kind, timestamp_ms, key), b"")
+
+    def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        self.engine.delete(_timer_key(kind, timestamp_ms, key))
+
+    def timers(self, kind: TimeKind, upto_ms: int = MAX_TIME) -> Iterator[Timer]:
+        """The timers of ``kind`` due at or before ``upto_ms``, in firing order."""
+        prefix = _prefix(kind)
+        end = prefix + TIME.pack(upto_ms + 1) if upto_ms < MAX_TIME else prefix + b"\xff" * 9
+        for raw, _ in self.engine.range(prefix, end):
+            (when,) = TIME.unpack_from(raw, len(prefix))
+            yield Timer(when, kind, raw[len(prefix) + TIME.size :])
+
+    def next_due(self, kind: TimeKind, upto_ms: int) -> Timer | None:
+        return next(self.timers(kind, upto_ms), None)
+
+    # -- event time
+    def partition_times(self) -> dict[SystemStreamPartition, PartitionTime]:
+        out: dict[SystemStreamPartition, PartitionTime] = {}
+        for raw, value in self.engine.range(WATERMARK, WATERMARK + b"\xff"):
+            try:
+                data = json.loads(value)
+                ssp = SystemStreamPartition.parse(raw[len(WATERMARK) :].decode())
+                out[ssp] = PartitionTime(int(data["max"]), int(data["active"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreError(
+                    f"store {self.engine.name}: an unreadable event-time entry {raw!r}: {exc}"
+                ) from exc
+        return out
+
+    def set_partition_time(self, ssp: SystemStreamPartition, time: PartitionTime) -> None:
+        value = {"max": time.max_event_ms, "active": time.active_ms}
+        self.engine.put(WATERMARK + str(ssp).encode(), json.dumps(value).encode())
+
+    def watermark(self) -> int | None:
+        """The task's watermark as last advanced (it never moves back)."""
+        raw = self.engine.get(MARK)
+        return None if raw is None else int(TIME.unpack(raw)[0])
+
+    def advance_watermark(
+        self,
+        ssps: frozenset[SystemStreamPartition],
+        now_ms: int,
+        lateness_ms: int,
+        idle_ms: int,
+    ) -> int | None:
+        """Advance the watermark: the smallest largest-event-time over the task's partitions
+        that are not idle (a partition with no record for ``idle_ms``, or none yet once
+        ``idle_ms`` passed since tracking began), minus ``lateness_ms``. With every partition
+        idle, the largest event time seen. Never moves back; ``None`` before any record."""
+        times = self.partition_times()
+        since = self.since(now_ms)
+        active, waiting = [], False
+        for ssp in ssps:
+            seen = times.get(ssp)
+            if seen is None:
+                waiting |= now_ms - since < idle_ms
+            elif now_ms - seen.active_ms < idle_ms:
+                active.append(seen.max_event_ms)
+        seen_max = [t.max_event_ms for t in times.values()]
+        if waiting or not seen_max:
+            return self.watermark()
+        candidate = (min(active) if active else max(seen_max)) - lateness_ms
+        before = self.watermark()
+        if before is not None and before >= candidate:
+            return before
+        self.engine.put(MARK, TIME.pack(candidate))
+        return candidate
+
+    def since(self, now_ms: int) -> int:
+        """When this task first tracked event time (set to ``now_ms`` the first time)."""
+        raw = self.engine.get(SINCE)
+        if raw is None:
+            self.engine.put(SINCE, TIME.pack(now_ms))
+            return now_ms
+        return int(TIME.unpack(raw)[0])
+
+
+__all__ = ["PartitionTime", "TimeKind", "Timer", "TimerStore"]

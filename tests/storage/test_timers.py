@@ -1,0 +1,84 @@
+"""The timer store on its own: timers in firing order by kind, and the watermark's rules
+(smallest busy partition, idleness, lateness, never back)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.kv.factory import open_engine
+from sparkpoint.storage.timers import PartitionTime, TimeKind, Timer, TimerStore
+
+P0 = SystemStreamPartition("filelog", "in", 0)
+P1 = SystemStreamPartition("filelog", "in", 1)
+BOTH = frozenset({P0, P1})
+
+
+@pytest.fixture(params=["rocksdb", "in-memory"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyValueEngine]:
+    e = open_engine("timers", str(request.param), tmp_path / "db")
+    yield e
+    e.close()
+
+
+def test_timers_come_in_firing_order_per_kind(engine: KeyValueEngine) -> None:
+    store = TimerStore(engine)
+    store.register(TimeKind.PROCESSING, 300, b"b")
+    store.register(TimeKind.PROCESSING, 100, b"z")
+    store.register(TimeKind.PROCESSING, 300, b"a")
+    store.register(TimeKind.EVENT, 50, b"e")
+    store.register(TimeKind.PROCESSING, 100, b"z")  # once
+    p = TimeKind.PROCESSING
+    assert list(store.timers(p)) == [Timer(100, p, b"z"), Timer(300, p, b"a"), Timer(300, p, b"b")]
+    assert list(store.timers(p, 299)) == [Timer(100, p, b"z")]
+    assert [t.key for t in store.timers(p, 300)] == [b"z", b"a", b"b"]
+    assert list(store.timers(TimeKind.EVENT)) == [Timer(50, TimeKind.EVENT, b"e")]
+    store.delete(p, 100, b"z")
+    store.delete(p, 100, b"never")
+    assert store.next_due(p, 1000) == Timer(300, p, b"a")
+    assert store.next_due(p, 299) is None
+
+
+def test_the_watermark_is_the_smallest_busy_partition_minus_lateness(
+    engine: KeyValueEngine,
+) -> None:
+    store = TimerStore(engine)
+    assert store.advance_watermark(BOTH, 0, 10, 1000) is None  # nothing seen yet
+    store.set_partition_time(P0, PartitionTime(500, 0))
+    assert store.advance_watermark(BOTH, 10, 10, 1000) is None  # P1 not idle yet: wait for it
+    store.set_partition_time(P1, PartitionTime(300, 10))
+    assert store.advance_watermark(BOTH, 20, 10, 1000) == 290
+    store.set_partition_time(P1, PartitionTime(800, 20))
+    assert store.advance_watermark(BOTH, 30, 10, 1000) == 490
+    assert store.watermark() == 490
+
+
+def test_an_idle_partition_stops_holding_the_watermark_back(engine: KeyValueEngine) -> None:
+    store = TimerStore(engine)
+    store.set_partition_time(P0, PartitionTime(100, 0))
+    store.set_partition_time(P1, PartitionTime(900, 1500))
+    assert store.advance_watermark(BOTH, 1500, 0, 1000) == 900  # P0 idle since 0
+    store.set_partition_time(P0, PartitionTime(200, 1600))  # P0 busy again, but behind
+    assert store.advance_watermark(BOTH, 1600, 0, 1000) == 900  # never back
+    store.set_partition_time(P1, PartitionTime(1200, 3000))
+    assert store.advance_watermark(BOTH, 3000, 0, 1000) == 1200  # P0 idle again
+
+
+def test_a_partition_never_seen_counts_as_idle_after_the_idle_time(
+    engine: KeyValueEngine,
+) -> None:
+    store = TimerStore(engine)
+    assert store.since(0) == 0
+    store.set_partition_time(P0, PartitionTime(700, 0))
+    assert store.advance_watermark(BOTH, 999, 0, 1000) is None
+    assert store.advance_watermark(BOTH, 1000, 0, 1000) == 700
+
+
+def test_kinds_parse_and_refuse_anything_else() -> None:
+    assert TimeKind.parse("event") is TimeKind.EVENT
+    with pytest.raises(ValueError, match="'processing' or 'event', not 'wall'"):
+        TimeKind.parse("wall")

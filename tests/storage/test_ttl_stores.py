@@ -1,0 +1,110 @@
+"""Store TTL in a running job (the example's count per user, on the inline runner with a fake
+clock): expired counts are hidden from the state tools, swept from the changelog at a commit,
+and a restore from the changelog or the blob store shows exactly what the live store showed."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.model.clock import use_clock
+from sparkpoint.storage.changelog.backend import changelog_stream
+from sparkpoint.system.registry import Systems
+from tests.helpers import committed_counts, generate
+from tests.storage.test_state_backends import make, run
+
+TTL = 60_000
+
+
+class Clock:
+    now = 1_700_000_000_000
+
+
+@pytest.fixture
+def clock() -> Iterator[type[Clock]]:
+    with use_clock(lambda: Clock.now):
+        yield Clock
+
+
+def changelog_keys(config: Config) -> set[str]:
+    """The users whose newest changelog record is a value (not a tombstone)."""
+    systems = Systems(config)
+    changelog = changelog_stream(config, "user-counts")
+    live: set[str] = set()
+    for p in range(4):
+        ssp = SystemStreamPartition(changelog.system, changelog.stream, p)
+        for rec in systems.consumer(changelog.system).read(ssp, "0", "10000000"):
+            key = (rec.key or b"").decode()
+            if key.startswith("\x00"):
+                continue  # the store's format entry
+            (live.discard if rec.value is None else live.add)(key)
+    systems.close()
+    return live
+
+
+def expire(counts: Counter[str], touched: set[str]) -> Counter[str]:
+    """The counts of the users written since the cut (the rest expired)."""
+    return Counter({u: n for u, n in counts.items() if u in touched})
+
+
+@pytest.mark.parametrize("backend", ["changelog", "blobstore"])
+def test_expired_counts_are_hidden_swept_and_stay_expired_after_a_restore(
+    tmp_path: Path, clock: type[Clock], log_system: dict[str, str], backend: str
+) -> None:
+    overrides = {"stores.user-counts.rocksdb.ttl.ms": str(TTL)}
+    if backend == "blobstore":
+        overrides |= {
+            "stores.user-counts.changelog": "",
+            "stores.user-counts.backup.factories": "blobstore",
+        }
+    config = make(tmp_path, log_system, **overrides)
+    a = generate(config, tmp_path / "a.yaml", 600, seed=71, users=15)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(a)
+
+    clock.now += 40_000
+    b = generate(config, tmp_path / "b.yaml", 25, seed=72, users=30)
+    run(config, until_caught_up=True)
+    clock.now += 30_000  # what only the first batch wrote is 70 s old now; the rest 30 s
+    expected = expire(a + b, set(b))
+    assert set(a) - set(b), "some users must be written only before the cut"
+    assert committed_counts(config) == dict(expected)  # hidden from the state tools at once
+
+    c = generate(config, tmp_path / "c.yaml", 40, seed=73, users=30)
+    run(config, until_caught_up=True)  # its commit sweeps the expired counts
+    expected += c  # an expired user counts again from zero
+    assert committed_counts(config) == dict(expected)
+    if backend == "changelog":
+        assert changelog_keys(config) == set(expected)  # tombstones for the expired
+
+    shutil.rmtree(config.store_base_dir)  # the host is lost: restore from the backend
+    assert committed_counts(config) == dict(expected)
+    d = generate(config, tmp_path / "d.yaml", 40, seed=74, users=30)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected + d)
+
+    clock.now += TTL
+    assert committed_counts(config) == {}  # everything expired, whatever the backend
+
+
+def test_a_ttl_added_to_a_store_with_data_counts_from_the_restart(
+    tmp_path: Path, clock: type[Clock]
+) -> None:
+    config = make(tmp_path)
+    a = generate(config, tmp_path / "a.yaml", 300, seed=75, users=10)
+    run(config, until_caught_up=True)
+    with_ttl = make(tmp_path, **{"stores.user-counts.rocksdb.ttl.ms": str(TTL)})
+    clock.now += 10 * TTL  # however old the data is, it is stamped at the restart
+    b = generate(with_ttl, tmp_path / "b.yaml", 30, seed=76, users=10)
+    run(with_ttl, until_caught_up=True)
+    assert committed_counts(with_ttl) == dict(a + b)
+    clock.now += TTL
+    assert committed_counts(with_ttl) == {}
+    without = make(tmp_path)  # and removed again: nothing expired comes back
+    assert committed_counts(without) == {}
