@@ -75,3 +75,44 @@ def test_a_dataframe_pipeline_runs_on_the_shared_spark_session(tmp_path: Path, s
         assert job.store("user-counts") == {"ann": 2, "bob": 1}
         counts = sorted((m.value["user"], m.value["count"]) for m in job.output("user-counts"))
         assert counts == [("ann", 1), ("ann", 2), ("bob", 1)]
+
+
+def test_time_moves_only_when_the_test_moves_it(tmp_path: Path) -> None:
+    """The test kit's clock: a timer fires and a TTL entry expires after advance_time, with no
+    sleep (issue 31)."""
+
+    class Reminder(StreamTask):
+        def init(self, context: Any) -> None:
+            self.timers = context.timers
+            self.seen = context.get_store("seen")
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            self.seen.put(envelope.key, 1)
+            self.timers.register(envelope.key, self.timers.now_ms() + 60_000)
+
+        def on_timer(self, key: Any, timestamp_ms: int, collector: Any, coordinator: Any) -> None:
+            collector.send(
+                OutgoingMessageEnvelope(SystemStream("log", "reminders"), key, {"at": timestamp_ms})
+            )
+
+    config = {
+        **CONFIG,
+        "stores.seen.factory": "rocksdb",
+        "stores.seen.rocksdb.ttl.ms": "30000",
+        "stores.timers.factory": "rocksdb",
+        "task.timers.store": "timers",
+    }
+    with JobTestDriver(config, tmp_path, task=Reminder, clock_ms=1_000_000) as job:
+        job.send("words", [Message(None, key="a")])
+        job.run()
+        assert job.output("log.reminders") == [] and job.store("seen") == {"a": 1}
+        job.advance_time(30_000)
+        assert job.store("seen") == {}  # past its TTL
+        job.advance_time(29_999)
+        job.run()
+        assert job.output("log.reminders") == []
+        job.advance_time(1)
+        job.run()
+        assert [m.value for m in job.output("log.reminders")] == [{"at": 1_060_000}]
+        with pytest.raises(UserError, match="processing time never goes back"):
+            job.advance_time(-1)

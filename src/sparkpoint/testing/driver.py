@@ -19,6 +19,11 @@ job written for Kafka tests with no broker::
 ``run()`` processes everything sent so far and commits; ``run(commit=False)`` processes one
 batch without committing, and ``restart()`` then starts over from the last commit, as a crashed
 job would (``lose_local_state=True``: on a new host, restoring from the state backends).
+
+Processing time is the driver's own clock (``clock_ms``, the wall clock when the driver was
+made): it stands still until :meth:`JobTestDriver.advance_time` moves it, so timers and store
+TTLs are tested in milliseconds, without sleeping. (A DataFrame pipeline's steps run in Spark's
+workers and read the wall clock.)
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream
+from sparkpoint.model.clock import use_clock, wall_ms
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.driver.reports import BatchRunner, RunSummary
 from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.storage import task_storage
+from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.store import store_serdes
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import committed_entries
@@ -82,6 +89,7 @@ class JobTestDriver:
         task: type[StreamTask] | None = None,
         config: Mapping[str, str] | None = None,
         spark: Any = None,
+        clock_ms: int | None = None,
     ) -> None:
         from sparkpoint.runtime.dataframe.pipeline import Pipeline
         from sparkpoint.runtime.driver.job_path import with_dir_on_path
@@ -102,6 +110,15 @@ class JobTestDriver:
         self._spark = spark
         self._own_spark = False
         self._coordinator: JobCoordinator | None = None
+        #: the processing time the job sees (ms since the epoch); :meth:`advance_time` moves it
+        self.clock_ms = wall_ms() if clock_ms is None else clock_ms
+
+    def advance_time(self, ms: int) -> None:
+        """Move processing time forward by ``ms``: timers due by then fire in the next
+        :meth:`run`, and store entries older than their TTL are gone."""
+        if ms < 0:
+            raise UserError(f"advance_time({ms}): processing time never goes back")
+        self.clock_ms += ms
 
     @staticmethod
     def _load(job: Any, overrides: Mapping[str, str]) -> Config:
@@ -130,12 +147,13 @@ class JobTestDriver:
     def run(self, *, commit: bool = True) -> RunSummary:
         """Process everything sent so far and commit every task; with ``commit=False``, one
         batch up to what was sent, processed but not committed (then :meth:`restart`)."""
-        coordinator = self._started()
-        if commit:
-            return coordinator.run(until_caught_up=True)
-        end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
-        report, _ = coordinator.run_batch(end, commit=False)
-        return RunSummary(batches=1, processed=report.processed)
+        with use_clock(lambda: self.clock_ms):
+            coordinator = self._started()
+            if commit:
+                return coordinator.run(until_caught_up=True)
+            end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+            report, _ = coordinator.run_batch(end, commit=False)
+            return RunSummary(batches=1, processed=report.processed)
 
     def restart(self, *, lose_local_state: bool = False) -> None:
         """Stop the job as a crash would (nothing more is committed); the next :meth:`run`
@@ -171,16 +189,18 @@ class JobTestDriver:
     def store(self, name: str) -> dict[Any, Any]:
         """A store's contents as of the last commit, over every task, decoded by its serdes
         (after :meth:`run`, which commits, that is the live state)."""
-        if self.config.get_str(f"stores.{name}.factory") == "in-memory":
+        with use_clock(lambda: self.clock_ms):
+            if self.config.get_str(f"stores.{name}.factory") != "in-memory":
+                return {key: value for _task, key, value in committed_entries(self.config, name)}
             key_serde, msg_serde = store_serdes(self.config, name)
             out: dict[Any, Any] = {}
             for (_task, store), (_state, engine) in task_storage._MEMORY.items():
                 if store == name:
+                    view = ttl.readable(engine, ttl.ttl_of(self.config, name))
                     out.update(
-                        (key_serde.from_bytes(k), msg_serde.from_bytes(v)) for k, v in engine.all()
+                        (key_serde.from_bytes(k), msg_serde.from_bytes(v)) for k, v in view.all()
                     )
             return out
-        return {key: value for _task, key, value in committed_entries(self.config, name)}
 
     def output(self, stream: str) -> list[OutputMessage]:
         """Every message on ``stream``, in partition then offset order."""
