@@ -117,3 +117,5 @@ class TaskBatchResult:
     executor: str = ""  # host:pid of the Python worker
     ran_on: Executor | None = None  # the Spark executor, filled in by the runner on a cluster
     state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk
+    late: int = 0  # records behind the task's watermark (event time)
+    timers_fired: int = 0

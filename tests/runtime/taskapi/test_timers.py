@@ -20,6 +20,9 @@ from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import POINTS, InjectedCrash
 from sparkpoint.model import SystemStream
 from sparkpoint.model.clock import use_clock
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.driver.metrics import JobMetrics
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY
 from sparkpoint.tools.streams import read_json_lines
@@ -185,9 +188,19 @@ def test_records_behind_the_watermark_are_late_never_dropped_and_past_timers_fir
     assert fired > 0
     # the same events again (their event times are behind the watermark now)
     again = generate(config, tmp_path / "b.yaml", 200, seed=94, users=10)
-    run(config, until_caught_up=True)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    report, results = coordinator.run_batch(end, commit=True)
+    coordinator.close()
     late = [r["value"]["at"] for r in rows(config, "late")]
     assert 0 < len(late) <= 200 and max(late) < max(int(str(e["ts"])) for e in events(200, 94, 10))
+    assert sum(r.late for r in results) == len(late)  # counted for the metrics
+    assert sum(r.timers_fired for r in results) == fired
+    metrics = JobMetrics("j")
+    metrics.record(report)
+    counted = {g: v.get("task_late_messages_total", 0) for g, v in metrics.snapshot().items()}
+    assert sum(counted.values()) == len(late)
     assert committed_counts(config) == dict(first + again)  # late views are counted all the same
     # a timer registered behind the watermark (each replayed view's, at its time + 1000) fires
     # at the end of the batch that registered it: every one that fired the first time, again

@@ -55,6 +55,10 @@ class JobMetrics:
         self.batch_time = task(Summary, "batch_seconds", "Wall time of a batch on the driver", ())
         self.processed = task(Counter, "task_messages_processed", "Messages processed")
         self.sent = task(Counter, "task_messages_sent", "Messages sent")
+        self.late = task(
+            Counter, "task_late_messages", "Messages behind the task's watermark (event time)"
+        )
+        self.timers_fired = task(Counter, "task_timers_fired", "Timers that fired (on_timer)")
         self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
         self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
         self.commits = task(Counter, "task_commits", "Commits started")
@@ -86,6 +90,8 @@ class JobMetrics:
             labels = (job, r.task)
             self.processed.labels(*labels).inc(r.processed)
             self.sent.labels(*labels).inc(r.sent)
+            self.late.labels(*labels).inc(r.late)
+            self.timers_fired.labels(*labels).inc(r.timers_fired)
             self.process_time.labels(*labels).inc(r.process_seconds)
             if r.commit_started:
                 self.commits.labels(*labels).inc()

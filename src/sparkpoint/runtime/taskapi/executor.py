@@ -292,7 +292,7 @@ class TaskBatch:
                     task.window(collector, coordinator)
                 task.close()
             collector.close()
-            return self.finish(
+            result = self.finish(
                 next_offsets,
                 processed=processed,
                 sent=collector.sent,
@@ -300,6 +300,8 @@ class TaskBatch:
                 started=t0,
                 processed_at=time.monotonic(),
             )
+            result.late, result.timers_fired = timers.late, timers.fired
+            return result
         finally:
             self.storage.close()
 
