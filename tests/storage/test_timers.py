@@ -82,3 +82,22 @@ def test_kinds_parse_and_refuse_anything_else() -> None:
     assert TimeKind.parse("event") is TimeKind.EVENT
     with pytest.raises(ValueError, match="'processing' or 'event', not 'wall'"):
         TimeKind.parse("wall")
+
+
+def test_due_timers_see_the_changes_made_while_they_fire(engine: KeyValueEngine) -> None:
+    """Firing deletes each timer and may register or delete others: a deleted one never comes,
+    one registered behind the scan still does, and chunks resume where they stopped."""
+    store = TimerStore(engine)
+    p = TimeKind.PROCESSING
+    for i in range(25):
+        store.register(p, 100 + i, b"k%02d" % i)
+    seen = []
+    for timer in store.due(p, 1000, chunk=4):
+        seen.append(timer.key)
+        store.delete(p, timer.timestamp_ms, timer.key)
+        if timer.key == b"k03":
+            store.delete(p, 110, b"k10")  # deleted before its turn: never given out
+            store.register(p, 50, b"early")  # behind the scan: still given out
+            store.register(p, 5000, b"later")  # not due
+    assert seen == [b"k%02d" % i for i in range(25) if i != 10] + [b"early"]
+    assert [t.key for t in store.timers(p)] == [b"later"]

@@ -25,6 +25,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
+from itertools import islice
 
 from sparkpoint.errors import StoreError
 from sparkpoint.model import SystemStreamPartition
@@ -95,13 +96,40 @@ class TimerStore:
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
         self.engine.delete(_timer_key(kind, timestamp_ms, key))
 
-    def timers(self, kind: TimeKind, upto_ms: int = MAX_TIME) -> Iterator[Timer]:
-        """The timers of ``kind`` due at or before ``upto_ms``, in firing order."""
+    def timers(
+        self, kind: TimeKind, upto_ms: int = MAX_TIME, after: Timer | None = None
+    ) -> Iterator[Timer]:
+        """The timers of ``kind`` due at or before ``upto_ms``, in firing order (only those
+        after ``after``, when given: a scan that resumes skips the tombstones of the timers
+        fired before it, which RocksDB would otherwise step over on every seek)."""
         prefix = _prefix(kind)
+        start = prefix if after is None else _timer_key(kind, after.timestamp_ms, after.key) + b"\0"
         end = prefix + TIME.pack(upto_ms + 1) if upto_ms < MAX_TIME else prefix + b"\xff" * 9
-        for raw, _ in self.engine.range(prefix, end):
+        for raw, _ in self.engine.range(start, end):
             (when,) = TIME.unpack_from(raw, len(prefix))
             yield Timer(when, kind, raw[len(prefix) + TIME.size :])
+
+    def exists(self, timer: Timer) -> bool:
+        return self.engine.get(_timer_key(timer.kind, timer.timestamp_ms, timer.key)) is not None
+
+    def due(self, kind: TimeKind, upto_ms: int, chunk: int = 10_000) -> Iterator[Timer]:
+        """Every timer of ``kind`` due by ``upto_ms``, in firing order, *while the caller
+        deletes them and registers or deletes others*: read in chunks, each timer checked
+        to be there still before it is given out; when a scan ends, one more from the start
+        finds timers registered behind it meanwhile. Ends when a scan from the start finds
+        none."""
+        after: Timer | None = None
+        while True:
+            found = list(islice(self.timers(kind, upto_ms, after), chunk))
+            if not found:
+                if after is None:
+                    return
+                after = None  # once more from the start, for timers registered behind us
+                continue
+            for timer in found:
+                if self.exists(timer):
+                    yield timer
+            after = found[-1]
 
     def next_due(self, kind: TimeKind, upto_ms: int) -> Timer | None:
         return next(self.timers(kind, upto_ms), None)

@@ -173,9 +173,8 @@ class TaskTimers:
         for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now)):
             if upto is None:
                 continue
-            while self.fired < MAX_FIRED_PER_BATCH:
-                timer = store.next_due(kind, upto)
-                if timer is None:
+            for timer in store.due(kind, upto):
+                if self.fired >= MAX_FIRED_PER_BATCH:
                     break
                 store.delete(kind, timer.timestamp_ms, timer.key)
                 key = self._keys.from_bytes(timer.key)
