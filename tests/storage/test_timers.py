@@ -101,3 +101,22 @@ def test_due_timers_see_the_changes_made_while_they_fire(engine: KeyValueEngine)
             store.register(p, 5000, b"later")  # not due
     assert seen == [b"k%02d" % i for i in range(25) if i != 10] + [b"early"]
     assert [t.key for t in store.timers(p)] == [b"later"]
+
+
+def test_a_keys_timers_are_found_by_its_index_and_leave_with_it(engine: KeyValueEngine) -> None:
+    store = TimerStore(engine)
+    store.register(TimeKind.EVENT, 7, b"user-1")
+    store.register(TimeKind.PROCESSING, 9, b"user-1")
+    store.register(TimeKind.PROCESSING, 3, b"user-10")  # a longer key with the same start
+    assert list(store.timers_of(b"user-1")) == [
+        Timer(7, TimeKind.EVENT, b"user-1"),
+        Timer(9, TimeKind.PROCESSING, b"user-1"),
+    ]
+    for timer in list(store.due(TimeKind.PROCESSING, 100)):
+        store.delete(timer.kind, timer.timestamp_ms, timer.key)
+    assert list(store.timers_of(b"user-10")) == []
+    assert list(store.timers_of(b"user-1")) == [Timer(7, TimeKind.EVENT, b"user-1")]
+    assert [k for k, _ in engine.all()] == [
+        b"K\x00\x00\x00\x06user-1e" + (7).to_bytes(8, "big"),
+        b"Te" + (7).to_bytes(8, "big") + b"user-1",
+    ]

@@ -10,6 +10,8 @@ Layout (raw engine keys, in key order)::
 
     T p <8-byte time> <key bytes>     a processing-time timer, value empty
     T e <8-byte time> <key bytes>     an event-time timer, value empty
+    K <4-byte length> <key bytes> p|e <8-byte time>
+                                      the same timer indexed by key (a key's timers: one scan)
     W <ssp>                           an input partition's event time: JSON {"max", "active"}
     S                                 when the task first tracked event time (processing ms)
     M                                 the task's watermark (event ms; it never moves back)
@@ -33,6 +35,8 @@ from sparkpoint.storage.kv.base import KeyValueEngine
 
 TIME = struct.Struct(">q")
 TIMER = b"T"
+BY_KEY = b"K"
+LENGTH = struct.Struct(">I")
 WATERMARK = b"W"
 SINCE = b"S"
 MARK = b"M"
@@ -74,6 +78,14 @@ def _prefix(kind: TimeKind) -> bytes:
     return TIMER + kind.tag
 
 
+def _key_prefix(key: bytes) -> bytes:
+    return BY_KEY + LENGTH.pack(len(key)) + key
+
+
+def _index_key(kind: TimeKind, timestamp_ms: int, key: bytes) -> bytes:
+    return _key_prefix(key) + kind.tag + TIME.pack(timestamp_ms)
+
+
 @dataclass(frozen=True)
 class PartitionTime:
     """An input partition's largest event time seen, and when (processing time) it last had a
@@ -91,10 +103,29 @@ class TimerStore:
 
     # -- timers
     def register(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
-        self.engine.put(_timer_key(kind, timestamp_ms, key), b"")
+        self.engine.write_batch(
+            [(_timer_key(kind, timestamp_ms, key), b""), (_index_key(kind, timestamp_ms, key), b"")]
+        )
 
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
-        self.engine.delete(_timer_key(kind, timestamp_ms, key))
+        self.engine.write_batch(
+            [
+                (_timer_key(kind, timestamp_ms, key), None),
+                (_index_key(kind, timestamp_ms, key), None),
+            ]
+        )
+
+    def timers_of(self, key: bytes) -> Iterator[Timer]:
+        """The timers of ``key`` (both kinds), by kind then time: one scan of its index."""
+        prefix = _key_prefix(key)
+        for raw, _ in self.engine.range(prefix, prefix + b"\xff"):
+            kind = (
+                TimeKind.PROCESSING
+                if raw[len(prefix) : len(prefix) + 1] == b"p"
+                else TimeKind.EVENT
+            )
+            (when,) = TIME.unpack_from(raw, len(prefix) + 1)
+            yield Timer(when, kind, key)
 
     def timers(
         self, kind: TimeKind, upto_ms: int = MAX_TIME, after: Timer | None = None
@@ -113,23 +144,23 @@ class TimerStore:
         return self.engine.get(_timer_key(timer.kind, timer.timestamp_ms, timer.key)) is not None
 
     def due(self, kind: TimeKind, upto_ms: int, chunk: int = 10_000) -> Iterator[Timer]:
-        """Every timer of ``kind`` due by ``upto_ms``, in firing order, *while the caller
-        deletes them and registers or deletes others*: read in chunks, each timer checked
-        to be there still before it is given out; when a scan ends, one more from the start
-        finds timers registered behind it meanwhile. Ends when a scan from the start finds
-        none."""
-        after: Timer | None = None
+        """Every timer of ``kind`` due by ``upto_ms``, in firing order, each once, *while the
+        caller deletes them and registers or deletes others*: read in chunks, each checked to
+        be there still before it is given out. After a pass, one more from the start finds
+        timers registered behind it meanwhile; it ends when a whole pass finds none new (a
+        timer given out and registered again comes in the next call)."""
+        given: set[Timer] = set()
         while True:
-            found = list(islice(self.timers(kind, upto_ms, after), chunk))
-            if not found:
-                if after is None:
-                    return
-                after = None  # once more from the start, for timers registered behind us
-                continue
-            for timer in found:
-                if self.exists(timer):
-                    yield timer
-            after = found[-1]
+            new, after = False, None
+            while found := list(islice(self.timers(kind, upto_ms, after), chunk)):
+                for timer in found:
+                    if timer not in given and self.exists(timer):
+                        given.add(timer)
+                        new = True
+                        yield timer
+                after = found[-1]
+            if not new:
+                return
 
     def next_due(self, kind: TimeKind, upto_ms: int) -> Timer | None:
         return next(self.timers(kind, upto_ms), None)

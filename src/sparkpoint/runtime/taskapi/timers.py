@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: timers fired per batch at most (a timer that registers itself at once would loop for ever);
-#: the rest fire at the end of the next batch
+#: timers fired per batch at most; the rest fire at the end of the next batch (so does a timer
+#: that ``on_timer`` registers again for a time already due)
 MAX_FIRED_PER_BATCH = 100_000
 
 
@@ -129,17 +129,16 @@ class TaskTimers:
 
     def list(self, key: object = None, kind: str | None = None) -> list[tuple[Any, int, str]]:
         """Registered timers, ``(key, timestamp_ms, kind)`` in firing order per kind; only those
-        of ``key`` (and of ``kind``) when given. Scans every timer of the task."""
+        of ``key`` (and of ``kind``) when given. A key's timers are one short scan of an index;
+        all timers, a scan of them all."""
         store = self._timers()
         assert self._keys is not None
         kinds = list(TimeKind) if kind is None else [TimeKind.parse(kind)]
-        wanted = None if key is None else self._key(key)
-        return [
-            (self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value)
-            for k in kinds
-            for t in store.timers(k)
-            if wanted is None or t.key == wanted
-        ]
+        if key is None:
+            found = [t for k in kinds for t in store.timers(k)]
+        else:
+            found = [t for t in store.timers_of(self._key(key)) if t.kind in kinds]
+        return [(self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value) for t in found]
 
     # -- the executor's calls
     def event_time_of(self, stream: SystemStream) -> str | None:
