@@ -10,8 +10,8 @@ Layout (raw engine keys, in key order)::
 
     T p <8-byte time> <key bytes>     a processing-time timer, value empty
     T e <8-byte time> <key bytes>     an event-time timer, value empty
-    K <4-byte length> <key bytes> p|e <8-byte time>
-                                      the same timer indexed by key (a key's timers: one scan)
+    K <key bytes>                     the key's timers: (p|e, 8-byte time) each, in order
+                                      (one point read, never a scan over deleted timers)
     W <ssp>                           an input partition's event time: JSON {"max", "active"}
     S                                 when the task first tracked event time (processing ms)
     M                                 the task's watermark (event ms; it never moves back)
@@ -36,7 +36,6 @@ from sparkpoint.storage.kv.base import KeyValueEngine
 TIME = struct.Struct(">q")
 TIMER = b"T"
 BY_KEY = b"K"
-LENGTH = struct.Struct(">I")
 WATERMARK = b"W"
 SINCE = b"S"
 MARK = b"M"
@@ -78,12 +77,19 @@ def _prefix(kind: TimeKind) -> bytes:
     return TIMER + kind.tag
 
 
-def _key_prefix(key: bytes) -> bytes:
-    return BY_KEY + LENGTH.pack(len(key)) + key
+def _index_key(key: bytes) -> bytes:
+    return BY_KEY + key
 
 
-def _index_key(kind: TimeKind, timestamp_ms: int, key: bytes) -> bytes:
-    return _key_prefix(key) + kind.tag + TIME.pack(timestamp_ms)
+def _decode_index(raw: bytes | None) -> list[tuple[bytes, int]]:
+    if not raw:
+        return []
+    step = 1 + TIME.size
+    return [(raw[i : i + 1], TIME.unpack_from(raw, i + 1)[0]) for i in range(0, len(raw), step)]
+
+
+def _encode_index(entries: list[tuple[bytes, int]]) -> bytes | None:
+    return b"".join(tag + TIME.pack(ts) for tag, ts in sorted(entries)) or None
 
 
 @dataclass(frozen=True)
@@ -103,29 +109,28 @@ class TimerStore:
 
     # -- timers
     def register(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        entries = _decode_index(self.engine.get(_index_key(key)))
+        if (kind.tag, timestamp_ms) in entries:
+            return
+        entries.append((kind.tag, timestamp_ms))
         self.engine.write_batch(
-            [(_timer_key(kind, timestamp_ms, key), b""), (_index_key(kind, timestamp_ms, key), b"")]
+            [(_timer_key(kind, timestamp_ms, key), b""), (_index_key(key), _encode_index(entries))]
         )
 
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        entries = _decode_index(self.engine.get(_index_key(key)))
+        if (kind.tag, timestamp_ms) not in entries:
+            return
+        entries.remove((kind.tag, timestamp_ms))
         self.engine.write_batch(
-            [
-                (_timer_key(kind, timestamp_ms, key), None),
-                (_index_key(kind, timestamp_ms, key), None),
-            ]
+            [(_timer_key(kind, timestamp_ms, key), None), (_index_key(key), _encode_index(entries))]
         )
 
     def timers_of(self, key: bytes) -> Iterator[Timer]:
-        """The timers of ``key`` (both kinds), by kind then time: one scan of its index."""
-        prefix = _key_prefix(key)
-        for raw, _ in self.engine.range(prefix, prefix + b"\xff"):
-            kind = (
-                TimeKind.PROCESSING
-                if raw[len(prefix) : len(prefix) + 1] == b"p"
-                else TimeKind.EVENT
-            )
-            (when,) = TIME.unpack_from(raw, len(prefix) + 1)
-            yield Timer(when, kind, key)
+        """The timers of ``key`` (event time first, then processing time, each by time): one
+        point read of its index."""
+        for tag, when in _decode_index(self.engine.get(_index_key(key))):
+            yield Timer(when, TimeKind.EVENT if tag == b"e" else TimeKind.PROCESSING, key)
 
     def timers(
         self, kind: TimeKind, upto_ms: int = MAX_TIME, after: Timer | None = None
