@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
@@ -167,9 +167,6 @@ class TimerStore:
             if not new:
                 return
 
-    def next_due(self, kind: TimeKind, upto_ms: int) -> Timer | None:
-        return next(self.timers(kind, upto_ms), None)
-
     # -- event time
     def partition_times(self) -> dict[SystemStreamPartition, PartitionTime]:
         out: dict[SystemStreamPartition, PartitionTime] = {}
@@ -199,20 +196,28 @@ class TimerStore:
         now_ms: int,
         lateness_ms: int,
         idle_ms: int,
+        *,
+        seen: Mapping[SystemStreamPartition, int] | None = None,
     ) -> int | None:
         """Advance the watermark: the smallest largest-event-time over the task's partitions
         that are not idle (a partition with no record for ``idle_ms``, or none yet once
         ``idle_ms`` passed since tracking began), minus ``lateness_ms``. With every partition
-        idle, the largest event time seen. Never moves back; ``None`` before any record."""
+        idle, the largest event time seen. Never moves back; ``None`` before any record.
+        ``seen``: the largest event time of each partition that had records since (those are
+        busy now, and their largest event time grows to it)."""
         times = self.partition_times()
+        for ssp, top in (seen or {}).items():
+            old = times.get(ssp)
+            times[ssp] = PartitionTime(top if old is None else max(old.max_event_ms, top), now_ms)
+            self.set_partition_time(ssp, times[ssp])
         since = self.since(now_ms)
         active, waiting = [], False
         for ssp in ssps:
-            seen = times.get(ssp)
-            if seen is None:
+            known = times.get(ssp)
+            if known is None:
                 waiting |= now_ms - since < idle_ms
-            elif now_ms - seen.active_ms < idle_ms:
-                active.append(seen.max_event_ms)
+            elif now_ms - known.active_ms < idle_ms:
+                active.append(known.max_event_ms)
         seen_max = [t.max_event_ms for t in times.values()]
         if waiting or not seen_max:
             return self.watermark()

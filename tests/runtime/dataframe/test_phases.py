@@ -32,10 +32,10 @@ def phases(tmp_path: Path, batch: int = 7, clean_up_only: bool = False) -> TaskP
 
 def test_a_whole_batch_runs_begin_steps_finish(tmp_path: Path) -> None:
     p = phases(tmp_path)
-    assert p.phase(["a", "b"]) is Phase.NEW and p.again() is None
+    assert p.phase(["a", "b"]) is Phase.NEW and p.begun() is None
     p.begin(BEGUN)
     assert p.phase(["a", "b"]) is Phase.BEGUN
-    assert p.again() == BEGUN  # a second computation of the source reuses the start
+    assert p.begun() == BEGUN  # a second computation of the source reuses the start
     p.start_step("a")
     p.end_read(END)
     p.start_step("b")
@@ -45,7 +45,7 @@ def test_a_whole_batch_runs_begin_steps_finish(tmp_path: Path) -> None:
     )  # a later phase loads the same
     p.finished()
     assert p.phase(["a", "b"]) is Phase.FINISHED
-    assert p.again() == BEGUN  # reading again after the finish touches no state
+    assert p.begun() == BEGUN  # reading again after the finish touches no state
 
 
 def test_notes_of_another_batch_count_as_absent(tmp_path: Path) -> None:

@@ -128,6 +128,9 @@ class TaskPhases:
         return self._note(step_note(step)) is not None
 
     def begun(self) -> Begun | None:
+        """What the batch's first read established; a later computation of the batch source
+        reads from it (``None``: the batch has not begun here, so :meth:`begin` it). Also after
+        the finish: reading the planned messages again touches no state."""
         note = self._note(BEGUN_NOTE)
         if note is None:
             return None
@@ -191,12 +194,6 @@ class TaskPhases:
                 "kept": established.kept,
             },
         )
-
-    def again(self) -> Begun | None:
-        """What the first read established, for a later computation of the batch source in the
-        same batch; ``None`` if the batch has not begun here (then :meth:`begin` it). Also
-        after the finish: reading the planned messages again touches no state."""
-        return self.begun()
 
     def end_read(self, end: ReadEnd) -> None:
         """The read reached the end of the batch's input."""

@@ -86,7 +86,7 @@ class FrameTask:
 
     def begin(self) -> Begun:
         """Establish state once per batch; a later read of the same batch gets the same."""
-        earlier = self.phases.again()
+        earlier = self.phases.begun()
         if earlier is not None:
             return earlier
         batch = self.batch

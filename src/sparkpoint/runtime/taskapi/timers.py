@@ -32,7 +32,7 @@ from sparkpoint.model.clock import now_ms
 from sparkpoint.serde import Serde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
-from sparkpoint.storage.timers import PartitionTime, TimeKind, TimerStore
+from sparkpoint.storage.timers import TimeKind, TimerStore
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
@@ -157,16 +157,12 @@ class TaskTimers:
         if self._store is None:
             return
         store, now = self._store, now_ms()
-        before = store.partition_times()
-        for ssp, seen in self._seen.items():
-            old = before.get(ssp)
-            top = seen if old is None else max(old.max_event_ms, seen)
-            store.set_partition_time(ssp, PartitionTime(top, now))
         self.watermark_ms = store.advance_watermark(
             self.ssps,
             now,
             self.config.get_int("task.watermark.lateness.ms"),
             self.config.get_int("task.watermark.idle.ms"),
+            seen=self._seen,
         )
         assert self._keys is not None
         for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now)):
