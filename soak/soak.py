@@ -9,13 +9,17 @@ Variants (kills are spread over them, round robin):
 * ``example``: the example job with a changelog, on local Spark;
 * ``dual``: two stores, both backed up to a changelog and the blob store (dual commit), the
   blob store failing 10% of its operations and stopping 5% of uploads half-way;
-* ``cluster``: ``dual`` on a standalone master with two workers and private store directories.
+* ``cluster``: ``dual`` on a standalone master with two workers and private store directories;
+* ``time``: ``dual``'s backups for a job with time in its state (``soak_task.TimedCounter``): a
+  store with a TTL and event-time timers in a timer store.
 
 Each kill is a SIGKILL of the driver, of a Python worker (Spark retries its task) or, on the
 cluster, of a worker (its executors go; the job goes on elsewhere), at a random moment; new input
 is appended between runs. At the end each job runs to the end of its input and the soak checks:
 
-* ``mismatches``: store entries that differ from an independent count of the whole input;
+* ``mismatches``: store entries that differ from an independent count of the whole input (for
+  ``time``, also: each user's last page, visible now and expired once past its TTL, and the
+  views per user and event-time minute, in ``closed`` plus ``pending``);
 * ``lost``: views whose effect never reached the output (for a user, a count in 1..final missing);
 * ``duplicates``: output messages beyond one per view (at-least-once replays), which must stay
   within what the uncommitted batches of each kill can replay;
@@ -85,6 +89,33 @@ DUAL = {
     "blob.store.ttl.ms": "3000",
     "testing.blob.fail.ratio": "0.1",
     "testing.blob.partial.ratio": "0.05",
+}
+
+DAY_MS = 24 * 3600 * 1000
+TIME = {
+    **{k: v for k, v in DUAL.items() if not k.startswith("stores.")},
+    "task.class": "soak_task:TimedCounter",
+    "task.timers.store": "timers",
+    "streams.pageviews.event.time.field": "ts",
+    "stores.last-page.rocksdb.ttl.ms": str(DAY_MS),
+    **{
+        f"stores.{store}.{key}": value
+        for store, serde in (
+            ("user-counts", "integer"),
+            ("last-page", "string"),
+            ("pending", "integer"),
+            ("closed", "integer"),
+            ("timers", "string"),
+        )
+        for key, value in (
+            ("factory", "rocksdb"),
+            ("key.serde", "string"),
+            ("msg.serde", serde),
+            ("changelog", f"filelog.{store}-changelog"),
+            ("backup.factories", "changelog,blobstore"),
+            ("restore.factories", "blobstore,changelog"),
+        )
+    },
 }
 
 
@@ -241,6 +272,8 @@ def verify(variant: Variant) -> dict[str, int]:
     mismatches = _diff(dict(by_user), _store(config, "user-counts"))
     if "page-counts" in config.stores:
         mismatches += _diff(dict(by_page), _store(config, "page-counts"))
+    if "last-page" in config.stores:
+        mismatches += _time_mismatches(config, views)
     emitted: dict[str, set[int]] = {}
     total = 0
     for row in read_json_lines(config, Systems(config), SystemStream("filelog", "user-counts")):
@@ -257,6 +290,28 @@ def verify(variant: Variant) -> dict[str, int]:
         "duplicates": total - len(views),
         "dangling": dangling,
     }
+
+
+def _time_mismatches(config: Config, views: list[dict[str, object]]) -> int:
+    """The ``time`` variant's stores against the input: each user's last page (and none once
+    a day, the store's TTL, has passed), and the views per user and minute in ``closed`` plus
+    ``pending``; timers must have fired (``closed`` is not empty)."""
+    from soak_task import BUCKET_MS
+
+    from sparkpoint.model.clock import use_clock, wall_ms
+
+    last = {str(e["user"]): str(e["page"]) for e in views}  # a user's views keep their order
+    got = {k: v for _t, k, v in committed_entries(config, "last-page")}
+    bad = _diff(last, got)
+    with use_clock(lambda: wall_ms() + DAY_MS + 1):
+        bad += sum(1 for _ in committed_entries(config, "last-page"))
+    by_minute = Counter(f"{e['user']}|{int(str(e['ts'])) // BUCKET_MS}" for e in views)
+    closed = _store(config, "closed")
+    both = Counter(closed) + Counter(_store(config, "pending"))
+    if not closed:
+        print("time: no timer fired (closed is empty)", file=sys.stderr)
+        bad += 1
+    return bad + _diff(dict(by_minute), dict(both))
 
 
 def _replay_bound(variant: Variant) -> int:
@@ -331,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     variants = []
     for name in args.variants.split(","):
-        overrides = {**BASE, **(DUAL if name in ("dual", "cluster") else {})}
+        extra = {"dual": DUAL, "cluster": DUAL, "time": TIME}.get(name, {})
+        overrides = {**BASE, **extra}
         variant = Variant(name, top / name, overrides)
         if name == "cluster":
             cluster = StandaloneCluster(top / "spark-cluster", workers=2).start()

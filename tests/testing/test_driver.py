@@ -116,3 +116,35 @@ def test_time_moves_only_when_the_test_moves_it(tmp_path: Path) -> None:
         assert [m.value for m in job.output("log.reminders")] == [{"at": 1_060_000}]
         with pytest.raises(UserError, match="processing time never goes back"):
             job.advance_time(-1)
+
+
+def test_a_pipeline_s_timers_follow_the_test_clock(tmp_path: Path, spark: Any) -> None:
+    """The driver's fake clock reaches the pipeline's steps in Spark's workers: an idle timer
+    fires only once advance_time passed it, and its firing cleared the user's count."""
+    from timer_pipeline import pipeline
+    from timer_task import IDLE_MS
+
+    config = {
+        "job.name": "idle",
+        "systems.log.factory": "filelog",
+        "task.inputs": "log.pageviews",
+        "streams.pageviews.partitions": "2",
+        "stores.user-counts.factory": "rocksdb",
+        "stores.user-counts.key.serde": "string",
+        "stores.user-counts.msg.serde": "integer",
+        "stores.timers.factory": "rocksdb",
+        "task.timers.store": "timers",
+    }
+    views = [Message({"user": u, "page": "/", "ts": 1}, key=u) for u in ["ann", "bob", "ann"]]
+    with JobTestDriver(pipeline(config), tmp_path, spark=spark, clock_ms=0) as job:
+        job.send("pageviews", views)
+        job.run()
+        assert job.store("user-counts") == {"ann": 2, "bob": 1} and job.output("idle") == []
+        job.advance_time(IDLE_MS - 1)
+        job.send("pageviews", [Message({"user": "bob", "page": "/", "ts": 2}, key="bob")])
+        job.run()
+        assert job.output("idle") == []
+        job.advance_time(1)
+        job.run()
+        assert [m.value for m in job.output("idle")] == [{"user": "ann", "count": 2}]
+        assert job.store("user-counts") == {"bob": 2}

@@ -4,7 +4,8 @@
 source with :func:`use_clock` (the ``clock`` slot of :mod:`sparkpoint.worker`): the test kit
 and in-process tests move time forward by hand, so timer and TTL logic is tested in
 milliseconds, without sleeping. Only the process that set it sees it (the driver and the
-inline runner's tasks; never a Spark worker).
+inline runner's tasks); a Spark worker running a DataFrame pipeline's phase takes the driver's
+from the batch plan (:func:`fixed_ms` there, :func:`follow` here).
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ def now_ms() -> int:
     return wall_ms() if read is None else read()
 
 
+def fixed_ms() -> int | None:
+    """Processing time now if this process reads a clock of its own (the test kit's), else
+    ``None`` (the wall clock): what a batch plan carries to the workers."""
+    read = _SOURCE.read
+    return None if read is None else read()
+
+
+def follow(ms: int | None) -> None:
+    """A Spark worker's processing time for the plan it runs: the driver's fixed clock
+    (``ms``, from :func:`fixed_ms`), or the wall clock for ``None``. Only in a Spark worker,
+    which runs nothing but plans: it is not restored."""
+    _SOURCE.read = None if ms is None else (lambda: ms)
+
+
 @contextmanager
 def use_clock(read: Callable[[], int]) -> Iterator[None]:
     """Read processing time from ``read`` inside the block (in this process only)."""
@@ -46,4 +61,4 @@ def use_clock(read: Callable[[], int]) -> Iterator[None]:
         _SOURCE.read = before
 
 
-__all__ = ["now_ms", "use_clock", "wall_ms"]
+__all__ = ["fixed_ms", "follow", "now_ms", "use_clock", "wall_ms"]

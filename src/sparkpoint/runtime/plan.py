@@ -84,6 +84,9 @@ class TaskBatchPlan:
     commits: Commits
     task_count: int = 1
     location: str | None = None
+    #: the driver's processing time when it is not the wall clock (the test kit's fake clock);
+    #: a DataFrame pipeline's phases, run in Spark's workers, read it
+    clock_ms: int | None = None
 
     @property
     def batch_state_id(self) -> UncommittedState:

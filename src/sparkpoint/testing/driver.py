@@ -22,8 +22,8 @@ job would (``lose_local_state=True``: on a new host, restoring from the state ba
 
 Processing time is the driver's own clock (``clock_ms``, the wall clock when the driver was
 made): it stands still until :meth:`JobTestDriver.advance_time` moves it, so timers and store
-TTLs are tested in milliseconds, without sleeping. (A DataFrame pipeline's steps run in Spark's
-workers and read the wall clock.)
+TTLs are tested in milliseconds, without sleeping; a DataFrame pipeline's steps, in Spark's
+workers, get it with each batch's plan.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -74,15 +74,19 @@ class Begun:
     last_processed: Offsets
     restored: list[RestoreStats]
     kept: bool
+    watermark: int | None = None  # the task's event-time watermark as the batch began
 
 
 @dataclass(frozen=True)
 class ReadEnd:
-    """Where the batch's read stopped: the next offsets, the last processed, how many."""
+    """Where the batch's read stopped: the next offsets, the last processed, how many; the
+    largest event time read per input partition, and how many records were late."""
 
     next: Offsets
     last_processed: Offsets
     processed: int
+    event_times: dict[SystemStreamPartition, int] = field(default_factory=dict)
+    late: int = 0
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class TaskPhases:
             last_processed=_offsets(note["last_processed"]),
             restored=[RestoreStats(**r) for r in note.get("restored", [])],
             kept=bool(note.get("kept")),
+            watermark=note.get("watermark"),
         )
 
     def read_end(self) -> ReadEnd | None:
@@ -149,6 +154,8 @@ class TaskPhases:
             next=_offsets(note["next"]),
             last_processed=_offsets(note["last_processed"]),
             processed=int(note["processed"]),
+            event_times={SystemStreamPartition.parse(k): int(v) for k, v in note["times"].items()},
+            late=int(note["late"]),
         )
 
     def phase(self, steps: Sequence[str] = ()) -> Phase:
@@ -192,6 +199,7 @@ class TaskPhases:
                 "last_processed": _texts(established.last_processed),
                 "restored": [asdict(r) for r in established.restored],
                 "kept": established.kept,
+                "watermark": established.watermark,
             },
         )
 
@@ -204,6 +212,8 @@ class TaskPhases:
                 "next": _texts(end.next),
                 "last_processed": _texts(end.last_processed),
                 "processed": end.processed,
+                "times": {str(k): v for k, v in end.event_times.items()},
+                "late": end.late,
             },
         )
 
@@ -234,6 +244,15 @@ class TaskPhases:
                 "state and offsets that match"
             )
         self.local.write_note(step_note(step), {"batch": self.key})
+
+    def end_step(self, step: str, fired: int) -> None:
+        """``step`` ran to its end, firing ``fired`` timers."""
+        self.local.write_note(step_note(step), {"batch": self.key, "fired": fired})
+
+    def fired(self, steps: Sequence[str]) -> int:
+        """How many timers the batch's ``steps`` fired here."""
+        notes = (self._note(step_note(s)) for s in steps)
+        return sum(int(n.get("fired", 0)) for n in notes if n is not None)
 
     def fail_step(self, step: str, error: str) -> None:
         """``step`` raised ``error``: kept so that a retry says why the first run failed."""

@@ -61,7 +61,7 @@ from sparkpoint.runtime.dataframe.fusion import (
     step_token,
 )
 from sparkpoint.runtime.dataframe.source import BatchSource, arrow_schema, batch_source
-from sparkpoint.runtime.dataframe.task import StepState, require_persistent_stores
+from sparkpoint.runtime.dataframe.task import StepCode, StepState, require_persistent_stores
 from sparkpoint.runtime.dataframe.udfs import (
     RESULT_SCHEMA,
     Finisher,
@@ -70,6 +70,7 @@ from sparkpoint.runtime.dataframe.udfs import (
     StepFunction,
     StepUdf,
     StreamWriterUdf,
+    TimerFunction,
     partitioning_error,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
@@ -184,6 +185,7 @@ class Batch:
         self.config = config
         self._plans = list(plans)
         self._steps: dict[str, list[str]] = {}
+        self._timers: str | None = None  # the step with on_timer
         self._frames: list[StepFrame] = []
         self._cached: list[Any] = []
 
@@ -196,13 +198,35 @@ class Batch:
         stores: Sequence[str] | None = None,
         name: str | None = None,
         pandas: bool = False,
+        on_timer: TimerFunction | None = None,
     ) -> Any:
         """``fn(state, chunks)`` on each task's partition of ``df``: ``chunks`` are Arrow
         record batches (pandas DataFrames with ``pandas=True``), ``state.store(name)`` the
         task's stores (``get_all``/``put_all`` take a whole column). Returns the DataFrame of
-        what ``fn`` yields, with ``schema`` (DDL), computed once per batch."""
+        what ``fn`` yields, with ``schema`` (DDL), computed once per batch.
+
+        With ``on_timer``, the step has the task's timers (``state.timers``, kept in the store
+        ``task.timers.store``, which becomes one of the step's stores): after ``fn``, the
+        watermark advances and ``on_timer(state, expired)`` gets the due timers (columns
+        ``key``, ``timestamp_ms``, ``kind``), yielding rows of ``schema`` like ``fn``. One step
+        per pipeline has timers."""
         step = str(name or getattr(fn, "__name__", "step"))
         used = list(self.config.stores) if stores is None else list(stores)
+        if on_timer is not None:
+            timer_store = self.config.get_str("task.timers.store")
+            if not timer_store:
+                raise ConfigError(
+                    f"stateful step {step!r}: on_timer needs a store to keep the timers in: set "
+                    "task.timers.store to one of the job's stores (stores.<name>.factory="
+                    "rocksdb, with a changelog or a blob store backup)"
+                )
+            if timer_store not in used:
+                used.append(timer_store)
+            if self._timers is not None:
+                raise ConfigError(
+                    f"stateful steps {self._timers!r} and {step!r} both have on_timer; a "
+                    "pipeline's timers belong to one step"
+                )
         for store in used:
             if store not in self.config.stores:
                 raise ConfigError(
@@ -224,7 +248,10 @@ class Batch:
         if moved is not None:
             raise partitioning_error(step, f"its input was shuffled ({moved})")
         self._steps[step] = used
-        function = StepUdf(self._plans, step, used, fn, pandas, step_token(step, self.id))
+        if on_timer is not None:
+            self._timers = step
+        code = StepCode(fn, on_timer, pandas)
+        function = StepUdf(self._plans, step, used, code, step_token(step, self.id))
         out = df.mapInPandas(function, schema) if pandas else df.mapInArrow(function, schema)
         from pyspark import StorageLevel
 
@@ -381,6 +408,13 @@ class DataFrameRunner:
                     "may get no rows, but it must be there), or state would miss messages"
                 )
             self.steps = steps
+            timer_store = self.config.get_str("task.timers.store")
+            if timer_store and frame._timers is None:
+                raise ConfigError(
+                    f"task.timers.store={timer_store!r} is set, but no stateful step has "
+                    "on_timer=...: give the step that registers timers an on_timer (or unset "
+                    "task.timers.store), or the watermark never advances"
+                )
             t1 = time.monotonic()
             writes = _Writes(self.spark, frame, source, outputs)
             finisher = Finisher(plans, steps)

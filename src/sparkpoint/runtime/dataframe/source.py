@@ -7,7 +7,9 @@ or over an RDD whose partitions prefer their task's executor under host affinity
 messages as Arrow batches (no driver-side collect) by :func:`sparkpoint.runtime.dataframe.task.
 read_batches`, which also establishes the task's state. Every step after it is narrow or
 reads its cache, so it runs where the task's state is. Columns:
-``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``. The key is
+``task``, ``stream``, ``partition``, ``offset``, ``key``, ``value``, ``timestamp``,
+``event_time`` (the timestamp, or the field ``streams.<s>.event.time.field`` of the value) and
+``late`` (the event time is below the task's watermark as the batch began). The key is
 decoded by the stream's key serde into a string; the value by the stream's value serde: with
 ``value_schema`` (a DDL string such as ``"user STRING, page STRING, ts LONG"``) JSON values
 become a struct of those fields (missing fields are null); otherwise ``value_type`` decides:
@@ -28,7 +30,7 @@ from sparkpoint.runtime.spark.session import task_frame
 
 SCHEMA = (
     "task STRING, stream STRING, partition INT, offset STRING, key STRING, "
-    "value {value}, timestamp LONG"
+    "value {value}, timestamp LONG, event_time LONG, late BOOLEAN"
 )
 
 

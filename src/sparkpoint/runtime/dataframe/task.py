@@ -32,7 +32,9 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -40,15 +42,18 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, SparkpointError, TaskError
+from sparkpoint.errors import ConfigError, MessageDecodeError, SparkpointError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model.clock import follow
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch, raised_at
+from sparkpoint.runtime.taskapi.timers import TaskTimers
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
+from sparkpoint.storage.timers import TimerStore
 from sparkpoint.system.base import Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 
@@ -93,13 +98,18 @@ class FrameTask:
         require_persistent_stores(batch.config)
         try:
             start = batch.begin()
+            watermark = _watermark(batch)
         finally:
             batch.storage.close()  # no marker yet: the batch's state changes until its finish
-        begun = Begun(start, dict(batch.last_processed), list(batch.storage.restored), batch.kept)
+        begun = Begun(
+            start, dict(batch.last_processed), list(batch.storage.restored), batch.kept, watermark
+        )
         self.phases.begin(begun)
         return begun
 
-    def finish(self, whole: WholeBatch | None, started: float) -> TaskBatchResult:
+    def finish(
+        self, whole: WholeBatch | None, started: float, steps: Sequence[str] = ()
+    ) -> TaskBatchResult:
         """Commit when due and report: from where the read ended when the ``whole`` batch ran
         here, else from the last checkpoint, restored here."""
         batch = self.batch
@@ -119,26 +129,37 @@ class FrameTask:
             started=started,
             processed_at=time.monotonic(),
         )
+        if whole is not None:
+            result.late, result.timers_fired = whole.end.late, self.phases.fired(steps)
         self.phases.finished()
         return result
 
 
+def _watermark(batch: TaskBatch) -> int | None:
+    """The task's watermark in its timer store (``task.timers.store``), if it has one."""
+    name = batch.config.get_str("task.timers.store")
+    engine = batch.storage.engines.get(name) if name else None
+    return None if engine is None else TimerStore(engine).watermark()
+
+
 def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The task's messages of this batch as Arrow record batches with ``schema`` (columns
-    ``task, stream, partition, offset, key, value, timestamp``). A struct ``value`` is decoded
-    from JSON in bulk by Arrow; otherwise the value column's type decides: text (UTF-8) or
-    the raw bytes."""
+    ``task, stream, partition, offset, key, value, timestamp, event_time, late``). A struct
+    ``value`` is decoded from JSON in bulk by Arrow; otherwise the value column's type decides:
+    text (UTF-8) or the raw bytes."""
+    follow(plan.clock_ms)
     frame = FrameTask(plan)
     batch = frame.batch
     begun = frame.begin()
     last_processed = dict(begun.last_processed)
     next_offsets = dict(begun.start)
-    processed = 0
+    processed = late = 0
+    event_times: dict[SystemStreamPartition, int] = {}
     for ssp in plan.task.sorted_ssps():
         offset, end = begun.start.get(ssp), plan.reads.end.get(ssp)
         if offset is None or end is None:
             continue
-        decoder = _ChunkDecoder(batch, ssp, schema)
+        decoder = _ChunkDecoder(batch, ssp, schema, begun.watermark)
         admin = batch.systems.admin(ssp.system)
         consumer = batch.systems.consumer(ssp.system)
         try:
@@ -146,13 +167,17 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
                 columns = consumer.read_columns(ssp, offset, end, READ_CHUNK)
                 if not len(columns):
                     break
-                yield decoder.decode(columns)
+                chunk = decoder.decode(columns)
+                yield chunk
                 processed += len(columns)
+                late += decoder.late
+                if decoder.top is not None:
+                    event_times[ssp] = max(decoder.top, event_times.get(ssp, decoder.top))
                 last_processed[ssp] = columns.last_offset
                 offset = next_offsets[ssp] = admin.offset_after(ssp, columns.last_offset)
         finally:
             consumer.close()
-    frame.phases.end_read(ReadEnd(next_offsets, last_processed, processed))
+    frame.phases.end_read(ReadEnd(next_offsets, last_processed, processed, event_times, late))
 
 
 def _utf8(data: bytes) -> bool:
@@ -166,26 +191,77 @@ def _utf8(data: bytes) -> bool:
 class _ChunkDecoder:
     """Turns a chunk of one SSP's records (as columns) into an Arrow record batch."""
 
-    def __init__(self, batch: TaskBatch, ssp: SystemStreamPartition, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        batch: TaskBatch,
+        ssp: SystemStreamPartition,
+        schema: pa.Schema,
+        watermark: int | None,
+    ) -> None:
         self.batch = batch
         self.ssp = ssp
         self.schema = schema
+        self.watermark = watermark
         self.key_serde, self.msg_serde = batch.input_serdes(ssp.system_stream)
         self.value_type = schema.field("value").type
         self.task = batch.plan.task.name.name
+        self.field = batch.config.get_str(f"streams.{ssp.stream}.event.time.field")
+        if self.field and not (
+            pa.types.is_struct(self.value_type) and self.value_type.get_field_index(self.field) >= 0
+        ):
+            raise ConfigError(
+                f"streams.{ssp.stream}.event.time.field={self.field!r}: a DataFrame pipeline "
+                f"reads the event time from its value_schema; add '{self.field} LONG' to it"
+            )
+        self.top: int | None = None  # the largest event time of the last chunk
+        self.late = 0  # late records in the last chunk
 
     def decode(self, columns: RecordColumns) -> pa.RecordBatch:
         n = len(columns)
+        values = self._values(columns)
+        event_times = self._event_times(columns, values)
+        if self.watermark is None:
+            late = pa.repeat(pa.scalar(False), n)
+        else:
+            late = pc.less(event_times, pa.scalar(self.watermark, pa.int64()))
+        self.late = int(pc.sum(late).as_py() or 0)
+        self.top = pc.max(event_times).as_py() if n else None
         arrays = [
             pa.repeat(pa.scalar(self.task, pa.string()), n),
             pa.repeat(pa.scalar(self.ssp.stream, pa.string()), n),
             pa.repeat(pa.scalar(self.ssp.partition, pa.int32()), n),
             columns.offsets,
             self._keys(columns),
-            self._values(columns),
+            values,
             columns.timestamps,
+            event_times,
+            late,
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _event_times(self, columns: RecordColumns, values: pa.Array) -> pa.Array:
+        """Each record's event time: its timestamp, or the field of its message named by
+        ``streams.<s>.event.time.field`` (an integer of milliseconds >= 0, or an error naming
+        the record)."""
+        if not self.field:
+            return columns.timestamps.cast(pa.int64())
+        assert isinstance(values, pa.StructArray)
+        found = values.flatten()[self.value_type.get_field_index(self.field)]
+        if not pa.types.is_integer(found.type):
+            raise ConfigError(
+                f"streams.{self.ssp.stream}.event.time.field={self.field!r}: the field is "
+                f"{found.type} in value_schema; event times are integers (ms): declare it LONG"
+            )
+        times = found.cast(pa.int64())
+        bad = pc.or_kleene(pc.is_null(times), pc.less(times, 0))
+        if pc.any(bad).as_py():
+            i = pc.index(bad, True).as_py()
+            raise MessageDecodeError(
+                f"task {self.task}: message at {self.ssp} offset {columns.offsets[i]} has no "
+                f"event time: streams.{self.ssp.stream}.event.time.field={self.field!r} must "
+                f"name an integer field of milliseconds >= 0, found {times[i].as_py()!r}"
+            )
+        return times
 
     def _keys(self, columns: RecordColumns) -> pa.Array:
         if self.key_serde.name == "string":
@@ -250,7 +326,8 @@ class _ChunkDecoder:
 
 class StepState:
     """What a stateful step's function gets for its task: the stores, with vectorised
-    ``get_all`` / ``put_all`` / ``delete_all`` (one store call for a whole Arrow batch)."""
+    ``get_all`` / ``put_all`` / ``delete_all`` (one store call for a whole Arrow batch), and
+    the task's timers (``timers``, in the step that has ``on_timer``)."""
 
     def __init__(
         self,
@@ -258,11 +335,13 @@ class StepState:
         config: Config,
         stores: Mapping[str, KeyValueStore[Any, Any]],
         step: str,
+        timers: TaskTimers | None = None,
     ) -> None:
         self.task_name = task
         self.config = config
         self.step = step
         self._stores = dict(stores)
+        self._timers = timers
 
     def store(self, name: str) -> KeyValueStore[Any, Any]:
         try:
@@ -274,44 +353,127 @@ class StepState:
                 f"(declare it in stores=[...] of the step; it has: {known})"
             ) from None
 
+    @property
+    def timers(self) -> TaskTimers:
+        """The task's timers (``register``/``register_all``/``delete``/``list``/``now_ms``),
+        as ``context.timers`` in the task API; due ones reach the step's ``on_timer``."""
+        if self._timers is None:
+            raise TaskError(
+                f"task {self.task_name}: stateful step {self.step!r} has no timers: pass "
+                "on_timer=... to batch.stateful (with task.timers.store set) to register "
+                "timers and receive them"
+            )
+        return self._timers
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The task's event-time watermark (``None`` before any event time, or no timers)."""
+        return None if self._timers is None else self._timers.watermark_ms
+
+
+#: what a step's ``on_timer(state, expired)`` gets: due timers, at most this many at a time
+EXPIRED_CHUNK = 10_000
+
+#: the columns of ``expired``: the timer's key (as registered), its time and kind
+EXPIRED_COLUMNS = ("key", "timestamp_ms", "kind")
+
+
+def _expired(timers: TaskTimers, pandas: bool) -> Iterator[Any]:
+    """The due timers (:meth:`TaskTimers.expire`) in chunks: Arrow record batches of
+    :data:`EXPIRED_COLUMNS` (pandas DataFrames with ``pandas``)."""
+    due = timers.expire()
+    while chunk := list(islice(due, EXPIRED_CHUNK)):
+        kinds, keys, times = zip(*chunk, strict=True)
+        columns = {
+            "key": pa.array(keys),
+            "timestamp_ms": pa.array(times, pa.int64()),
+            "kind": pa.array([k.value for k in kinds], pa.string()),
+        }
+        batch = pa.RecordBatch.from_pydict(columns)
+        yield batch.to_pandas() if pandas else batch
+
+
+@dataclass(frozen=True)
+class StepCode:
+    """A stateful step's functions: ``fn(state, chunks)`` over its input, and
+    ``on_timer(state, expired)`` for the task's due timers (``pandas``: both take pandas)."""
+
+    fn: Callable[[StepState, Iterator[Any]], Iterator[Any]]
+    on_timer: Callable[[StepState, Any], Iterable[Any]] | None = None
+    pandas: bool = False
+
 
 def run_step(
     plan: TaskBatchPlan,
     step: str,
     stores: Sequence[str],
-    fn: Callable[[StepState, Iterator[Any]], Iterator[Any]],
+    code: StepCode,
     chunks: Iterator[Any],
 ) -> Iterator[Any]:
     """Run one stateful step of this batch on the plan's task: open ``stores``, yield what
-    ``fn(state, chunks)`` yields, then flush and close them. An error in ``fn`` fails the batch
-    with a :class:`TaskError` naming the task and step (and a retry of it says why it failed)."""
+    ``code.fn(state, chunks)`` yields; then, with ``code.on_timer``, advance the task's
+    watermark by the event times the batch read and yield what ``on_timer`` yields for the
+    due timers; then flush and close the stores. An error in the step's code fails the batch
+    with a :class:`TaskError` naming the task and step (and a retry of it says why it
+    failed)."""
+    follow(plan.clock_ms)
     frame = FrameTask(plan)
     batch = frame.batch
     frame.phases.start_step(step)
     try:
         batch.storage.open_live(stores)
         opened = batch.storage.stores(init=False)
+        timers = None
+        if code.on_timer is not None:
+            timers = TaskTimers.open(batch.task, batch.config, opened, plan.task.ssps)
         freeze_imported_objects()  # the step's code and pyarrow are imported now
+        state = StepState(batch.task, batch.config, opened, step, timers)
+        what = "stateful step"
         try:
-            for out in fn(StepState(batch.task, batch.config, opened, step), chunks):
+            for out in code.fn(state, chunks):
                 yield out
                 maybe_crash(batch.config, "during-stateful-step")
+            if code.on_timer is not None and timers is not None:
+                what = "on_timer of stateful step"
+                _advance(frame, timers)
+                for expired in _expired(timers, code.pandas):
+                    for out in code.on_timer(state, expired):
+                        yield out
+                        maybe_crash(batch.config, "during-stateful-step")
         except SparkpointError:
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
             frame.phases.fail_step(step, error)
-            raise TaskError(f"task {batch.task}: stateful step {step!r} failed: {error}") from exc
+            raise TaskError(f"task {batch.task}: {what} {step!r} failed: {error}") from exc
         for store in opened.values():
             store.flush()
+        if timers is not None and timers.fired:
+            frame.phases.end_step(step, timers.fired)
     finally:
         batch.storage.close()
+
+
+def _advance(frame: FrameTask, timers: TaskTimers) -> None:
+    """Advance the watermark by the event times of the batch's read (which ended before the
+    step's input did)."""
+    end = frame.phases.read_end()
+    if end is None:
+        raise TaskError(
+            f"task {frame.plan.task.name}: a stateful step with on_timer ended before the "
+            f"batch's read did (batch {frame.plan.batch}); its input must be the whole batch "
+            "(no limit(), take() or first() before it)"
+        )
+    for ssp, top in end.event_times.items():
+        timers.seen(ssp, top)
+    timers.advance()
 
 
 def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     """After the batch's outputs are written: commit if due and report (on the executor that
     holds the task's cached batch). ``steps`` are the pipeline's stateful steps."""
     started = time.monotonic()
+    follow(plan.clock_ms)
     frame = FrameTask(plan)
     whole = frame.phases.here(steps)
     if whole is None:
@@ -327,7 +489,7 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
             frame.batch.local.dir,
         )
         frame.batch.local.clear_marker()
-    return frame.finish(whole, started)
+    return frame.finish(whole, started, steps)
 
 
 def drop_batch(plan: TaskBatchPlan, step: str) -> None:

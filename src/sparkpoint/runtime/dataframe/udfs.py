@@ -29,6 +29,7 @@ from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.runtime.dataframe.task import (
+    StepCode,
     StepState,
     drop_batch,
     finish_batch,
@@ -40,6 +41,8 @@ from sparkpoint.runtime.plan import TaskBatchPlan
 from sparkpoint.storage.task_storage import held_engines
 
 StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
+#: ``on_timer(state, expired)`` of a stateful step: rows for the due timers in ``expired``
+TimerFunction = Callable[[StepState, Any], Iterable[Any]]
 
 #: what a stream output's Spark job returns per task partition
 RESULT_SCHEMA = "task STRING, sent LONG, result BINARY"
@@ -76,15 +79,14 @@ class StepUdf:
         plans: Sequence[TaskBatchPlan],
         name: str,
         stores: Sequence[str],
-        fn: StepFunction,
-        pandas: bool,
+        code: StepCode,
         token: str,
     ) -> None:
         self.plans = list(plans)
         self.name = name
         self.stores = list(stores)
-        self.fn = fn
-        self.pandas = pandas
+        self.code = code
+        self.pandas = code.pandas
         self.__name__ = token  # pyspark names the UDF after it
 
     def plan(self) -> TaskBatchPlan:
@@ -114,7 +116,7 @@ class StepUdf:
         it = iter(chunks)
         first = next(it, None)  # the batch source has established the task's state by now
         rows = self._check(chain([] if first is None else [first], it), plan.task.name.name)
-        yield from run_step(plan, self.name, self.stores, self.fn, rows)
+        yield from run_step(plan, self.name, self.stores, self.code, rows)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.run(self.plan(), chunks)
@@ -300,6 +302,7 @@ __all__ = [
     "StepFunction",
     "StepUdf",
     "StreamWriterUdf",
+    "TimerFunction",
     "partition_index",
     "partitioning_error",
 ]

@@ -39,6 +39,7 @@ from sparkpoint.model import (
     TaskModel,
     TaskName,
 )
+from sparkpoint.model.clock import fixed_ms
 from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.driver.batchlog import BatchLog
@@ -372,6 +373,7 @@ class JobCoordinator:
         max_messages = self.config.get_int("task.batch.max.messages")
         locations = locations or {}
         values = self.config.to_dict()
+        clock = fixed_ms()
         plans = []
         for ts in self.tasks.values():
             plans.append(
@@ -395,6 +397,7 @@ class JobCoordinator:
                     commits=Commits(due=commit, window=window, wait_for_uploads=wait),
                     task_count=len(self.tasks),
                     location=locations.get(ts.model.name.name),
+                    clock_ms=clock,
                 )
             )
         return plans

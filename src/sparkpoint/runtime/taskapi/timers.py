@@ -22,7 +22,7 @@ rewinds an input does not move the watermark back: the rewound records are late.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
@@ -32,6 +32,7 @@ from sparkpoint.model.clock import now_ms
 from sparkpoint.serde import Serde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.kv.ttl import ttl_of
 from sparkpoint.storage.timers import TimeKind, TimerStore
 
 if TYPE_CHECKING:
@@ -48,6 +49,12 @@ def _time(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{what} must be a non-negative integer of milliseconds, not {value!r}")
     return value
+
+
+def _values(column: Iterable[Any]) -> list[Any]:
+    """A column's Python values (an Arrow array or a pandas series as a list)."""
+    to_list = getattr(column, "to_pylist", None) or getattr(column, "tolist", None)
+    return list(to_list() if to_list is not None else column)
 
 
 class TaskTimers:
@@ -81,6 +88,11 @@ class TaskTimers:
         name = config.get_str("task.timers.store")
         if not name:
             return cls(task, config, None, ssps)
+        if ttl_of(config, name):
+            raise ConfigError(
+                f"task.timers.store={name!r} has a TTL (stores.{name}.rocksdb.ttl.ms): timers "
+                "would expire without firing; keep the timers in a store without one"
+            )
         store = stores.get(name)
         if not isinstance(store, SerializedKeyValueStore):
             raise ConfigError(
@@ -122,6 +134,15 @@ class TaskTimers:
         store = self._timers()
         store.register(TimeKind.parse(kind), _time(timestamp_ms, "a timer's time"), self._key(key))
 
+    def register_all(
+        self, keys: Iterable[object], timestamps_ms: Iterable[int], kind: str = "processing"
+    ) -> None:
+        """:meth:`register` for each key and time, pairwise (lists, or Arrow or pandas
+        columns: what a DataFrame step holds)."""
+        store, time_kind = self._timers(), TimeKind.parse(kind)
+        for key, timestamp_ms in zip(_values(keys), _values(timestamps_ms), strict=True):
+            store.register(time_kind, _time(timestamp_ms, "a timer's time"), self._key(key))
+
     def delete(self, key: object, timestamp_ms: int, kind: str = "processing") -> None:
         """Forget a registered timer; no error when there is none."""
         store = self._timers()
@@ -149,44 +170,54 @@ class TaskTimers:
         if max_event_ms > self._seen.get(ssp, -1):
             self._seen[ssp] = max_event_ms
 
-    def end_of_batch(
-        self, task: StreamTask, collector: MessageCollector, coordinator: TaskCoordinator
-    ) -> None:
-        """Advance the watermark, then fire every due timer (event time, then processing
-        time) in time order, each deleted before ``on_timer`` runs."""
-        if self._store is None:
-            return
-        store, now = self._store, now_ms()
+    def advance(self) -> int | None:
+        """Advance the watermark with the event times seen in this batch; the new watermark."""
+        store = self._timers()
         self.watermark_ms = store.advance_watermark(
             self.ssps,
-            now,
+            now_ms(),
             self.config.get_int("task.watermark.lateness.ms"),
             self.config.get_int("task.watermark.idle.ms"),
             seen=self._seen,
         )
+        return self.watermark_ms
+
+    def expire(self) -> Iterator[tuple[TimeKind, Any, int]]:
+        """Every due timer, ``(kind, key, timestamp_ms)``: event time (by the watermark
+        :meth:`advance` left), then processing time, each in time order and deleted before it
+        is given out; at most :data:`MAX_FIRED_PER_BATCH` (the rest come in the next batch)."""
+        store = self._timers()
         assert self._keys is not None
-        for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now)):
+        for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now_ms())):
             if upto is None:
                 continue
             for timer in store.due(kind, upto):
                 if self.fired >= MAX_FIRED_PER_BATCH:
-                    break
+                    log.warning(
+                        "task %s: %d timers fired in one batch; the rest fire in the next",
+                        self.task,
+                        self.fired,
+                    )
+                    return
                 store.delete(kind, timer.timestamp_ms, timer.key)
-                key = self._keys.from_bytes(timer.key)
-                try:
-                    task.on_timer(key, timer.timestamp_ms, collector, coordinator)
-                except Exception as exc:
-                    raise TaskError(
-                        f"task {self.task}: on_timer({key!r}, {timer.timestamp_ms}) for a "
-                        f"{kind.value}-time timer failed: {type(exc).__name__}: {exc}"
-                    ) from exc
                 self.fired += 1
-        if self.fired >= MAX_FIRED_PER_BATCH:
-            log.warning(
-                "task %s: %d timers fired in one batch; the rest fire in the next",
-                self.task,
-                self.fired,
-            )
+                yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
+
+    def end_of_batch(
+        self, task: StreamTask, collector: MessageCollector, coordinator: TaskCoordinator
+    ) -> None:
+        """Advance the watermark, then call ``on_timer`` for every due timer (:meth:`expire`)."""
+        if self._store is None:
+            return
+        self.advance()
+        for kind, key, timestamp_ms in self.expire():
+            try:
+                task.on_timer(key, timestamp_ms, collector, coordinator)
+            except Exception as exc:
+                raise TaskError(
+                    f"task {self.task}: on_timer({key!r}, {timestamp_ms}) for a "
+                    f"{kind.value}-time timer failed: {type(exc).__name__}: {exc}"
+                ) from exc
 
 
 __all__ = ["MAX_FIRED_PER_BATCH", "TaskTimers"]
