@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 PARTITIONS_KEY = "spark.sql.shuffle.partitions"
+NO_DATA_KEY = "spark.sql.streaming.noDataMicroBatches.enabled"
 INPUT_SCHEMA = "user STRING, page STRING, ts LONG"
 OUTPUT_SCHEMA = "user STRING, count LONG"
 STATE_SCHEMA = "count LONG"
@@ -102,12 +103,18 @@ def run_query(
     """The ``availableNow`` query over the JSON files in ``root/input`` (one file per trigger),
     counting with ``applyInPandasWithState`` or (``api="transform"``)
     ``transformWithStateInPandas``, both on the RocksDB state store, into Parquet under
-    ``root/out``. Returns the query's seconds, micro-batches and the final count per user."""
+    ``root/out``; ``api="transform-idle"`` also moves an idle timer per user in each batch
+    (processing time, an hour ahead: the idle-session pattern of ``bench/timers.py``). Returns
+    the query's seconds, micro-batches and the final count per user."""
     from pyspark.sql import functions as F
 
-    saved = {key: spark.conf.get(key, None) for key in (PROVIDER_KEY, PARTITIONS_KEY)}
+    keys = (PROVIDER_KEY, PARTITIONS_KEY, NO_DATA_KEY)
+    saved = {key: spark.conf.get(key, None) for key in keys}
     spark.conf.set(PROVIDER_KEY, ROCKSDB_PROVIDER)
     spark.conf.set(PARTITIONS_KEY, str(partitions))
+    # with processing-time timers an availableNow query would otherwise run empty batches
+    # for ever (each may fire timers); no timer is due here
+    spark.conf.set(NO_DATA_KEY, "false")
     try:
         source = (
             spark.readStream.schema(INPUT_SCHEMA)
@@ -115,7 +122,10 @@ def run_query(
             .json(str(root / "input"))
         )
         grouped = source.groupBy("user")
-        counted = _transform(grouped) if api == "transform" else _apply_in_pandas(grouped)
+        if api.startswith("transform"):
+            counted = _transform(grouped, idle_timer=api == "transform-idle")
+        else:
+            counted = _apply_in_pandas(grouped)
         writer = (
             counted.writeStream.format("parquet")
             .option("path", str(root / "out"))
@@ -173,12 +183,13 @@ def _apply_in_pandas(grouped: Any) -> Any:
     )
 
 
-def _transform(grouped: Any) -> Any:
+def _transform(grouped: Any, *, idle_timer: bool = False) -> Any:
     import pandas as pd
     from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
     class CountViews(StatefulProcessor):  # type: ignore[misc]
         def init(self, handle: StatefulProcessorHandle) -> None:
+            self.handle = handle
             self.count = handle.getValueState("count", STATE_SCHEMA)
 
         def handleInputRows(
@@ -187,7 +198,16 @@ def _transform(grouped: Any) -> Any:
             seen = sum(len(pdf) for pdf in rows)
             total = seen + (int(self.count.get()[0]) if self.count.exists() else 0)
             self.count.update((total,))
+            if idle_timer:  # the key's one timer, moved: Spark has no call for it in one step
+                for at in list(self.handle.listTimers()):
+                    self.handle.deleteTimer(at)
+                self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 3_600_000)
             yield pd.DataFrame({"user": [key[0]], "count": [total]})
+
+        def handleExpiredTimer(
+            self, key: Any, timerValues: Any, expiredTimerInfo: Any
+        ) -> Iterator[pd.DataFrame]:
+            yield from ()  # an hour ahead: none is due in the run
 
         def close(self) -> None:
             pass
@@ -196,7 +216,7 @@ def _transform(grouped: Any) -> Any:
         statefulProcessor=CountViews(),
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Append",
-        timeMode="None",
+        timeMode="ProcessingTime" if idle_timer else "None",
     )
 
 

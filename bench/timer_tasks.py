@@ -64,3 +64,17 @@ class CountAndIdle(Count):
         for key, at, kind in self.timers.list(user):
             self.timers.delete(key, at, kind)
         self.timers.register(user, self.timers.now_ms() + 3_600_000)
+
+
+class CountAndReplace(Count):
+    """The idle timer of :class:`CountAndIdle` moved with one call (``timers.replace``)."""
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        super().process(envelope, collector, coordinator)
+        user = str(envelope.message["user"])  # type: ignore[index]
+        self.timers.replace(user, self.timers.now_ms() + 3_600_000)

@@ -38,10 +38,8 @@ def count_and_touch(state: StepState, chunks: Iterator[pa.RecordBatch]) -> Itera
     now = timers.now_ms()
     for chunk in chunks:
         users = [str(u) for u in chunk.column("user").to_pylist()]
-        for user in users:  # one idle timer per user, moved on every view
-            for key, at, kind in timers.list(user, "processing"):
-                timers.delete(key, at, kind)
-            timers.register(user, now + IDLE_MS)
+        for user in set(users):  # one idle timer per user, moved on every view (the task
+            timers.replace(user, now + IDLE_MS)  # lists, deletes and registers: the same)
         seen = Counter(users)
         known = dict(zip(seen, counts.get_all(list(seen)), strict=True))
         counts.put_all([(u, (known[u] or 0) + n) for u, n in seen.items()])

@@ -120,3 +120,26 @@ def test_a_keys_timers_are_found_by_its_index_and_leave_with_it(engine: KeyValue
         (b"Kuser-1", b"e" + (7).to_bytes(8, "big")),
         (b"Te" + (7).to_bytes(8, "big") + b"user-1", b""),
     ]
+
+
+def test_replace_leaves_one_timer_of_its_kind_and_the_other_kind_alone(
+    engine: KeyValueEngine,
+) -> None:
+    store = TimerStore(engine)
+    store.register(TimeKind.PROCESSING, 5, b"u")
+    store.register(TimeKind.PROCESSING, 6, b"u")
+    store.register(TimeKind.EVENT, 5, b"u")
+    store.replace(TimeKind.PROCESSING, 9, b"u")
+    assert list(store.timers_of(b"u")) == [
+        Timer(5, TimeKind.EVENT, b"u"),
+        Timer(9, TimeKind.PROCESSING, b"u"),
+    ]
+    assert list(store.timers(TimeKind.PROCESSING)) == [Timer(9, TimeKind.PROCESSING, b"u")]
+    before = list(engine.all())
+    store.replace(TimeKind.PROCESSING, 9, b"u")  # already the one: nothing written
+    assert list(engine.all()) == before
+    store.replace(TimeKind.EVENT, 1, b"v")  # a key without timers
+    assert list(store.timers(TimeKind.EVENT)) == [
+        Timer(1, TimeKind.EVENT, b"v"),
+        Timer(5, TimeKind.EVENT, b"u"),
+    ]

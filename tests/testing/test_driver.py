@@ -148,3 +148,18 @@ def test_a_pipeline_s_timers_follow_the_test_clock(tmp_path: Path, spark: Any) -
         job.run()
         assert [m.value for m in job.output("idle")] == [{"user": "ann", "count": 2}]
         assert job.store("user-counts") == {"bob": 2}
+
+
+def test_each_run_reads_what_was_sent_since_the_last(tmp_path: Path) -> None:
+    class Seen(StreamTask):
+        def init(self, context: Any) -> None:
+            self.seen = context.get_store("seen")
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            self.seen.put(envelope.key, 1)
+
+    with JobTestDriver(CONFIG, tmp_path, task=Seen) as job:
+        for word in ["a", "b", "c"]:
+            job.send("words", [Message(None, key=word)])
+            assert job.run().processed == 1
+        assert job.store("seen") == {"a": 1, "b": 1, "c": 1}

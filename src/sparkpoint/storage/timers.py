@@ -117,6 +117,24 @@ class TimerStore:
             [(_timer_key(kind, timestamp_ms, key), b""), (_index_key(key), _encode_index(entries))]
         )
 
+    def replace(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        """Make this the key's one timer of ``kind`` (its others of ``kind`` are deleted): one
+        read and one write, whatever the key had."""
+        entries = _decode_index(self.engine.get(_index_key(key)))
+        tag = kind.tag
+        writes: list[tuple[bytes, bytes | None]] = [
+            (_timer_key(kind, when, key), None)
+            for t, when in entries
+            if t == tag and when != timestamp_ms
+        ]
+        if (tag, timestamp_ms) not in entries:
+            writes.append((_timer_key(kind, timestamp_ms, key), b""))
+        if not writes:
+            return
+        kept = [(t, when) for t, when in entries if t != tag] + [(tag, timestamp_ms)]
+        writes.append((_index_key(key), _encode_index(kept)))
+        self.engine.write_batch(writes)
+
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
         entries = _decode_index(self.engine.get(_index_key(key)))
         if (kind.tag, timestamp_ms) not in entries:

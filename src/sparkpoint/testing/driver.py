@@ -150,7 +150,10 @@ class JobTestDriver:
         with use_clock(lambda: self.clock_ms):
             coordinator = self._started()
             if commit:
-                return coordinator.run(until_caught_up=True)
+                try:  # a run ends the driver (it commits and releases the job): the next
+                    return coordinator.run(until_caught_up=True)  # run() starts a new one
+                finally:
+                    self._stop()
             end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
             report, _ = coordinator.run_batch(end, commit=False)
             return RunSummary(batches=1, processed=report.processed)
@@ -159,13 +162,16 @@ class JobTestDriver:
         """Stop the job as a crash would (nothing more is committed); the next :meth:`run`
         starts from the last commit. ``lose_local_state``: the stores' local files are gone
         too, so the restart restores them from the state backends."""
-        if self._coordinator is not None:
-            self._coordinator.close()
-            self._coordinator = None
+        self._stop()
         for key in [k for k in task_storage._MEMORY if k[1] in self.config.stores]:
             del task_storage._MEMORY[key]  # an in-memory store dies with its worker
         if lose_local_state:
             shutil.rmtree(self.config.store_base_dir, ignore_errors=True)
+
+    def _stop(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+            self._coordinator = None
 
     def _started(self) -> JobCoordinator:
         if self._coordinator is None:

@@ -134,6 +134,13 @@ class TaskTimers:
         store = self._timers()
         store.register(TimeKind.parse(kind), _time(timestamp_ms, "a timer's time"), self._key(key))
 
+    def replace(self, key: object, timestamp_ms: int, kind: str = "processing") -> None:
+        """Make this the key's one timer of ``kind``: its other timers of that kind are
+        deleted (one read and one write: the idle-timeout pattern, a timer moved on every
+        message of its key)."""
+        store = self._timers()
+        store.replace(TimeKind.parse(kind), _time(timestamp_ms, "a timer's time"), self._key(key))
+
     def register_all(
         self, keys: Iterable[object], timestamps_ms: Iterable[int], kind: str = "processing"
     ) -> None:
