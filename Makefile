@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-peers clean
+.PHONY: setup example example-windows test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -9,6 +9,11 @@ setup:
 example:
 	@scripts/bootstrap.sh run
 	@.venv/bin/python examples/pageviews/run_example.py
+
+# the windows example: per-user minute counts and sessions (examples/windows)
+example-windows:
+	@scripts/bootstrap.sh run
+	@.venv/bin/python examples/windows/run_example.py
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup

@@ -12,14 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = ROOT / "examples" / "pageviews"
+WINDOWS_DIR = ROOT / "examples" / "windows"
 
-# Python workers started by Spark must import the example task and the test jobs.
-for extra in (str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs")):
+# Python workers started by Spark must import the examples' tasks and the test jobs.
+_EXTRA = [str(EXAMPLE_DIR), str(WINDOWS_DIR), str(ROOT / "tests" / "jobs")]
+for extra in _EXTRA:
     if extra not in sys.path:
         sys.path.insert(0, extra)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(EXAMPLE_DIR), str(ROOT / "tests" / "jobs"), os.environ.get("PYTHONPATH", "")]
-)
+os.environ["PYTHONPATH"] = os.pathsep.join([*_EXTRA, os.environ.get("PYTHONPATH", "")])
 # reading a config key nobody declared is an error in the suite (and in the workers and CLI runs
 # it starts): a key's default lives in sparkpoint.config.KEYS, never at a call site
 os.environ["SPARKPOINT_STRICT_KEYS"] = "1"
@@ -53,16 +53,25 @@ def log_system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[
 
 
 def pageviews_config(
-    tmp_path: Path, system: dict[str, str] | None = None, **overrides: str
+    tmp_path: Path,
+    system: dict[str, str] | None = None,
+    *,
+    job: Path = EXAMPLE_DIR / "job.yaml",
+    **overrides: str,
 ) -> dict[str, str]:
-    """The example job's config, with its data under ``tmp_path``; with ``system`` (the config
-    of a system named ``log``, see ``log_system``), every stream on that system."""
+    """The example job's config (or ``job``'s), with its data under ``tmp_path``; with
+    ``system`` (the config of a system named ``log``, see ``log_system``), every stream on that
+    system."""
     from sparkpoint.config import read_job_file
 
-    values = read_job_file(EXAMPLE_DIR / "job.yaml")
+    values = read_job_file(job)
     values["job.data.dir"] = str(tmp_path / "data")
     if system is not None:
-        values = {k: v for k, v in values.items() if not k.startswith("systems.filelog.")}
+        values = {
+            k: "log." + v.removeprefix("filelog.") if v.startswith("filelog.") else v
+            for k, v in values.items()
+            if not k.startswith("systems.filelog.")
+        }
         values.update({**system, "task.inputs": "log.pageviews"})
     values.update(overrides)
     return values

@@ -11,6 +11,9 @@ Everything a job needs is importable from here::
   :class:`Output` it returns, a stateful step's :class:`StepState`, sinks
   (:class:`ParquetSink`, or any :class:`Sink`);
 * streams and tasks: :class:`SystemStream`, :class:`SystemStreamPartition`, :class:`TaskName`;
+* windows (``context.windows``): the closed :class:`Window` and the aggregates
+  (:func:`count`, :func:`sum_of`, :func:`min_of`, :func:`max_of`, :func:`reduce_with`,
+  :func:`collect`, or an :class:`Aggregate` of your own);
 * config: :func:`load_config`, :class:`Config`;
 * startpoints: the four kinds, and :func:`set_startpoints` / :func:`list_startpoints` /
   :func:`delete_startpoints` (the ``sparkpoint startpoint`` commands);
@@ -42,6 +45,16 @@ from sparkpoint.startpoint import (
     StartpointUpcoming,
 )
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.windows import (
+    Aggregate,
+    Window,
+    collect,
+    count,
+    max_of,
+    min_of,
+    reduce_with,
+    sum_of,
+)
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, set_startpoints
 
@@ -62,6 +75,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Aggregate",
     "Batch",
     "Config",
     "ConfigError",
@@ -87,11 +101,18 @@ __all__ = [
     "TaskCoordinator",
     "TaskName",
     "UserError",
+    "Window",
     "__version__",
+    "collect",
+    "count",
     "delete_startpoints",
     "list_startpoints",
     "load_config",
+    "max_of",
+    "min_of",
+    "reduce_with",
     "set_startpoints",
+    "sum_of",
 ]
 
 

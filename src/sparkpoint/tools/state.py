@@ -36,17 +36,26 @@ if TYPE_CHECKING:
 def committed_entries(
     config: Config, store: str, task: str | None = None
 ) -> Iterator[tuple[str, Any, Any]]:
-    """``(task, key, value)`` of a store's committed contents, task by task, in key order.
+    """``(task, key, value)`` of a store's committed contents, task by task, in key order,
+    decoded by the store's serdes (:func:`committed_raw_entries`)."""
+    _require_store(config, store)
+    key_serde, msg_serde = store_serdes(config, store)
+    for name, key, value in committed_raw_entries(config, store, task):
+        yield name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
+
+
+def committed_raw_entries(
+    config: Config, store: str, task: str | None = None
+) -> Iterator[tuple[str, bytes, bytes]]:
+    """``(task, key bytes, value bytes)`` of a store's committed contents, task by task, in
+    key order (a window or timer store's own layout: :mod:`sparkpoint.storage.windows`).
 
     From the task's local checkpoint when this machine has it (opened read-only), else rebuilt
     in a scratch directory from the store's restore backends (blob-store snapshot, or a replay
     of the changelog up to the checkpointed offset), writing to no backend. Never from a live
     store a running job may be writing.
     """
-    if store not in config.stores:
-        known = ", ".join(config.stores) or "none"
-        raise UserError(f"no store {store!r} in job {config.job_name}; stores: {known}")
-    key_serde, msg_serde = store_serdes(config, store)
+    _require_store(config, store)
     systems = Systems(config)
     try:
         tasks = _task_checkpoints(config, systems)
@@ -57,9 +66,15 @@ def committed_entries(
                 raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
         for model, checkpoint in tasks:
             for key, value in _committed(config, systems, model, store, checkpoint):
-                yield model.name.name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
+                yield model.name.name, key, value
     finally:
         systems.close()
+
+
+def _require_store(config: Config, store: str) -> None:
+    if store not in config.stores:
+        known = ", ".join(config.stores) or "none"
+        raise UserError(f"no store {store!r} in job {config.job_name}; stores: {known}")
 
 
 def _task_checkpoints(config: Config, systems: Systems) -> list[tuple[TaskModel, Checkpoint]]:

@@ -21,6 +21,7 @@ from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvel
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.timers import TaskTimers
+    from sparkpoint.runtime.taskapi.windows import TaskWindows
 
 
 class MessageCollector(Protocol):
@@ -58,6 +59,12 @@ class TaskContext(Protocol):
     @property
     def timers(self) -> TaskTimers:
         """The task's timers (``task.timers.store`` keeps them); see ``StreamTask.on_timer``."""
+        ...
+
+    @property
+    def windows(self) -> TaskWindows:
+        """Opens the task's window stores (tumbling, hopping, session); see
+        :mod:`sparkpoint.runtime.taskapi.windows`."""
         ...
 
 

@@ -46,6 +46,7 @@ from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkp
 from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.runtime.taskapi.output import OutputCollector
 from sparkpoint.runtime.taskapi.timers import TaskTimers
+from sparkpoint.runtime.taskapi.windows import TaskWindows
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
@@ -203,6 +204,11 @@ class _Context:
     config: Mapping[str, str]
     timers: TaskTimers
     stores: dict[str, KeyValueStore[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def windows(self) -> TaskWindows:
+        config = self.config if isinstance(self.config, Config) else Config(dict(self.config))
+        return TaskWindows(self.task_name, config, self.stores, self.timers)
 
     def get_store(self, name: str) -> KeyValueStore[Any, Any]:
         try:

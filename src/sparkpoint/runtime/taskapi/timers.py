@@ -22,7 +22,8 @@ rewinds an input does not move the watermark back: the rewound records are late.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
@@ -43,6 +44,22 @@ log = logging.getLogger(__name__)
 #: timers fired per batch at most; the rest fire at the end of the next batch (so does a timer
 #: that ``on_timer`` registers again for a time already due)
 MAX_FIRED_PER_BATCH = 100_000
+
+#: the start of the timer keys of the runtime's own helpers (window stores): a key the store's
+#: key serde makes never starts with a zero byte then this name
+OWNED = b"\x00sparkpoint.owned\x00"
+
+
+@dataclass(frozen=True)
+class OwnedTimer:
+    """A due timer of a helper (``owner``, e.g. a window store) with its raw key."""
+
+    owner: str
+    raw: bytes
+
+
+#: a helper's handler of its due timers: ``(raw key, timestamp_ms, collector)``
+OwnedHandler = Callable[[bytes, int, "MessageCollector"], None]
 
 
 def _time(value: object, what: str) -> int:
@@ -74,6 +91,7 @@ class TaskTimers:
         self._keys: Serde[Any] | None = None if store is None else store.key_serde
         self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
         self._seen: dict[SystemStreamPartition, int] = {}
+        self._owners: dict[str, OwnedHandler] = {}
         self.late = 0
         self.fired = 0
 
@@ -162,11 +180,36 @@ class TaskTimers:
         store = self._timers()
         assert self._keys is not None
         kinds = list(TimeKind) if kind is None else [TimeKind.parse(kind)]
-        if key is None:
-            found = [t for k in kinds for t in store.timers(k)]
+        if key is None:  # the user's: not the window stores'
+            found = [t for k in kinds for t in store.timers(k) if not t.key.startswith(OWNED)]
         else:
             found = [t for t in store.timers_of(self._key(key)) if t.kind in kinds]
         return [(self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value) for t in found]
+
+    # -- the runtime's own helpers (window stores)
+    def own(self, owner: str, handler: OwnedHandler) -> None:
+        """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``)."""
+        self._timers()
+        self._owners[owner] = handler
+
+    def _owned_key(self, owner: str, raw: bytes) -> bytes:
+        return OWNED + owner.encode() + b"\x00" + raw
+
+    def register_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
+        self._timers().register(kind, timestamp_ms, self._owned_key(owner, raw))
+
+    def delete_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
+        self._timers().delete(kind, timestamp_ms, self._owned_key(owner, raw))
+
+    def fire_owned(self, timer: OwnedTimer, timestamp_ms: int, collector: MessageCollector) -> None:
+        handler = self._owners.get(timer.owner)
+        if handler is None:
+            raise TaskError(
+                f"task {self.task}: a timer of {timer.owner!r} is due, but the task did not open "
+                f"it in this batch (open it in init(), e.g. context.windows...({timer.owner!r}, "
+                "...), so that its windows close)"
+            )
+        handler(timer.raw, timestamp_ms, collector)
 
     # -- the executor's calls
     def event_time_of(self, stream: SystemStream) -> str | None:
@@ -192,7 +235,8 @@ class TaskTimers:
     def expire(self) -> Iterator[tuple[TimeKind, Any, int]]:
         """Every due timer, ``(kind, key, timestamp_ms)``: event time (by the watermark
         :meth:`advance` left), then processing time, each in time order and deleted before it
-        is given out; at most :data:`MAX_FIRED_PER_BATCH` (the rest come in the next batch)."""
+        is given out; at most :data:`MAX_FIRED_PER_BATCH` (the rest come in the next batch).
+        A helper's timer comes as an :class:`OwnedTimer` key (:meth:`fire_owned`)."""
         store = self._timers()
         assert self._keys is not None
         for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now_ms())):
@@ -208,6 +252,10 @@ class TaskTimers:
                     return
                 store.delete(kind, timer.timestamp_ms, timer.key)
                 self.fired += 1
+                if timer.key.startswith(OWNED):
+                    owner, _, raw = timer.key[len(OWNED) :].partition(b"\x00")
+                    yield kind, OwnedTimer(owner.decode(), raw), timer.timestamp_ms
+                    continue
                 yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
 
     def end_of_batch(
@@ -218,6 +266,9 @@ class TaskTimers:
             return
         self.advance()
         for kind, key, timestamp_ms in self.expire():
+            if isinstance(key, OwnedTimer):
+                self.fire_owned(key, timestamp_ms, collector)
+                continue
             try:
                 task.on_timer(key, timestamp_ms, collector, coordinator)
             except Exception as exc:
@@ -227,4 +278,4 @@ class TaskTimers:
                 ) from exc
 
 
-__all__ = ["MAX_FIRED_PER_BATCH", "TaskTimers"]
+__all__ = ["MAX_FIRED_PER_BATCH", "OWNED", "OwnedHandler", "OwnedTimer", "TaskTimers"]

@@ -1,0 +1,217 @@
+"""Keyed windows for the task API: ``context.windows``.
+
+A task opens a window store in ``init`` and adds records to it in ``process``; each window
+closes by itself (its timer, in the task's timer store, fires at the end of the batch whose
+watermark, or processing time, reaches its close) and its result goes to the ``emit``
+function the task gave, with the collector::
+
+    class MinuteCounts(StreamTask):
+        def init(self, context):
+            self.minutes = context.windows.tumbling(
+                "minute-counts", size_ms=60_000, aggregate=count(), emit=self.emit)
+
+        def process(self, envelope, collector, coordinator):
+            self.minutes.add(envelope.key, envelope.event_time, late_to=collector)
+
+        def emit(self, window, collector):   # a Window: key, start, end, value
+            collector.send(OutgoingMessageEnvelope(OUT, window.key, {...}))
+
+The window store is a store of the job (``stores.<name>.factory=rocksdb``, with a changelog or
+a blob store backup), kept for this window alone; its layout is
+:mod:`sparkpoint.storage.windows`'. A record whose windows have all closed is *late*: ``add``
+returns ``False`` and changes nothing; with ``late_stream`` set, the window store sends it
+there (``{"key", "time", "value"}``) through the collector given to ``add``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.kv.store import SerializedKeyValueStore
+from sparkpoint.storage.kv.ttl import ttl_of
+from sparkpoint.storage.timers import TimeKind
+from sparkpoint.storage.windows import (
+    Aggregate,
+    Open,
+    Window,
+    WindowSpec,
+    WindowState,
+    entry_key,
+    split_entry_key,
+)
+from sparkpoint.system.base import OutgoingMessageEnvelope
+
+if TYPE_CHECKING:
+    from sparkpoint.runtime.taskapi.api import MessageCollector
+    from sparkpoint.runtime.taskapi.timers import TaskTimers
+
+#: what a window store calls with each closed window
+Emit = Callable[[Window, "MessageCollector"], None]
+
+
+class WindowedStore:
+    """One window store of a task in one batch (made by :class:`TaskWindows`)."""
+
+    def __init__(
+        self,
+        name: str,
+        store: SerializedKeyValueStore[Any, Any],
+        timers: TaskTimers,
+        spec: WindowSpec,
+        aggregate: Aggregate,
+        emit: Emit,
+        time: TimeKind,
+        late_stream: SystemStream | None,
+    ) -> None:
+        self.name = name
+        self.state = WindowState(store.engine, spec, aggregate)
+        self.keys = store.key_serde
+        self.timers = timers
+        self.spec = spec
+        self.aggregate = aggregate
+        self.emit = emit
+        self.time = time
+        self.late_stream = late_stream
+        timers.own(name, self._fire)
+
+    def _closed_upto(self) -> int | None:
+        """Windows closing at or before this are closed (the watermark, or processing time)."""
+        if self.time is TimeKind.EVENT:
+            return self.timers.watermark_ms
+        return self.timers.now_ms()
+
+    def add(
+        self,
+        key: Any,
+        time_ms: int | None,
+        value: Any = None,
+        *,
+        late_to: MessageCollector | None = None,
+    ) -> bool:
+        """Fold ``value`` into ``key``'s windows at ``time_ms`` (event time, e.g.
+        ``envelope.event_time``; ``None`` for a processing-time window store: now). ``False``
+        when the record is late (its windows closed): nothing changes, and with a
+        ``late_stream`` and ``late_to`` (the collector) it is sent there."""
+        at = self.timers.now_ms() if time_ms is None else time_ms
+        if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+            raise ValueError(
+                f"window store {self.name!r}: a record's time must be ms >= 0, not {at!r}"
+            )
+        raw = self.keys.to_bytes(key)
+        try:
+            changed = self.state.add(raw, at, value, self._closed_upto())
+        except (TypeError, ValueError) as exc:
+            raise TaskError(
+                f"task {self.timers.task}: window store {self.name!r}: the {self.aggregate.name} "
+                f"aggregate failed on key {key!r} at {at}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if changed is None:
+            if self.late_stream is not None and late_to is not None:
+                record = {"key": key, "time": at, "value": value}
+                late_to.send(OutgoingMessageEnvelope(self.late_stream, key, record))
+            return False
+        opened, gone = changed
+        for window in gone:
+            self._timer(raw, window, register=False)
+        for window in opened:
+            self._timer(raw, window, register=True)
+        return True
+
+    def _timer(self, raw: bytes, window: Open, *, register: bool) -> None:
+        when = self.spec.closes_at(window.end)
+        timer_key = entry_key(raw, window.start)
+        if register:
+            self.timers.register_owned(self.name, self.time, when, timer_key)
+        else:
+            self.timers.delete_owned(self.name, self.time, when, timer_key)
+
+    def windows(self, key: Any) -> list[Window]:
+        """``key``'s open windows, by start, with their current values."""
+        raw = self.keys.to_bytes(key)
+        result = self.aggregate.result
+        return [Window(key, w.start, w.end, result(w.acc)) for w in self.state.of(raw)]
+
+    def _fire(self, timer_key: bytes, timestamp_ms: int, collector: MessageCollector) -> None:
+        raw, start = split_entry_key(timer_key)
+        window = self.state.close(raw, start)
+        if window is None:
+            raise TaskError(
+                f"task {self.timers.task}: window store {self.name!r}: a window's timer "
+                f"(start {start}, due {timestamp_ms}) fired, but the window is not in the "
+                "store; the timer store and the window store disagree (were they restored "
+                "from different checkpoints?)"
+            )
+        key = self.keys.from_bytes(raw)
+        self.emit(
+            Window(key, window.start, window.end, self.aggregate.result(window.acc)), collector
+        )
+
+
+class TaskWindows:
+    """``context.windows``: opens a task's window stores."""
+
+    def __init__(
+        self,
+        task: TaskName,
+        config: Config,
+        stores: Mapping[str, KeyValueStore[Any, Any]],
+        timers: TaskTimers,
+    ) -> None:
+        self.task = task
+        self.config = config
+        self.stores = stores
+        self.timers = timers
+
+    def tumbling(self, store: str, *, size_ms: int, **options: Any) -> WindowedStore:
+        """Windows ``[n*size, (n+1)*size)``, one per record."""
+        return self.open(store, WindowSpec.tumbling(size_ms), **options)
+
+    def hopping(self, store: str, *, size_ms: int, slide_ms: int, **options: Any) -> WindowedStore:
+        """Windows of ``size_ms`` starting every ``slide_ms``: a record is in size/slide."""
+        return self.open(store, WindowSpec.hopping(size_ms, slide_ms), **options)
+
+    def session(self, store: str, *, gap_ms: int, **options: Any) -> WindowedStore:
+        """A key's records less than ``gap_ms`` apart, from its first to its last record;
+        closes when its last record + the gap is reached."""
+        return self.open(store, WindowSpec.session(gap_ms), **options)
+
+    def open(
+        self,
+        store: str,
+        spec: WindowSpec,
+        *,
+        aggregate: Aggregate,
+        emit: Emit,
+        time: str = "event",
+        late_stream: str | None = None,
+    ) -> WindowedStore:
+        """A window store over the job's store ``store`` (see the module docstring)."""
+        kept = self.stores.get(store)
+        if not isinstance(kept, SerializedKeyValueStore):
+            known = ", ".join(sorted(self.stores)) or "none"
+            raise ConfigError(
+                f"task {self.task}: window store {store!r}: the job has no such store "
+                f"(configure stores.{store}.factory=rocksdb with a changelog; stores: {known})"
+            )
+        if ttl_of(self.config, store):
+            raise ConfigError(
+                f"window store {store!r} has a TTL (stores.{store}.rocksdb.ttl.ms): its windows "
+                "would expire before they close; a window store's state ends when its windows "
+                "close, so it needs none"
+            )
+        if not isinstance(aggregate, Aggregate):
+            raise ConfigError(
+                f"window store {store!r}: aggregate must be count(), sum_of(), min_of(), "
+                f"max_of(), reduce_with(fn) or collect(), not {aggregate!r}"
+            )
+        kind = TimeKind.parse(time)
+        late = None if late_stream is None else SystemStream.parse(late_stream)
+        return WindowedStore(store, kept, self.timers, spec, aggregate, emit, kind, late)
+
+
+__all__ = ["Emit", "TaskWindows", "WindowedStore"]

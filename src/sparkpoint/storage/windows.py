@@ -1,0 +1,303 @@
+"""Keyed windows kept in a store: tumbling, hopping and session windows with an aggregate.
+
+A window store holds, for each key, its open windows and their accumulators; a window closes
+(its result goes out, its entry is deleted) when its timer fires: an event-time timer at the
+window's end (a session's: its last event + the gap) fires when the task's watermark reaches
+it, a processing-time one when processing time does. State is therefore bounded by the windows
+still open. This module holds the layout and the arithmetic, over a raw engine; the APIs'
+helpers (:mod:`sparkpoint.runtime.taskapi.windows`) register the timers and send the results.
+
+Layout (raw engine keys; the user's key as its store's key serde makes it)::
+
+    <2-byte key length> <key bytes> <8-byte window start>  ->  JSON {"end": ms, "acc": value}
+
+so a key's windows are one short range scan, in start order. The accumulator is JSON (an
+aggregate's ``init``/``add``/``merge`` values must be JSON values). A window is ``[start,
+end)``: a record at time ``t`` is in a tumbling or hopping window when ``start <= t < end``,
+windows aligned to multiples of their slide since the epoch. A session's ``start`` and ``end``
+are its first and last record's times; records less than ``gap`` apart are in one session
+(a record that bridges two sessions merges them).
+
+A record is *late* when every window it would join has closed (its end, or a session's end +
+gap, is at or below the watermark): it changes nothing, and the caller routes it elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sparkpoint.errors import ConfigError, StoreError
+from sparkpoint.storage.kv.base import KeyValueEngine
+
+TIME = struct.Struct(">q")
+KEY_LENGTH = struct.Struct(">H")
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Which windows a record falls in: ``tumbling(size)``, ``hopping(size, slide)`` or
+    ``session(gap)``; all in milliseconds."""
+
+    kind: str
+    size_ms: int = 0
+    slide_ms: int = 0
+    gap_ms: int = 0
+
+    @classmethod
+    def tumbling(cls, size_ms: int) -> WindowSpec:
+        return cls("tumbling", _positive(size_ms, "a window's size"), size_ms)
+
+    @classmethod
+    def hopping(cls, size_ms: int, slide_ms: int) -> WindowSpec:
+        size, slide = _positive(size_ms, "a window's size"), _positive(slide_ms, "its slide")
+        if size % slide:
+            raise ConfigError(
+                f"a hopping window's size ({size} ms) must be a multiple of its slide "
+                f"({slide} ms), so that every record is in size/slide windows"
+            )
+        return cls("hopping", size, slide)
+
+    @classmethod
+    def session(cls, gap_ms: int) -> WindowSpec:
+        return cls("session", gap_ms=_positive(gap_ms, "a session's gap"))
+
+    @property
+    def is_session(self) -> bool:
+        return self.kind == "session"
+
+    def windows_of(self, time_ms: int) -> list[tuple[int, int]]:
+        """The ``[start, end)`` windows a record at ``time_ms`` is in (not for sessions)."""
+        last = time_ms - time_ms % self.slide_ms
+        first = last - self.size_ms + self.slide_ms
+        return [
+            (start, start + self.size_ms)
+            for start in range(max(first, 0), last + 1, self.slide_ms)
+            if start <= time_ms < start + self.size_ms
+        ]
+
+    def closes_at(self, end_ms: int) -> int:
+        """When a window ending at ``end_ms`` (a session: its last record) closes."""
+        return end_ms + self.gap_ms if self.is_session else end_ms
+
+
+def _positive(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{what} must be a positive integer of milliseconds, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """How a window's records fold into its value: ``init()`` the empty accumulator,
+    ``add(acc, value)``, ``merge(a, b)`` (sessions that merge), ``result(acc)``. Accumulators
+    are JSON values (the store keeps them as JSON, the same in both APIs)."""
+
+    name: str
+    init: Callable[[], Any]
+    add: Callable[[Any, Any], Any]
+    merge: Callable[[Any, Any], Any]
+    result: Callable[[Any], Any] = lambda acc: acc
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def count() -> Aggregate:
+    """How many records (their values are ignored)."""
+    return Aggregate("count", lambda: 0, lambda acc, _v: acc + 1, lambda a, b: a + b)
+
+
+def sum_of() -> Aggregate:
+    """The sum of the records' values (numbers)."""
+    return Aggregate("sum", lambda: 0, lambda acc, v: acc + v, lambda a, b: a + b)
+
+
+def min_of() -> Aggregate:
+    """The smallest value (``None`` for none)."""
+    return Aggregate("min", lambda: None, _min, _min)
+
+
+def max_of() -> Aggregate:
+    """The largest value (``None`` for none)."""
+    return Aggregate("max", lambda: None, _max, _max)
+
+
+def collect(limit: int = 10_000) -> Aggregate:
+    """The values themselves, in arrival order (for small windows: at most ``limit``; more is
+    an error naming the window, not a silent cut)."""
+
+    def add(acc: list[Any], value: Any) -> list[Any]:
+        if len(acc) >= limit:
+            raise ValueError(f"collect(limit={limit}): the window has more values than that")
+        return [*acc, value]
+
+    def merge(a: list[Any], b: list[Any]) -> list[Any]:
+        if len(a) + len(b) > limit:
+            raise ValueError(f"collect(limit={limit}): the window has more values than that")
+        return a + b
+
+    return Aggregate("collect", list, add, merge)
+
+
+def reduce_with(fn: Callable[[Any, Any], Any]) -> Aggregate:
+    """``fn(a, b)`` over the values (associative: sessions merge with it too); ``None`` for
+    none."""
+
+    def add(acc: Any, value: Any) -> Any:
+        return value if acc is None else fn(acc, value)
+
+    def merge(a: Any, b: Any) -> Any:
+        return b if a is None else a if b is None else fn(a, b)
+
+    return Aggregate("reduce", lambda: None, add, merge)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A closed window: its key, ``[start, end)`` (a session: first and last record's time)
+    and its aggregate's result."""
+
+    key: Any
+    start: int
+    end: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class Open:
+    """An open window in the store."""
+
+    start: int
+    end: int
+    acc: Any
+
+
+def _prefix(key: bytes) -> bytes:
+    if len(key) > 0xFFFF:
+        raise ValueError(f"a window's key is {len(key)} bytes; at most 65,535")
+    return KEY_LENGTH.pack(len(key)) + key
+
+
+def entry_key(key: bytes, start: int) -> bytes:
+    """The engine key of ``key``'s window starting at ``start``."""
+    return _prefix(key) + TIME.pack(start)
+
+
+def split_entry_key(raw: bytes) -> tuple[bytes, int]:
+    (n,) = KEY_LENGTH.unpack_from(raw)
+    return raw[2 : 2 + n], TIME.unpack_from(raw, 2 + n)[0]
+
+
+class WindowState:
+    """The open windows of one window store, over its engine."""
+
+    def __init__(self, engine: KeyValueEngine, spec: WindowSpec, aggregate: Aggregate) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.aggregate = aggregate
+
+    def _load(self, raw: bytes, value: bytes) -> Open:
+        try:
+            data = json.loads(value)
+            return Open(split_entry_key(raw)[1], int(data["end"]), data["acc"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"store {self.engine.name}: an unreadable window entry {raw!r}: {exc}"
+            ) from exc
+
+    def _dump(self, window: Open) -> bytes:
+        return json.dumps({"end": window.end, "acc": window.acc}, separators=(",", ":")).encode()
+
+    def get(self, key: bytes, start: int) -> Open | None:
+        raw = entry_key(key, start)
+        value = self.engine.get(raw)
+        return None if value is None else self._load(raw, value)
+
+    def of(self, key: bytes) -> Iterator[Open]:
+        """``key``'s open windows, by start."""
+        prefix = _prefix(key)
+        for raw, value in self.engine.range(prefix, prefix + b"\xff" * 9):
+            if len(raw) == len(prefix) + TIME.size:
+                yield self._load(raw, value)
+
+    def add(
+        self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
+    ) -> tuple[list[Open], list[Open]] | None:
+        """Fold a record into its windows: ``(opened, gone)``: windows whose close is new
+        (each needs a timer at :meth:`WindowSpec.closes_at` its end) and windows whose close
+        is no more (merged away, or a session that grew: their timers go); ``None`` when the
+        record is late (every window it would join is closed by ``closed_upto``, the
+        watermark or processing time)."""
+        if self.spec.is_session:
+            return self._add_to_session(key, time_ms, value, closed_upto)
+        agg = self.aggregate
+        opened, joined = [], 0
+        writes: list[tuple[bytes, bytes | None]] = []
+        for start, end in self.spec.windows_of(time_ms):
+            if closed_upto is not None and end <= closed_upto:
+                continue  # closed: this window went out already
+            now = self.get(key, start)
+            if now is None:
+                now = Open(start, end, agg.init())
+                opened.append(now)
+            now = Open(start, end, agg.add(now.acc, value))
+            writes.append((entry_key(key, start), self._dump(now)))
+            joined += 1
+        if not joined:
+            return None
+        self.engine.write_batch(writes)
+        return opened, []
+
+    def _add_to_session(
+        self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
+    ) -> tuple[list[Open], list[Open]] | None:
+        gap, agg = self.spec.gap_ms, self.aggregate
+        near = [w for w in self.of(key) if w.start - gap < time_ms < w.end + gap]
+        if not near and closed_upto is not None and time_ms + gap <= closed_upto:
+            return None  # its own session would have closed already
+        start = min([time_ms, *(w.start for w in near)])
+        end = max([time_ms, *(w.end for w in near)])
+        acc = agg.add(agg.init(), value)
+        for w in near:
+            acc = agg.merge(w.acc, acc) if w.start <= time_ms else agg.merge(acc, w.acc)
+        merged = Open(start, end, acc)
+        writes: list[tuple[bytes, bytes | None]] = [
+            (entry_key(key, w.start), None) for w in near if w.start != start
+        ]
+        writes.append((entry_key(key, start), self._dump(merged)))
+        self.engine.write_batch(writes)
+        gone = [w for w in near if (w.start, w.end) != (start, end)]
+        return ([merged] if len(gone) == len(near) else []), gone
+
+    def close(self, key: bytes, start: int) -> Open | None:
+        """Take the window out of the store (``None``: not there, e.g. merged away)."""
+        window = self.get(key, start)
+        if window is not None:
+            self.engine.delete(entry_key(key, start))
+        return window
+
+
+__all__ = [
+    "Aggregate",
+    "Open",
+    "Window",
+    "WindowSpec",
+    "WindowState",
+    "collect",
+    "count",
+    "entry_key",
+    "max_of",
+    "min_of",
+    "reduce_with",
+    "split_entry_key",
+    "sum_of",
+]

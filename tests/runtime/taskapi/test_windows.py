@@ -1,0 +1,209 @@
+"""Windows in the task API (``context.windows``), proven against a plain Python reference: the
+example ``examples/windows`` (1-minute tumbling counts and 30 s sessions per user, watermark
+lateness 5 s) run in rounds, on filelog and Kafka, and across a crash at every failpoint. After
+each round the windows that went out are exactly the reference's closed windows for the input
+so far (so none went out before the watermark passed it), and the window stores hold only the
+windows still open (state is bounded)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from windows_task import MINUTE_MS, SESSION_GAP_MS
+
+from sparkpoint import StreamTask, sum_of
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import SparkpointError
+from sparkpoint.failpoints import POINTS, InjectedCrash
+from sparkpoint.model import SystemStream
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.testing import JobTestDriver
+from sparkpoint.tools.state import committed_raw_entries
+from sparkpoint.tools.streams import Message, read_json_lines, send_messages
+from tests.conftest import WINDOWS_DIR, pageviews_config
+from tests.storage.test_state_backends import run
+
+LATENESS_MS = 5_000
+Views = list[tuple[str, int]]
+
+
+def job(tmp_path: Path, log: dict[str, str] | None = None, **overrides: str) -> Config:
+    values = pageviews_config(
+        tmp_path,
+        log,
+        job=WINDOWS_DIR / "job.yaml",
+        **{"task.batch.max.messages": "150", "task.commit.ms": "0", **overrides},
+    )
+    config = load_config(None, values)
+    Systems(config).admin(config.inputs[0].system).create_stream(StreamSpec("pageviews", 4))
+    return config
+
+
+def views(n: int, seed: int, start_ms: int) -> Views:
+    """``n`` views of 12 users in time order, 0-4 s apart (sessions end and minutes close)."""
+    rng = random.Random(seed)
+    at, out = start_ms, []
+    for _ in range(n):
+        at += rng.randint(0, 4_000)
+        out.append((f"user-{rng.randrange(12):02d}", at))
+    return out
+
+
+def send(config: Config, batch: Views) -> None:
+    systems = Systems(config)
+    try:
+        stream = SystemStream(config.inputs[0].system, "pageviews")
+        messages = [
+            Message({"user": u, "page": "/", "ts": t}, key=u, timestamp=t) for u, t in batch
+        ]
+        send_messages(config, systems, stream, messages)
+    finally:
+        systems.close()
+
+
+def reference(
+    config: Config, sent: Views
+) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]], int]:
+    """The closed minutes and sessions of ``sent`` (each partition's watermark: its largest
+    time minus the lateness), and how many windows are still open."""
+    admin = Systems(config).admin(config.inputs[0].system)
+    by_user: dict[str, list[int]] = defaultdict(list)
+    top: dict[int, int] = {}
+    for user, at in sent:
+        by_user[user].append(at)
+        p = admin.partition_for_key(user.encode(), 4)
+        top[p] = max(top.get(p, 0), at)
+    minutes, sessions, still_open = set(), set(), 0
+    for user, times in by_user.items():
+        mark = top[admin.partition_for_key(user.encode(), 4)] - LATENESS_MS
+        for start, n in Counter(t - t % MINUTE_MS for t in times).items():
+            if start + MINUTE_MS <= mark:
+                minutes.add((user, start, start + MINUTE_MS, n))
+            else:
+                still_open += 1
+        first = last = times[0]
+        n = 0
+        for t in [*times, None]:
+            if t is not None and t - last < SESSION_GAP_MS:
+                last, n = t, n + 1
+                continue
+            if last + SESSION_GAP_MS <= mark:
+                sessions.add((user, first, last, n))
+            else:
+                still_open += 1
+            if t is not None:
+                first = last = t
+                n = 1
+    return minutes, sessions, still_open
+
+
+def emitted(config: Config, stream: str, fields: tuple[str, ...]) -> Counter[tuple[Any, ...]]:
+    systems = Systems(config)
+    try:
+        ss = SystemStream(config.inputs[0].system, stream)
+        if ss.stream not in systems.admin(ss.system).list_streams():
+            return Counter()
+        return Counter(
+            tuple(r["value"][f] for f in fields) for r in read_json_lines(config, systems, ss)
+        )
+    finally:
+        systems.close()
+
+
+MINUTE = ("user", "window_start", "window_end", "count")
+SESSION = ("user", "session_start", "session_end", "views")
+
+
+def check(config: Config, sent: Views, *, once: bool) -> None:
+    minutes, sessions, still_open = reference(config, sent)
+    assert minutes and sessions and still_open  # the input closes some windows, not all
+    got_minutes = emitted(config, "user-minute-counts", MINUTE)
+    got_sessions = emitted(config, "user-sessions", SESSION)
+    assert set(got_minutes) == minutes
+    assert set(got_sessions) == sessions
+    if once:
+        assert max(got_minutes.values()) == 1 and max(got_sessions.values()) == 1
+    stored = sum(1 for s in ("minute-counts", "sessions") for _ in committed_raw_entries(config, s))
+    assert stored == still_open  # a closed window's state is gone
+
+
+def test_windows_close_exactly_as_the_reference_says(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    config = job(tmp_path, log_system)
+    sent: Views = []
+    for round_, n in enumerate((400, 300, 500)):
+        batch = views(n, seed=70 + round_, start_ms=sent[-1][1] if sent else 0)
+        send(config, batch)
+        sent += batch
+        run(config, until_caught_up=True)
+        check(config, sent, once=True)
+    assert emitted(config, "late-views", ("key",)) == Counter()  # in order: nothing late
+
+
+@pytest.mark.parametrize("point", [p for p in POINTS if p != "during-restore"])
+def test_a_crash_at_every_step_leaves_the_windows_exact(tmp_path: Path, point: str) -> None:
+    flag = tmp_path / "crash.flag"
+    config = job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
+    sent = views(500, seed=80, start_ms=0)
+    send(config, sent)
+    run(config, until_caught_up=True)
+    more = views(600, seed=81, start_ms=sent[-1][1])
+    send(config, more)
+    sent += more
+    flag.write_text("1")
+    with pytest.raises((InjectedCrash, SparkpointError)):
+        run(config, until_caught_up=True)
+    assert not flag.exists(), f"the crash point {point} was never reached"
+    run(config, until_caught_up=True)
+    check(config, sent, once=False)  # a window may go out again, always with its one value
+
+
+class _Sums(StreamTask):
+    def init(self, context: Any) -> None:
+        self.sums = context.windows.tumbling(
+            "w", size_ms=1000, aggregate=sum_of(), emit=lambda window, collector: None
+        )
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.sums.add(envelope.key, envelope.event_time, envelope.message)
+
+
+BAD = {
+    "job.name": "sums",
+    "systems.log.factory": "filelog",
+    "task.inputs": "log.in",
+    "streams.in.partitions": "1",
+    "stores.w.factory": "rocksdb",
+    "stores.w.key.serde": "string",
+    "stores.timers.factory": "rocksdb",
+    "task.timers.store": "timers",
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "value", "error"),
+    [
+        ({}, "x", r"window store 'w': the sum aggregate failed on key 'a' at 5: TypeError"),
+        (
+            {"stores.w.factory": "", "stores.w.key.serde": ""},
+            1,
+            r"window store 'w': the job has no such store",
+        ),
+        ({"stores.w.rocksdb.ttl.ms": "1000"}, 1, r"window store 'w' has a TTL"),
+        ({"task.timers.store": ""}, 1, r"set task.timers.store to one of the job's stores"),
+    ],
+)
+def test_bad_window_use_names_the_store_and_the_fix(
+    tmp_path: Path, overrides: dict[str, str], value: Any, error: str
+) -> None:
+    config = {k: v for k, v in {**BAD, **overrides}.items() if v}
+    with JobTestDriver(config, tmp_path, task=_Sums) as kit:
+        kit.send("in", [Message(value, key="a", timestamp=5)])
+        with pytest.raises(SparkpointError, match=error):
+            kit.run()

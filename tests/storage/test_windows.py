@@ -1,0 +1,113 @@
+"""The window arithmetic and layout (sparkpoint.storage.windows), on both engines: which
+windows a record is in, how sessions grow and merge, what each aggregate keeps, when a record
+is late, and bad specs refused with what to fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.errors import ConfigError
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.kv.factory import open_engine
+from sparkpoint.storage.windows import (
+    Open,
+    WindowSpec,
+    WindowState,
+    collect,
+    count,
+    entry_key,
+    max_of,
+    min_of,
+    reduce_with,
+    split_entry_key,
+    sum_of,
+)
+
+
+@pytest.fixture(params=["rocksdb", "in-memory"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyValueEngine]:
+    e = open_engine("windows", str(request.param), tmp_path / "db")
+    yield e
+    e.close()
+
+
+def test_a_record_is_in_its_tumbling_window_and_in_size_over_slide_hopping_ones() -> None:
+    assert WindowSpec.tumbling(60).windows_of(59) == [(0, 60)]
+    assert WindowSpec.tumbling(60).windows_of(60) == [(60, 120)]
+    assert WindowSpec.hopping(60, 20).windows_of(65) == [(20, 80), (40, 100), (60, 120)]
+    assert WindowSpec.hopping(60, 20).windows_of(5) == [(0, 60)]  # none starts before 0
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: WindowSpec.tumbling(0), "a window's size must be a positive integer"),
+        (lambda: WindowSpec.tumbling(-5), "a window's size must be a positive integer"),
+        (lambda: WindowSpec.hopping(60, 25), r"size \(60 ms\) must be a multiple of its slide"),
+        (lambda: WindowSpec.session(0), "a session's gap must be a positive integer"),
+        (lambda: WindowSpec.tumbling(1.5), "not 1.5"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_window_specs_say_what_to_fix(make: object, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        make()  # type: ignore[operator]
+
+
+def test_tumbling_windows_count_and_refuse_a_record_for_a_closed_window(
+    engine: KeyValueEngine,
+) -> None:
+    state = WindowState(engine, WindowSpec.tumbling(60), count())
+    assert state.add(b"a", 10, None, None) == ([Open(0, 60, 0)], [])  # opened: needs a timer
+    assert state.add(b"a", 20, None, None) == ([], [])  # joined an open window
+    assert state.add(b"a", 70, None, 59) == ([Open(60, 120, 0)], [])
+    assert state.add(b"a", 30, None, 60) is None  # [0, 60) is closed: late
+    assert [(w.start, w.acc) for w in state.of(b"a")] == [(0, 2), (60, 1)]
+    assert state.close(b"a", 0) == Open(0, 60, 2)
+    assert state.close(b"a", 0) is None
+    assert [w.start for w in state.of(b"a")] == [60]
+
+
+def test_sessions_grow_and_a_bridging_record_merges_two(engine: KeyValueEngine) -> None:
+    state = WindowState(engine, WindowSpec.session(10), collect())
+    assert state.add(b"k", 100, "a", None) == ([Open(100, 100, ["a"])], [])
+    assert state.add(b"k", 120, "c", None) == ([Open(120, 120, ["c"])], [])  # 20 apart: two
+    opened, gone = state.add(b"k", 105, "b", None) or ([], [])
+    assert opened == [Open(100, 105, ["a", "b"])] and gone == [Open(100, 100, ["a"])]
+    assert state.add(b"k", 130, "d", None) == ([Open(130, 130, ["d"])], [])  # a gap apart
+    opened, gone = state.add(b"k", 112, "x", None) or ([], [])  # under 10 from both: bridges
+    assert opened == [Open(100, 120, ["a", "b", "x", "c"])]
+    assert gone == [Open(100, 105, ["a", "b"]), Open(120, 120, ["c"])]
+    assert list(state.of(b"k")) == [Open(100, 120, ["a", "b", "x", "c"]), Open(130, 130, ["d"])]
+    assert state.add(b"k", 110, "y", None) == ([], [])  # inside: nothing to re-time
+    assert state.add(b"k", 300, "z", 311) is None  # its own session would be closed: late
+    assert state.add(b"k", 300, "z", 309) is not None
+
+
+def test_aggregates_fold_and_merge() -> None:
+    for aggregate, values, want in [
+        (count(), [5, 6, 7], 3),
+        (sum_of(), [5, 6, 7], 18),
+        (min_of(), [5, 2, 7], 2),
+        (max_of(), [5, 9, 7], 9),
+        (reduce_with(lambda a, b: a * b), [2, 3, 4], 24),
+        (collect(), [1, 2], [1, 2]),
+    ]:
+        acc = aggregate.init()
+        for v in values:
+            acc = aggregate.add(acc, v)
+        assert aggregate.result(acc) == want, aggregate.name
+    assert max_of().merge(None, 3) == 3 and min_of().merge(4, None) == 4
+    with pytest.raises(ValueError, match=r"collect\(limit=2\)"):
+        collect(limit=2).add([1, 2], 3)
+
+
+def test_keys_sharing_a_prefix_keep_their_own_windows(engine: KeyValueEngine) -> None:
+    state = WindowState(engine, WindowSpec.tumbling(60), count())
+    state.add(b"ab", 1, None, None)
+    state.add(b"a", 1, None, None)
+    state.add(b"a\x00", 1, None, None)
+    assert [w.acc for w in state.of(b"a")] == [1]
+    assert split_entry_key(entry_key(b"a\x00", 42)) == (b"a\x00", 42)
