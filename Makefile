@@ -41,7 +41,7 @@ typecheck: setup
 # 100 SIGKILLs over the example job, a dual-commit job with a flaky blob store, and the latter
 # on a standalone cluster; prints kills=K mismatches=M lost=L duplicates=D dangling=X
 soak: setup
-	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time
+	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time,windows
 
 bench: setup
 	@.venv/bin/python bench/run.py

@@ -11,7 +11,9 @@ Variants (kills are spread over them, round robin):
   blob store failing 10% of its operations and stopping 5% of uploads half-way;
 * ``cluster``: ``dual`` on a standalone master with two workers and private store directories;
 * ``time``: ``dual``'s backups for a job with time in its state (``soak_task.TimedCounter``): a
-  store with a TTL and event-time timers in a timer store.
+  store with a TTL and event-time timers in a timer store;
+* ``windows``: the windows example (``examples/windows``: minute counts and sessions per user),
+  each round's views later in event time than the last round's.
 
 Each kill is a SIGKILL of the driver, of a Python worker (Spark retries its task) or, on the
 cluster, of a worker (its executors go; the job goes on elsewhere), at a random moment; new input
@@ -20,7 +22,8 @@ is appended between runs. At the end each job runs to the end of its input and t
 * ``mismatches``: store entries that differ from an independent count of the whole input (for
   ``time``, also: each user's last page, visible now and expired once past its TTL, and the
   views per user and event-time minute, in ``closed`` plus ``pending``);
-* ``lost``: views whose effect never reached the output (for a user, a count in 1..final missing);
+* ``lost``: views whose effect never reached the output (for a user, a count in 1..final missing;
+  for ``windows``, a closed window of the reference that never went out);
 * ``duplicates``: output messages beyond one per view (at-least-once replays), which must stay
   within what the uncommitted batches of each kill can replay;
 * ``dangling``: blobs a checkpoint references that are missing or corrupt, plus blobs no
@@ -51,9 +54,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "pageviews"
-sys.path[:0] = [str(EXAMPLE), str(Path(__file__).resolve().parent)]
+WINDOWS = ROOT / "examples" / "windows"
+sys.path[:0] = [str(EXAMPLE), str(WINDOWS), str(Path(__file__).resolve().parent)]
 
 from generate import events, write  # noqa: E402
+from windows_reference import closed_windows  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
 from sparkpoint.model import SystemStream  # noqa: E402
@@ -119,11 +124,16 @@ TIME = {
 }
 
 
+#: the event-time distance between two rounds of the ``windows`` variant (more than a round spans)
+ROUND_MS = 100_000_000
+
+
 @dataclass
 class Variant:
     name: str
     root: Path
     overrides: dict[str, str]
+    base: Path = EXAMPLE / "job.yaml"
     master: str | None = None
     kills: int = 0
     generated: int = 0
@@ -182,22 +192,36 @@ def _python_workers(pid: int) -> list[int]:
 def prepare(variant: Variant) -> None:
     """The variant's job file: the example's keys and the variant's, flat, in its own dir."""
     (variant.root / "cwd").mkdir(parents=True)
-    for module in (EXAMPLE / "pageviews_task.py", Path(__file__).parent / "soak_task.py"):
+    for module in MODULES:
         shutil.copy(module, variant.root / module.name)
-    values = {**read_job_file(EXAMPLE / "job.yaml"), **variant.overrides}
+    values = {**read_job_file(variant.base), **variant.overrides}
     values["job.data.dir"] = str(variant.root / "data")
     variant.job.write_text(json.dumps(values, indent=1) + "\n")  # JSON is YAML
     sp(variant, "stream", "create", str(variant.job), "pageviews", "--partitions", str(TASKS))
+
+
+#: the task modules a variant's job may name (copied next to its job file)
+MODULES = (
+    EXAMPLE / "pageviews_task.py",
+    Path(__file__).parent / "soak_task.py",
+    WINDOWS / "windows_task.py",
+)
 
 
 def sp(variant: Variant, *args: str) -> None:
     subprocess.run([SPARKPOINT, *args], check=True, capture_output=True, cwd=variant.root / "cwd")
 
 
+def round_views(variant: Variant, n: int, seed: int, round_: int) -> list[dict[str, object]]:
+    """A round's views: the seed's, each round later in event time for ``windows``."""
+    shift = round_ * ROUND_MS if variant.name == "windows" else 0
+    return [{**e, "ts": int(str(e["ts"])) + shift} for e in events(n, seed, USERS)]
+
+
 def append_input(variant: Variant, n: int, seed: int) -> None:
     spec = variant.root / f"gen-{seed}.yaml"
     spec.write_text(json.dumps(dict(variant.config.items())))
-    write(str(spec), n, seed, USERS)
+    write(str(spec), n, seed, USERS, source=round_views(variant, n, seed, len(variant.seeds)))
     spec.unlink()
     variant.seeds.append(seed)
     variant.generated += n
@@ -264,9 +288,10 @@ def run(
 
 def verify(variant: Variant) -> dict[str, int]:
     config = variant.reader
-    views = [
-        e for s, n in zip(variant.seeds, _sizes(variant), strict=True) for e in events(n, s, USERS)
-    ]
+    rounds = zip(variant.seeds, _sizes(variant), strict=True)
+    views = [e for i, (s, n) in enumerate(rounds) for e in round_views(variant, n, s, i)]
+    if variant.name == "windows":
+        return _verify_windows(variant, config, views)
     by_user = Counter(str(e["user"]) for e in views)
     by_page = Counter(str(e["page"]) for e in views)
     mismatches = _diff(dict(by_user), _store(config, "user-counts"))
@@ -289,6 +314,38 @@ def verify(variant: Variant) -> dict[str, int]:
         "lost": lost,
         "duplicates": total - len(views),
         "dangling": dangling,
+    }
+
+
+def _verify_windows(
+    variant: Variant, config: Config, views: list[dict[str, object]]
+) -> dict[str, int]:
+    """The windows that went out against the reference's closed windows: each once at least,
+    always with its one value, none that should not be there."""
+    admin = Systems(config).admin("filelog")
+    minutes, sessions, _open = closed_windows(
+        [(str(e["user"]), int(str(e["ts"]))) for e in views],
+        lambda user: admin.partition_for_key(user.encode(), TASKS),
+    )
+    fields = {
+        "user-minute-counts": ("user", "window_start", "window_end", "count"),
+        "user-sessions": ("user", "session_start", "session_end", "views"),
+    }
+    mismatches = lost = duplicates = 0
+    for stream, want in (("user-minute-counts", minutes), ("user-sessions", sessions)):
+        rows = read_json_lines(config, Systems(config), SystemStream("filelog", stream))
+        got = Counter(tuple(r["value"][f] for f in fields[stream]) for r in rows)
+        mismatches += len(set(got) - want)
+        lost += len(want - set(got))
+        duplicates += sum(got.values()) - len(got)
+    if not minutes or not sessions:
+        print("windows: the input closed no window", file=sys.stderr)
+        mismatches += 1
+    return {
+        "mismatches": mismatches,
+        "lost": lost,
+        "duplicates": duplicates,
+        "dangling": _outside(variant),
     }
 
 
@@ -360,7 +417,7 @@ def _leaked_blobs(config: Config) -> int:
 
 def _outside(variant: Variant) -> int:
     """Files the job wrote outside its directories (its data dir; logs and inputs are ours)."""
-    allowed = {"data", "cwd", "job.yaml", "sizes", "run.log", "pageviews_task.py", "soak_task.py"}
+    allowed = {"data", "cwd", "job.yaml", "sizes", "run.log", *(m.name for m in MODULES)}
     extra = [p for p in variant.root.iterdir() if p.name not in allowed and p.name != "__pycache__"]
     # executors of a cluster keep private state in their working dirs ({cwd}/state): allowed
     extra += [p for p in (variant.root / "cwd").iterdir() if p.name != "state"]
@@ -389,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"dual": DUAL, "cluster": DUAL, "time": TIME}.get(name, {})
         overrides = {**BASE, **extra}
         variant = Variant(name, top / name, overrides)
+        if name == "windows":  # the example's own stores (window stores with changelogs)
+            variant.base = WINDOWS / "job.yaml"
+            variant.overrides = {k: v for k, v in BASE.items() if not k.startswith("stores.")}
         if name == "cluster":
             cluster = StandaloneCluster(top / "spark-cluster", workers=2).start()
             variant.master = cluster.master_url

@@ -465,18 +465,42 @@ def state_dump(
     job: JobArg,
     store: Annotated[str, typer.Option(help="The store to dump.")],
     task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print keys and values as escaped bytes, not through the store's serdes "
+            "(window and timer stores keep their own layout).",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Print a store's committed contents as JSON lines `{"key", "value"}`.
 
     Example: `sparkpoint state dump job.yaml --store user-counts --task "Partition 1"`
     """
-    from sparkpoint.tools.state import committed_entries
+    from sparkpoint.tools.state import committed_entries, committed_raw_entries
 
     config = _ran_config(job, set_)
     out = sys.stdout
-    for _task, key, value in committed_entries(config, store, task):
-        out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
+    if raw:
+        for _task, key, value in committed_raw_entries(config, store, task):
+            line = {"key": _escaped(key), "value": _escaped(value)}
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        return
+    try:
+        for _task, key, value in committed_entries(config, store, task):
+            out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UserError(
+            f"store {store}: an entry its serdes cannot decode ({exc}); a window or timer store "
+            "keeps its own layout: add --raw to see its bytes"
+        ) from exc
+
+
+def _escaped(data: bytes) -> str:
+    """Bytes as text with Python's escapes (``\\x00``) for what is not printable ASCII."""
+    return repr(data)[2:-1]
 
 
 @state_app.command("show")

@@ -7,13 +7,14 @@ windows still open (state is bounded)."""
 
 from __future__ import annotations
 
+import json
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from windows_task import MINUTE_MS, SESSION_GAP_MS
+from windows_reference import Closed, closed_windows
 
 from sparkpoint import StreamTask, sum_of
 from sparkpoint.config import Config, load_config
@@ -26,9 +27,9 @@ from sparkpoint.testing import JobTestDriver
 from sparkpoint.tools.state import committed_raw_entries
 from sparkpoint.tools.streams import Message, read_json_lines, send_messages
 from tests.conftest import WINDOWS_DIR, pageviews_config
+from tests.e2e.cli import sp
 from tests.storage.test_state_backends import run
 
-LATENESS_MS = 5_000
 Views = list[tuple[str, int]]
 
 
@@ -66,40 +67,9 @@ def send(config: Config, batch: Views) -> None:
         systems.close()
 
 
-def reference(
-    config: Config, sent: Views
-) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]], int]:
-    """The closed minutes and sessions of ``sent`` (each partition's watermark: its largest
-    time minus the lateness), and how many windows are still open."""
+def reference(config: Config, sent: Views) -> tuple[set[Closed], set[Closed], int]:
     admin = Systems(config).admin(config.inputs[0].system)
-    by_user: dict[str, list[int]] = defaultdict(list)
-    top: dict[int, int] = {}
-    for user, at in sent:
-        by_user[user].append(at)
-        p = admin.partition_for_key(user.encode(), 4)
-        top[p] = max(top.get(p, 0), at)
-    minutes, sessions, still_open = set(), set(), 0
-    for user, times in by_user.items():
-        mark = top[admin.partition_for_key(user.encode(), 4)] - LATENESS_MS
-        for start, n in Counter(t - t % MINUTE_MS for t in times).items():
-            if start + MINUTE_MS <= mark:
-                minutes.add((user, start, start + MINUTE_MS, n))
-            else:
-                still_open += 1
-        first = last = times[0]
-        n = 0
-        for t in [*times, None]:
-            if t is not None and t - last < SESSION_GAP_MS:
-                last, n = t, n + 1
-                continue
-            if last + SESSION_GAP_MS <= mark:
-                sessions.add((user, first, last, n))
-            else:
-                still_open += 1
-            if t is not None:
-                first = last = t
-                n = 1
-    return minutes, sessions, still_open
+    return closed_windows(sent, lambda user: admin.partition_for_key(user.encode(), 4))
 
 
 def emitted(config: Config, stream: str, fields: tuple[str, ...]) -> Counter[tuple[Any, ...]]:
@@ -207,3 +177,18 @@ def test_bad_window_use_names_the_store_and_the_fix(
         kit.send("in", [Message(value, key="a", timestamp=5)])
         with pytest.raises(SparkpointError, match=error):
             kit.run()
+
+
+def test_state_dump_raw_shows_a_window_store_s_own_layout(tmp_path: Path) -> None:
+    config = job(tmp_path)
+    send(config, views(200, seed=75, start_ms=0))
+    run(config, until_caught_up=True)
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(config.to_dict()))  # JSON is YAML
+    dumped = sp("state", "dump", str(job_file), "--store", "minute-counts", "--raw")
+    lines = [json.loads(line) for line in dumped.stdout.splitlines()]
+    stored = list(committed_raw_entries(config, "minute-counts"))
+    assert len(lines) == len(stored) > 0
+    assert lines[0]["key"] == repr(stored[0][1])[2:-1]
+    assert json.loads(lines[0]["value"])["acc"] > 0  # the window's count so far
+    assert lines[0]["key"].startswith("\\x00\\x07user-")  # <key length><key><window start>
