@@ -1,7 +1,8 @@
 """Run the windows example: generate page views, run the job to the end of its input, and show
-some of the minutes and sessions that closed. Each step is a plain ``sparkpoint`` command,
-printed before it runs. Data goes to ``.sparkpoint/pageview-windows`` next to the job file
-(removed first)."""
+some of the minutes and sessions that closed. ``API=dataframe`` runs the DataFrame version
+(``windows_pipeline.py``) instead of the task (``windows_task.py``). Each step is a plain
+``sparkpoint`` command, printed before it runs. Data goes to ``.sparkpoint/pageview-windows``
+next to the job file (removed first)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ BIN = Path(sys.executable).parent
 GENERATE = HERE.parent / "pageviews" / "generate.py"  # the same page views, timestamped
 
 
-def step(*args: str) -> str:
-    print(f"\n$ {shlex.join(args)}", flush=True)
-    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
+def step(*args: str, env: dict[str, str] | None = None) -> str:
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    print(f"\n$ {prefix}{shlex.join(args)}", flush=True)
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True, env=full).stdout
 
 
 def main() -> None:
@@ -32,14 +35,18 @@ def main() -> None:
     sp = str(BIN / "sparkpoint")
     step(sp, "stream", "create", str(JOB), "pageviews", "--partitions", "4")
     step(sys.executable, str(GENERATE), str(JOB), events, "--seed", "7", "--users", "200")
-    step(sp, "run", str(JOB), "--until-caught-up")
+    if os.environ.get("API", "task") == "dataframe":
+        step(sp, "run", "windows_pipeline:job", "--until-caught-up", env={"PYTHONPATH": str(HERE)})
+    else:
+        step(sp, "run", str(JOB), "--until-caught-up")
     for stream in ("user-minute-counts", "user-sessions"):
         rows = [
             json.loads(line) for line in step(sp, "stream", "read", str(JOB), stream).splitlines()
         ]
         values = [r["value"] for r in rows]
         print(f"{len(values)} closed; the first 3:")
-        for value in sorted(values, key=lambda v: (v["user"], *v.values()))[:3]:
+        start = "window_start" if stream == "user-minute-counts" else "session_start"
+        for value in sorted(values, key=lambda v: (v["user"], v[start]))[:3]:
             print(f"  {value}")
 
 

@@ -9,7 +9,8 @@ Everything a job needs is importable from here::
   :class:`OutgoingMessageEnvelope` to send, :class:`KeyValueStore` for state;
 * the DataFrame API: :class:`Pipeline`, the :class:`Batch` its function gets and the
   :class:`Output` it returns, a stateful step's :class:`StepState`, sinks
-  (:class:`ParquetSink`, or any :class:`Sink`);
+  (:class:`ParquetSink`, or any :class:`Sink`), and ``batch.window``'s windows
+  (:func:`tumbling_window`, :func:`hopping_window`, :func:`session_window`);
 * streams and tasks: :class:`SystemStream`, :class:`SystemStreamPartition`, :class:`TaskName`;
 * windows (``context.windows``): the closed :class:`Window` and the aggregates
   (:func:`count`, :func:`sum_of`, :func:`min_of`, :func:`max_of`, :func:`reduce_with`,
@@ -61,6 +62,11 @@ from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, s
 if TYPE_CHECKING:
     from sparkpoint.runtime.dataframe.pipeline import Batch, Output, ParquetSink, Pipeline, Sink
     from sparkpoint.runtime.dataframe.task import StepState
+    from sparkpoint.runtime.dataframe.windows import (
+        hopping_window,
+        session_window,
+        tumbling_window,
+    )
 
 __version__ = "0.1.0"
 
@@ -72,6 +78,9 @@ _LAZY = {
     "Pipeline": "sparkpoint.runtime.dataframe.pipeline",
     "Sink": "sparkpoint.runtime.dataframe.pipeline",
     "StepState": "sparkpoint.runtime.dataframe.task",
+    "hopping_window": "sparkpoint.runtime.dataframe.windows",
+    "session_window": "sparkpoint.runtime.dataframe.windows",
+    "tumbling_window": "sparkpoint.runtime.dataframe.windows",
 }
 
 __all__ = [
@@ -106,13 +115,16 @@ __all__ = [
     "collect",
     "count",
     "delete_startpoints",
+    "hopping_window",
     "list_startpoints",
     "load_config",
     "max_of",
     "min_of",
     "reduce_with",
+    "session_window",
     "set_startpoints",
     "sum_of",
+    "tumbling_window",
 ]
 
 

@@ -73,6 +73,8 @@ from sparkpoint.runtime.dataframe.udfs import (
     TimerFunction,
     partitioning_error,
 )
+from sparkpoint.runtime.dataframe.windows import SCHEMA as WINDOW_SCHEMA
+from sparkpoint.runtime.dataframe.windows import WindowDef, WindowStep, window_defs
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark.session import (
     batch_job_group,
@@ -212,7 +214,44 @@ class Batch:
         per pipeline has timers."""
         step = str(name or getattr(fn, "__name__", "step"))
         used = list(self.config.stores) if stores is None else list(stores)
-        if on_timer is not None:
+        return self._step(df, step, used, StepCode(fn, on_timer, pandas), schema)
+
+    def window(
+        self,
+        df: Any,
+        *,
+        key: str,
+        windows: WindowDef | Sequence[WindowDef],
+        time: str | None = "event_time",
+        value: str | None = None,
+        value_type: str = "LONG",
+        name: str | None = None,
+    ) -> Any:
+        """Keyed windows of ``df``'s rows: ``windows`` is ``tumbling_window(store,
+        size_ms=...)``, ``hopping_window(...)``, ``session_window(store, gap_ms=...)`` or a
+        list of them, each kept in its window store exactly as the task API's
+        ``context.windows`` keeps it (a job can move between the APIs). Rows go into the
+        windows of their ``key`` column at the times of the ``time`` column (event time;
+        ``None``: processing time), folding the ``value`` column with each window's aggregate
+        (default: count). Returns the windows that closed in this batch: ``store STRING, key
+        STRING, window_start LONG, window_end LONG, value <value_type>`` (a session's start
+        and end are its first and last row's times). Rows for windows that closed already
+        are late: they change nothing, and go to the window's ``late_stream`` when it has
+        one. The step has the pipeline's timers (``task.timers.store``)."""
+        defs = window_defs(windows)
+        for column in (key, time, value):
+            if column is not None and column not in df.columns:
+                raise ConfigError(
+                    f"batch.window: no column {column!r}; columns: {', '.join(df.columns)}"
+                )
+        step = name or "window"
+        code = WindowStep(defs, key, time, value).code()
+        columns = [c for c in dict.fromkeys(["task", key, time, value]) if c is not None]
+        schema = WINDOW_SCHEMA.format(value_type=value_type)
+        return self._step(df.select(*columns), step, [d.store for d in defs], code, schema)
+
+    def _step(self, df: Any, step: str, used: list[str], code: StepCode, schema: str) -> Any:
+        if code.on_timer is not None:
             timer_store = self.config.get_str("task.timers.store")
             if not timer_store:
                 raise ConfigError(
@@ -224,8 +263,8 @@ class Batch:
                 used.append(timer_store)
             if self._timers is not None:
                 raise ConfigError(
-                    f"stateful steps {self._timers!r} and {step!r} both have on_timer; a "
-                    "pipeline's timers belong to one step"
+                    f"stateful steps {self._timers!r} and {step!r} both have timers (on_timer, "
+                    "or a window); a pipeline's timers belong to one step"
                 )
         for store in used:
             if store not in self.config.stores:
@@ -248,10 +287,10 @@ class Batch:
         if moved is not None:
             raise partitioning_error(step, f"its input was shuffled ({moved})")
         self._steps[step] = used
-        if on_timer is not None:
+        if code.on_timer is not None:
             self._timers = step
-        code = StepCode(fn, on_timer, pandas)
         function = StepUdf(self._plans, step, used, code, step_token(step, self.id))
+        pandas = code.pandas
         out = df.mapInPandas(function, schema) if pandas else df.mapInArrow(function, schema)
         from pyspark import StorageLevel
 

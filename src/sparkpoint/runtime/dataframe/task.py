@@ -49,12 +49,12 @@ from sparkpoint.model.clock import follow
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch, raised_at
-from sparkpoint.runtime.taskapi.timers import TaskTimers
+from sparkpoint.runtime.taskapi.timers import OwnedTimer, TaskTimers
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
-from sparkpoint.storage.timers import TimerStore
-from sparkpoint.system.base import Record
+from sparkpoint.storage.timers import TimeKind, TimerStore
+from sparkpoint.system.base import OutgoingMessageEnvelope, Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 
 log = logging.getLogger(__name__)
@@ -380,8 +380,9 @@ EXPIRED_COLUMNS = ("key", "timestamp_ms", "kind")
 
 def _expired(timers: TaskTimers, pandas: bool) -> Iterator[Any]:
     """The due timers (:meth:`TaskTimers.expire`) in chunks: Arrow record batches of
-    :data:`EXPIRED_COLUMNS` (pandas DataFrames with ``pandas``)."""
-    due = timers.expire()
+    :data:`EXPIRED_COLUMNS` (pandas DataFrames with ``pandas``). A window store's timers
+    close its windows on the way (:meth:`TaskTimers.fire_owned`)."""
+    due = _users(timers)
     while chunk := list(islice(due, EXPIRED_CHUNK)):
         kinds, keys, times = zip(*chunk, strict=True)
         columns = {
@@ -393,6 +394,26 @@ def _expired(timers: TaskTimers, pandas: bool) -> Iterator[Any]:
         yield batch.to_pandas() if pandas else batch
 
 
+class _NoOutput:
+    """The collector of a DataFrame step's window timers: a window step yields its closed
+    windows as rows and sends nothing from its timers."""
+
+    def send(self, envelope: OutgoingMessageEnvelope) -> None:
+        raise TaskError(f"a window's timer of a DataFrame step sent to {envelope.stream}")
+
+
+_NO_OUTPUT = _NoOutput()
+
+
+def _users(timers: TaskTimers) -> Iterator[tuple[TimeKind, Any, int]]:
+    """The user's due timers; the window stores' fire as they come."""
+    for kind, key, timestamp_ms in timers.expire():
+        if isinstance(key, OwnedTimer):
+            timers.fire_owned(key, timestamp_ms, _NO_OUTPUT)
+        else:
+            yield kind, key, timestamp_ms
+
+
 @dataclass(frozen=True)
 class StepCode:
     """A stateful step's functions: ``fn(state, chunks)`` over its input, and
@@ -401,6 +422,8 @@ class StepCode:
     fn: Callable[[StepState, Iterator[Any]], Iterator[Any]]
     on_timer: Callable[[StepState, Any], Iterable[Any]] | None = None
     pandas: bool = False
+    #: after the due timers: what the step yields last (a window step's closed windows)
+    finish: Callable[[StepState], Iterable[Any]] | None = None
 
 
 def run_step(
@@ -440,6 +463,10 @@ def run_step(
                     for out in code.on_timer(state, expired):
                         yield out
                         maybe_crash(batch.config, "during-stateful-step")
+            if code.finish is not None:
+                for out in code.finish(state):
+                    yield out
+                    maybe_crash(batch.config, "during-stateful-step")
         except SparkpointError:
             raise
         except Exception as exc:

@@ -1,0 +1,174 @@
+"""``batch.window``: the task API's window stores (:mod:`sparkpoint.runtime.taskapi.windows`)
+as a stateful step of a DataFrame pipeline.
+
+The step adds each row of its input to each of its window stores (the same layout and the same
+timers as ``context.windows``, so a job can move between the APIs and keep its open windows);
+once the batch's rows are in, the watermark advances, the due windows close, and the step
+yields them as rows ``store, key, window_start, window_end, value``. Late rows go to each
+window's named stream, sent and flushed before the step ends (at-least-once, as every output).
+A pipeline's timers belong to one step, so one ``batch.window`` step holds all its windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.runtime.dataframe.task import StepCode, StepState
+from sparkpoint.runtime.taskapi.executor import worker_config
+from sparkpoint.runtime.taskapi.output import OutputCollector
+from sparkpoint.runtime.taskapi.windows import TaskWindows, WindowedStore
+from sparkpoint.storage.windows import Aggregate, Window, WindowSpec, count
+
+#: the columns of ``batch.window``'s result, after ``value``'s type
+SCHEMA = "store STRING, key STRING, window_start LONG, window_end LONG, value {value_type}"
+
+
+@dataclass(frozen=True)
+class WindowDef:
+    """One window store of a ``batch.window`` step: its store, windows and aggregate."""
+
+    store: str
+    spec: WindowSpec
+    aggregate: Aggregate
+    late_stream: str | None = None
+
+
+def tumbling_window(
+    store: str, *, size_ms: int, aggregate: Aggregate | None = None, late_stream: str | None = None
+) -> WindowDef:
+    """Windows ``[n*size, (n+1)*size)`` kept in ``store`` (default aggregate: count)."""
+    return WindowDef(store, WindowSpec.tumbling(size_ms), aggregate or count(), late_stream)
+
+
+def hopping_window(
+    store: str,
+    *,
+    size_ms: int,
+    slide_ms: int,
+    aggregate: Aggregate | None = None,
+    late_stream: str | None = None,
+) -> WindowDef:
+    """Windows of ``size_ms`` every ``slide_ms``, kept in ``store``."""
+    spec = WindowSpec.hopping(size_ms, slide_ms)
+    return WindowDef(store, spec, aggregate or count(), late_stream)
+
+
+def session_window(
+    store: str, *, gap_ms: int, aggregate: Aggregate | None = None, late_stream: str | None = None
+) -> WindowDef:
+    """A key's rows less than ``gap_ms`` apart, kept in ``store``."""
+    return WindowDef(store, WindowSpec.session(gap_ms), aggregate or count(), late_stream)
+
+
+def window_defs(windows: WindowDef | Sequence[WindowDef]) -> list[WindowDef]:
+    defs = [windows] if isinstance(windows, WindowDef) else list(windows)
+    if not defs or not all(isinstance(d, WindowDef) for d in defs):
+        raise ConfigError(
+            "batch.window(windows=...) takes tumbling_window(...), hopping_window(...) or "
+            f"session_window(...), or a list of them; got {windows!r}"
+        )
+    stores = [d.store for d in defs]
+    if len(set(stores)) != len(stores):
+        raise ConfigError(f"batch.window: two windows keep their state in one store ({stores})")
+    return defs
+
+
+def _column(chunk: pa.RecordBatch, name: str | None, rows: int) -> list[Any]:
+    return [None] * rows if name is None else chunk.column(name).to_pylist()
+
+
+class WindowStep:
+    """The functions of a window step (picklable): rows in, closed windows out."""
+
+    def __init__(
+        self, defs: Sequence[WindowDef], key: str, time: str | None, value: str | None
+    ) -> None:
+        self.defs = list(defs)
+        self.key = key
+        self.time = time
+        self.value = value
+        self._closed: list[tuple[str, Window]] = []
+        self._late: OutputCollector | None = None
+
+    def code(self) -> StepCode:
+        return StepCode(self.add, self.on_timer, finish=self.finish)
+
+    def add(self, state: StepState, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Each row into its windows of every store (one batch's rows, in order)."""
+        self._closed = []
+        stores = self._open(state)
+        late = self._late
+        for chunk in chunks:
+            keys = chunk.column(self.key).to_pylist()
+            times = _column(chunk, self.time, len(keys))
+            values = _column(chunk, self.value, len(keys))
+            for key, at, value in zip(keys, times, values, strict=True):
+                for windows in stores:
+                    windows.add(key, at, value, late_to=late)
+        yield from ()
+
+    def _open(self, state: StepState) -> list[WindowedStore]:
+        self._late = None
+        if any(d.late_stream for d in self.defs):
+            config, systems = worker_config(state.config.to_dict())
+            self._late = OutputCollector(config, systems, state.task_name)
+        opened = []
+        for d in self.defs:
+            stores = {d.store: state.store(d.store)}
+            opener = TaskWindows(state.task_name, state.config, stores, state.timers)
+
+            def emit(window: Window, _collector: Any, store: str = d.store) -> None:
+                self._closed.append((store, window))
+
+            opened.append(
+                opener.open(
+                    d.store,
+                    d.spec,
+                    aggregate=d.aggregate,
+                    emit=emit,
+                    time="event" if self.time is not None else "processing",
+                    late_stream=d.late_stream,
+                )
+            )
+        return opened
+
+    def on_timer(self, state: StepState, expired: Any) -> Iterable[Any]:
+        """A timer of the step's own: there are none (its windows' timers close windows)."""
+        raise TaskError(
+            f"task {state.task_name}: a window step got {len(expired)} timers it did not "
+            "register; the timer store holds another step's timers"
+        )
+
+    def finish(self, state: StepState) -> Iterator[pa.RecordBatch]:
+        """The windows that closed, as rows; late rows sent and flushed."""
+        if self._late is not None:
+            self._late.flush()
+            self._late.close()
+            self._late = None
+        closed, self._closed = self._closed, []
+        if closed:
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "store": pa.array([s for s, _ in closed], pa.string()),
+                    "key": pa.array([str(w.key) for _, w in closed], pa.string()),
+                    "window_start": pa.array([w.start for _, w in closed], pa.int64()),
+                    "window_end": pa.array([w.end for _, w in closed], pa.int64()),
+                    "value": pa.array([w.value for _, w in closed]),
+                }
+            )
+
+
+__all__ = [
+    "SCHEMA",
+    "WindowDef",
+    "WindowStep",
+    "hopping_window",
+    "session_window",
+    "tumbling_window",
+    "window_defs",
+]

@@ -1,0 +1,112 @@
+"""Windows in the DataFrame API (``batch.window``): the windows example as a pipeline
+(``examples/windows/windows_pipeline.py``) emits exactly the plain Python reference's closed
+windows, as the task API does; a job that moves from the task API to the pipeline mid-way keeps
+its open windows (the same state layout); bad windows name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from windows_pipeline import build
+
+from sparkpoint import count, session_window, tumbling_window
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from tests.runtime.taskapi.test_windows import (
+    MINUTE,
+    SESSION,
+    Views,
+    check,
+    emitted,
+    job,
+    send,
+    views,
+)
+
+
+def run(config: Config, spark: Any | None) -> None:
+    if spark is None:
+        runner: Any = InlineRunner()
+    else:
+        pipeline = Pipeline(
+            build, config=config.to_dict(), value_schema="user STRING, page STRING, ts LONG"
+        )
+        runner = DataFrameRunner(spark, pipeline, config)
+    coordinator = JobCoordinator(config, runner)
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+
+
+@pytest.mark.parametrize("apis", [("frame", "frame"), ("task", "frame")])
+def test_the_pipeline_closes_the_reference_s_windows_and_keeps_the_task_api_s(
+    tmp_path: Path, spark: Any, apis: tuple[str, str]
+) -> None:
+    config = job(tmp_path)
+    sent: Views = []
+    for round_, api in enumerate(apis):
+        batch = views(400, seed=90 + round_, start_ms=sent[-1][1] if sent else 0)
+        send(config, batch)
+        sent += batch
+        run(config, spark if api == "frame" else None)
+        check(config, sent, once=True)
+    assert not emitted(config, "late-views", ("key",))
+
+
+def test_late_rows_go_to_the_late_stream(tmp_path: Path, spark: Any) -> None:
+    config = job(tmp_path)
+    first = views(300, seed=95, start_ms=0)
+    send(config, first)
+    run(config, spark)
+    send(config, [("user-01", 0)])  # its minute and its session closed long ago
+    run(config, spark)
+    assert [r[0] for r in emitted(config, "late-views", ("key",))] == ["user-01"]
+    assert emitted(config, "late-views", ("key",))[("user-01",)] == 2  # both windows refused it
+    assert len(emitted(config, "user-minute-counts", MINUTE)) > 0
+    assert len(emitted(config, "user-sessions", SESSION)) > 0
+
+
+def _two_steps(batch: Batch) -> Any:
+    views = batch.df.select("task", "value.user", "event_time")
+    batch.window(views, key="user", windows=tumbling_window("minute-counts", size_ms=60_000))
+    batch.window(views, key="user", windows=session_window("sessions", gap_ms=1), name="other")
+    return []
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: tumbling_window("w", size_ms=0), "a window's size must be a positive integer"),
+        (lambda: session_window("w", gap_ms=-1), "a session's gap must be a positive integer"),
+        (
+            lambda: [tumbling_window("w", size_ms=1, aggregate=count())] * 2,
+            r"two windows keep their state in one store",
+        ),
+    ],
+)
+def test_bad_windows_name_the_fix(tmp_path: Path, spark: Any, make: Any, error: str) -> None:
+    config = job(tmp_path)
+    send(config, views(10, seed=96, start_ms=0))
+
+    def build_bad(batch: Batch) -> Any:
+        views_ = batch.df.select("task", "value.user", "event_time")
+        return [batch.to_stream(batch.window(views_, key="user", windows=make()), "filelog.out")]
+
+    for bad in (build_bad, _two_steps):
+        pipeline = Pipeline(
+            bad, config=config.to_dict(), value_schema="user STRING, page STRING, ts LONG"
+        )
+        coordinator = JobCoordinator(config, DataFrameRunner(spark, pipeline, config))
+        try:
+            with pytest.raises(
+                ConfigError, match=error if bad is build_bad else "both have timers"
+            ):
+                coordinator.run(until_caught_up=True)
+        finally:
+            coordinator.close()
