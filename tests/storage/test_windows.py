@@ -60,9 +60,9 @@ def test_tumbling_windows_count_and_refuse_a_record_for_a_closed_window(
     engine: KeyValueEngine,
 ) -> None:
     state = WindowState(engine, WindowSpec.tumbling(60), count())
-    assert state.add(b"a", 10, None, None) == ([Open(0, 60, 0)], [])  # opened: needs a timer
+    assert state.add(b"a", 10, None, None) == ([Open(0, 60, 1)], [])  # opened: needs a timer
     assert state.add(b"a", 20, None, None) == ([], [])  # joined an open window
-    assert state.add(b"a", 70, None, 59) == ([Open(60, 120, 0)], [])
+    assert state.add(b"a", 70, None, 59) == ([Open(60, 120, 1)], [])
     assert state.add(b"a", 30, None, 60) is None  # [0, 60) is closed: late
     assert [(w.start, w.acc) for w in state.of(b"a")] == [(0, 2), (60, 1)]
     assert state.close(b"a", 0) == Open(0, 60, 2)

@@ -181,6 +181,17 @@ class Open:
     acc: Any
 
 
+def timer_changes(before: list[Open], after: list[Open]) -> tuple[list[Open], list[Open]]:
+    """Which windows' closes are new (``opened``: each needs a timer) and which are no more
+    (``gone``: their timers go), from a key's windows ``before`` and ``after`` a change. A
+    window's close is its (start, end): a session that grew closes later."""
+    old = {(w.start, w.end) for w in before}
+    new = {(w.start, w.end) for w in after}
+    opened = [w for w in after if (w.start, w.end) not in old]
+    gone = [w for w in before if (w.start, w.end) not in new]
+    return opened, gone
+
+
 def _prefix(key: bytes) -> bytes:
     if len(key) > 0xFFFF:
         raise ValueError(f"a window's key is {len(key)} bytes; at most 65,535")
@@ -229,54 +240,62 @@ class WindowState:
             if len(raw) == len(prefix) + TIME.size:
                 yield self._load(raw, value)
 
-    def add(
-        self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
-    ) -> tuple[list[Open], list[Open]] | None:
-        """Fold a record into its windows: ``(opened, gone)``: windows whose close is new
-        (each needs a timer at :meth:`WindowSpec.closes_at` its end) and windows whose close
-        is no more (merged away, or a session that grew: their timers go); ``None`` when the
-        record is late (every window it would join is closed by ``closed_upto``, the
-        watermark or processing time)."""
+    def fold(
+        self, windows: list[Open], time_ms: int, value: Any, closed_upto: int | None
+    ) -> list[Open] | None:
+        """A key's open ``windows`` (by start) with a record folded in, as a new list; ``None``
+        when the record is late (every window it would join is closed by ``closed_upto``, the
+        watermark or processing time). Pure: the store is not touched."""
         if self.spec.is_session:
-            return self._add_to_session(key, time_ms, value, closed_upto)
+            return self._fold_session(windows, time_ms, value, closed_upto)
         agg = self.aggregate
-        opened, joined = [], 0
-        writes: list[tuple[bytes, bytes | None]] = []
+        by_start = {w.start: w for w in windows}
+        joined = False
         for start, end in self.spec.windows_of(time_ms):
             if closed_upto is not None and end <= closed_upto:
                 continue  # closed: this window went out already
-            now = self.get(key, start)
-            if now is None:
-                now = Open(start, end, agg.init())
-                opened.append(now)
-            now = Open(start, end, agg.add(now.acc, value))
-            writes.append((entry_key(key, start), self._dump(now)))
-            joined += 1
-        if not joined:
-            return None
-        self.engine.write_batch(writes)
-        return opened, []
+            now = by_start.get(start) or Open(start, end, agg.init())
+            by_start[start] = Open(start, end, agg.add(now.acc, value))
+            joined = True
+        return [by_start[s] for s in sorted(by_start)] if joined else None
 
-    def _add_to_session(
-        self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
-    ) -> tuple[list[Open], list[Open]] | None:
+    def _fold_session(
+        self, windows: list[Open], time_ms: int, value: Any, closed_upto: int | None
+    ) -> list[Open] | None:
         gap, agg = self.spec.gap_ms, self.aggregate
-        near = [w for w in self.of(key) if w.start - gap < time_ms < w.end + gap]
+        near = [w for w in windows if w.start - gap < time_ms < w.end + gap]
         if not near and closed_upto is not None and time_ms + gap <= closed_upto:
             return None  # its own session would have closed already
+        acc = agg.add(agg.init(), value)
+        for w in near:  # at most one before the record and one after it (or one around it)
+            acc = agg.merge(w.acc, acc) if w.start <= time_ms else agg.merge(acc, w.acc)
         start = min([time_ms, *(w.start for w in near)])
         end = max([time_ms, *(w.end for w in near)])
-        acc = agg.add(agg.init(), value)
-        for w in near:
-            acc = agg.merge(w.acc, acc) if w.start <= time_ms else agg.merge(acc, w.acc)
-        merged = Open(start, end, acc)
+        rest = [w for w in windows if w not in near]
+        return sorted([*rest, Open(start, end, acc)], key=lambda w: w.start)
+
+    def write(self, key: bytes, before: list[Open], after: list[Open]) -> None:
+        """Store ``key``'s windows as ``after`` where they were ``before`` (one write batch)."""
+        old = {w.start: w for w in before}
+        starts = {w.start for w in after}
         writes: list[tuple[bytes, bytes | None]] = [
-            (entry_key(key, w.start), None) for w in near if w.start != start
+            (entry_key(key, s), None) for s in old if s not in starts
         ]
-        writes.append((entry_key(key, start), self._dump(merged)))
-        self.engine.write_batch(writes)
-        gone = [w for w in near if (w.start, w.end) != (start, end)]
-        return ([merged] if len(gone) == len(near) else []), gone
+        writes += [(entry_key(key, w.start), self._dump(w)) for w in after if old.get(w.start) != w]
+        if writes:
+            self.engine.write_batch(writes)
+
+    def add(
+        self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
+    ) -> tuple[list[Open], list[Open]] | None:
+        """Fold one record into the store (:meth:`fold`, then :meth:`write`): ``(opened,
+        gone)`` (:func:`timer_changes`), or ``None`` for a late record."""
+        before = list(self.of(key))
+        after = self.fold(before, time_ms, value, closed_upto)
+        if after is None:
+            return None
+        self.write(key, before, after)
+        return timer_changes(before, after)
 
     def close(self, key: bytes, start: int) -> Open | None:
         """Take the window out of the store (``None``: not there, e.g. merged away)."""
@@ -300,4 +319,5 @@ __all__ = [
     "reduce_with",
     "split_entry_key",
     "sum_of",
+    "timer_changes",
 ]

@@ -493,6 +493,7 @@ def _advance(frame: FrameTask, timers: TaskTimers) -> None:
         )
     for ssp, top in end.event_times.items():
         timers.seen(ssp, top)
+    timers.flush_owned()  # the window stores' changes, before their windows may close
     timers.advance()
 
 

@@ -296,6 +296,7 @@ class TaskBatch:
                     log.info("task %s: %d late records in this batch", self.task, timers.late)
                 if plan.commits.window:
                     task.window(collector, coordinator)
+                timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
             collector.close()
             result = self.finish(

@@ -92,6 +92,7 @@ class TaskTimers:
         self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
         self._seen: dict[SystemStreamPartition, int] = {}
         self._owners: dict[str, OwnedHandler] = {}
+        self._flushes: list[Callable[[], None]] = []
         self.late = 0
         self.fired = 0
 
@@ -187,10 +188,17 @@ class TaskTimers:
         return [(self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value) for t in found]
 
     # -- the runtime's own helpers (window stores)
-    def own(self, owner: str, handler: OwnedHandler) -> None:
-        """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``)."""
+    def own(self, owner: str, handler: OwnedHandler, flush: Callable[[], None]) -> None:
+        """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``); ``flush`` writes
+        what the owner holds back (:meth:`flush_owned`: before the watermark advances and
+        the due timers fire, and at the end of the batch)."""
         self._timers()
         self._owners[owner] = handler
+        self._flushes.append(flush)
+
+    def flush_owned(self) -> None:
+        for flush in self._flushes:
+            flush()
 
     def _owned_key(self, owner: str, raw: bytes) -> bytes:
         return OWNED + owner.encode() + b"\x00" + raw
@@ -264,6 +272,7 @@ class TaskTimers:
         """Advance the watermark, then call ``on_timer`` for every due timer (:meth:`expire`)."""
         if self._store is None:
             return
+        self.flush_owned()
         self.advance()
         for kind, key, timestamp_ms in self.expire():
             if isinstance(key, OwnedTimer):

@@ -43,12 +43,17 @@ from sparkpoint.storage.windows import (
     WindowState,
     entry_key,
     split_entry_key,
+    timer_changes,
 )
 from sparkpoint.system.base import OutgoingMessageEnvelope
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector
     from sparkpoint.runtime.taskapi.timers import TaskTimers
+
+#: a window store writes its changed keys back at the end of the batch, or once this many
+#: keys changed (memory stays bounded)
+FLUSH_KEYS = 10_000
 
 #: what a window store calls with each closed window
 Emit = Callable[[Window, "MessageCollector"], None]
@@ -77,7 +82,9 @@ class WindowedStore:
         self.emit = emit
         self.time = time
         self.late_stream = late_stream
-        timers.own(name, self._fire)
+        #: the batch's changed keys: their windows as stored, and as they are now
+        self._pending: dict[bytes, tuple[list[Open], list[Open]]] = {}
+        timers.own(name, self._fire, self.flush)
 
     def _closed_upto(self) -> int | None:
         """Windows closing at or before this are closed (the watermark, or processing time)."""
@@ -96,31 +103,46 @@ class WindowedStore:
         """Fold ``value`` into ``key``'s windows at ``time_ms`` (event time, e.g.
         ``envelope.event_time``; ``None`` for a processing-time window store: now). ``False``
         when the record is late (its windows closed): nothing changes, and with a
-        ``late_stream`` and ``late_to`` (the collector) it is sent there."""
+        ``late_stream`` and ``late_to`` (the collector) it is sent there. A key's windows are
+        read once per batch and written back at its end (:meth:`flush`)."""
         at = self.timers.now_ms() if time_ms is None else time_ms
         if isinstance(at, bool) or not isinstance(at, int) or at < 0:
             raise ValueError(
                 f"window store {self.name!r}: a record's time must be ms >= 0, not {at!r}"
             )
         raw = self.keys.to_bytes(key)
+        entry = self._pending.get(raw)
+        if entry is None:
+            stored = list(self.state.of(raw))
+            entry = (stored, stored)
         try:
-            changed = self.state.add(raw, at, value, self._closed_upto())
+            after = self.state.fold(entry[1], at, value, self._closed_upto())
         except (TypeError, ValueError) as exc:
             raise TaskError(
                 f"task {self.timers.task}: window store {self.name!r}: the {self.aggregate.name} "
                 f"aggregate failed on key {key!r} at {at}: {type(exc).__name__}: {exc}"
             ) from exc
-        if changed is None:
+        if after is None:
             if self.late_stream is not None and late_to is not None:
                 record = {"key": key, "time": at, "value": value}
                 late_to.send(OutgoingMessageEnvelope(self.late_stream, key, record))
             return False
-        opened, gone = changed
-        for window in gone:
-            self._timer(raw, window, register=False)
-        for window in opened:
-            self._timer(raw, window, register=True)
+        self._pending[raw] = (entry[0], after)
+        if len(self._pending) >= FLUSH_KEYS:
+            self.flush()
         return True
+
+    def flush(self) -> None:
+        """Write the batch's changed windows back, and move their timers (a window's close
+        that is new gets a timer; one that is no more loses its own)."""
+        for raw, (before, after) in self._pending.items():
+            self.state.write(raw, before, after)
+            opened, gone = timer_changes(before, after)
+            for window in gone:
+                self._timer(raw, window, register=False)
+            for window in opened:
+                self._timer(raw, window, register=True)
+        self._pending.clear()
 
     def _timer(self, raw: bytes, window: Open, *, register: bool) -> None:
         when = self.spec.closes_at(window.end)
@@ -133,11 +155,14 @@ class WindowedStore:
     def windows(self, key: Any) -> list[Window]:
         """``key``'s open windows, by start, with their current values."""
         raw = self.keys.to_bytes(key)
+        pending = self._pending.get(raw)
+        open_ = pending[1] if pending is not None else list(self.state.of(raw))
         result = self.aggregate.result
-        return [Window(key, w.start, w.end, result(w.acc)) for w in self.state.of(raw)]
+        return [Window(key, w.start, w.end, result(w.acc)) for w in open_]
 
     def _fire(self, timer_key: bytes, timestamp_ms: int, collector: MessageCollector) -> None:
         raw, start = split_entry_key(timer_key)
+        self.flush()  # (a no-op at the end of a batch: the timers flushed every window store)
         window = self.state.close(raw, start)
         if window is None:
             raise TaskError(
