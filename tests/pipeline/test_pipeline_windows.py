@@ -110,3 +110,23 @@ def test_bad_windows_name_the_fix(tmp_path: Path, spark: Any, make: Any, error: 
                 coordinator.run(until_caught_up=True)
         finally:
             coordinator.close()
+
+
+@pytest.mark.parametrize("point", ["during-stateful-step", "after-output-flush"])
+def test_a_crash_in_the_batch_leaves_the_windows_exact(
+    tmp_path: Path, spark: Any, point: str
+) -> None:
+    flag = tmp_path / "crash.flag"
+    config = job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
+    sent = views(300, seed=97, start_ms=0)
+    send(config, sent)
+    run(config, spark)
+    more = views(300, seed=98, start_ms=sent[-1][1])
+    send(config, more)
+    sent += more
+    flag.write_text("0")
+    with pytest.raises(Exception, match="injected crash"):  # in a Spark worker, however it shows
+        run(config, spark)
+    assert not flag.exists(), f"the crash point {point} was never reached"
+    run(config, spark)  # the restart: from the last checkpoint
+    check(config, sent, once=False)  # a window may go out again, always with its one value
