@@ -52,15 +52,15 @@ def run(config: Config, spark: Any | None) -> list[Any]:
 
 
 def test_idle_timers_fire_once_as_in_the_task_api(
-    tmp_path: Path, spark: Any, clock: type[Clock], log_system: dict[str, str]
+    tmp_path: Path, spark: Any, clock: type[Clock]
 ) -> None:
+    """(Timers on Kafka: tests/runtime/taskapi/test_timers.py; the store and the system are
+    the same for both APIs.)"""
     seen: dict[str, tuple[list[tuple[str, int]], dict[str, int]]] = {}
-    # on Kafka both APIs would share the broker's topics: the frame alone there
-    kafka = log_system.get("systems.log.factory") != "filelog"
-    for api in ("frame",) if kafka else ("task", "frame"):
+    for api in ("task", "frame"):
         clock.now = T0
         (tmp_path / api).mkdir()
-        config = timer_job(tmp_path / api, log_system)
+        config = timer_job(tmp_path / api)
         on = spark if api == "frame" else None
         a = generate(config, tmp_path / api / "a.yaml", 300, seed=81, users=12)
         run(config, on)
@@ -74,7 +74,7 @@ def test_idle_timers_fire_once_as_in_the_task_api(
         results = run(config, on)
         assert sum(r.timers_fired for r in results) == len(idle(config)) > 0
         seen[api] = (idle(config), committed_counts(config))
-    assert kafka or seen["frame"] == seen["task"]
+    assert seen["frame"] == seen["task"]
     fired, left = seen["frame"]
     assert {u for u, _ in fired}.isdisjoint(left) and len(fired) + len(left) == 12
 
