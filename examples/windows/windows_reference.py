@@ -38,10 +38,10 @@ def closed_windows(
                 still_open += 1
         first, last, n = times[0], times[0], 0
         for t in [*times, None]:
-            if t is not None and t - last < SESSION_GAP_MS:
+            if t is not None and t - last <= SESSION_GAP_MS:
                 last, n = t, n + 1
                 continue
-            if last + SESSION_GAP_MS <= mark:
+            if last + SESSION_GAP_MS < mark:
                 sessions.add((user, first, last, n))
             else:
                 still_open += 1

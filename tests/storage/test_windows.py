@@ -76,14 +76,18 @@ def test_sessions_grow_and_a_bridging_record_merges_two(engine: KeyValueEngine) 
     assert state.add(b"k", 120, "c", None) == ([Open(120, 120, ["c"])], [])  # 20 apart: two
     opened, gone = state.add(b"k", 105, "b", None) or ([], [])
     assert opened == [Open(100, 105, ["a", "b"])] and gone == [Open(100, 100, ["a"])]
-    assert state.add(b"k", 130, "d", None) == ([Open(130, 130, ["d"])], [])  # a gap apart
+    assert state.add(b"k", 131, "d", None) == ([Open(131, 131, ["d"])], [])  # over a gap apart
     opened, gone = state.add(b"k", 112, "x", None) or ([], [])  # under 10 from both: bridges
     assert opened == [Open(100, 120, ["a", "b", "x", "c"])]
     assert gone == [Open(100, 105, ["a", "b"]), Open(120, 120, ["c"])]
-    assert list(state.of(b"k")) == [Open(100, 120, ["a", "b", "x", "c"]), Open(130, 130, ["d"])]
+    assert list(state.of(b"k")) == [Open(100, 120, ["a", "b", "x", "c"]), Open(131, 131, ["d"])]
     assert state.add(b"k", 110, "y", None) == ([], [])  # inside: nothing to re-time
     assert state.add(b"k", 300, "z", 311) is None  # its own session would be closed: late
-    assert state.add(b"k", 300, "z", 309) is not None
+    assert state.add(b"k", 300, "z", 310) is not None  # 310 = 300 + the gap: still open
+    assert state.add(b"k", 141, "e", None) == (
+        [Open(131, 141, ["d", "e"])],
+        [Open(131, 131, ["d"])],
+    )
 
 
 def test_aggregates_fold_and_merge() -> None:

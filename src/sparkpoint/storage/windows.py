@@ -15,11 +15,12 @@ so a key's windows are one short range scan, in start order. The accumulator is 
 aggregate's ``init``/``add``/``merge`` values must be JSON values). A window is ``[start,
 end)``: a record at time ``t`` is in a tumbling or hopping window when ``start <= t < end``,
 windows aligned to multiples of their slide since the epoch. A session's ``start`` and ``end``
-are its first and last record's times; records less than ``gap`` apart are in one session
-(a record that bridges two sessions merges them).
+are its first and last record's times; records at most ``gap`` apart are in one session (a
+record that bridges two sessions merges them), as in Flink, Kafka Streams and Spark.
 
-A record is *late* when every window it would join has closed (its end, or a session's end +
-gap, is at or below the watermark): it changes nothing, and the caller routes it elsewhere.
+A record is *late* when every window it would join has closed (its end is at or below the
+watermark; a session's end + gap below it): it changes nothing, and the caller routes it
+elsewhere.
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ class WindowSpec:
         ]
 
     def closes_at(self, end_ms: int) -> int:
-        """When a window ending at ``end_ms`` (a session: its last record) closes."""
-        return end_ms + self.gap_ms if self.is_session else end_ms
+        """When a window ending at ``end_ms`` closes: a ``[start, end)`` window once time
+        reaches its end; a session (``end_ms``: its last record) once time passes its last
+        record + the gap (a record exactly a gap later still joins it)."""
+        return end_ms + self.gap_ms + 1 if self.is_session else end_ms
 
 
 def _positive(value: object, what: str) -> int:
@@ -263,8 +266,8 @@ class WindowState:
         self, windows: list[Open], time_ms: int, value: Any, closed_upto: int | None
     ) -> list[Open] | None:
         gap, agg = self.spec.gap_ms, self.aggregate
-        near = [w for w in windows if w.start - gap < time_ms < w.end + gap]
-        if not near and closed_upto is not None and time_ms + gap <= closed_upto:
+        near = [w for w in windows if w.start - gap <= time_ms <= w.end + gap]
+        if not near and closed_upto is not None and self.spec.closes_at(time_ms) <= closed_upto:
             return None  # its own session would have closed already
         acc = agg.add(agg.init(), value)
         for w in near:  # at most one before the record and one after it (or one around it)

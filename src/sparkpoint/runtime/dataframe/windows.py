@@ -61,7 +61,7 @@ def hopping_window(
 def session_window(
     store: str, *, gap_ms: int, aggregate: Aggregate | None = None, late_stream: str | None = None
 ) -> WindowDef:
-    """A key's rows less than ``gap_ms`` apart, kept in ``store``."""
+    """A key's rows at most ``gap_ms`` apart, kept in ``store``."""
     return WindowDef(store, WindowSpec.session(gap_ms), aggregate or count(), late_stream)
 
 

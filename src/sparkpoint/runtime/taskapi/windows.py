@@ -201,8 +201,8 @@ class TaskWindows:
         return self.open(store, WindowSpec.hopping(size_ms, slide_ms), **options)
 
     def session(self, store: str, *, gap_ms: int, **options: Any) -> WindowedStore:
-        """A key's records less than ``gap_ms`` apart, from its first to its last record;
-        closes when its last record + the gap is reached."""
+        """A key's records at most ``gap_ms`` apart, from its first to its last record;
+        closes once time passes its last record + the gap."""
         return self.open(store, WindowSpec.session(gap_ms), **options)
 
     def open(
