@@ -183,10 +183,15 @@ def _batches_done(log: Path, start: int) -> int:
     return len(re.findall(rb"batch \d+: ", log.read_bytes()[start:]))
 
 
+#: the modules Spark's Python daemon runs as (a worker kill finds its children)
+DAEMONS = ("sparkpoint.runtime.spark.pydaemon", "pyspark.daemon")
+
+
 def _python_workers(pid: int) -> list[int]:
-    """Spark's Python workers below ``pid``: the processes a ``pyspark.daemon`` forked."""
+    """Spark's Python workers below ``pid``: the processes a Python daemon forked (sparkpoint's
+    own, ``spark.python.daemon.module``, or ``pyspark.daemon``)."""
     below = _descendants(pid)
-    daemons = {p for p, _, c in below if "pyspark.daemon" in c}
+    daemons = {p for p, _, c in below if any(d in c for d in DAEMONS)}
     return [p for p, parent, _ in below if parent in daemons]
 
 
