@@ -333,7 +333,8 @@ def _verify_windows(
 ) -> dict[str, int]:
     """The windows that went out against the reference's closed windows: each once at least,
     always with its one value, none that should not be there."""
-    admin = Systems(config).admin("filelog")
+    systems = Systems(config)
+    admin = systems.admin("filelog")
     minutes, sessions, _open = closed_windows(
         [(str(e["user"]), int(str(e["ts"]))) for e in views],
         lambda user: admin.partition_for_key(user.encode(), TASKS),
@@ -343,15 +344,16 @@ def _verify_windows(
         "user-sessions": ("user", "session_start", "session_end", "views"),
     }
     mismatches = lost = duplicates = 0
+    streams = admin.list_streams()
     for stream, want in (("user-minute-counts", minutes), ("user-sessions", sessions)):
-        systems = Systems(config)
         rows = []  # a stream the job never sent to does not exist
-        if stream in systems.admin("filelog").list_streams():
+        if stream in streams:
             rows = list(read_json_lines(config, systems, SystemStream("filelog", stream)))
         got = Counter(tuple(r["value"][f] for f in fields[stream]) for r in rows)
         mismatches += len(set(got) - want)
         lost += len(want - set(got))
         duplicates += sum(got.values()) - len(got)
+    systems.close()
     if not minutes or not sessions:
         print("windows: the input closed no window", file=sys.stderr)
         mismatches += 1

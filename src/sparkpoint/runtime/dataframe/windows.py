@@ -118,9 +118,9 @@ class WindowStep:
             config, systems = worker_config(state.config.to_dict())
             self._late = OutputCollector(config, systems, state.task_name)
         opened = []
+        stores = {d.store: state.store(d.store) for d in self.defs}
+        opener = TaskWindows(state.task_name, state.config, stores, state.timers)
         for d in self.defs:
-            stores = {d.store: state.store(d.store)}
-            opener = TaskWindows(state.task_name, state.config, stores, state.timers)
 
             def emit(window: Window, _collector: Any, store: str = d.store) -> None:
                 self._closed.append((store, window))
