@@ -339,6 +339,24 @@ KEYS: tuple[ConfigKey, ...] = (
         "changelog stream of the store (used by the changelog backend)",
     ),
     ConfigKey(
+        "stores.<s>.side.inputs",
+        None,
+        "comma-separated system.stream names of compacted streams, or unset",
+        "makes the store a table (Samza's side inputs): each record of these streams is put "
+        "into the store under its key (a null value deletes it), before the task's input "
+        "records of the same batch; the streams must be compacted and partitioned as the "
+        "job's inputs, and their offsets are checkpointed with the store",
+    ),
+    ConfigKey(
+        "stores.<s>.side.inputs.bootstrap",
+        "true",
+        "true | false",
+        "hold the task's input records back until the table is read up to where its streams "
+        "stood when the batch was planned, so every input record sees a complete table; "
+        "false: input records are processed while a long table is still being read",
+        _bool,
+    ),
+    ConfigKey(
         "task.timers.store",
         None,
         "the name of one of the job's stores, or unset",

@@ -159,7 +159,24 @@ class Config(Mapping[str, str]):
 
     @property
     def inputs(self) -> list[SystemStream]:
-        return [SystemStream.parse(s) for s in self.get_list("task.inputs")]
+        """Every stream the job's tasks read: ``task.inputs``, then the tables' side inputs."""
+        main = [SystemStream.parse(s) for s in self.get_list("task.inputs")]
+        return main + [s for s in self.side_inputs if s not in main]
+
+    @property
+    def side_inputs(self) -> dict[SystemStream, str]:
+        """The streams that fill tables (``stores.<s>.side.inputs``), each with its store."""
+        out: dict[SystemStream, str] = {}
+        for store in self.stores:
+            for text in self.get_list(f"stores.{store}.side.inputs"):
+                stream = SystemStream.parse(text)
+                other = out.setdefault(stream, store)
+                if other != store:
+                    raise ConfigError(
+                        f"stores.{store}.side.inputs: {stream} fills store {other!r} already; "
+                        "a stream fills one table"
+                    )
+        return out
 
     @property
     def broadcast_inputs(self) -> list[tuple[SystemStream, set[int] | None]]:
@@ -227,12 +244,20 @@ class Config(Mapping[str, str]):
                 f"(rocksdb or in-memory)"
             )
         systems = set(self.systems)
-        for ss_text in self.get_list("task.inputs"):
+        main = set(self.get_list("task.inputs"))
+        for stream, store in self.side_inputs.items():
+            if str(stream) in main:
+                raise ConfigError(
+                    f"stores.{store}.side.inputs: {stream} is in task.inputs too; a stream is "
+                    "either an input of the task or a table's side input: remove it from one"
+                )
+        for ss_text in [*main, *(str(s) for s in self.side_inputs)]:
             ss = SystemStream.parse(ss_text)
             if ss.system not in systems:
                 known = ", ".join(sorted(systems)) or "none"
                 raise ConfigError(
-                    f"task.inputs: system {ss.system!r} of {ss_text!r} is not configured "
+                    f"{'task.inputs' if ss_text in main else 'side input'}: system "
+                    f"{ss.system!r} of {ss_text!r} is not configured "
                     f"(add systems.{ss.system}.factory); configured systems: {known}"
                 )
         for key in ("job.coordinator.system", "task.checkpoint.system"):

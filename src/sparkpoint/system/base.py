@@ -136,6 +136,11 @@ class SystemAdmin(ABC):
         does) or not at all."""
         return None
 
+    def compacted(self, stream: str) -> bool | None:
+        """Whether ``stream`` keeps the newest record of every key (compacted) rather than
+        deleting records by age; ``None`` when this system cannot tell."""
+        return None
+
     def validate_stream(self, spec: StreamSpec) -> None:  # noqa: B027 - optional hook
         """Check that an existing stream has what ``spec`` asks for, as far as this system can
         tell (Kafka: compaction and its settings), raising :class:`ConfigError` with the fix.

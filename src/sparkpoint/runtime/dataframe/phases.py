@@ -75,6 +75,10 @@ class Begun:
     restored: list[RestoreStats]
     kept: bool
     watermark: int | None = None  # the task's event-time watermark as the batch began
+    #: the tables' records this batch put in (before any input record), and whether the
+    #: inputs wait this batch (a bootstrapping table is not read up to the batch's end yet)
+    table_records: int = 0
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class TaskPhases:
             restored=[RestoreStats(**r) for r in note.get("restored", [])],
             kept=bool(note.get("kept")),
             watermark=note.get("watermark"),
+            table_records=int(note.get("table_records", 0)),
+            held=bool(note.get("held")),
         )
 
     def read_end(self) -> ReadEnd | None:
@@ -200,6 +206,8 @@ class TaskPhases:
                 "restored": [asdict(r) for r in established.restored],
                 "kept": established.kept,
                 "watermark": established.watermark,
+                "table_records": established.table_records,
+                "held": established.held,
             },
         )
 

@@ -60,6 +60,7 @@ from sparkpoint.runtime.dataframe.fusion import (
     source_token,
     step_token,
 )
+from sparkpoint.runtime.dataframe.joins import JOIN_KINDS, TableJoinStep
 from sparkpoint.runtime.dataframe.source import BatchSource, arrow_schema, batch_source
 from sparkpoint.runtime.dataframe.task import StepCode, StepState, require_persistent_stores
 from sparkpoint.runtime.dataframe.udfs import (
@@ -249,6 +250,47 @@ class Batch:
         columns = [c for c in dict.fromkeys(["task", key, time, value]) if c is not None]
         schema = WINDOW_SCHEMA.format(value_type=value_type)
         return self._step(df.select(*columns), step, [d.store for d in defs], code, schema)
+
+    def join_table(
+        self,
+        df: Any,
+        table: str,
+        *,
+        key: str,
+        value_schema: str | None = None,
+        how: str = "left",
+        column: str | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """``df``'s rows joined with the table ``table`` (a store with
+        ``stores.<table>.side.inputs``, filled from its compacted stream before the batch's
+        rows are read; :mod:`sparkpoint.storage.tables`) on the ``key`` column: ``df``'s
+        columns and ``column`` (default: the table's name), the table's value for the row's
+        key, a struct of ``value_schema`` (DDL) or else the value as JSON text. ``how="left"``
+        keeps a row whose key the table lacks (with a null), ``"inner"`` drops it. The task
+        API does the same with ``context.get_store(table).get(key)``."""
+        if table not in self.config.side_inputs.values():
+            raise ConfigError(
+                f"batch.join_table: store {table!r} is not a table: set "
+                f"stores.{table}.side.inputs to the compacted stream that fills it"
+            )
+        if how not in JOIN_KINDS:
+            raise ConfigError(f"batch.join_table: how={how!r}; use one of {', '.join(JOIN_KINDS)}")
+        if key not in df.columns:
+            raise ConfigError(
+                f"batch.join_table: no column {key!r}; columns: {', '.join(df.columns)}"
+            )
+        into = column or re.sub(r"\W", "_", table)
+        if into in df.columns:
+            raise ConfigError(
+                f"batch.join_table: the input has a column {into!r} already; pass column=..."
+            )
+        value_ddl = f"STRUCT<{value_schema}>" if value_schema else "STRING"
+        fields = [f"`{f.name}` {f.dataType.simpleString()}" for f in df.schema.fields]
+        schema = ", ".join([*fields, f"`{into}` {value_ddl}"])
+        value_type = arrow_schema(schema).field(into).type if value_schema else None
+        code = TableJoinStep(table, key, into, how, value_type).code()
+        return self._step(df, name or f"join-{table}", [table], code, schema)
 
     def _step(self, df: Any, step: str, used: list[str], code: StepCode, schema: str) -> Any:
         if code.on_timer is not None:

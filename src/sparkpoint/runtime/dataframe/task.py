@@ -99,10 +99,22 @@ class FrameTask:
         try:
             start = batch.begin()
             watermark = _watermark(batch)
+            tables, held = 0, False
+            if batch.tables:
+                stores = batch.storage.stores(init=False)
+                tables, held = batch.read_tables(stores, start)
+                for store in stores.values():
+                    store.flush()
         finally:
             batch.storage.close()  # no marker yet: the batch's state changes until its finish
         begun = Begun(
-            start, dict(batch.last_processed), list(batch.storage.restored), batch.kept, watermark
+            start,
+            dict(batch.last_processed),
+            list(batch.storage.restored),
+            batch.kept,
+            watermark,
+            tables,
+            held,
         )
         self.phases.begin(begun)
         return begun
@@ -153,9 +165,9 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     begun = frame.begin()
     last_processed = dict(begun.last_processed)
     next_offsets = dict(begun.start)
-    processed = late = 0
+    processed, late = begun.table_records, 0
     event_times: dict[SystemStreamPartition, int] = {}
-    for ssp in plan.task.sorted_ssps():
+    for ssp in [] if begun.held else batch.input_ssps():
         offset, end = begun.start.get(ssp), plan.reads.end.get(ssp)
         if offset is None or end is None:
             continue

@@ -61,6 +61,7 @@ from sparkpoint.storage.state_id import (
     StateId,
     check_transition,
 )
+from sparkpoint.storage.tables import check_tables
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
@@ -175,6 +176,7 @@ class JobCoordinator:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()  # every input exists, before anything is written
+        check_tables(self.config, self.systems)
         self._claim_the_job()
         self._open_metadata()
         model = assign_changelog_partitions(self._metadata(), model)

@@ -19,6 +19,7 @@ API's phases (:mod:`sparkpoint.runtime.dataframe.task`) call as well.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -27,7 +28,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
+from sparkpoint.storage.tables import Tables, apply_records
 from sparkpoint.storage.task_storage import (
     TaskStorage,
     persistent_store,
@@ -240,6 +242,7 @@ class TaskBatch:
             else None,
         )
         self.local = self.storage.local
+        self.tables = Tables.of(self.config)
         self.last_processed: dict[SystemStreamPartition, str] = {}
         self.kept = False  # whether begin() kept the live stores (else it restored them)
 
@@ -284,10 +287,12 @@ class TaskBatch:
             timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
             context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
             if not plan.commits.clean_up_only:
+                tables, held = self.read_tables(stores, next_offsets)
+                processed += tables
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
                 freeze_imported_objects()  # the job's code is imported now
-                for ssp in plan.task.sorted_ssps():
+                for ssp in [] if held else self.input_ssps():
                     processed += self._process_ssp(
                         ssp, next_offsets, task, collector, coordinator, timers
                     )
@@ -379,6 +384,47 @@ class TaskBatch:
         last = plan.start.checkpoint_id
         return EMPTY if last is None else CommittedState(last)
 
+    def input_ssps(self) -> list[SystemStreamPartition]:
+        """The task's input partitions in reading order: its SSPs without the tables'."""
+        return [s for s in self.plan.task.sorted_ssps() if self.tables.store_of(s) is None]
+
+    def read_tables(
+        self,
+        stores: Mapping[str, KeyValueStore[Any, Any]],
+        next_offsets: dict[SystemStreamPartition, str],
+    ) -> tuple[int, bool]:
+        """Put this batch's records of the task's table streams into their tables (before any
+        input record); (records read, whether the inputs must wait: a bootstrapping table's
+        stream has records this batch did not read yet)."""
+        read, held = 0, False
+        for ssp in self.plan.task.sorted_ssps():
+            store = self.tables.store_of(ssp)
+            if store is None:
+                continue
+            serdes = self.input_serdes(ssp.system_stream)
+            table = stores[store]
+            apply = functools.partial(apply_records, table, ssp, serdes=serdes, task=self.task)
+            read += self._read_ssp(ssp, next_offsets, apply)
+            if store in self.tables.bootstrap and not held:
+                held = self._behind(ssp, next_offsets.get(ssp))
+        if held:
+            log.info(
+                "task %s: a table is still bootstrapping (%d records read this batch); its "
+                "input records wait",
+                self.task,
+                read,
+            )
+        return read, held
+
+    def _behind(self, ssp: SystemStreamPartition, next_offset: str | None) -> bool:
+        """Whether ``ssp`` has records from ``next_offset`` on (the batch's planned end may
+        stop short of them: the planner caps a batch's reads)."""
+        if next_offset is None:
+            return False
+        admin = self.systems.admin(ssp.system)
+        upcoming = admin.get_metadata([ssp])[ssp].upcoming
+        return admin.offset_comparator(next_offset, upcoming) < 0
+
     def _process_ssp(
         self,
         ssp: SystemStreamPartition,
@@ -388,9 +434,22 @@ class TaskBatch:
         coordinator: BatchCoordinator,
         timers: TaskTimers,
     ) -> int:
-        """Process the SSP's messages of this batch: up to ``max_messages``, read in chunks (a
-        read stops early at ``systems.<s>.read.max.bytes``, so memory stays bounded whatever
-        the message size)."""
+        """Process the SSP's messages of this batch."""
+
+        def process(records: Sequence[Record]) -> None:
+            self._process_records(ssp, records, task, collector, coordinator, timers)
+
+        return self._read_ssp(ssp, next_offsets, process)
+
+    def _read_ssp(
+        self,
+        ssp: SystemStreamPartition,
+        next_offsets: dict[SystemStreamPartition, str],
+        handle: Callable[[Sequence[Record]], None],
+    ) -> int:
+        """Hand the SSP's messages of this batch to ``handle``: up to ``max_messages``, read in
+        chunks (a read stops early at ``systems.<s>.read.max.bytes``, so memory stays bounded
+        whatever the message size); the offsets advance after each chunk."""
         start = next_offsets.get(ssp)
         end = self.plan.reads.end.get(ssp)
         if start is None or end is None:
@@ -406,7 +465,7 @@ class TaskBatch:
                 records = consumer.read(ssp, start, end, remaining)
                 if not records:
                     break
-                self._process_records(ssp, records, task, collector, coordinator, timers)
+                handle(records)
                 last = records[-1].offset
                 self.last_processed[ssp] = last
                 start = next_offsets[ssp] = admin.offset_after(ssp, last)

@@ -34,6 +34,7 @@ from sparkpoint.serde import Serde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
+from sparkpoint.storage.tables import Tables
 from sparkpoint.storage.timers import TimeKind, TimerStore
 
 if TYPE_CHECKING:
@@ -104,7 +105,15 @@ class TaskTimers:
         stores: Mapping[str, KeyValueStore[Any, Any]],
         ssps: frozenset[SystemStreamPartition],
     ) -> TaskTimers:
+        """The task's timers; ``ssps`` are its partitions (a table's stream does not hold
+        the watermark: only the task's inputs do)."""
+        ssps = Tables.of(config).main(ssps)
         name = config.get_str("task.timers.store")
+        if name and name in config.side_inputs.values():
+            raise ConfigError(
+                f"task.timers.store={name!r} is a table (stores.{name}.side.inputs): its "
+                "stream would overwrite the timers; keep the timers in a store of their own"
+            )
         if not name:
             return cls(task, config, None, ssps)
         if ttl_of(config, name):

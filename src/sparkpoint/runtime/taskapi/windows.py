@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.runtime.taskapi.joins import EmitPair, WindowedJoin, open_join
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
@@ -205,6 +206,30 @@ class TaskWindows:
         closes once time passes its last record + the gap."""
         return self.open(store, WindowSpec.session(gap_ms), **options)
 
+    def join(
+        self,
+        left_store: str,
+        right_store: str,
+        *,
+        within_ms: int,
+        emit: EmitPair,
+        late_stream: str | None = None,
+    ) -> WindowedJoin:
+        """A windowed stream-stream join: records of one key at most ``within_ms`` apart in
+        event time, one from each side, go to ``emit`` once per pair
+        (:mod:`sparkpoint.runtime.taskapi.joins`)."""
+        names = (left_store, right_store)
+        return open_join(
+            self.task,
+            self.config,
+            self.stores,
+            self.timers,
+            names,
+            within_ms=within_ms,
+            emit=emit,
+            late_stream=late_stream,
+        )
+
     def open(
         self,
         store: str,
@@ -222,6 +247,11 @@ class TaskWindows:
             raise ConfigError(
                 f"task {self.task}: window store {store!r}: the job has no such store "
                 f"(configure stores.{store}.factory=rocksdb with a changelog; stores: {known})"
+            )
+        if store in self.config.side_inputs.values():
+            raise ConfigError(
+                f"window store {store!r} is a table (stores.{store}.side.inputs): its stream "
+                "would overwrite the windows; keep them in a store of their own"
             )
         if ttl_of(self.config, store):
             raise ConfigError(

@@ -95,6 +95,11 @@ class _Streams:
             self._partitions[stream] = partitions
         return self._partitions[stream]
 
+    def compacted(self, stream: str) -> bool:
+        self.partitions(stream)  # names a missing or broken stream
+        meta = json.loads((self.root / stream / "stream.json").read_text())
+        return bool(meta.get("compacted", False))
+
     def log(self, stream: str, partition: int) -> PartitionLog:
         n = self.partitions(stream)
         if not 0 <= partition < n:
@@ -110,6 +115,9 @@ class _Streams:
 class FileLogAdmin(IntegerOffsets, SystemAdmin):
     def __init__(self, streams: _Streams) -> None:
         self._s = streams
+
+    def compacted(self, stream: str) -> bool:
+        return self._s.compacted(stream)
 
     def create_stream(self, spec: StreamSpec) -> bool:
         self._s.check_name(spec.name)

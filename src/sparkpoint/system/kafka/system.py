@@ -204,6 +204,18 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
                 f"overwrote, and a restore would lose it; fix: {fix} min.compaction.lag.ms={wanted}"
             )
 
+    def compacted(self, stream: str) -> bool:
+        """From the topic's ``cleanup.policy`` (Kafka's default, when the broker reports
+        none, is ``delete``)."""
+        self.partition_count(stream)  # names a missing topic
+        resource = ConfigResource(ConfigResource.Type.TOPIC, stream)
+        try:
+            entries = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+        except KafkaException as exc:
+            raise self._fail(f"reading the configs of topic {stream}", exc) from exc
+        policy = entries.get("cleanup.policy")
+        return policy is not None and policy.value is not None and "compact" in policy.value
+
     def _wait_for(self, topic: str) -> None:
         """Until the new topic's partitions are in the metadata (creation is asynchronous)."""
         deadline = time.monotonic() + TIMEOUT_S
