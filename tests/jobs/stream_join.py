@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkpoint import OutgoingMessageEnvelope, StreamTask
+from pyspark.sql import functions as F
+
+from sparkpoint import Batch, OutgoingMessageEnvelope, Output, StreamTask
 from sparkpoint.model import SystemStream
 
 WITHIN_MS = 2_000
@@ -49,3 +51,22 @@ class ClicksWithViews(StreamTask):
         value = {"user": pair.key, "click_ts": pair.left_time, "view_ts": pair.right_time}
         out = SystemStream("log", "clicked-views")
         collector.send(OutgoingMessageEnvelope(out, pair.key, value))
+
+
+def build(batch: Batch) -> Output:
+    pairs = batch.join_window(
+        batch.df.select("task", "stream", "value.user", "event_time"),
+        key="user",
+        within_ms=WITHIN_MS,
+        left="clicks",
+        right="views",
+        left_store="click-buffer",
+        right_store="view-buffer",
+        late_stream="log.late-clicks-views",
+    )
+    out = pairs.select(
+        F.col("key").alias("user"),
+        F.col("left_time").alias("click_ts"),
+        F.col("right_time").alias("view_ts"),
+    )
+    return batch.to_stream(out, "log.clicked-views", key="user")

@@ -1,7 +1,9 @@
-"""``batch.join_table`` in a DataFrame pipeline: the task API's stream-table join
+"""Joins in a DataFrame pipeline. ``batch.join_table``: the task API's stream-table join
 (``tests/runtime/taskapi/test_tables.py``) run as a pipeline gives the same enriched views, a
 job moves between the APIs keeping its table, and a crash in the batch changes no view's
-enrichment."""
+enrichment. ``batch.join_window``: the task API's windowed join
+(``tests/runtime/taskapi/test_stream_join.py``) gives the reference's pairs, bounded buffers,
+keeps the task API's buffers, and stays exact across a crash."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stream_join
 from table_join import build
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from tests.runtime.taskapi import test_stream_join as joins
 from tests.runtime.taskapi.test_tables import (
     Profiles,
     enriched,
@@ -88,3 +92,39 @@ def test_joining_a_store_that_is_not_a_table_names_the_fix(tmp_path: Path, spark
         ConfigError, match=r"store 'pageviews' is not a table: set stores.pageviews"
     ):
         frame_run(spark, _not_a_table)(config)
+
+
+@pytest.mark.parametrize("apis", [("frame", "frame"), ("task", "frame")])
+def test_the_pipeline_joins_streams_as_the_task_does(
+    tmp_path: Path, spark: Any, apis: tuple[str, str]
+) -> None:
+    config = joins.job(tmp_path)
+    sent: joins.Events = []
+    for round_, api in enumerate(apis):
+        more = joins.events(seed=70 + round_, n=400, start=sent[-1][2] if sent else 0)
+        joins.send(config, more)
+        sent += more
+        if api == "frame":
+            frame_run(spark, stream_join.build)(config)
+        else:
+            run_job(config)
+        joins.check(config, sent, once=True)
+
+
+def test_a_crash_in_the_batch_leaves_the_pairs_exact(tmp_path: Path, spark: Any) -> None:
+    flag = tmp_path / "crash.flag"
+    point = "during-stateful-step"
+    config = joins.job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
+    run = frame_run(spark, stream_join.build)
+    sent = joins.events(seed=80, n=300, start=0)
+    joins.send(config, sent)
+    run(config)
+    more = joins.events(seed=81, n=300, start=sent[-1][2])
+    joins.send(config, more)
+    sent += more
+    flag.write_text("0")
+    with pytest.raises(Exception, match="injected crash"):
+        run(config)
+    assert not flag.exists(), f"the crash point {point} was never reached"
+    run(config)
+    joins.check(config, sent, once=False)

@@ -60,7 +60,12 @@ from sparkpoint.runtime.dataframe.fusion import (
     source_token,
     step_token,
 )
-from sparkpoint.runtime.dataframe.joins import JOIN_KINDS, TableJoinStep
+from sparkpoint.runtime.dataframe.joins import (
+    JOIN_KINDS,
+    PAIR_SCHEMA,
+    TableJoinStep,
+    WindowJoinStep,
+)
 from sparkpoint.runtime.dataframe.source import BatchSource, arrow_schema, batch_source
 from sparkpoint.runtime.dataframe.task import StepCode, StepState, require_persistent_stores
 from sparkpoint.runtime.dataframe.udfs import (
@@ -250,6 +255,48 @@ class Batch:
         columns = [c for c in dict.fromkeys(["task", key, time, value]) if c is not None]
         schema = WINDOW_SCHEMA.format(value_type=value_type)
         return self._step(df.select(*columns), step, [d.store for d in defs], code, schema)
+
+    def join_window(
+        self,
+        df: Any,
+        *,
+        key: str,
+        within_ms: int,
+        left: str,
+        right: str,
+        left_store: str,
+        right_store: str,
+        side: str = "stream",
+        time: str = "event_time",
+        value: str | None = None,
+        late_stream: str | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """A windowed stream-stream join of ``df``'s rows: those whose ``side`` column is
+        ``left`` (e.g. a stream's name in ``batch.df``'s ``stream`` column) with those whose
+        ``side`` is ``right``, by the ``key`` column, when their ``time`` columns (event time)
+        are at most ``within_ms`` apart. Each side is buffered in its store exactly as the task
+        API's ``context.windows.join`` buffers it (a job can move between the APIs). Returns
+        each matching pair once, in the batch its second row arrives: ``key STRING, left_time
+        LONG, left <value's type>, right_time LONG, right <value's type>`` (``value``: the
+        column joined; none: null strings). A row behind the watermark is late: not joined,
+        and sent to ``late_stream`` when there is one. The step has the pipeline's timers
+        (``task.timers.store``)."""
+        for column in (side, key, time, value):
+            if column is not None and column not in df.columns:
+                raise ConfigError(
+                    f"batch.join_window: no column {column!r}; columns: {', '.join(df.columns)}"
+                )
+        value_ddl = "STRING" if value is None else df.schema[value].dataType.simpleString()
+        schema = PAIR_SCHEMA.format(t=value_ddl)
+        value_type = arrow_schema(schema).field("left").type
+        stores = (left_store, right_store)
+        columns = (side, key, time, value)
+        code = WindowJoinStep(
+            stores, (left, right), columns, within_ms, value_type, late_stream
+        ).code()
+        selected = [c for c in dict.fromkeys(["task", side, key, time, value]) if c is not None]
+        return self._step(df.select(*selected), name or "join", list(stores), code, schema)
 
     def join_table(
         self,
