@@ -227,6 +227,40 @@ def stream_create(
     print(f"{'created' if created else 'exists'}: {ss} ({n} partitions)")
 
 
+@stream_app.command("add-partitions")
+def stream_add_partitions(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
+    partitions: Annotated[int, typer.Option(min=1, help="The new partition count (more).")],
+    set_: SetOpt = None,
+) -> None:
+    """Grow a stream to more partitions (Kafka: CreatePartitions); never shrinks one.
+
+    Keys are placed by a hash modulo the partition count, so most keys move to another
+    partition. A job with state that reads the stream refuses to start after this until its
+    state is started over (`sparkpoint job reset JOB --keep-input`): it never runs with a
+    key's state split between tasks.
+
+    Example: `sparkpoint stream add-partitions job.yaml pageviews --partitions 8`
+    """
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import add_partitions, resolve_stream
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    systems = Systems(config)
+    try:
+        before = add_partitions(config, systems, ss, partitions)
+    finally:
+        systems.close()
+    print(f"grown: {ss} ({before} -> {partitions} partitions)")
+    if ss in config.inputs and config.stores:
+        print(
+            f"note: {ss} is an input of job {config.job_name}, which has state: it refuses to "
+            "start until its state is started over (sparkpoint job reset JOB --keep-input)"
+        )
+
+
 @stream_app.command("list")
 def stream_list(job: JobArg, set_: SetOpt = None) -> None:
     """List every stream of the job's systems with partitions and message counts.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 from windows_pipeline import build
 
 from sparkpoint import count, session_window, tumbling_window
@@ -17,10 +18,15 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.testing import JobTestDriver
+from sparkpoint.tools.state import committed_raw_entries
+from sparkpoint.tools.streams import Message
 from tests.runtime.taskapi.test_windows import (
+    BAD,
     MINUTE,
     SESSION,
     Views,
+    _triggered,
     check,
     emitted,
     job,
@@ -130,3 +136,47 @@ def test_a_crash_in_the_batch_leaves_the_windows_exact(
     assert not flag.exists(), f"the crash point {point} was never reached"
     run(config, spark)  # the restart: from the last checkpoint
     check(config, sent, once=False)  # a window may go out again, always with its one value
+
+
+def _with_triggers(batch: Batch) -> Any:
+    early, lateness = batch.config.get("testing.triggers", "on-time,0").split(",")
+    closed = batch.window(
+        batch.df.select("task", "key", "event_time"),
+        key="key",
+        windows=tumbling_window(
+            "w",
+            size_ms=1000,
+            late_stream="log.late",
+            early=early == "early",
+            allowed_lateness_ms=int(lateness),
+        ),
+    )
+    out = closed.select(
+        F.col("window_start").alias("start"), F.col("value").alias("count"), "emission", "key"
+    )
+    return batch.to_stream(out, "log.out", key="key")
+
+
+@pytest.mark.parametrize(
+    ("triggers", "rounds"),
+    [
+        ("on-time,2000", [[100], [1500], [500], [700, 3500], [600]]),
+        ("early,0", [[100, 200], [300], [1500]]),
+    ],
+)
+def test_triggers_emit_as_the_task_api_does(
+    tmp_path: Path, spark: Any, triggers: str, rounds: list[list[int]]
+) -> None:
+    task_out, task_late, task_kept = _triggered(tmp_path / "task", triggers, rounds)
+    config = {**BAD, "testing.triggers": triggers}
+    pipeline = Pipeline(_with_triggers, config=config, value_type="LONG")
+    out = []
+    with JobTestDriver(pipeline, tmp_path / "frame", spark=spark) as kit:
+        for times in rounds:
+            kit.send("in", [Message(1, key="a", timestamp=t) for t in times])
+            kit.run()
+            sent = [m.value for m in kit.output("out")]
+            out.append([(v["start"], v["count"], v["emission"]) for v in sent])
+        late = [m.value["time"] for m in kit.output("late")]
+        kept = sum(1 for _ in committed_raw_entries(kit.config, "w"))
+    assert (out, late, kept) == (task_out, task_late, task_kept)

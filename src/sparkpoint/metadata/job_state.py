@@ -5,6 +5,10 @@
 * ``set-changelog``: task -> changelog partition. Existing tasks keep their partition for ever,
   also when the number of tasks grows; a new task takes its own partition number when that is
   free, else the lowest free one.
+* ``input-partitions``: input stream -> its partition count as the job last ran. A task is an
+  input partition number, so a stateful job whose input gained (or lost) partitions would
+  find its keys in other tasks than their state: it is refused at start
+  (:func:`check_input_partitions`) instead of running with split state.
 * ``liveness``: the running driver's heartbeat. Tools refuse to change checkpoints under it, a
   second driver refuses to start while it is fresh, and a running driver that finds another
   driver's heartbeat stops (:class:`Heartbeat`). A heartbeat written on this host by a process
@@ -27,11 +31,12 @@ from sparkpoint.config import Config, redact
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG, SET_CONFIG, CoordinatorStreamStore
-from sparkpoint.model import JobModel
+from sparkpoint.model import JobModel, SystemStream
 
 log = logging.getLogger(__name__)
 
 LIVENESS = "liveness"
+INPUT_PARTITIONS = "input-partitions"
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -119,6 +124,39 @@ def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobMod
         store.put_all(SET_CHANGELOG, added)
     tasks = {n: replace(t, changelog_partition=mapping[n.name]) for n, t in model.tasks.items()}
     return JobModel(model.job_name, model.job_id, tasks)
+
+
+class PartitionCountChanged(UserError):
+    """A stateful job's input stream has another partition count than when the job last ran."""
+
+
+def check_input_partitions(
+    store: MetadataStore, config: Config, counts: Mapping[SystemStream, int]
+) -> None:
+    """Refuse a stateful job (one with stores) whose input streams' partition ``counts`` differ
+    from those it last ran with (its keys would now map to other tasks than their state, and
+    counts would split silently); then store the counts for the next run. A stateless job only
+    logs the change. A job that ran before counts were stored has them stored now."""
+    stored = store.all(INPUT_PARTITIONS)
+    changed = []
+    for stream, count in sorted(counts.items(), key=lambda item: str(item[0])):
+        text = stored.get(str(stream))
+        if text is not None and text.strip().isdigit() and int(text) != count:
+            changed.append((stream, int(text), count))
+    if changed and config.stores:
+        stream, old, now = changed[0]
+        raise PartitionCountChanged(
+            f"input stream {stream} had {old} partitions when job {config.job_name} last ran "
+            f"and has {now} now: its keys moved to other partitions while their state "
+            f"stayed in the tasks of the old ones, so running would split every key's state. "
+            f"sparkpoint cannot re-shard state yet: give {stream} its {old} partitions "
+            f"back, or start the job's state over (sparkpoint job reset JOB --keep-input)"
+        )
+    for stream, old, now in changed:
+        log.info("input stream %s: %d -> %d partitions (no state to split)", stream, old, now)
+    new = {str(s): str(n) for s, n in counts.items() if stored.get(str(s)) != str(n)}
+    if new:
+        store.put_all(INPUT_PARTITIONS, new)
 
 
 def read_liveness(store: MetadataStore) -> dict[str, Any] | None:

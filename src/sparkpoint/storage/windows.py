@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkpoint.errors import ConfigError, StoreError
@@ -164,24 +164,33 @@ def reduce_with(fn: Callable[[Any, Any], Any]) -> Aggregate:
     return Aggregate("reduce", lambda: None, add, merge)
 
 
+#: why a window goes out: ``on_time`` when the watermark passes its end (once); ``early``
+#: before that, at the end of a batch that changed it (with ``early=True``); ``late`` after
+#: it, at the end of a batch whose late records (within the allowed lateness) changed it
+EMISSIONS = ("early", "on_time", "late")
+
+
 @dataclass(frozen=True)
 class Window:
-    """A closed window: its key, ``[start, end)`` (a session: first and last record's time)
-    and its aggregate's result."""
+    """A window that goes out: its key, ``[start, end)`` (a session: first and last record's
+    time), its aggregate's result and why it goes out (:data:`EMISSIONS`)."""
 
     key: Any
     start: int
     end: int
     value: Any
+    emission: str = "on_time"
 
 
 @dataclass(frozen=True)
 class Open:
-    """An open window in the store."""
+    """An open window in the store; ``fired``: it went out on time already and stays for its
+    allowed lateness."""
 
     start: int
     end: int
     acc: Any
+    fired: bool = False
 
 
 def timer_changes(before: list[Open], after: list[Open]) -> tuple[list[Open], list[Open]]:
@@ -222,14 +231,18 @@ class WindowState:
     def _load(self, raw: bytes, value: bytes) -> Open:
         try:
             data = json.loads(value)
-            return Open(split_entry_key(raw)[1], int(data["end"]), data["acc"])
+            fired = bool(data.get("fired", False))
+            return Open(split_entry_key(raw)[1], int(data["end"]), data["acc"], fired)
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(
                 f"store {self.engine.name}: an unreadable window entry {raw!r}: {exc}"
             ) from exc
 
     def _dump(self, window: Open) -> bytes:
-        return json.dumps({"end": window.end, "acc": window.acc}, separators=(",", ":")).encode()
+        data = {"end": window.end, "acc": window.acc}
+        if window.fired:
+            data["fired"] = True
+        return json.dumps(data, separators=(",", ":")).encode()
 
     def get(self, key: bytes, start: int) -> Open | None:
         raw = entry_key(key, start)
@@ -248,7 +261,8 @@ class WindowState:
     ) -> list[Open] | None:
         """A key's open ``windows`` (by start) with a record folded in, as a new list; ``None``
         when the record is late (every window it would join is closed by ``closed_upto``, the
-        watermark or processing time). Pure: the store is not touched."""
+        watermark or processing time, less any allowed lateness). Pure: the store is not
+        touched."""
         if self.spec.is_session:
             return self._fold_session(windows, time_ms, value, closed_upto)
         agg = self.aggregate
@@ -258,7 +272,7 @@ class WindowState:
             if closed_upto is not None and end <= closed_upto:
                 continue  # closed: this window went out already
             now = by_start.get(start) or Open(start, end, agg.init())
-            by_start[start] = Open(start, end, agg.add(now.acc, value))
+            by_start[start] = replace(now, acc=agg.add(now.acc, value))
             joined = True
         return [by_start[s] for s in sorted(by_start)] if joined else None
 
@@ -300,6 +314,10 @@ class WindowState:
         self.write(key, before, after)
         return timer_changes(before, after)
 
+    def mark_fired(self, key: bytes, window: Open) -> None:
+        """Keep ``window`` after its on-time emission, for its allowed lateness."""
+        self.engine.put(entry_key(key, window.start), self._dump(replace(window, fired=True)))
+
     def close(self, key: bytes, start: int) -> Open | None:
         """Take the window out of the store (``None``: not there, e.g. merged away)."""
         window = self.get(key, start)
@@ -309,6 +327,7 @@ class WindowState:
 
 
 __all__ = [
+    "EMISSIONS",
     "Aggregate",
     "Open",
     "Window",

@@ -136,6 +136,11 @@ class SystemAdmin(ABC):
         does) or not at all."""
         return None
 
+    def add_partitions(self, stream: str, partitions: int) -> None:
+        """Grow ``stream`` to ``partitions`` partitions (more than it has: the caller checks).
+        Existing partitions and their offsets stay as they are."""
+        raise UserError(f"this system cannot add partitions to {stream}")
+
     def compacted(self, stream: str) -> bool | None:
         """Whether ``stream`` keeps the newest record of every key (compacted) rather than
         deleting records by age; ``None`` when this system cannot tell."""

@@ -43,6 +43,20 @@ def resolve_stream(config: Config, name: str) -> SystemStream:
     return SystemStream(system, name)
 
 
+def add_partitions(config: Config, systems: Systems, stream: SystemStream, partitions: int) -> int:
+    """Grow ``stream`` to ``partitions`` partitions; the count it had. Shrinking (or keeping the
+    count) is refused: a partition's records and offsets cannot be taken back."""
+    admin = systems.admin(stream.system)
+    before = admin.partition_count(stream.stream)
+    if partitions <= before:
+        raise UserError(
+            f"stream {stream} has {before} partitions; --partitions {partitions} would not grow "
+            "it (a stream never shrinks: its partitions' records and offsets stay)"
+        )
+    admin.add_partitions(stream.stream, partitions)
+    return before
+
+
 def write_json_lines(
     config: Config,
     systems: Systems,

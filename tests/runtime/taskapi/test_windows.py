@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 from windows_reference import Closed, closed_windows
 
-from sparkpoint import StreamTask, sum_of
+from sparkpoint import OutgoingMessageEnvelope, StreamTask, count, sum_of
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import SparkpointError
+from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import POINTS, InjectedCrash
-from sparkpoint.model import SystemStream
+from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.runtime.taskapi.windows import TaskWindows
+from sparkpoint.storage.windows import WindowSpec
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing import JobTestDriver
@@ -192,3 +194,73 @@ def test_state_dump_raw_shows_a_window_store_s_own_layout(tmp_path: Path) -> Non
     assert lines[0]["key"] == repr(stored[0][1])[2:-1]
     assert json.loads(lines[0]["value"])["acc"] > 0  # the window's count so far
     assert lines[0]["key"].startswith("\\x00\\x07user-")  # <key length><key><window start>
+
+
+class _Triggered(StreamTask):
+    """Counts per 1 s window of key ``a``, with the triggers of ``testing.triggers``."""
+
+    def init(self, context: Any) -> None:
+        early, lateness = context.config["testing.triggers"].split(",")
+        self.counts = context.windows.tumbling(
+            "w",
+            size_ms=1000,
+            aggregate=count(),
+            emit=self.emit,
+            late_stream="log.late",
+            early=early == "early",
+            allowed_lateness_ms=int(lateness),
+        )
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.counts.add(envelope.key, envelope.event_time, collector=collector)
+
+    def emit(self, window: Any, collector: Any) -> None:
+        out = {"start": window.start, "count": window.value, "emission": window.emission}
+        collector.send(OutgoingMessageEnvelope(SystemStream("log", "out"), window.key, out))
+
+
+def _triggered(
+    tmp_path: Path, triggers: str, rounds: list[list[int]]
+) -> tuple[list[list[tuple[int, int, str]]], list[int], int]:
+    """Each round's records (event times of key ``a``) in a batch of their own: what went
+    out after each round, the late stream's times, and how many windows the store keeps."""
+    config = {**BAD, "testing.triggers": triggers}
+    out = []
+    with JobTestDriver(config, tmp_path, task=_Triggered) as kit:
+        for times in rounds:
+            kit.send("in", [Message(1, key="a", timestamp=t) for t in times])
+            kit.run()
+            sent = [m.value for m in kit.output("out")]
+            out.append([(v["start"], v["count"], v["emission"]) for v in sent])
+        late = [m.value["time"] for m in kit.output("late")]
+        kept = sum(1 for _ in committed_raw_entries(kit.config, "w"))
+    return out, late, kept
+
+
+def test_allowed_lateness_sends_late_updates_then_forgets_the_window(tmp_path: Path) -> None:
+    rounds = [[100], [1500], [500], [700, 3500], [600]]
+    out, late, kept = _triggered(tmp_path, "on-time,2000", rounds)
+    assert out[0] == []  # the watermark (100) is before the window's end
+    assert out[1] == [(0, 1, "on_time")]  # the watermark (1500) passed it: out, and kept
+    assert out[2] == [*out[1], (0, 2, "late")]  # 500: late, but within 2 s: an update
+    # 700 updates it again; 3500 moves the watermark past [1000, 2000) and past 1000 + 2000,
+    # when window [0, 1000) is forgotten
+    assert out[3] == [*out[2], (0, 3, "late"), (1000, 1, "on_time")]
+    assert out[4] == out[3]  # 600 is past the window's end + its lateness: late
+    assert late == [600]
+    assert kept == 2  # [1000, 2000) within its lateness, [3000, 4000) open; [0, 1000) gone
+
+
+def test_early_emissions_go_out_each_batch_that_changes_a_window(tmp_path: Path) -> None:
+    out, late, _kept = _triggered(tmp_path, "early,0", [[100, 200], [300], [1500]])
+    assert out[0] == [(0, 2, "early")]
+    assert out[1] == [(0, 2, "early"), (0, 3, "early")]
+    assert out[2][2:] == [(1000, 1, "early"), (0, 3, "on_time")]
+    assert late == []
+
+
+def test_allowed_lateness_is_refused_for_sessions(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="allowed_lateness_ms is for event-time tumbling"):
+        TaskWindows(TaskName("t"), Config({}), {}, None).open(  # type: ignore[arg-type]
+            "w", WindowSpec.session(100), aggregate=count(), emit=print, allowed_lateness_ms=5
+        )

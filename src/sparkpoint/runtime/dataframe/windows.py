@@ -25,7 +25,10 @@ from sparkpoint.runtime.taskapi.windows import TaskWindows, WindowedStore
 from sparkpoint.storage.windows import Aggregate, Window, WindowSpec, count
 
 #: the columns of ``batch.window``'s result, after ``value``'s type
-SCHEMA = "store STRING, key STRING, window_start LONG, window_end LONG, value {value_type}"
+SCHEMA = (
+    "store STRING, key STRING, window_start LONG, window_end LONG, value {value_type}, "
+    "emission STRING"
+)
 
 
 @dataclass(frozen=True)
@@ -36,13 +39,24 @@ class WindowDef:
     spec: WindowSpec
     aggregate: Aggregate
     late_stream: str | None = None
+    #: the triggers (:class:`~sparkpoint.runtime.taskapi.windows.Triggers`)
+    early: bool = False
+    allowed_lateness_ms: int = 0
 
 
 def tumbling_window(
-    store: str, *, size_ms: int, aggregate: Aggregate | None = None, late_stream: str | None = None
+    store: str,
+    *,
+    size_ms: int,
+    aggregate: Aggregate | None = None,
+    late_stream: str | None = None,
+    early: bool = False,
+    allowed_lateness_ms: int = 0,
 ) -> WindowDef:
     """Windows ``[n*size, (n+1)*size)`` kept in ``store`` (default aggregate: count)."""
-    return WindowDef(store, WindowSpec.tumbling(size_ms), aggregate or count(), late_stream)
+    spec = WindowSpec.tumbling(size_ms)
+    agg = aggregate or count()
+    return WindowDef(store, spec, agg, late_stream, early, allowed_lateness_ms)
 
 
 def hopping_window(
@@ -52,17 +66,26 @@ def hopping_window(
     slide_ms: int,
     aggregate: Aggregate | None = None,
     late_stream: str | None = None,
+    early: bool = False,
+    allowed_lateness_ms: int = 0,
 ) -> WindowDef:
     """Windows of ``size_ms`` every ``slide_ms``, kept in ``store``."""
     spec = WindowSpec.hopping(size_ms, slide_ms)
-    return WindowDef(store, spec, aggregate or count(), late_stream)
+    agg = aggregate or count()
+    return WindowDef(store, spec, agg, late_stream, early, allowed_lateness_ms)
 
 
 def session_window(
-    store: str, *, gap_ms: int, aggregate: Aggregate | None = None, late_stream: str | None = None
+    store: str,
+    *,
+    gap_ms: int,
+    aggregate: Aggregate | None = None,
+    late_stream: str | None = None,
+    early: bool = False,
 ) -> WindowDef:
     """A key's rows at most ``gap_ms`` apart, kept in ``store``."""
-    return WindowDef(store, WindowSpec.session(gap_ms), aggregate or count(), late_stream)
+    spec = WindowSpec.session(gap_ms)
+    return WindowDef(store, spec, aggregate or count(), late_stream, early)
 
 
 def window_defs(windows: WindowDef | Sequence[WindowDef]) -> list[WindowDef]:
@@ -76,6 +99,16 @@ def window_defs(windows: WindowDef | Sequence[WindowDef]) -> list[WindowDef]:
     if len(set(stores)) != len(stores):
         raise ConfigError(f"batch.window: two windows keep their state in one store ({stores})")
     return defs
+
+
+class _Nowhere:
+    """The collector of a window step without late streams: its windows go out as rows."""
+
+    def send(self, envelope: Any) -> None:
+        raise TaskError(f"a window step without a late stream sent to {envelope.stream}")
+
+
+_NOWHERE = _Nowhere()
 
 
 def _column(chunk: pa.RecordBatch, name: str | None, rows: int) -> list[Any]:
@@ -93,7 +126,7 @@ class WindowStep:
         self.time = time
         self.value = value
         self._closed: list[tuple[str, Window]] = []
-        self._late: OutputCollector | None = None
+        self._late: Any = _NOWHERE
 
     def code(self) -> StepCode:
         return StepCode(self.add, self.on_timer, finish=self.finish)
@@ -109,11 +142,11 @@ class WindowStep:
             values = _column(chunk, self.value, len(keys))
             for key, at, value in zip(keys, times, values, strict=True):
                 for windows in stores:
-                    windows.add(key, at, value, late_to=late)
+                    windows.add(key, at, value, collector=late)
         yield from ()
 
     def _open(self, state: StepState) -> list[WindowedStore]:
-        self._late = None
+        self._late = _NOWHERE
         if any(d.late_stream for d in self.defs):
             config, systems = worker_config(state.config.to_dict())
             self._late = OutputCollector(config, systems, state.task_name)
@@ -133,6 +166,8 @@ class WindowStep:
                     emit=emit,
                     time="event" if self.time is not None else "processing",
                     late_stream=d.late_stream,
+                    early=d.early,
+                    allowed_lateness_ms=d.allowed_lateness_ms,
                 )
             )
         return opened
@@ -146,10 +181,10 @@ class WindowStep:
 
     def finish(self, state: StepState) -> Iterator[pa.RecordBatch]:
         """The windows that closed, as rows; late rows sent and flushed."""
-        if self._late is not None:
+        if isinstance(self._late, OutputCollector):
             self._late.flush()
             self._late.close()
-            self._late = None
+        self._late = _NOWHERE
         closed, self._closed = self._closed, []
         if closed:
             yield pa.RecordBatch.from_pydict(
@@ -159,6 +194,7 @@ class WindowStep:
                     "window_start": pa.array([w.start for _, w in closed], pa.int64()),
                     "window_end": pa.array([w.end for _, w in closed], pa.int64()),
                     "value": pa.array([w.value for _, w in closed]),
+                    "emission": pa.array([w.emission for _, w in closed], pa.string()),
                 }
             )
 

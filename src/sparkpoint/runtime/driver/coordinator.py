@@ -31,10 +31,12 @@ from sparkpoint.metadata.job_state import (
     DriverConflict,
     Heartbeat,
     assign_changelog_partitions,
+    check_input_partitions,
     store_config,
 )
 from sparkpoint.model import (
     JobModel,
+    SystemStream,
     SystemStreamPartition,
     TaskModel,
     TaskName,
@@ -179,6 +181,7 @@ class JobCoordinator:
         check_tables(self.config, self.systems)
         self._claim_the_job()
         self._open_metadata()
+        self._check_input_partitions(ssps)
         model = assign_changelog_partitions(self._metadata(), model)
         checkpoints, must_restore = self._prepare_state(model)
         fanned = self._fan_out_startpoints(model)
@@ -187,6 +190,15 @@ class JobCoordinator:
         self._start_services(startpoints=bool(fanned))
         self._announce(model, fanned)
         return model
+
+    def _check_input_partitions(self, ssps: list[SystemStreamPartition]) -> None:
+        """Refuse a stateful job whose inputs' partition counts changed since its last run."""
+        broadcast = {ss for ss, _parts in self.config.broadcast_inputs}
+        counts: dict[SystemStream, int] = {}
+        for ssp in ssps:
+            if ssp.system_stream not in broadcast:
+                counts[ssp.system_stream] = max(counts.get(ssp.system_stream, 0), ssp.partition + 1)
+        check_input_partitions(self._metadata(), self.config, counts)
 
     def _metadata(self) -> CoordinatorStreamStore:
         assert self.metadata_store is not None, "the job's metadata store opens at start()"

@@ -26,6 +26,7 @@ there (``{"key", "time", "value"}``) through the collector given to ``add``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
@@ -52,6 +53,37 @@ if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector
     from sparkpoint.runtime.taskapi.timers import TaskTimers
 
+
+@dataclass(frozen=True)
+class Triggers:
+    """When a window store's windows go out besides on time (once, when the watermark passes
+    their end): ``early``, at the end of every batch that changed a window before then;
+    ``allowed_lateness_ms``, a window stays after going out on time until the watermark passes
+    its end by this much, and each batch whose late records change it sends it again
+    (``emission="late"``); later records are late. Event-time tumbling and hopping windows
+    only for the lateness (a late record could merge sessions that went out)."""
+
+    early: bool = False
+    allowed_lateness_ms: int = 0
+
+    @property
+    def updates(self) -> bool:
+        return self.early or self.allowed_lateness_ms > 0
+
+    def check(self, store: str, spec: WindowSpec, time: TimeKind) -> Triggers:
+        lateness = self.allowed_lateness_ms
+        if isinstance(lateness, bool) or not isinstance(lateness, int) or lateness < 0:
+            raise ConfigError(
+                f"window store {store!r}: allowed_lateness_ms must be ms >= 0, not {lateness!r}"
+            )
+        if lateness and (spec.is_session or time is not TimeKind.EVENT):
+            raise ConfigError(
+                f"window store {store!r}: allowed_lateness_ms is for event-time tumbling and "
+                "hopping windows (a late record could merge sessions that went out already)"
+            )
+        return self
+
+
 #: a window store writes its changed keys back at the end of the batch, or once this many
 #: keys changed (memory stays bounded)
 FLUSH_KEYS = 10_000
@@ -73,8 +105,11 @@ class WindowedStore:
         emit: Emit,
         time: TimeKind,
         late_stream: SystemStream | None,
+        triggers: Triggers | None = None,
     ) -> None:
         self.name = name
+        self.triggers = triggers or Triggers()
+        self._collector: MessageCollector | None = None  # for early and late emissions
         self.state = WindowState(store.engine, spec, aggregate)
         self.keys = store.key_serde
         self.timers = timers
@@ -88,9 +123,13 @@ class WindowedStore:
         timers.own(name, self._fire, self.flush)
 
     def _closed_upto(self) -> int | None:
-        """Windows closing at or before this are closed (the watermark, or processing time)."""
+        """Windows closing at or before this are closed for good (the watermark less the
+        allowed lateness, or processing time)."""
         if self.time is TimeKind.EVENT:
-            return self.timers.watermark_ms
+            watermark = self.timers.watermark_ms
+            if watermark is None:
+                return None
+            return watermark - self.triggers.allowed_lateness_ms
         return self.timers.now_ms()
 
     def add(
@@ -100,12 +139,17 @@ class WindowedStore:
         value: Any = None,
         *,
         late_to: MessageCollector | None = None,
+        collector: MessageCollector | None = None,
     ) -> bool:
         """Fold ``value`` into ``key``'s windows at ``time_ms`` (event time, e.g.
         ``envelope.event_time``; ``None`` for a processing-time window store: now). ``False``
         when the record is late (its windows closed): nothing changes, and with a
         ``late_stream`` and ``late_to`` (the collector) it is sent there. A key's windows are
-        read once per batch and written back at its end (:meth:`flush`)."""
+        read once per batch and written back at its end (:meth:`flush`). ``collector`` (or
+        ``late_to``): where late records, and early and late emissions, go."""
+        late_to = collector or late_to
+        if late_to is not None:
+            self._collector = late_to
         at = self.timers.now_ms() if time_ms is None else time_ms
         if isinstance(at, bool) or not isinstance(at, int) or at < 0:
             raise ValueError(
@@ -136,14 +180,36 @@ class WindowedStore:
     def flush(self) -> None:
         """Write the batch's changed windows back, and move their timers (a window's close
         that is new gets a timer; one that is no more loses its own)."""
-        for raw, (before, after) in self._pending.items():
+        pending, self._pending = self._pending, {}
+        for raw, (before, after) in pending.items():
             self.state.write(raw, before, after)
             opened, gone = timer_changes(before, after)
             for window in gone:
                 self._timer(raw, window, register=False)
             for window in opened:
                 self._timer(raw, window, register=True)
-        self._pending.clear()
+            if self.triggers.updates:
+                self._updates(raw, before, after)
+
+    def _updates(self, raw: bytes, before: list[Open], after: list[Open]) -> None:
+        """Early emissions (windows not closed yet) and late ones (closed, within the allowed
+        lateness) of the windows this batch changed."""
+        old = {(w.start, w.end): w.acc for w in before}
+        key: Any = None
+        for window in after:
+            if (window.start, window.end) in old and old[(window.start, window.end)] == window.acc:
+                continue
+            if not window.fired and not self.triggers.early:
+                continue
+            if self._collector is None:
+                raise TaskError(
+                    f"task {self.timers.task}: window store {self.name!r} emits early or late "
+                    "updates: pass the collector to add(..., collector=collector)"
+                )
+            key = self.keys.from_bytes(raw) if key is None else key
+            value = self.aggregate.result(window.acc)
+            emission = "late" if window.fired else "early"
+            self.emit(Window(key, window.start, window.end, value, emission), self._collector)
 
     def _timer(self, raw: bytes, window: Open, *, register: bool) -> None:
         when = self.spec.closes_at(window.end)
@@ -164,7 +230,19 @@ class WindowedStore:
     def _fire(self, timer_key: bytes, timestamp_ms: int, collector: MessageCollector) -> None:
         raw, start = split_entry_key(timer_key)
         self.flush()  # (a no-op at the end of a batch: the timers flushed every window store)
-        window = self.state.close(raw, start)
+        lateness = self.triggers.allowed_lateness_ms
+        if lateness:
+            kept = self.state.get(raw, start)
+            if kept is not None and kept.fired:  # its allowed lateness is over: gone
+                self.state.close(raw, start)
+                return
+            if kept is not None:  # on time: out, and kept for its allowed lateness
+                self.state.mark_fired(raw, kept)
+                when = self.spec.closes_at(kept.end) + lateness
+                self.timers.register_owned(self.name, self.time, when, timer_key)
+            window = kept
+        else:
+            window = self.state.close(raw, start)
         if window is None:
             raise TaskError(
                 f"task {self.timers.task}: window store {self.name!r}: a window's timer "
@@ -239,8 +317,13 @@ class TaskWindows:
         emit: Emit,
         time: str = "event",
         late_stream: str | None = None,
+        early: bool = False,
+        allowed_lateness_ms: int = 0,
     ) -> WindowedStore:
-        """A window store over the job's store ``store`` (see the module docstring)."""
+        """A window store over the job's store ``store`` (see the module docstring);
+        ``early`` and ``allowed_lateness_ms``: :class:`Triggers`."""
+        kind = TimeKind.parse(time)
+        triggers = Triggers(early, allowed_lateness_ms).check(store, spec, kind)
         kept = self.stores.get(store)
         if not isinstance(kept, SerializedKeyValueStore):
             known = ", ".join(sorted(self.stores)) or "none"
@@ -264,9 +347,8 @@ class TaskWindows:
                 f"window store {store!r}: aggregate must be count(), sum_of(), min_of(), "
                 f"max_of(), reduce_with(fn) or collect(), not {aggregate!r}"
             )
-        kind = TimeKind.parse(time)
         late = None if late_stream is None else SystemStream.parse(late_stream)
-        return WindowedStore(store, kept, self.timers, spec, aggregate, emit, kind, late)
+        return WindowedStore(store, kept, self.timers, spec, aggregate, emit, kind, late, triggers)
 
 
-__all__ = ["Emit", "TaskWindows", "WindowedStore"]
+__all__ = ["Emit", "TaskWindows", "Triggers", "WindowedStore"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, CorruptRecordError, StreamNotFound, UserError
-from sparkpoint.fsutil import fsync_dir
+from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
     READ_MAX_BYTES,
@@ -95,6 +95,20 @@ class _Streams:
             self._partitions[stream] = partitions
         return self._partitions[stream]
 
+    def add_partitions(self, stream: str, partitions: int) -> None:
+        """New empty partitions, then the new count in ``stream.json`` (atomically: a crash
+        between the two leaves the old count, and running it again finishes the job)."""
+        before = self.partitions(stream)
+        for p in range(before, partitions):
+            PartitionLog(
+                self.root / stream / str(p), f"{self.system}.{stream} partition {p}"
+            ).create()
+        path = self.root / stream / "stream.json"
+        meta = json.loads(path.read_text())
+        meta["partitions"] = partitions
+        atomic_write(path, json.dumps(meta).encode())
+        self._partitions[stream] = partitions
+
     def compacted(self, stream: str) -> bool:
         self.partitions(stream)  # names a missing or broken stream
         meta = json.loads((self.root / stream / "stream.json").read_text())
@@ -118,6 +132,9 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
 
     def compacted(self, stream: str) -> bool:
         return self._s.compacted(stream)
+
+    def add_partitions(self, stream: str, partitions: int) -> None:
+        self._s.add_partitions(stream, partitions)
 
     def create_stream(self, spec: StreamSpec) -> bool:
         self._s.check_name(spec.name)

@@ -38,7 +38,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec
 
 from sparkpoint import worker
 from sparkpoint.config import ConfigKey
@@ -203,6 +203,23 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
                 f"may compact away a checkpointed value that a write after the checkpoint "
                 f"overwrote, and a restore would lose it; fix: {fix} min.compaction.lag.ms={wanted}"
             )
+
+    def add_partitions(self, stream: str, partitions: int) -> None:
+        """Kafka's CreatePartitions; then until the metadata shows them."""
+        try:
+            self._admin.create_partitions([NewPartitions(stream, partitions)])[stream].result(
+                timeout=TIMEOUT_S
+            )
+        except KafkaException as exc:
+            raise self._fail(f"adding partitions to topic {stream}", exc) from exc
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            meta = self._admin.list_topics(timeout=TIMEOUT_S).topics.get(stream)
+            if meta is not None and len(meta.partitions) >= partitions:
+                break
+            time.sleep(0.05)
+        with self._lock:
+            self._partitions.pop(stream, None)
 
     def compacted(self, stream: str) -> bool:
         """From the topic's ``cleanup.policy`` (Kafka's default, when the broker reports
