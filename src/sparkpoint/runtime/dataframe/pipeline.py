@@ -239,11 +239,13 @@ class Batch:
         ``context.windows`` keeps it (a job can move between the APIs). Rows go into the
         windows of their ``key`` column at the times of the ``time`` column (event time;
         ``None``: processing time), folding the ``value`` column with each window's aggregate
-        (default: count). Returns the windows that closed in this batch: ``store STRING, key
-        STRING, window_start LONG, window_end LONG, value <value_type>`` (a session's start
-        and end are its first and last row's times). Rows for windows that closed already
-        are late: they change nothing, and go to the window's ``late_stream`` when it has
-        one. The step has the pipeline's timers (``task.timers.store``)."""
+        (default: count). Returns the windows that went out in this batch: ``store STRING,
+        key STRING, window_start LONG, window_end LONG, value <value_type>, emission STRING``
+        (a session's start and end are its first and last row's times; ``emission``:
+        ``on_time``, or ``early``/``late`` with a window's ``early=``/``allowed_lateness_ms=``
+        triggers). Rows for windows that closed already are late: they change nothing, and
+        go to the window's ``late_stream`` when it has one. The step has the pipeline's
+        timers (``task.timers.store``)."""
         defs = window_defs(windows)
         for column in (key, time, value):
             if column is not None and column not in df.columns:
