@@ -31,6 +31,7 @@ LAYER = {
     "cli": 11,
     "testing": 12,
     "__init__": 13,
+    "__main__": 14,
 }
 
 

@@ -15,6 +15,7 @@ Everything a job needs is importable from here::
 * windows (``context.windows``): the closed :class:`Window` and the aggregates
   (:func:`count`, :func:`sum_of`, :func:`min_of`, :func:`max_of`, :func:`reduce_with`,
   :func:`collect`, or an :class:`Aggregate` of your own);
+* running a job from Python, on a Spark session you hold or one it starts: :func:`run`;
 * config: :func:`load_config`, :class:`Config`;
 * startpoints: the four kinds, and :func:`set_startpoints` / :func:`list_startpoints` /
   :func:`delete_startpoints` (the ``sparkpoint startpoint`` commands);
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         session_window,
         tumbling_window,
     )
+    from sparkpoint.runtime.driver.entry import run
 
 __version__ = "0.1.0"
 
@@ -81,6 +83,7 @@ _LAZY = {
     "hopping_window": "sparkpoint.runtime.dataframe.windows",
     "session_window": "sparkpoint.runtime.dataframe.windows",
     "tumbling_window": "sparkpoint.runtime.dataframe.windows",
+    "run": "sparkpoint.runtime.driver.entry",
 }
 
 __all__ = [
@@ -121,6 +124,7 @@ __all__ = [
     "max_of",
     "min_of",
     "reduce_with",
+    "run",
     "session_window",
     "set_startpoints",
     "sum_of",

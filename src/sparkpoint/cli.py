@@ -7,8 +7,9 @@ User errors (bad config, unknown stream, corrupt data) print one ``error:`` line
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-import logging
+import os
 import shutil
 import signal
 import sys
@@ -74,15 +75,6 @@ def _ran_config(job: Path, overrides: list[str] | None) -> Config:
     return config
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
 @app.command()
 def run(
     job: Annotated[
@@ -120,6 +112,23 @@ def run(
             "that is known to be gone); the other driver, if alive, stops at its next heartbeat."
         ),
     ] = False,
+    supervise: Annotated[
+        bool,
+        typer.Option(
+            help="Run the driver as a child and restart it when it dies (not after a user "
+            "error, exit 2), with backoff; SIGTERM stops it cleanly."
+        ),
+    ] = False,
+    max_restarts: Annotated[
+        int, typer.Option(min=0, help="With --supervise: give up after this many restarts.")
+    ] = 10,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="text, or json: one JSON object per line (time, level, logger, job, message; "
+            "task and batch where they apply) for log records, progress and the error line."
+        ),
+    ] = "text",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     set_: SetOpt = None,
 ) -> None:
@@ -135,52 +144,49 @@ def run(
     Example: `sparkpoint run job.yaml --until-caught-up --set task.commit.ms=2000`
 
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
+
+    Example: `sparkpoint run job.yaml --supervise --max-restarts 5` (restarts a driver that
+    died; a restart resumes from the last checkpoint)
     """
-    from sparkpoint.runtime.driver.job_path import with_dir_on_path
+    if supervise:
+        from sparkpoint.runtime.driver.supervise import child_command
+        from sparkpoint.runtime.driver.supervise import supervise as supervise_driver
+
+        command = child_command(sys.argv[1:])
+        raise typer.Exit(supervise_driver(command, max_restarts=max_restarts, say=err.print))
+    from sparkpoint.runtime.driver.entry import resolve_job
     from sparkpoint.runtime.driver.launch import start_job
+    from sparkpoint.runtime.driver.logs import FORMATS, setup_logging
     from sparkpoint.runtime.driver.progress import ProgressDisplay
-    from sparkpoint.runtime.driver.reports import BatchRunner
-    from sparkpoint.runtime.spark.session import DEFAULT_MASTER, SparkRunner
+    from sparkpoint.runtime.spark.session import choose_master
 
-    _setup_logging(verbose)
-    path = Path(job)
-    pipeline = None
-    if ":" in job and not path.exists():
-        # the DataFrame side (Arrow, pyspark.sql) only for a pipeline: a task job's start, and
-        # so its Spark session's, does not wait for those imports
-        from sparkpoint.runtime.dataframe.pipeline import load_pipeline
-        from sparkpoint.runtime.dataframe.task import require_persistent_stores
-
-        pipeline, module_dir = load_pipeline(job)
-        one_off = parse_overrides(set_ or [])
-        config = with_dir_on_path(pipeline.load_config(one_off).with_one_off(one_off), module_dir)
-    else:
-        config = _config(path, set_)
-        config = with_dir_on_path(config, path.resolve().parent)
-        from sparkpoint.runtime.taskapi.executor import load_task_class
-
-        load_task_class(config.require("task.class"))  # a bad module fails before Spark starts
-    if not config.inputs:
-        raise UserError("task.inputs is empty: list the job's input streams as system.stream")
-    if pipeline is not None:
-        require_persistent_stores(config)  # before Spark starts, as every check on config
+    if log_format not in FORMATS:
+        raise UserError(f"--log-format {log_format!r}: use one of {', '.join(FORMATS)}")
+    global _LOG_FORMAT
+    _LOG_FORMAT = log_format
+    setup_logging(verbose, log_format)
+    resolved = resolve_job(job, parse_overrides(set_ or []))
     if rebalance:
-        config = config.with_overrides({"job.host-affinity.rebalance": "true"})
-    display = ProgressDisplay()
-    shown = master or config.get_str("spark.master") or DEFAULT_MASTER
-    err.print(f"starting Spark ({shown}) ...")
+        rebalanced = resolved.config.with_overrides({"job.host-affinity.rebalance": "true"})
+        resolved = dataclasses.replace(resolved, config=rebalanced)
+    config = resolved.config
+    shown = choose_master(config, master)
+    display: Any
+    if log_format == "json":
+        from sparkpoint.runtime.driver.progress import JsonProgress
 
-    def make_runner(spark: Any) -> BatchRunner:
-        if pipeline is None:
-            return SparkRunner(spark)  # the context, or on a cluster the session
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
-
-        return DataFrameRunner(spark, pipeline, config)
+        setup_logging(verbose, log_format, config.job_name)
+        display = JsonProgress(config.job_name)
+        display.say(f"starting Spark ({shown}) ...", event="starting")
+    else:
+        display = ProgressDisplay()
+        err.print(f"starting Spark ({shown}) ...")
+    pipeline = resolved.pipeline
 
     coordinator, spark = start_job(
         config,
         master,
-        make_runner,
+        resolved.runner,
         exact_batches=pipeline is not None,
         listener=display,
         sql=pipeline is not None,  # a local task job: the SparkContext alone
@@ -188,7 +194,10 @@ def run(
     )
 
     if coordinator.reporters is not None and coordinator.reporters.url:
-        err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
+        if log_format == "json":
+            display.say(f"metrics: {coordinator.reporters.url}", event="metrics")
+        else:
+            err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
 
     def on_signal(signum: int, _frame: Any) -> None:
         coordinator.stop(f"signal {signal.Signals(signum).name}")
@@ -200,6 +209,73 @@ def run(
     finally:
         coordinator.close()
         spark.stop(wait=False)  # the process exits next
+
+
+@app.command("submit")
+def submit(
+    job: Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")],
+    master: Annotated[
+        str, typer.Option(help="Spark master URL (yarn, k8s://..., spark://..., local[N]).")
+    ] = "local[*,4]",
+    deploy_mode: Annotated[
+        str, typer.Option(help="client (the driver runs here) or cluster (on the cluster).")
+    ] = "client",
+    env_archive: Annotated[
+        Path | None,
+        typer.Option(
+            help="A packed Python environment (venv-pack -o env.tar.gz) with sparkpoint, "
+            "shipped to the cluster: its workers then need only Java."
+        ),
+    ] = None,
+    conf: Annotated[
+        list[str] | None, typer.Option(help="A Spark setting key=value (repeatable).")
+    ] = None,
+    until_caught_up: Annotated[
+        bool, typer.Option(help="The run reads every input up to its newest offset and exits.")
+    ] = False,
+    max_batches: Annotated[int | None, typer.Option(help="The run stops after N batches.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Print the spark-submit command; run nothing.")
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run a job through spark-submit: ships the job file, its modules and (--env-archive) its
+    Python environment, and runs `sparkpoint run` as the application.
+
+    Example: `sparkpoint submit job.yaml --master yarn --deploy-mode cluster
+    --env-archive env.tar.gz`
+
+    Example: `sparkpoint submit job.yaml --master local[2] --until-caught-up --dry-run`
+    """
+    import shlex
+    import subprocess
+    import tempfile
+
+    from sparkpoint.runtime.driver.submit import submit_command
+
+    run_args = ["--until-caught-up"] if until_caught_up else []
+    for setting in set_ or []:
+        run_args += ["--set", setting]
+    if max_batches is not None:
+        run_args += ["--max-batches", str(max_batches)]
+    staging = Path(tempfile.mkdtemp(prefix="sparkpoint-submit-"))
+    command = submit_command(
+        job,
+        master=master,
+        deploy_mode=deploy_mode,
+        env_archive=env_archive,
+        conf=conf or [],
+        run_args=run_args,
+        staging=staging,
+    )
+    if dry_run:
+        print(shlex.join(command))
+        return
+    err.print(f"spark-submit: {shlex.join(command)}", highlight=False, markup=False, soft_wrap=True)
+    child_env = dict(os.environ)
+    if master.startswith("local"):  # as `run`: a local Spark binds to loopback
+        child_env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    raise typer.Exit(subprocess.run(command, check=False, env=child_env).returncode)
 
 
 @stream_app.command("create")
@@ -784,6 +860,19 @@ def _help_width() -> None:
         typer.rich_utils.MAX_WIDTH = max(shutil.get_terminal_size((120, 24)).columns, 100)
 
 
+#: ``run --log-format``: the error line of a failed command follows it
+_LOG_FORMAT = "text"
+
+
+def _error_line(text: str) -> None:
+    if _LOG_FORMAT == "json":
+        from sparkpoint.runtime.driver.logs import json_line
+
+        print(json_line("ERROR", text, logger="sparkpoint.cli"), file=sys.stderr, flush=True)
+    else:
+        err.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the CLI and turns user errors into one line and exit code 2."""
     _help_width()
@@ -793,12 +882,10 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except UserError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        _error_line(f"error: {exc}")
         return 2
     except SparkpointError as exc:
-        err.print(
-            f"error: {type(exc).__name__}: {exc}", highlight=False, markup=False, soft_wrap=True
-        )
+        _error_line(f"error: {type(exc).__name__}: {exc}")
         return 1
     except BrokenPipeError:
         return 0

@@ -19,8 +19,6 @@ from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeli
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.testing import JobTestDriver
-from sparkpoint.tools.state import committed_raw_entries
-from sparkpoint.tools.streams import Message
 from tests.runtime.taskapi.test_windows import (
     BAD,
     MINUTE,
@@ -30,6 +28,7 @@ from tests.runtime.taskapi.test_windows import (
     check,
     emitted,
     job,
+    run_rounds,
     send,
     views,
 )
@@ -167,16 +166,8 @@ def _with_triggers(batch: Batch) -> Any:
 def test_triggers_emit_as_the_task_api_does(
     tmp_path: Path, spark: Any, triggers: str, rounds: list[list[int]]
 ) -> None:
-    task_out, task_late, task_kept = _triggered(tmp_path / "task", triggers, rounds)
     config = {**BAD, "testing.triggers": triggers}
     pipeline = Pipeline(_with_triggers, config=config, value_type="LONG")
-    out = []
     with JobTestDriver(pipeline, tmp_path / "frame", spark=spark) as kit:
-        for times in rounds:
-            kit.send("in", [Message(1, key="a", timestamp=t) for t in times])
-            kit.run()
-            sent = [m.value for m in kit.output("out")]
-            out.append([(v["start"], v["count"], v["emission"]) for v in sent])
-        late = [m.value["time"] for m in kit.output("late")]
-        kept = sum(1 for _ in committed_raw_entries(kit.config, "w"))
-    assert (out, late, kept) == (task_out, task_late, task_kept)
+        frame = run_rounds(kit, rounds, "count")
+    assert frame == _triggered(tmp_path / "task", triggers, rounds)

@@ -225,16 +225,22 @@ def _triggered(
     """Each round's records (event times of key ``a``) in a batch of their own: what went
     out after each round, the late stream's times, and how many windows the store keeps."""
     config = {**BAD, "testing.triggers": triggers}
-    out = []
     with JobTestDriver(config, tmp_path, task=_Triggered) as kit:
-        for times in rounds:
-            kit.send("in", [Message(1, key="a", timestamp=t) for t in times])
-            kit.run()
-            sent = [m.value for m in kit.output("out")]
-            out.append([(v["start"], v["count"], v["emission"]) for v in sent])
-        late = [m.value["time"] for m in kit.output("late")]
-        kept = sum(1 for _ in committed_raw_entries(kit.config, "w"))
-    return out, late, kept
+        return run_rounds(kit, rounds, "count")
+
+
+def run_rounds(
+    kit: JobTestDriver, rounds: list[list[int]], value: str
+) -> tuple[list[list[tuple[int, int, str]]], list[int], int]:
+    """``_triggered``'s rounds on ``kit`` (whose output names the window's value ``value``)."""
+    out = []
+    for times in rounds:
+        kit.send("in", [Message(1, key="a", timestamp=t) for t in times])
+        kit.run()
+        sent = [m.value for m in kit.output("out")]
+        out.append([(v["start"], v[value], v["emission"]) for v in sent])
+    late = [m.value["time"] for m in kit.output("late")]
+    return out, late, sum(1 for _ in committed_raw_entries(kit.config, "w"))
 
 
 def test_allowed_lateness_sends_late_updates_then_forgets_the_window(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ Owns the :class:`~.coordinator.JobCoordinator` (start: heartbeat, startpoints, r
 batch: plan, run, write checkpoints), the durable batch ids (:mod:`.batchlog`), task placement
 and host affinity (:mod:`.placement`, :mod:`.affinity`), what a batch reports
 (:mod:`.reports`), metrics (:mod:`.metrics`), the live progress display (:mod:`.progress`),
-the in-process runner for tests (:mod:`.inline`) and launching a job from the CLI
-(:mod:`.launch`, :mod:`.job_path`).
+the in-process runner for tests (:mod:`.inline`) and launching a job from the CLI or from
+Python, on a session of the caller's, through spark-submit, or supervised (:mod:`.launch`,
+:mod:`.job_path`, :mod:`.entry`, :mod:`.submit`, :mod:`.supervise`); log lines (:mod:`.logs`).
 
 May import every other runtime package and every package below the runtime.
 """

@@ -38,7 +38,7 @@ from sparkpoint.runtime.driver.inline import (
 )
 from sparkpoint.runtime.driver.reports import BatchRunner, Listener
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.spark.session import DEFAULT_MASTER, spark_context, spark_session
+from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
 from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class SparkStart:
     API job needs, and starts faster."""
 
     def __init__(self, config: Config, master: str | None = None, *, sql: bool = True) -> None:
-        self.master = master or config.get_str("spark.master") or DEFAULT_MASTER
+        self.master = choose_master(config, master)
         # a cluster's task job starts the session anyway: the first batch places the tasks on
         # the executors registered by then, and without spark.cores.max Spark does not wait
         # for them; the session's extra second let both of a 2-worker test cluster's register

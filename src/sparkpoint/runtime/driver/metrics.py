@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, start_
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
+from sparkpoint.runtime.driver.supervise import RESTARTS_ENV
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import ensure_stream
@@ -81,6 +83,10 @@ class JobMetrics:
         self.state_bytes = task(
             Gauge, "task_state_bytes", "A persistent store's size on disk", ("task", "store")
         )
+        self.driver_restarts = task(
+            Gauge, "driver_restarts", "Times run --supervise restarted the job's driver", ()
+        )
+        self.driver_restarts.labels(job).set(int(os.environ.get(RESTARTS_ENV) or 0))
 
     def record(self, report: BatchReport) -> None:
         job = self.job

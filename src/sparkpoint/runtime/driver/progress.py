@@ -1,4 +1,6 @@
-"""Progress of a running job: a live table on a terminal, one log line per batch otherwise.
+"""Progress of a running job: a live table on a terminal, one log line per batch otherwise
+(:class:`ProgressDisplay`), or one JSON object per line (:class:`JsonProgress`,
+``--log-format json``).
 
 Shows the batch number, messages/s, lag per task, commit time and any state restores, then a
 summary at the end. Writes to stderr so that stdout stays free for data.
@@ -7,13 +9,16 @@ summary at the end. Writes to stderr so that stdout stays free for data.
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from sparkpoint.model import JobModel, SystemStreamPartition
+from sparkpoint.runtime.driver.logs import json_line
 from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
 from sparkpoint.storage.restore import LOCAL
 
@@ -117,6 +122,70 @@ class ProgressDisplay:
             f"lag {sum(summary.lag.values()):,}; {summary.restores} task restores "
             f"({summary.restore_bytes:,} bytes, {summary.restore_seconds:.1f}s), "
             f"{summary.away} ran away from their state"
+        )
+
+
+class JsonProgress:
+    """A :class:`~sparkpoint.runtime.driver.coordinator.Listener` that writes each event as a
+    JSON line on stderr (:func:`~sparkpoint.runtime.driver.logs.json_line`)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+
+    def say(self, message: str, **fields: Any) -> None:
+        """One line: ``message`` with ``fields``."""
+        print(
+            json_line("INFO", message, logger="sparkpoint.progress", job=self.job, **fields),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_start(self, model: JobModel) -> None:
+        inputs = sum(len(t.ssps) for t in model.tasks.values())
+        self.say(
+            f"{model.job_name} ({model.job_id}): {len(model.tasks)} tasks, {inputs} input "
+            "partitions",
+            event="start",
+            tasks=len(model.tasks),
+        )
+
+    def on_startpoint(self, task: str, ssp: SystemStreamPartition, offset: str, what: str) -> None:
+        self.say(
+            f"startpoint: {task} reads {ssp} from offset {offset} ({what})",
+            event="startpoint",
+            task=task,
+        )
+
+    def on_batch(self, report: BatchReport) -> None:
+        for task, info in report.restored:
+            if info.brought_state:
+                self.say(
+                    f"restore {task} store {info.store}: {info.source}",
+                    event="restore",
+                    task=task,
+                    batch=report.batch,
+                    bytes=info.bytes,
+                    seconds=round(info.seconds, 3),
+                )
+        self.say(
+            f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s",
+            event="batch",
+            batch=report.batch,
+            processed=report.processed,
+            seconds=round(report.seconds, 3),
+            lag=sum(report.lag.values()),
+            committed=report.committed,
+        )
+
+    def on_end(self, summary: RunSummary) -> None:
+        self.say(
+            f"done ({summary.stopped_by or 'finished'}): {summary.batches} batches, "
+            f"{summary.processed:,} messages",
+            event="done",
+            batches=summary.batches,
+            processed=summary.processed,
+            commits=summary.commits,
+            seconds=round(summary.seconds, 3),
         )
 
 

@@ -70,6 +70,24 @@ def log4j_config() -> str:
     return str(resources.files("sparkpoint.runtime") / "conf" / "log4j2.properties")
 
 
+def submitted_master() -> str | None:
+    """The ``--master`` of the ``spark-submit`` that runs this driver (its JVM is up and
+    waiting for this process), else ``None``."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    master = SparkConf().get("spark.master", None)
+    return str(master) if master else None
+
+
+def choose_master(config: Config, master: str | None = None) -> str:
+    """The job's Spark master: ``master`` (``--master``), else spark-submit's, else the config's
+    ``spark.master``, else :data:`DEFAULT_MASTER`."""
+    return master or submitted_master() or config.get_str("spark.master") or DEFAULT_MASTER
+
+
 def spark_settings(config: Config, master: str | None = None) -> tuple[str, dict[str, str]]:
     """The master and every ``spark.*`` setting of a job's Spark application: sparkpoint's
     defaults, then the config's ``spark.*`` keys. Sets the Python and loopback variables Spark
@@ -78,7 +96,7 @@ def spark_settings(config: Config, master: str | None = None) -> tuple[str, dict
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # bind Spark to loopback unless told otherwise: no traffic leaves the machine by default
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    master = master or config.get_str("spark.master") or DEFAULT_MASTER
+    master = choose_master(config, master)
     java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
     if config.get_bool("job.spark.class.archive"):
         java_options = f"{java_options} {jvm_archive.java_options()}".strip()
