@@ -23,9 +23,11 @@ def test_short_soak(tmp_path: Path) -> None:
             sys.executable,
             str(ROOT / "soak" / "soak.py"),
             "--kills",
-            "4",
+            "3",
             "--variants",
-            "example,cluster,time,windows",  # cluster runs dual's config on a cluster
+            # cluster runs dual's config on a cluster; windows covers timers and event time
+            # (the time variant's machinery) too
+            "example,cluster,windows",
             "--seed",
             "3",
             "--events",
