@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,53 +163,52 @@ def run(
 
     if log_format not in FORMATS:
         raise UserError(f"--log-format {log_format!r}: use one of {', '.join(FORMATS)}")
-    global _LOG_FORMAT
-    _LOG_FORMAT = log_format
     setup_logging(verbose, log_format)
-    resolved = resolve_job(job, parse_overrides(set_ or []))
-    if rebalance:
-        rebalanced = resolved.config.with_overrides({"job.host-affinity.rebalance": "true"})
-        resolved = dataclasses.replace(resolved, config=rebalanced)
-    config = resolved.config
-    shown = choose_master(config, master)
-    display: Any
-    if log_format == "json":
-        from sparkpoint.runtime.driver.progress import JsonProgress
-
-        setup_logging(verbose, log_format, config.job_name)
-        display = JsonProgress(config.job_name)
-        display.say(f"starting Spark ({shown}) ...", event="starting")
-    else:
-        display = ProgressDisplay()
-        err.print(f"starting Spark ({shown}) ...")
-    pipeline = resolved.pipeline
-
-    coordinator, spark = start_job(
-        config,
-        master,
-        resolved.runner,
-        exact_batches=pipeline is not None,
-        listener=display,
-        sql=pipeline is not None,  # a local task job: the SparkContext alone
-        force=force,
-    )
-
-    if coordinator.reporters is not None and coordinator.reporters.url:
+    with _errors_as(log_format):
+        resolved = resolve_job(job, parse_overrides(set_ or []))
+        if rebalance:
+            rebalanced = resolved.config.with_overrides({"job.host-affinity.rebalance": "true"})
+            resolved = dataclasses.replace(resolved, config=rebalanced)
+        config = resolved.config
+        shown = choose_master(config, master)
+        display: Any
         if log_format == "json":
-            display.say(f"metrics: {coordinator.reporters.url}", event="metrics")
+            from sparkpoint.runtime.driver.progress import JsonProgress
+
+            setup_logging(verbose, log_format, config.job_name)
+            display = JsonProgress(config.job_name)
+            display.say(f"starting Spark ({shown}) ...", event="starting")
         else:
-            err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
+            display = ProgressDisplay()
+            err.print(f"starting Spark ({shown}) ...")
+        pipeline = resolved.pipeline
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        coordinator.stop(f"signal {signal.Signals(signum).name}")
+        coordinator, spark = start_job(
+            config,
+            master,
+            resolved.runner,
+            exact_batches=pipeline is not None,
+            listener=display,
+            sql=pipeline is not None,  # a local task job: the SparkContext alone
+            force=force,
+        )
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
-    finally:
-        coordinator.close()
-        spark.stop(wait=False)  # the process exits next
+        if coordinator.reporters is not None and coordinator.reporters.url:
+            if log_format == "json":
+                display.say(f"metrics: {coordinator.reporters.url}", event="metrics")
+            else:
+                err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            coordinator.stop(f"signal {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
+        finally:
+            coordinator.close()
+            spark.stop(wait=False)  # the process exits next
 
 
 @app.command("submit")
@@ -860,17 +860,28 @@ def _help_width() -> None:
         typer.rich_utils.MAX_WIDTH = max(shutil.get_terminal_size((120, 24)).columns, 100)
 
 
-#: ``run --log-format``: the error line of a failed command follows it
-_LOG_FORMAT = "text"
+@contextlib.contextmanager
+def _errors_as(log_format: str) -> Iterator[None]:
+    """With ``--log-format json``, a failed run's error line is a JSON line (exit 2 for a user
+    error, 1 for another sparkpoint error); in text, :func:`main` prints it."""
+    if log_format != "json":
+        yield
+        return
+    from sparkpoint.runtime.driver.logs import json_line
+
+    try:
+        yield
+    except UserError as exc:
+        print(json_line("ERROR", f"error: {exc}", logger="sparkpoint.cli"), file=sys.stderr)
+        raise typer.Exit(2) from None
+    except SparkpointError as exc:
+        line = f"error: {type(exc).__name__}: {exc}"
+        print(json_line("ERROR", line, logger="sparkpoint.cli"), file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 def _error_line(text: str) -> None:
-    if _LOG_FORMAT == "json":
-        from sparkpoint.runtime.driver.logs import json_line
-
-        print(json_line("ERROR", text, logger="sparkpoint.cli"), file=sys.stderr, flush=True)
-    else:
-        err.print(text, highlight=False, markup=False, soft_wrap=True)
+    err.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
