@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkpoint.errors import TaskError
-from sparkpoint.runtime.dataframe.task import StepCode, StepState
+from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
 from sparkpoint.runtime.taskapi.executor import worker_config
 from sparkpoint.runtime.taskapi.joins import open_join
 from sparkpoint.runtime.taskapi.output import OutputCollector
@@ -102,7 +102,7 @@ class WindowJoinStep:
 
     def add(self, state: StepState, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pairs: list[Joined] = []
-        late: Any = _Dropped()
+        late: Any = NoOutput("a join step without a late stream")
         if self.late_stream is not None:
             config, systems = worker_config(state.config.to_dict())
             late = self._late = OutputCollector(config, systems, state.task_name)
@@ -157,13 +157,6 @@ class WindowJoinStep:
             self._late.close()
             self._late = None
         yield from ()
-
-
-class _Dropped:
-    """Where a join step's late rows go without a late stream: nowhere."""
-
-    def send(self, envelope: Any) -> None:
-        raise TaskError(f"a join step without a late stream sent to {envelope.stream}")
 
 
 __all__ = ["JOIN_KINDS", "PAIR_SCHEMA", "TableJoinStep", "WindowJoinStep"]

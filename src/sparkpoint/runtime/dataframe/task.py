@@ -406,15 +406,18 @@ def _expired(timers: TaskTimers, pandas: bool) -> Iterator[Any]:
         yield batch.to_pandas() if pandas else batch
 
 
-class _NoOutput:
-    """The collector of a DataFrame step's window timers: a window step yields its closed
-    windows as rows and sends nothing from its timers."""
+class NoOutput:
+    """The collector of DataFrame step code that yields rows and sends nothing (``what``, in
+    the error if it sends): a window's timers, a window or join step without a late stream."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
 
     def send(self, envelope: OutgoingMessageEnvelope) -> None:
-        raise TaskError(f"a window's timer of a DataFrame step sent to {envelope.stream}")
+        raise TaskError(f"{self.what} sent to {envelope.stream}")
 
 
-_NO_OUTPUT = _NoOutput()
+_NO_OUTPUT = NoOutput("a window's timer of a DataFrame step")
 
 
 def _users(timers: TaskTimers) -> Iterator[tuple[TimeKind, Any, int]]:

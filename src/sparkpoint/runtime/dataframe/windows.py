@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkpoint.errors import ConfigError, TaskError
-from sparkpoint.runtime.dataframe.task import StepCode, StepState
+from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
 from sparkpoint.runtime.taskapi.executor import worker_config
 from sparkpoint.runtime.taskapi.output import OutputCollector
 from sparkpoint.runtime.taskapi.windows import TaskWindows, WindowedStore
@@ -101,14 +101,8 @@ def window_defs(windows: WindowDef | Sequence[WindowDef]) -> list[WindowDef]:
     return defs
 
 
-class _Nowhere:
-    """The collector of a window step without late streams: its windows go out as rows."""
-
-    def send(self, envelope: Any) -> None:
-        raise TaskError(f"a window step without a late stream sent to {envelope.stream}")
-
-
-_NOWHERE = _Nowhere()
+#: the collector of a window step without late streams: its windows go out as rows
+_NOWHERE = NoOutput("a window step without a late stream")
 
 
 def _column(chunk: pa.RecordBatch, name: str | None, rows: int) -> list[Any]:
