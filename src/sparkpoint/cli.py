@@ -223,7 +223,7 @@ def submit(
     env_archive: Annotated[
         Path | None,
         typer.Option(
-            help="A packed Python environment (venv-pack -o env.tar.gz) with sparkpoint, "
+            help="A packed Python environment with sparkpoint (sparkpoint pack -o env.zip), "
             "shipped to the cluster: its workers then need only Java."
         ),
     ] = None,
@@ -243,7 +243,7 @@ def submit(
     Python environment, and runs `sparkpoint run` as the application.
 
     Example: `sparkpoint submit job.yaml --master yarn --deploy-mode cluster
-    --env-archive env.tar.gz`
+    --env-archive env.zip`
 
     Example: `sparkpoint submit job.yaml --master local[2] --until-caught-up --dry-run`
     """
@@ -252,6 +252,7 @@ def submit(
     import tempfile
 
     from sparkpoint.runtime.driver.submit import submit_command
+    from sparkpoint.runtime.spark.gateway import forward
 
     run_args = ["--until-caught-up"] if until_caught_up else []
     for setting in set_ or []:
@@ -275,7 +276,46 @@ def submit(
     child_env = dict(os.environ)
     if master.startswith("local"):  # as `run`: a local Spark binds to loopback
         child_env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    raise typer.Exit(subprocess.run(command, check=False, env=child_env).returncode)
+    # spark-submit's JVM writes to the pipe; its start-up noise is left out as in run
+    child = subprocess.Popen(command, env=child_env, stderr=subprocess.PIPE)
+    assert child.stderr is not None
+    forward(iter(child.stderr.readline, b""))
+    raise typer.Exit(child.wait())
+
+
+@app.command("pack")
+def pack(
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="The archive to write (a .zip: Spark keeps its file modes)."
+        ),
+    ] = Path("sparkpoint-env.zip"),
+    spark_jars: Annotated[
+        bool,
+        typer.Option(help="Keep pyspark's jars (460 MB) in the archive; workers use their own."),
+    ] = False,
+    force: Annotated[bool, typer.Option(help="Overwrite the archive if it exists.")] = False,
+) -> None:
+    """Pack the virtual env sparkpoint runs from (with venv-pack) for `submit --env-archive`.
+
+    Run it with the env's own sparkpoint (ENV/bin/sparkpoint pack). The archive holds every
+    package of the env but not Python itself: the workers need the same Python version at the
+    same path. Spark's own jars are left out (the cluster has them) unless --spark-jars.
+
+    Example: `sparkpoint pack -o env.zip && sparkpoint submit job.yaml --master yarn
+    --deploy-mode cluster --env-archive env.zip`
+    """
+    from sparkpoint.runtime.driver.pack import pack_env
+
+    written = pack_env(
+        output,
+        spark_jars=spark_jars,
+        force=force,
+        progress=sys.stderr.isatty(),
+    )
+    size = written.stat().st_size / 2**20
+    print(f"packed {sys.prefix} into {written} ({size:.0f} MB)")
 
 
 @stream_app.command("create")

@@ -34,7 +34,7 @@ def test_submit_runs_the_job_through_spark_submit(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_the_cluster_command(tmp_path: Path) -> None:
-    archive = tmp_path / "env.tar.gz"
+    archive = tmp_path / "env.zip"
     archive.write_bytes(b"a packed env")
     result = sp(
         "submit",
@@ -65,7 +65,7 @@ def test_dry_run_prints_the_cluster_command(tmp_path: Path) -> None:
 
 
 def test_a_missing_archive_fails_before_spark_submit(tmp_path: Path) -> None:
-    result = sp("submit", str(JOB), "--env-archive", str(tmp_path / "no.tar.gz"), check=False)
+    result = sp("submit", str(JOB), "--env-archive", str(tmp_path / "no.zip"), check=False)
     assert result.returncode == 2
     assert "--env-archive" in result.stderr and "does not exist" in result.stderr
     assert "spark-submit:" not in result.stderr

@@ -37,9 +37,18 @@ class StandaloneCluster:
     """A master and ``workers`` workers (each with ``cores`` cores), all on 127.0.0.1."""
 
     def __init__(
-        self, work_dir: Path, *, workers: int = 2, cores: int = 1, memory: str = "1g"
+        self,
+        work_dir: Path,
+        *,
+        workers: int = 2,
+        cores: int = 1,
+        memory: str = "1g",
+        python: str | None = None,
     ) -> None:
+        """``python``: the ``PYSPARK_PYTHON`` of the workers' environment (default: this
+        interpreter)."""
         self.work_dir = work_dir
+        self.python = python or sys.executable
         self.workers = workers
         self.cores = cores
         self.memory = memory
@@ -55,7 +64,7 @@ class StandaloneCluster:
             SPARK_HOME=str(spark_home()),
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_LOCAL_DIRS=str(self.work_dir / "local"),
-            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_PYTHON=self.python,
             SPARK_NO_DAEMONIZE="1",
         )
         return env

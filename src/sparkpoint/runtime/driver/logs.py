@@ -2,7 +2,8 @@
 per line to stderr (``time`` in ISO 8601 UTC, ``level``, ``logger``, ``job``, ``message``, and
 ``task``/``batch`` where they apply; an error's traceback in ``error``), for the driver's log
 records, each batch's progress and the final error line alike. Lines the JVM writes itself
-(Spark's start-up) are not Python's and pass through as they are.
+(Spark's warnings) are not Python's and pass through as they are; its start-up noise is left
+out unless ``-v`` (:mod:`sparkpoint.runtime.spark.gateway`).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@
 The command runs sparkpoint's CLI (``sparkpoint/__main__.py run JOB``) as the application.
 It ships the job file (``--files``) and the ``*.py`` modules next to it, zipped
 (``--py-files``), so the driver and the executors import the job's tasks or pipeline wherever
-they run. With ``--env-archive`` (a packed virtual env or conda env, e.g. ``venv-pack -o
-env.tar.gz``, holding Python, pyspark and sparkpoint) the environment itself is shipped
+they run. With ``--env-archive`` (a packed virtual env holding pyspark and sparkpoint, a zip:
+``sparkpoint pack``, :mod:`sparkpoint.runtime.driver.pack`) the environment itself is shipped
 (``--archives ARCHIVE#environment``) and Python on the executors (and, in cluster mode, the
-driver) is ``./environment/bin/python``: the workers need nothing installed but Java; without
-it, a client-mode driver runs on this Python (the one with sparkpoint). In cluster
+driver) is ``./environment/bin/python``: the workers need nothing installed but Java. A
+client-mode driver runs here, on this Python (the one with sparkpoint). In cluster
 mode the job file is named by its base name (it sits in the driver's working directory).
 Everything is checked before spark-submit runs: a missing job file or archive is an error.
 """
@@ -67,7 +67,7 @@ def submit_command(
     if env_archive is not None and not env_archive.is_file():
         raise UserError(
             f"--env-archive {env_archive} does not exist: pack the job's environment first "
-            "(venv-pack -o env.tar.gz, or conda-pack)"
+            "(sparkpoint pack -o env.zip)"
         )
     config = load_config(job)  # a job file that does not load fails here, not on the cluster
     command = [
@@ -89,7 +89,7 @@ def submit_command(
         command += ["--conf", f"spark.pyspark.python={ENV_PYTHON}"]
         if deploy_mode == "cluster":
             command += ["--conf", f"spark.pyspark.driver.python={ENV_PYTHON}"]
-    elif deploy_mode == "client":  # the driver runs here: on this Python, with sparkpoint
+    if deploy_mode == "client":  # the driver runs here: on this Python, with sparkpoint
         command += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
     if deploy_mode == "client":  # Spark's INFO lines stay out of the terminal, as in run
         command += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j_config()}"]

@@ -29,6 +29,7 @@ from sparkpoint.errors import (
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import jvm_archive
+from sparkpoint.runtime.spark.gateway import start_gateway
 from sparkpoint.runtime.spark.locality import executors_of_group, live_executors, located_rdd
 from sparkpoint.runtime.taskapi.executor import run_task_batch
 
@@ -128,6 +129,7 @@ def spark_session(config: Config, master: str | None = None) -> Any:
     """Get or create the Spark session for a job (``spark.*`` keys of the config pass through):
     for a DataFrame pipeline, and whatever else needs Spark SQL."""
     master, settings = spark_settings(config, master)
+    start_gateway({"spark.master": master, **settings})
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master)
@@ -145,6 +147,7 @@ def spark_context(config: Config, master: str | None = None) -> Any:
     run its first job on this project's 2-core machines (``docs/performance.md``). A session
     made later (``SparkSession.builder.getOrCreate``) uses this context."""
     master, settings = spark_settings(config, master)
+    start_gateway({"spark.master": master, **settings})
     from pyspark import SparkConf, SparkContext
 
     conf = SparkConf().setMaster(master).setAll(list(settings.items()))
