@@ -33,14 +33,15 @@ def test_submit_runs_the_job_through_spark_submit(tmp_path: Path) -> None:
     assert committed_counts(config) == dict(expected)
 
 
-def test_dry_run_prints_the_cluster_command(tmp_path: Path) -> None:
+@pytest.mark.parametrize("master", ["yarn", "k8s://https://k8s.example.com:6443"])
+def test_dry_run_prints_the_cluster_command(tmp_path: Path, master: str) -> None:
     archive = tmp_path / "env.zip"
     archive.write_bytes(b"a packed env")
     result = sp(
         "submit",
         str(JOB),
         "--master",
-        "yarn",
+        master,
         "--deploy-mode",
         "cluster",
         "--env-archive",
@@ -52,7 +53,7 @@ def test_dry_run_prints_the_cluster_command(tmp_path: Path) -> None:
     command = shlex.split(result.stdout)
     assert command[0].endswith("spark-submit")
     pairs = dict(zip(command[1:-3:2], command[2:-2:2], strict=False))
-    assert pairs["--master"] == "yarn" and pairs["--deploy-mode"] == "cluster"
+    assert pairs["--master"] == master and pairs["--deploy-mode"] == "cluster"
     assert pairs["--files"] == str(JOB.resolve())
     assert pairs["--py-files"].endswith("job-modules.zip")
     assert pairs["--archives"] == f"{archive}#environment"
