@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -62,3 +63,8 @@ def wait_for_checkpoints(
     while len(manager.read_all()) < tasks:
         assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
+
+
+def slowest_batch(text: str) -> float:
+    """The longest batch of a run's progress lines, in seconds."""
+    return max(float(s) for s in re.findall(r"^batch \d+: .*? in ([\d.]+)s", text, re.M))

@@ -65,7 +65,7 @@ def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneC
 
 def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> None:
     from sparkpoint.testing.services import AzuriteBlob
-    from tests.e2e.cli import popen, wait_for_checkpoints
+    from tests.e2e.cli import popen, slowest_batch, wait_for_checkpoints
 
     with (
         AzuriteBlob(tmp_path / "azurite") as azurite,
@@ -89,6 +89,7 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
         c2.kill_worker(0)  # a lost host: its executor and its private state are gone
         assert driver.wait(300) == 0, log.read_text()[-3000:]
         assert "done (caught up)" in log.read_text()
+        assert slowest_batch(log.read_text()) < 10  # none waited for the lost executor
         assert c2.alive_workers() == 1
         # the committed state, read from the snapshots in Azurite (no local copy here)
         assert committed_counts(config) == dict(expected)

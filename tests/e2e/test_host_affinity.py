@@ -17,7 +17,7 @@ import pytest
 
 from sparkpoint.config import Config
 from sparkpoint.testing.spark_cluster import StandaloneCluster
-from tests.e2e.cli import JOB, popen, sp, wait_for_checkpoints
+from tests.e2e.cli import JOB, popen, slowest_batch, sp, wait_for_checkpoints
 from tests.e2e.test_cluster import cluster_sets, prepared
 from tests.helpers import (
     assert_at_least_once,
@@ -153,6 +153,10 @@ def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
     assert {task for task, _ in moved} == held, text[-4000:]
     _, restores, _ = summary(text)
     assert restores == len(held), text[-4000:]  # only the moved tasks restored their state
+    # no batch waited for the lost executor (spark.locality.wait, 30 s on a cluster: one
+    # batch took 31 s when every task was in one Spark job; SparkRunner's docstring)
+    assert slowest_batch(text) < 10, text[-4000:]
+    assert re.search(r"lost executor \S+ on \S+ \(its tasks: Partition", text), text[-4000:]
     assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
 

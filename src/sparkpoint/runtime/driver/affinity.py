@@ -51,6 +51,7 @@ class HostAffinity:
         self.placement = Placement(stored_assignment(store, tasks) if self.enabled else {})
         self._moved: list[Move] = []
         self._live: set[Executor] | None = None
+        self._away: list[Move] = []  # the last batch's tasks that ran away from their executor
 
     def place(self, live: Sequence[Executor] | None) -> dict[str, str]:
         """Before a batch: (re)assign tasks to ``live`` executors; each task's location."""
@@ -74,7 +75,12 @@ class HostAffinity:
         if self._live is not None:
             for gone in sorted(self._live - live):
                 held = sorted(t for t, e in self.placement.assignment.items() if e == gone)
-                log.warning("host affinity: lost %s (its tasks: %s)", gone, ", ".join(held))
+                ran = sorted(m.task for m in self._away if m.old == gone)
+                log.warning(
+                    "host affinity: lost %s (its tasks: %s)",
+                    gone,
+                    ", ".join(held + [f"{t} (already run elsewhere by Spark)" for t in ran]),
+                )
             for new in sorted(live - self._live):
                 log.warning(
                     "host affinity: %s joined; %s",
@@ -97,6 +103,7 @@ class HostAffinity:
                 if move is not None:
                     changed.append(move)
         away = [m for m in changed if m.old is not None]  # the others ran for the first time
+        self._away = away
         for move in away:
             log.warning("host affinity: %s", move)
         store_assignment(self.store, {m.task: m.new for m in changed})  # one write per batch
