@@ -318,6 +318,43 @@ def pack(
     print(f"packed {sys.prefix} into {written} ({size:.0f} MB)")
 
 
+@stream_app.command("trim")
+def stream_trim(
+    job: JobArg,
+    stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
+    force: Annotated[
+        bool,
+        typer.Option(help="Also delete records the job has not committed (logged as an ERROR)."),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Apply a stream's retention now: drop its records older than retention.ms and those past
+    the newest retention.bytes (per partition), never past what the job has committed.
+
+    A running job does this itself for its inputs after a commit (job.retention.check.ms);
+    this command is for the other streams, or for now. Kafka's broker applies its own.
+
+    Example: `sparkpoint stream trim job.yaml pageviews --set
+    streams.pageviews.retention.bytes=100000000`
+    """
+    from sparkpoint.system.registry import Systems
+    from sparkpoint.tools.streams import resolve_stream, trim_stream
+
+    config = _config(job, set_)
+    ss = resolve_stream(config, stream)
+    trimmed = trim_stream(config, Systems(config), ss, force=force)
+    for t in trimmed:
+        held = (
+            f"; kept {t.held_back} offsets past retention that job {config.job_name} has not "
+            "committed"
+            if t.held_back
+            else ""
+        )
+        print(f"{t.ssp}: dropped {t.dropped} records, oldest offset now {t.oldest}{held}")
+    if not trimmed:
+        print(f"{ss}: nothing past its retention")
+
+
 @stream_app.command("create")
 def stream_create(
     job: JobArg,

@@ -196,6 +196,15 @@ KEYS: tuple[ConfigKey, ...] = (
         "the low-level task class",
     ),
     ConfigKey(
+        "job.retention.check.ms",
+        "60000",
+        "an integer >= 0 (milliseconds)",
+        "how often, after a commit, the job applies the retention.ms / retention.bytes of its "
+        "input streams on systems that leave retention to sparkpoint (filelog); never past "
+        "the job's committed offsets",
+        _int(0),
+    ),
+    ConfigKey(
         "task.commit.ms",
         "60000",
         "an integer >= 0 (milliseconds)",

@@ -151,6 +151,18 @@ class SystemAdmin(ABC):
         tell (Kafka: compaction and its settings), raising :class:`ConfigError` with the fix.
         The partition count is checked by the caller, which knows what needs it."""
 
+    def retention_start(
+        self,
+        ssp: SystemStreamPartition,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        now_ms: int,
+    ) -> str | None:
+        """The oldest offset of ``ssp`` that retention keeps (:mod:`sparkpoint.system.retention`),
+        for a system that leaves retention to sparkpoint; ``None`` (the default) when the
+        system applies it itself (Kafka's broker)."""
+        return None
+
     def delete_records_before(self, stream: str, partition: int, offset: str) -> int:
         """Drop a partition's records before ``offset`` (retention, or an operator's clean-up;
         Samza's ``deleteMessages``, Kafka's DeleteRecords): its oldest offset becomes

@@ -18,6 +18,7 @@ from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.retention import Trimmed, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
@@ -55,6 +56,51 @@ def add_partitions(config: Config, systems: Systems, stream: SystemStream, parti
         )
     admin.add_partitions(stream.stream, partitions)
     return before
+
+
+def committed_read_offsets(
+    config: Config, systems: Systems, stream: SystemStream
+) -> dict[SystemStreamPartition, str]:
+    """For a stream the job reads (``task.inputs``): each partition's offset the job reads
+    next after its last checkpoint, and the oldest offset of a partition no checkpoint
+    covers (the job has not read it yet); empty for a stream the job does not read."""
+    from sparkpoint.checkpoint.manager import CheckpointManager
+
+    if stream not in config.inputs:
+        return {}
+    admin = systems.admin(stream.system)
+    ssps = [
+        SystemStreamPartition(stream.system, stream.stream, p)
+        for p in range(admin.partition_count(stream.stream))
+    ]
+    keep = {ssp: meta.oldest for ssp, meta in admin.get_metadata(ssps).items()}
+    try:
+        checkpoints = CheckpointManager(config, systems).read_all()
+    except StreamNotFound:  # the job never ran: it has read nothing
+        checkpoints = {}
+    for checkpoint in checkpoints.values():
+        for ssp, offset in checkpoint.input_offsets.items():
+            if ssp in keep:
+                keep[ssp] = admin.offset_after(ssp, offset)
+    return keep
+
+
+def trim_stream(
+    config: Config, systems: Systems, stream: SystemStream, *, force: bool = False
+) -> list[Trimmed]:
+    """``sparkpoint stream trim``: apply ``stream``'s configured retention now, never past the
+    job's committed offsets unless ``force`` (:mod:`sparkpoint.system.retention`)."""
+    if retention_of(config, stream) is None:
+        raise UserError(
+            f"stream {stream} has no retention: set streams.{stream.stream}.retention.ms or "
+            f"streams.{stream.stream}.retention.bytes (or systems.{stream.system}.default."
+            "stream.*) in the job file, or with --set"
+        )
+    if systems.admin(stream.system).compacted(stream.stream):
+        raise UserError(f"stream {stream} is compacted: compaction, not retention, bounds it")
+    protect = committed_read_offsets(config, systems, stream)
+    job = f"{config.job_name}-{config.job_id}"
+    return trim(config, systems, [stream], protect, job=job, force=force)
 
 
 def write_json_lines(

@@ -66,6 +66,7 @@ from sparkpoint.storage.state_id import (
 from sparkpoint.storage.tables import check_tables
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.retention import trim
 from sparkpoint.system.streams import job_model
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class JobCoordinator:
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
         self._last_window = time.monotonic()
+        self._last_retention = float("-inf")  # the first commit applies it
         #: the restore ahead's pass (restore_ahead), counted in the run's summary
         self._restored_ahead: BatchReport | None = None
 
@@ -646,6 +648,8 @@ class JobCoordinator:
                 end, commit=commit_due, window=window_due, batch_id=replay_id
             )
             last_committed = all(r.state_id.committed for r in results)
+            if report.committed:
+                self._apply_retention()
             report.lag = self._lags(self.metadata(ssps))
             self._publish(summary, report)
             if any(r.shutdown_requested for r in results):
@@ -669,6 +673,39 @@ class JobCoordinator:
         if self.listener:
             self.listener.on_end(summary)
         return summary
+
+    def _apply_retention(self) -> None:
+        """After a commit, at most every ``job.retention.check.ms``: the retention of the
+        job's input streams, never past the job's committed offsets
+        (:mod:`sparkpoint.system.retention`)."""
+        now = time.monotonic()
+        if (now - self._last_retention) * 1000 < self.config.get_int("job.retention.check.ms"):
+            return
+        self._last_retention = now
+        streams = sorted({s.system_stream for ts in self.tasks.values() for s in ts.model.ssps})
+        try:
+            trimmed = trim(
+                self.config, self.systems, streams, self._checkpointed(), job=self._job_label()
+            )
+        except OSError as exc:  # retention only frees disk: the job goes on, and retries
+            log.warning("retention: %s; tried again after the next commit", exc)
+            return
+        for t in trimmed:
+            if t.dropped:
+                log.info(
+                    "retention: %s dropped %d records (oldest now %s)", t.ssp, t.dropped, t.oldest
+                )
+            if t.held_back:
+                log.warning(
+                    "retention: %s keeps %d offsets past its retention that job %s has not "
+                    "committed yet (the job is behind)",
+                    t.ssp,
+                    t.held_back,
+                    self._job_label(),
+                )
+
+    def _job_label(self) -> str:
+        return f"{self.config.job_name}-{self.config.job_id}"
 
     def _commit_all(self, attempts: int = 3) -> list[BatchReport]:
         """Batches that read nothing and commit every task, waiting for the uploads, until every

@@ -538,25 +538,57 @@ class PartitionLog:
             return len(records), len(keep)
 
     def delete_before(self, offset: int) -> int:
-        """Drop every record before ``offset``, as time-based retention does (the oldest
-        offset moves up; offsets are kept). Returns how many records were dropped."""
+        """Drop every record before ``offset``, as retention does (the oldest offset moves up;
+        offsets are kept, and never reused). The records kept are copied as they are, bytes and
+        index, without decoding them. Returns how many records were dropped."""
+        import numpy as np
+
         with self._locked():
             log_path, index_path = self._files()
             self._recover(log_path, index_path)
-            meta = self.metadata()
-            records = self.read(int(meta.oldest), int(meta.upcoming), None)
-            keep = [r for r in records if int(r.offset) >= offset]
-            if len(keep) != len(records):
-                self._rewrite(keep, start=int(meta.upcoming))
-            return len(records) - len(keep)
+            with self._snapshot() as (index, log_file):
+                n = len(index)
+                i = index.first_at_or_after(offset)
+                if i == 0:
+                    return 0
+                first = index[i][0] if i < n else index[-1][0] + 1
+                data, entries = b"", b""
+                if i < n:
+                    base = index[i][1]
+                    log_file.seek(base)
+                    data = log_file.read()
+                    kept = np.frombuffer(index.raw(i, n), dtype=">i8").reshape(-1, 3).copy()
+                    kept[:, 1] -= base  # positions in the new log
+                    entries = kept.tobytes()
+            self._switch(data, entries, first)
+            return i
+
+    def retention_start(
+        self, retention_ms: int | None, retention_bytes: int | None, now_ms: int
+    ) -> int:
+        """The oldest offset retention keeps: the records within the newest
+        ``retention_bytes`` bytes of the log and not older than ``retention_ms`` (by the
+        index's timestamps: a record is kept while any record at or before it is that new, so
+        an out-of-order timestamp keeps more, never less). The upcoming offset when nothing
+        is kept; ``None`` for both keeps everything."""
+        with self._snapshot() as (index, log_file):
+            n = len(index)
+            if n == 0:
+                return self._current()[1]
+            first = 0
+            if retention_bytes is not None:
+                size = os.fstat(log_file.fileno()).st_size
+                first = bisect.bisect_left(
+                    range(n), True, key=lambda i: size - index[i][1] <= retention_bytes
+                )
+            if retention_ms is not None:
+                first = max(first, index.first_with_timestamp(now_ms - retention_ms))
+            return index[first][0] if first < n else index[-1][0] + 1
 
     def _rewrite(self, keep: Sequence[Record], start: int = 0, floor: int | None = None) -> None:
         """Switch atomically to a new generation holding ``keep`` (under the lock); with no
         record kept, the next append gets offset ``start``; ``floor`` raises the least offset
         of the next append (kept as it is by default)."""
-        log_path, index_path = self._files()
-        gen = self._gen() + 1
-        new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
         parts, index_bytes, pos, max_ts = [], bytearray(), 0, -(2**63)
         for rec in keep:
             data = fmt.encode(int(rec.offset), rec.key, rec.value, rec.timestamp)
@@ -564,12 +596,21 @@ class PartitionLog:
             index_bytes += fmt.INDEX.pack(int(rec.offset), pos, max_ts)
             parts.append(data)
             pos += len(data)
-        for path, content in ((new_log, b"".join(parts)), (new_index, bytes(index_bytes))):
+        first = int(keep[0].offset) if keep else start
+        self._switch(b"".join(parts), bytes(index_bytes), first, floor)
+
+    def _switch(self, data: bytes, entries: bytes, start: int, floor: int | None = None) -> None:
+        """Switch atomically to a new generation of log ``data`` and index ``entries`` (under
+        the lock); ``start``: its first offset (the next append's when it is empty)."""
+        log_path, index_path = self._files()
+        gen = self._gen() + 1
+        new_log, new_index = self.path / f"{gen}.log", self.path / f"{gen}.index"
+        for path, content in ((new_log, data), (new_index, entries)):
             with open(path, "wb") as f:
                 f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
         floor = self._current_all()[2] if floor is None else floor
-        self._write_current(gen, int(keep[0].offset) if keep else start, floor)
+        self._write_current(gen, start, floor)
         log_path.unlink(missing_ok=True)
         index_path.unlink(missing_ok=True)

@@ -181,6 +181,16 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         bound = None if up_to is None else int(up_to)
         return self._s.log(stream, partition).compact(bound)
 
+    def retention_start(
+        self,
+        ssp: SystemStreamPartition,
+        retention_ms: int | None,
+        retention_bytes: int | None,
+        now_ms: int,
+    ) -> str:
+        log = self._s.log(ssp.stream, ssp.partition)
+        return str(log.retention_start(retention_ms, retention_bytes, now_ms))
+
     def delete_records_before(self, stream: str, partition: int, offset: str) -> int:
         """Drop the records of a partition before ``offset`` (retention, or an operator's
         clean-up; Kafka's deleteRecords). Returns how many were dropped."""

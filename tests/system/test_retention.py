@@ -1,0 +1,169 @@
+"""Retention of the embedded log (issue 35): ``retention.ms`` / ``retention.bytes`` drop a
+partition's oldest records (copied as bytes, offsets kept and never reused), never past what a
+job reading the stream has committed unless forced (then with an ERROR naming the job); a
+running job keeps its input bounded while it reads everything it has not committed."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import ConfigError, UserError
+from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.system.retention import retention_of, trim
+from sparkpoint.tools.streams import trim_stream
+from tests.conftest import pageviews_config
+from tests.helpers import committed_counts, generate
+
+STREAM = SystemStream("filelog", "events")
+SSP = SystemStreamPartition("filelog", "events", 0)
+
+
+def setup(tmp_path: Path, **overrides: str) -> tuple[Config, Systems]:
+    config = load_config(None, pageviews_config(tmp_path, **overrides))
+    systems = Systems(config)
+    systems.admin("filelog").create_stream(StreamSpec("events", 1))
+    return config, systems
+
+
+def append(systems: Systems, n: int, first_ts: int = 1_000) -> None:
+    """``n`` records of 100-byte values, timestamps ``first_ts`` + 10 * i."""
+    producer = systems.producer("filelog")
+    for i in range(n):
+        key = f"k{i}".encode()
+        producer.send("events", 0, Record("", key, bytes([i % 256]) * 100, first_ts + 10 * i))
+    producer.flush()
+
+
+def records(systems: Systems) -> list[Record]:
+    admin, consumer = systems.admin("filelog"), systems.consumer("filelog")
+    meta = admin.get_metadata([SSP])[SSP]
+    return consumer.read(SSP, meta.oldest, meta.upcoming, 10_000)
+
+
+def log_bytes(data_dir: Path, stream: str) -> int:
+    return sum(f.stat().st_size for f in (data_dir / "streams" / "filelog" / stream).rglob("*.log"))
+
+
+def test_by_bytes_keeps_the_newest_records_as_they_were(tmp_path: Path) -> None:
+    config, systems = setup(tmp_path, **{"streams.events.retention.bytes": "2000"})
+    append(systems, 100)
+    before = {int(r.offset): r for r in records(systems)}
+    (t,) = trim(config, systems, [STREAM], {}, job="j")
+    kept = records(systems)
+    assert t.dropped == 100 - len(kept) and 0 < len(kept) < 100
+    assert log_bytes(tmp_path / "data", "events") <= 2000
+    assert t.oldest == kept[0].offset and kept[-1].offset == "99"
+    for r in kept:  # offsets, keys, values and timestamps unchanged
+        assert (r.key, r.value, r.timestamp) == (
+            before[int(r.offset)].key,
+            before[int(r.offset)].value,
+            before[int(r.offset)].timestamp,
+        )
+    admin = systems.admin("filelog")
+    assert admin.offset_for_timestamp(SSP, 1_000 + 10 * 99) == "99"
+    append(systems, 1)  # an append after the cut takes the next offset
+    assert records(systems)[-1].offset == "100"
+
+
+def test_by_age_and_everything_expired_never_reuses_offsets(tmp_path: Path) -> None:
+    config, systems = setup(tmp_path, **{"streams.events.retention.ms": "100"})
+    append(systems, 50)  # timestamps 1000 .. 1490
+    (t,) = trim(config, systems, [STREAM], {}, job="j", now_ms=1_000 + 10 * 40 + 100)
+    assert records(systems)[0].offset == "40" and t.dropped == 40
+    trim(config, systems, [STREAM], {}, job="j", now_ms=10**12)
+    assert records(systems) == []
+    assert systems.admin("filelog").get_metadata([SSP])[SSP].oldest == "50"
+    append(systems, 1)
+    assert records(systems)[0].offset == "50"
+
+
+def test_a_job_s_uncommitted_records_are_held_back_unless_forced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config, systems = setup(tmp_path, **{"streams.events.retention.bytes": "1000"})
+    append(systems, 100)
+    (t,) = trim(config, systems, [STREAM], {SSP: "30"}, job="pageviews-1")
+    assert records(systems)[0].offset == "30"  # the job reads 30 next: nothing at or after it
+    assert t.dropped == 30 and t.held_back > 0
+    with caplog.at_level(logging.ERROR):
+        (t,) = trim(config, systems, [STREAM], {SSP: "30"}, job="pageviews-1", force=True)
+    assert int(records(systems)[0].offset) > 30 and t.held_back == 0
+    assert "pageviews-1" in caplog.text and "has not committed" in caplog.text
+
+
+def test_compacted_streams_and_bad_settings(tmp_path: Path) -> None:
+    config, systems = setup(tmp_path, **{"streams.table.retention.bytes": "10"})
+    systems.admin("filelog").create_stream(StreamSpec("table", 1, compacted=True))
+    assert trim(config, systems, [SystemStream("filelog", "table")], {}, job="j") == []
+    with pytest.raises(UserError, match="compacted"):
+        trim_stream(config, systems, SystemStream("filelog", "table"))
+    with pytest.raises(UserError, match="has no retention"):
+        trim_stream(config, systems, STREAM)
+    bad, _ = setup(tmp_path / "bad", **{"streams.events.retention.ms": "a week"})
+    with pytest.raises(ConfigError, match=r"streams.events.retention.ms='a week'"):
+        retention_of(bad, STREAM)
+    unlimited, _ = setup(tmp_path / "u", **{"systems.filelog.default.stream.retention.ms": "-1"})
+    assert retention_of(unlimited, STREAM) is None
+
+
+def test_a_running_job_keeps_its_input_bounded_and_counts_everything(tmp_path: Path) -> None:
+    """Rounds of input past retention.bytes: after each run the stream is within it; a run
+    that stops behind (one batch) deletes nothing it has not committed; the counts are exact."""
+    limit = 20_000
+    config = load_config(
+        None,
+        pageviews_config(
+            tmp_path,
+            **{
+                "streams.pageviews.retention.bytes": str(limit),
+                "job.retention.check.ms": "0",
+                "task.commit.ms": "0",
+                "task.batch.max.messages": "200",
+            },
+        ),
+    )
+    systems = Systems(config)
+    systems.admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    expected = generate(config, tmp_path / "job.yaml", 3000, seed=1)
+    behind = JobCoordinator(config, InlineRunner())
+    behind.run(max_batches=1)  # 800 of 3000 read and committed
+    behind.close()
+    stream = SystemStream("filelog", "pageviews")
+    protected = trim_stream(config, systems, stream)  # what the CLI does: held back
+    assert protected and all(t.held_back > 0 for t in protected)
+    for seed in (2, 3, 4):
+        run = JobCoordinator(config, InlineRunner())
+        run.run(until_caught_up=True)
+        run.close()
+        assert committed_counts(config) == dict(expected)  # nothing unread was deleted
+        for p in range(4):
+            assert log_bytes(tmp_path / "data", f"pageviews/{p}") <= limit
+        expected += generate(config, tmp_path / "job.yaml", 3000, seed=seed)
+    assert log_bytes(tmp_path / "data", "pageviews") > 4 * limit  # the last round, unread
+
+
+def test_the_trim_command(tmp_path: Path) -> None:
+    from tests.e2e.cli import JOB, sp
+
+    sets = ["--set", f"job.data.dir={tmp_path / 'data'}"]
+    config = load_config(JOB, {"job.data.dir": str(tmp_path / "data")})
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *sets)
+    generate(config, tmp_path / "job.yaml", 2000, seed=5)
+    limit = ["--set", "streams.pageviews.retention.bytes=10000"]
+    # the example reads pageviews and has committed nothing: every record is kept
+    held = sp("stream", "trim", str(JOB), "pageviews", *sets, *limit).stdout
+    assert held.count("dropped 0 records") == 4 and "has not committed" in held
+    forced = sp("stream", "trim", str(JOB), "pageviews", "--force", *sets, *limit)
+    assert "job pageviews-1 has not committed (--force)" in forced.stderr  # an ERROR record
+    for p in range(4):
+        assert log_bytes(tmp_path / "data", f"pageviews/{p}") <= 10_000
+    none = sp("stream", "trim", str(JOB), "pageviews", *sets, check=False)
+    assert none.returncode == 2 and "retention.bytes" in none.stderr
