@@ -2,7 +2,8 @@
 
 Prints events/s per core, and the per-batch overhead of Spark scheduling as a share of batch time
 (batch wall time on the driver minus the slowest task's own time, over the batch wall time).
-Usage: ``make bench`` or ``.venv/bin/python bench/run.py [--events N] [--batch M] [--cores C]``.
+Usage: ``make bench`` or ``.venv/bin/python bench/run.py [--events N] [--batch M] [--cores C]
+[--partitions P]`` (P tasks).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
         "--batch", type=int, default=50_000, help="messages per partition per batch"
     )
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=4, help="input partitions = tasks")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-") as tmp:
         values = read_job_file(ROOT / "examples" / "pageviews" / "job.yaml")
@@ -48,7 +50,7 @@ def main() -> None:
             }
         )
         config = load_config(None, values)
-        Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+        Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", args.partitions))
         job_file = Path(tmp) / "job.json"
         job_file.write_text(__import__("json").dumps(config.to_dict()))
         t0 = time.perf_counter()
