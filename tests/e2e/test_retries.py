@@ -14,7 +14,7 @@ from tests.helpers import assert_committed_state_matches_its_offsets, generate
 pytestmark = pytest.mark.slow
 
 
-def _job(tmp_path: Path, *extra: str) -> tuple[list[str], object]:
+def _job(tmp_path: Path, *extra: str, partitions: int = 4) -> tuple[list[str], object]:
     sets = [
         f"job.data.dir={tmp_path / 'data'}",
         "task.commit.ms=0",
@@ -24,19 +24,23 @@ def _job(tmp_path: Path, *extra: str) -> tuple[list[str], object]:
     ]
     set_args = [a for s in sets for a in ("--set", s)]
     config = load_config(JOB, parse_overrides(sets))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", str(partitions), *set_args)
     generate(config, tmp_path / "job.yaml", 6_000, seed=13, users=40)
     return set_args, config
 
 
-def test_a_python_worker_killed_mid_commit_is_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("partitions", [4, 12])
+def test_a_python_worker_killed_mid_commit_is_retried(tmp_path: Path, partitions: int) -> None:
+    """12 tasks on 2 cores run in 4 Spark partitions of 3 (SparkRunner's task groups): the
+    retried partition re-runs tasks that had finished the batch; they restore and re-read."""
     flag = tmp_path / "crash"
-    flag.write_text("3")  # the 4th snapshot kills its Python worker (os._exit)
+    flag.write_text("3" if partitions == 4 else "7")  # a later snapshot kills its worker
     set_args, config = _job(
         tmp_path,
         "testing.crash.at=after-snapshot",
         f"testing.crash.flag={flag}",
         "testing.crash.mode=exit",
+        partitions=partitions,
     )
     run = sp("run", str(JOB), "--until-caught-up", *set_args, timeout=400)
     assert "local[*,4]" in run.stderr

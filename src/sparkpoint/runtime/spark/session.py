@@ -208,6 +208,10 @@ class SparkRunner:
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         parts = by_location(plans)
+        if len(parts) == 1 and plans and plans[0].location is None:
+            groups = task_groups(plans, self.sc.defaultParallelism)
+            if len(groups) < len(plans):
+                return self._run_groups(batch, groups)
         if len(parts) == 1:
             return self._run(batch, plans, batch_job_group(self.sc, batch))
         futures = [
@@ -221,6 +225,18 @@ class SparkRunner:
     def _run_part(self, batch: int, part: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         return self._run(batch, plans, batch_job_group(self.sc, batch, part))
 
+    def _run_groups(self, batch: int, groups: list[list[TaskBatchPlan]]) -> list[TaskBatchResult]:
+        batch_job_group(self.sc, batch)
+        rdd = self.sc.parallelize(groups, len(groups))
+        try:
+            results: list[TaskBatchResult] = rdd.flatMap(run_task_group).collect()
+        except Exception as exc:
+            err = user_error_from(exc) or task_failure_from(exc, batch)
+            if err is not None:
+                raise err from None
+            raise
+        return results
+
     def _run(self, batch: int, plans: list[TaskBatchPlan], group: str) -> list[TaskBatchResult]:
         rdd = task_rdd(self.sc, plans)
         try:
@@ -232,6 +248,21 @@ class SparkRunner:
             raise
         record_executors(self.sc, group, plans, results)
         return results
+
+
+#: a local batch runs its tasks in at most this many Spark partitions per core
+GROUPS_PER_CORE = 2
+
+
+def task_groups(plans: list[TaskBatchPlan], cores: int) -> list[list[TaskBatchPlan]]:
+    """The plans dealt round-robin into at most :data:`GROUPS_PER_CORE` groups per core."""
+    n = max(1, min(len(plans), GROUPS_PER_CORE * cores))
+    return [plans[i::n] for i in range(n)]
+
+
+def run_task_group(plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+    """Run several tasks' micro-batches one after the other in one Spark partition."""
+    return [run_task_batch(plan) for plan in plans]
 
 
 def by_location(plans: list[TaskBatchPlan]) -> list[list[TaskBatchPlan]]:
