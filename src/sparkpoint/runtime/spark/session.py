@@ -227,27 +227,27 @@ class SparkRunner:
 
     def _run_groups(self, batch: int, groups: list[list[TaskBatchPlan]]) -> list[TaskBatchResult]:
         batch_job_group(self.sc, batch)
-        rdd = self.sc.parallelize(groups, len(groups))
-        try:
-            results: list[TaskBatchResult] = rdd.flatMap(run_task_group).collect()
-        except Exception as exc:
-            err = user_error_from(exc) or task_failure_from(exc, batch)
-            if err is not None:
-                raise err from None
-            raise
-        return results
+        return collect_batch(
+            batch, self.sc.parallelize(groups, len(groups)).flatMap(run_task_group)
+        )
 
     def _run(self, batch: int, plans: list[TaskBatchPlan], group: str) -> list[TaskBatchResult]:
-        rdd = task_rdd(self.sc, plans)
-        try:
-            results: list[TaskBatchResult] = rdd.map(run_task_batch).collect()
-        except Exception as exc:
-            err = user_error_from(exc) or task_failure_from(exc, batch)
-            if err is not None:
-                raise err from None
-            raise
+        results = collect_batch(batch, task_rdd(self.sc, plans).map(run_task_batch))
         record_executors(self.sc, group, plans, results)
         return results
+
+
+def collect_batch(batch: int, rdd: Any) -> list[TaskBatchResult]:
+    """The task results of ``rdd`` (a batch's tasks, run); a failed batch's error in one line
+    when it is a user's error or a task that kept failing."""
+    try:
+        results: list[TaskBatchResult] = rdd.collect()
+    except Exception as exc:
+        err = user_error_from(exc) or task_failure_from(exc, batch)
+        if err is not None:
+            raise err from None
+        raise
+    return results
 
 
 #: a local batch runs its tasks in at most this many Spark partitions per core
