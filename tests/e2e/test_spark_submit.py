@@ -72,6 +72,15 @@ def test_a_missing_archive_fails_before_spark_submit(tmp_path: Path) -> None:
     assert "spark-submit:" not in result.stderr
 
 
+def test_a_module_that_cannot_be_shipped_fails_before_spark_submit(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.read_text())
+    (tmp_path / "gone.py").symlink_to(tmp_path / "nowhere" / "gone.py")
+    result = sp("submit", str(job), "--dry-run", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot ship the job's module" in result.stderr and "gone.py" in result.stderr
+
+
 def test_python_m_sparkpoint_is_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sparkpoint", "run", "--help"],

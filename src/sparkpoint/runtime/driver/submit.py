@@ -44,7 +44,13 @@ def modules_zip(job: Path, staging: Path) -> Path | None:
     target = staging / f"{job.stem}-modules.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for module in modules:
-            archive.write(module, module.name)
+            try:
+                archive.write(module, module.name)
+            except OSError as exc:
+                raise UserError(
+                    f"cannot ship the job's module {module} ({exc.strerror or exc}): every "
+                    f"*.py file next to the job file goes with it; fix or remove that file"
+                ) from None
     return target
 
 
