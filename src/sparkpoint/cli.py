@@ -211,8 +211,9 @@ def run(
             spark.stop(wait=False)  # the process exits next
 
 
-@app.command("submit")
+@app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(
+    ctx: typer.Context,
     job: Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")],
     master: Annotated[
         str, typer.Option(help="Spark master URL (yarn, k8s://..., spark://..., local[N]).")
@@ -240,7 +241,8 @@ def submit(
     set_: SetOpt = None,
 ) -> None:
     """Run a job through spark-submit: ships the job file, its modules and (--env-archive) its
-    Python environment, and runs `sparkpoint run` as the application.
+    Python environment, and runs `sparkpoint run` as the application. Any other option goes
+    to spark-submit as it is (--executor-memory 2g, --num-executors 4, --queue q, ...).
 
     Example: `sparkpoint submit job.yaml --master yarn --deploy-mode cluster
     --env-archive env.zip`
@@ -268,6 +270,7 @@ def submit(
         conf=conf or [],
         run_args=run_args,
         staging=staging,
+        spark_args=ctx.args,
     )
     if dry_run:
         print(shlex.join(command))

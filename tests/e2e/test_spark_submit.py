@@ -48,6 +48,8 @@ def test_dry_run_prints_the_cluster_command(tmp_path: Path, master: str) -> None
         str(archive),
         "--conf",
         "spark.executor.memory=2g",
+        "--num-executors",  # any other option: spark-submit's
+        "3",
         "--dry-run",
     )
     command = shlex.split(result.stdout)
@@ -61,6 +63,7 @@ def test_dry_run_prints_the_cluster_command(tmp_path: Path, master: str) -> None
     assert "spark.pyspark.python=./environment/bin/python" in confs
     assert "spark.pyspark.driver.python=./environment/bin/python" in confs
     assert "spark.executor.memory=2g" in confs
+    assert pairs["--num-executors"] == "3"
     assert command[-3].endswith("sparkpoint/__main__.py")
     assert command[-2:] == ["run", "job.yaml"]  # cluster mode: the shipped file's name
 

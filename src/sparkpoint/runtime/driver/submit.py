@@ -63,9 +63,11 @@ def submit_command(
     conf: Sequence[str] = (),
     run_args: Sequence[str] = (),
     staging: Path,
+    spark_args: Sequence[str] = (),
 ) -> list[str]:
     """The spark-submit command for ``job`` (see the module docstring); ``conf``: ``k=v``
-    Spark settings, ``run_args``: options of ``sparkpoint run``."""
+    Spark settings, ``run_args``: options of ``sparkpoint run``, ``spark_args``: more
+    options of spark-submit, passed as they are."""
     if not job.is_file():
         raise UserError(f"job file {job} does not exist: nothing to submit")
     if deploy_mode not in DEPLOY_MODES:
@@ -105,7 +107,7 @@ def submit_command(
         command += ["--conf", setting]
     main = Path(sparkpoint.__file__).resolve().parent / "__main__.py"
     where = job.name if deploy_mode == "cluster" else str(job.resolve())
-    return [*command, str(main), "run", where, *run_args]
+    return [*command, *spark_args, str(main), "run", where, *run_args]
 
 
 __all__ = ["DEPLOY_MODES", "modules_zip", "spark_submit_path", "submit_command"]
