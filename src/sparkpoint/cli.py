@@ -348,7 +348,7 @@ def stream_trim(
     trimmed = trim_stream(config, Systems(config), ss, force=force)
     for t in trimmed:
         held = (
-            f"; kept {t.held_back} offsets past retention that job {config.job_name} has not "
+            f"; kept {t.held_back} offsets past retention that job {config.job_label} has not "
             "committed"
             if t.held_back
             else ""

@@ -134,6 +134,11 @@ class Config(Mapping[str, str]):
         return self.get_str("job.id") or "1"
 
     @property
+    def job_label(self) -> str:
+        """``<job.name>-<job.id>``: the job instance, as messages and metrics keys name it."""
+        return f"{self.job_name}-{self.job_id}"
+
+    @property
     def data_dir(self) -> Path:
         return Path(self.require("job.data.dir"))
 

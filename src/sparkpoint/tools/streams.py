@@ -99,8 +99,7 @@ def trim_stream(
     if systems.admin(stream.system).compacted(stream.stream):
         raise UserError(f"stream {stream} is compacted: compaction, not retention, bounds it")
     protect = committed_read_offsets(config, systems, stream)
-    job = f"{config.job_name}-{config.job_id}"
-    return trim(config, systems, [stream], protect, job=job, force=force)
+    return trim(config, systems, [stream], protect, job=config.job_label, force=force)
 
 
 def write_json_lines(

@@ -685,7 +685,7 @@ class JobCoordinator:
         streams = sorted({s.system_stream for ts in self.tasks.values() for s in ts.model.ssps})
         try:
             trimmed = trim(
-                self.config, self.systems, streams, self._checkpointed(), job=self._job_label()
+                self.config, self.systems, streams, self._checkpointed(), job=self.config.job_label
             )
         except OSError as exc:  # retention only frees disk: the job goes on, and retries
             log.warning("retention: %s; tried again after the next commit", exc)
@@ -701,11 +701,8 @@ class JobCoordinator:
                     "committed yet (the job is behind)",
                     t.ssp,
                     t.held_back,
-                    self._job_label(),
+                    self.config.job_label,
                 )
-
-    def _job_label(self) -> str:
-        return f"{self.config.job_name}-{self.config.job_id}"
 
     def _commit_all(self, attempts: int = 3) -> list[BatchReport]:
         """Batches that read nothing and commit every task, waiting for the uploads, until every

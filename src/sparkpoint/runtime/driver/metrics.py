@@ -221,6 +221,6 @@ class _SnapshotWriter:
             "metrics": metrics.snapshot(),
         }
         producer = self.systems.producer(self.stream.system)
-        key = f"{self.config.job_name}-{self.config.job_id}".encode()
+        key = self.config.job_label.encode()
         producer.send(self.stream.stream, 0, Record("", key, json.dumps(snapshot).encode(), now))
         producer.flush()

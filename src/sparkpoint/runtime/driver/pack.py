@@ -31,10 +31,11 @@ from sparkpoint.errors import UserError
 
 #: the archive's suffix (see the module docstring: why not a tar)
 SUFFIX = ".zip"
-#: what is not packed: Spark's JVM files in the pyspark package (the cluster has its own), a
-#: venv's ``lib64`` link to ``lib`` (a zip would hold ``lib`` twice), and ``pyvenv.cfg``
-#: (venv-pack writes it itself; its listing would add it a second time)
-LEFT_OUT = ("lib/python*/site-packages/pyspark/jars/*", "lib64", "pyvenv.cfg")
+#: Spark's JVM files in the pyspark package, left out unless asked for (the cluster has its own)
+SPARK_JARS = "lib/python*/site-packages/pyspark/jars/*"
+#: never packed: a venv's ``lib64`` link to ``lib`` (a zip would hold ``lib`` twice), and
+#: ``pyvenv.cfg`` (venv-pack writes it itself; its listing would add it a second time)
+LEFT_OUT = ("lib64", "pyvenv.cfg")
 
 
 def current_env() -> Path:
@@ -84,7 +85,7 @@ def pack_env(
     prefix = env or current_env()
     try:
         packed = Env(str(prefix))
-        for pattern in LEFT_OUT if not spark_jars else LEFT_OUT[1:]:
+        for pattern in LEFT_OUT if spark_jars else (*LEFT_OUT, SPARK_JARS):
             packed = packed.exclude(pattern)
         if not any(f.target.endswith("/sparkpoint/__init__.py") for f in packed.files):
             raise UserError(f"sparkpoint is not installed in {prefix}: nothing would run it")
@@ -102,4 +103,4 @@ def pack_env(
     return Path(written)
 
 
-__all__ = ["LEFT_OUT", "SUFFIX", "current_env", "inside", "pack_env"]
+__all__ = ["LEFT_OUT", "SPARK_JARS", "SUFFIX", "current_env", "inside", "pack_env"]

@@ -97,9 +97,10 @@ def submit_command(
         command += ["--conf", f"spark.pyspark.python={ENV_PYTHON}"]
         if deploy_mode == "cluster":
             command += ["--conf", f"spark.pyspark.driver.python={ENV_PYTHON}"]
-    if deploy_mode == "client":  # the driver runs here: on this Python, with sparkpoint
+    if deploy_mode == "client":
+        # the driver runs here: on this Python (with sparkpoint), and Spark's INFO lines stay
+        # out of the terminal, as in run
         command += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
-    if deploy_mode == "client":  # Spark's INFO lines stay out of the terminal, as in run
         command += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{log4j_config()}"]
     for setting in conf:
         if "=" not in setting:
