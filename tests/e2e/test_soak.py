@@ -1,7 +1,8 @@
-"""A short soak in CI (issue 11): SIGKILLs of drivers, Python workers and cluster workers over the
-example job, a dual-commit job with a flaky blob store, and that job on a standalone cluster; no
-mismatch, no lost view, no dangling or leaked blob, duplicates within their bound.
-`make soak` runs the long one (100 kills)."""
+"""A short soak in CI (issue 11): SIGKILLs of drivers and Python workers over the example job, a
+dual-commit job with a flaky blob store, and the windows example; no mismatch, no lost view, no
+dangling or leaked blob, duplicates within their bound. `make soak` runs the long one (100 kills,
+and the dual job on a standalone cluster, whose worker kills CI covers in tests/e2e/test_cluster.py
+and tests/e2e/test_host_affinity.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+pytestmark = [pytest.mark.slow]
 
 
 def test_short_soak(tmp_path: Path) -> None:
@@ -25,9 +26,9 @@ def test_short_soak(tmp_path: Path) -> None:
             "--kills",
             "3",
             "--variants",
-            # cluster runs dual's config on a cluster; windows covers timers and event time
-            # (the time variant's machinery) too
-            "example,cluster,windows",
+            # windows covers timers and event time (the time variant's machinery) too; the
+            # cluster variant (a cluster of its own, 100 s here) is left to `make soak`
+            "example,dual,windows",
             "--seed",
             "3",
             "--events",

@@ -29,7 +29,7 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 PIPELINE = "pageviews_pipeline:job"
-N = 60_000
+N = 30_000
 
 
 def _views(path: Path) -> Counter[tuple[str, int]]:
