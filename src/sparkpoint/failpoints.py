@@ -16,7 +16,9 @@ after writing a checkpoint),
 ``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored).
 Points of a DataFrame batch (:data:`FRAME_POINTS`): ``during-stateful-step`` (executor, after a
 step's output chunk was taken), ``after-output-flush`` (executor, a stream output durable, its
-task not finished).
+task not finished). Points of a publish of exactly-once output (:data:`PUBLISH_POINTS`):
+``publish-after-intent`` and ``publish-after-append`` (whoever publishes a commit's staged
+output: before and after its records are appended).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ POINTS = (
 
 #: points of a DataFrame pipeline's batch (a stateful step and its stream output)
 FRAME_POINTS = ("during-stateful-step", "after-output-flush")
+
+#: points of a publish of exactly-once output (:mod:`sparkpoint.system.filelog.staging`)
+PUBLISH_POINTS = ("publish-after-intent", "publish-after-append")
 
 
 class InjectedCrash(Exception):

@@ -21,6 +21,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition
 if TYPE_CHECKING:
     from sparkpoint.model.startpoint import Startpoint
     from sparkpoint.system.columns import RecordColumns
+    from sparkpoint.system.staging import OutputStaging
 
 
 class Record(NamedTuple):
@@ -168,6 +169,11 @@ class SystemAdmin(ABC):
         Samza's ``deleteMessages``, Kafka's DeleteRecords): its oldest offset becomes
         ``offset`` and offsets are never reused. Returns how many offsets were dropped."""
         raise UserError(f"this system cannot delete records of {stream} partition {partition}")
+
+    def output_staging(self) -> OutputStaging | None:
+        """This system's exactly-once output (:mod:`sparkpoint.system.staging`); ``None`` (the
+        default) when it has none, and a job asking for exactly-once output is refused."""
+        return None
 
     def resolve_startpoint_to_offset(
         self, ssp: SystemStreamPartition, startpoint: Startpoint

@@ -6,7 +6,10 @@ deleted every record; Kafka's log start offset), then the least offset the next 
 (raised by :meth:`PartitionLog.repair`, so that offsets cut from the log are never handed out
 again); the generation's records are in ``<gen>.log`` and its index in ``<gen>.index``; ``lock``
 is the cross-process lock; ``LOST`` lists the offset ranges a repair cut (JSON lines). Compaction
-writes a new generation and switches ``CURRENT`` atomically.
+writes a new generation and switches ``CURRENT`` atomically. ``staged/``, ``PUBLISHED`` and
+``PUBLISHING`` hold exactly-once output (:mod:`sparkpoint.system.filelog.staging`): readers never
+read at or past the first offset ``PUBLISHING`` names, and whoever takes the lock next finishes
+a publish a crash interrupted.
 
 Contracts:
 
@@ -16,6 +19,8 @@ Contracts:
   Readers only read records the index lists, so they never see a torn or half-written record.
 * Every append first *recovers* the tail: complete valid records past the index are indexed,
   and a torn tail past the index (a crash mid-write, never read by anyone) is cut off.
+* A publish of staged records is one append whose first offset ``PUBLISHING`` names while it
+  runs: readers stop before it, so nobody sees part of a transaction.
 * A record the index lists was durable before it was listed, and readers may have read it and
   committed past it: when it is damaged (checksum, or the log ends inside it) that is
   corruption, reported with the partition and offset, never skipped and never cut as a torn
@@ -83,6 +88,10 @@ class _Index(Sequence[tuple[int, int, int]]):
         return bisect.bisect_left(range(self._n), ts, key=lambda i: self[i][2])
 
 
+#: the file naming a publish in progress (see :mod:`sparkpoint.system.filelog.staging`)
+PUBLISHING = "PUBLISHING"
+
+
 class PartitionLog:
     """Reads and appends one partition. Instances are cheap and hold no open files."""
 
@@ -90,6 +99,22 @@ class PartitionLog:
         self.path = path
         self.label = label  # "system.stream partition N", for messages
         self._lost = os.path.join(path, "LOST")  # a str: reads check it without pathlib
+        self._publishing = os.path.join(path, PUBLISHING)
+
+    def publishing_from(self) -> int | None:
+        """The first offset of a publish in progress, or None: readers stop before it. Read
+        after the index snapshot, so a publish that began later is not in that snapshot."""
+        try:
+            with open(self._publishing, "rb") as f:
+                return int(json.loads(f.read())["first"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            raise CorruptRecordError(
+                f"{self.label}: {self._publishing} is damaged; it names the first offset of a "
+                f"publish of staged output that did not finish (delete it only if nothing was "
+                f"appended after the last record `sparkpoint stream read` shows)"
+            ) from None
 
     # -- files
     def create(self) -> None:
@@ -137,6 +162,10 @@ class PartitionLog:
         gen = self._gen()
         return self.path / f"{gen}.log", self.path / f"{gen}.index"
 
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """The appenders' lock, for a caller that appends several times as one step."""
+        return self._locked()
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         try:
@@ -146,6 +175,10 @@ class PartitionLog:
         with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
+                if os.path.exists(self._publishing):  # its publisher died holding the lock
+                    from sparkpoint.system.filelog.staging import finish_interrupted
+
+                    finish_interrupted(self)
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
@@ -220,10 +253,12 @@ class PartitionLog:
     # -- reading
     def metadata(self) -> PartitionMetadata:
         with self._snapshot() as (index, _log):
-            if len(index) == 0:
-                start = str(self._current()[1])
-                return PartitionMetadata(start, None, start)
-            first, last = index[0][0], index[-1][0]
+            stable = self.publishing_from()
+            n = len(index) if stable is None else index.first_at_or_after(stable)
+            if n == 0:
+                start = self._current()[1] if len(index) == 0 else index[0][0]
+                return PartitionMetadata(str(start), None, str(start))
+            first, last = index[0][0], index[n - 1][0]
             return PartitionMetadata(str(first), str(last), str(last + 1))
 
     def read(
@@ -233,6 +268,8 @@ class PartitionLog:
         within ``max_bytes`` of the first one's start, see :meth:`_span`)."""
         self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
+            stable = self.publishing_from()
+            end = end if stable is None else min(end, stable)
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return []
@@ -250,6 +287,8 @@ class PartitionLog:
 
         self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
+            stable = self.publishing_from()
+            end = end if stable is None else min(end, stable)
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return columnar.RecordColumns.from_records([])
@@ -487,20 +526,42 @@ class PartitionLog:
 
     def _append(self, records: Sequence[Record]) -> tuple[int, int]:
         with self._locked():
-            log_path, index_path = self._files()
-            next_offset, max_ts = self._recover(log_path, index_path)
-            with open(log_path, "ab") as log_file:
-                data, index_bytes, n = fmt.encode_many(
-                    next_offset, records, log_file.tell(), max_ts
-                )
-                log_file.write(data)
-                log_file.flush()
+            return self.append_locked(records)
+
+    def next_offset_locked(self) -> int:
+        """The offset the next append takes, the tail recovered first (under the lock)."""
+        return self._recover(*self._files())[0]
+
+    def append_locked(self, records: Sequence[Record]) -> tuple[int, int]:
+        """:meth:`append` for a caller that holds the lock (:meth:`locked`)."""
+        log_path, index_path = self._files()
+        next_offset, max_ts = self._recover(log_path, index_path)
+        with open(log_path, "ab") as log_file:
+            data, index_bytes, n = fmt.encode_many(next_offset, records, log_file.tell(), max_ts)
+            log_file.write(data)
+            log_file.flush()
+            os.fsync(log_file.fileno())
+        with open(index_path, "ab") as index_file:
+            index_file.write(index_bytes)
+            index_file.flush()
+            os.fsync(index_file.fileno())
+        return next_offset, next_offset + n - 1
+
+    def truncate_locked(self, offset: int) -> int:
+        """Cut every record from ``offset`` on (under the lock); returns how many went. Only
+        for records no reader can have read: those of a publish ``PUBLISHING`` still names."""
+        log_path, index_path = self._files()
+        self._recover(log_path, index_path)
+        with open(index_path, "r+b") as index_file, open(log_path, "r+b") as log_file:
+            index = _Index(index_file.read())
+            i = index.first_at_or_after(offset)
+            cut = len(index) - i
+            if cut:
+                log_file.truncate(index[i][1])
                 os.fsync(log_file.fileno())
-            with open(index_path, "ab") as index_file:
-                index_file.write(index_bytes)
-                index_file.flush()
+                index_file.truncate(i * fmt.INDEX_SIZE)
                 os.fsync(index_file.fileno())
-            return next_offset, next_offset + n - 1
+        return cut
 
     def compact(self, up_to: int | None = None) -> tuple[int, int]:
         """Keep only the newest record per key (keyless records are all kept); with ``up_to``,

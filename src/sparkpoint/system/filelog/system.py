@@ -35,7 +35,10 @@ from sparkpoint.system.base import (
     SystemProducer,
     read_max_bytes,
 )
+from sparkpoint.system.filelog import staging
 from sparkpoint.system.filelog.partition import PartitionLog
+from sparkpoint.system.filelog.staging import FileLogStagingProducer
+from sparkpoint.system.staging import OutputStaging, StagedPart
 
 if TYPE_CHECKING:
     from sparkpoint.system.columns import RecordColumns
@@ -127,7 +130,8 @@ class _Streams:
 
 
 class FileLogAdmin(IntegerOffsets, SystemAdmin):
-    def __init__(self, streams: _Streams) -> None:
+    def __init__(self, streams: _Streams, buffer_bytes: int = 4 * 1024 * 1024) -> None:
+        self._staging = FileLogStaging(streams, buffer_bytes)
         self._s = streams
 
     def compacted(self, stream: str) -> bool:
@@ -195,6 +199,9 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         """Drop the records of a partition before ``offset`` (retention, or an operator's
         clean-up; Kafka's deleteRecords). Returns how many were dropped."""
         return self._s.log(stream, partition).delete_before(int(offset))
+
+    def output_staging(self) -> FileLogStaging:
+        return self._staging
 
     def delete_stream(self, stream: str) -> bool:
         """Delete a stream and all its records (renamed away first, so no reader sees half a
@@ -281,6 +288,41 @@ class FileLogProducer(SystemProducer):
                 self._s.log(stream, partition).append(records)
 
 
+class FileLogStaging(OutputStaging):
+    """Exactly-once output of one filelog root (:mod:`sparkpoint.system.filelog.staging`)."""
+
+    def __init__(self, streams: _Streams, buffer_bytes: int) -> None:
+        self._s = streams
+        self._limit = buffer_bytes
+
+    def producer(self, owner: str, part: str) -> FileLogStagingProducer:
+        return FileLogStagingProducer(self._s.log, owner, part, self._limit)
+
+    def publish(
+        self,
+        stream: str,
+        partition: int,
+        owner: str,
+        key: int,
+        parts: Sequence[str],
+        failpoints: Mapping[str, str] | None = None,
+    ) -> int:
+        return staging.publish(self._s.log(stream, partition), owner, key, parts, failpoints)
+
+    def staged(self, stream: str) -> list[StagedPart]:
+        return [
+            p
+            for partition in range(self._s.partitions(stream))
+            for p in staging.staged_parts(self._s.log(stream, partition), stream, partition)
+        ]
+
+    def published_key(self, stream: str, partition: int, owner: str) -> int | None:
+        return staging.published_key(self._s.log(stream, partition), owner)
+
+    def discard(self, stream: str, partition: int, owner: str, part: str) -> None:
+        staging.discard(self._s.log(stream, partition), owner, part)
+
+
 class FileLogSystemFactory(SystemFactory):
     """``systems.<name>.factory: filelog``."""
 
@@ -305,11 +347,14 @@ class FileLogSystemFactory(SystemFactory):
         return _Streams(system, root_for(system, config))
 
     def get_admin(self, system: str, config: Mapping[str, str]) -> FileLogAdmin:
-        return FileLogAdmin(self._streams(system, config))
+        return FileLogAdmin(self._streams(system, config), _buffer_bytes(system, config))
 
     def get_consumer(self, system: str, config: Mapping[str, str]) -> FileLogConsumer:
         return FileLogConsumer(self._streams(system, config), read_max_bytes(system, config))
 
     def get_producer(self, system: str, config: Mapping[str, str]) -> FileLogProducer:
-        limit = int(config.get(f"systems.{system}.producer.buffer.bytes") or 4 * 1024 * 1024)
-        return FileLogProducer(self._streams(system, config), limit)
+        return FileLogProducer(self._streams(system, config), _buffer_bytes(system, config))
+
+
+def _buffer_bytes(system: str, config: Mapping[str, str]) -> int:
+    return int(config.get(f"systems.{system}.producer.buffer.bytes") or 4 * 1024 * 1024)

@@ -1,0 +1,302 @@
+"""Exactly-once output on the filelog: records staged beside a partition, published at commit.
+
+A task that runs with ``job.processing.guarantee: exactly-once`` never appends its output to a
+partition's log. It *stages* each batch's records for that partition in a file of its own,
+``<partition>/staged/<owner>/<part>.log`` (written under a temporary name, fsynced, then
+renamed: a staged part is whole or absent). Nobody reads staged records. When the checkpoint
+that covers the input they came from is written, the parts it names are *published*: appended
+to the log in one append, in order, under the partition's lock. Parts the checkpoint does not
+name (a batch that failed, a task attempt that lost, a run that crashed before its commit) are
+never published; they are discarded.
+
+A publish must happen once, and whole:
+
+* ``PUBLISHED`` (JSON, per partition) keeps the key of the last commit published per owner.
+  Commit keys grow per owner (they come from checkpoint ids), so a publish whose key is not
+  above the owner's is already done: publishing again (after a crash, from a restarted task,
+  or from the driver's start) does nothing.
+* ``PUBLISHING`` names the owner, key, parts and first offset of the publish running. It is
+  written (and fsynced) before the append and removed after ``PUBLISHED`` says the commit is
+  published. Readers stop before its first offset (:meth:`PartitionLog.publishing_from`), so
+  nobody reads part of a transaction. A publisher that died leaves it behind: whoever takes
+  the partition's lock next finishes the publish (:func:`finish_interrupted`): it cuts what the
+  dead one appended (nobody read it) and appends the parts again, from their staged files,
+  which are deleted only once ``PUBLISHED`` says they went out.
+
+Records get their offsets at publish; a staged file holds them numbered from 0.
+
+Owns the ``staged/``, ``PUBLISHED`` and ``PUBLISHING`` files of a partition; imports only the
+filelog's format and partition modules, the system interfaces and the failpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkpoint.errors import CorruptRecordError, UserError
+from sparkpoint.failpoints import maybe_crash
+from sparkpoint.fsutil import atomic_write, fsync_dir
+from sparkpoint.system.base import Record
+from sparkpoint.system.filelog import format as fmt
+from sparkpoint.system.filelog.partition import PUBLISHING, PartitionLog
+from sparkpoint.system.staging import StagedPart, StagingProducer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+PUBLISHED = "PUBLISHED"
+STAGED = "staged"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """``name`` if it can name a staged owner or part (a file name), else :class:`UserError`."""
+    if not _NAME.match(name):
+        raise UserError(f"invalid staged output {kind} {name!r}: use letters, digits, _ . -")
+    return name
+
+
+def _staged_dir(plog: PartitionLog, owner: str) -> Path:
+    return plog.path / STAGED / owner
+
+
+def _part_path(plog: PartitionLog, owner: str, part: str) -> Path:
+    return _staged_dir(plog, owner) / f"{part}.log"
+
+
+def _published(plog: PartitionLog) -> dict[str, int]:
+    try:
+        data = json.loads((plog.path / PUBLISHED).read_bytes())
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        raise CorruptRecordError(
+            f"{plog.label}: {plog.path / PUBLISHED} is damaged; it holds the last published "
+            f"commit of each owner of staged output (without it a publish could repeat)"
+        ) from None
+    return {str(k): int(v) for k, v in data.items()}
+
+
+def published_key(plog: PartitionLog, owner: str) -> int | None:
+    """The key of the last commit of ``owner`` published to this partition, if any."""
+    return _published(plog).get(owner)
+
+
+def read_part(plog: PartitionLog, owner: str, part: str) -> list[Record]:
+    """The records of a staged part (offsets from 0), or :class:`CorruptRecordError`."""
+    path = _part_path(plog, owner, part)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CorruptRecordError(
+            f"{plog.label}: staged output {owner}/{part} is missing, though a written "
+            f"checkpoint names it: its records cannot be published (was {path.parent} "
+            f"deleted by hand?)"
+        ) from None
+    records: list[Record] = []
+    pos = 0
+    while pos < len(data):
+        try:
+            rec, _offset, size = fmt.decode_at(data, pos)
+        except fmt.FormatError as exc:
+            raise CorruptRecordError(
+                f"{plog.label}: staged output {path} is damaged at byte {pos} ({exc.reason})"
+            ) from None
+        records.append(rec)
+        pos += size
+    return records
+
+
+def publish(
+    plog: PartitionLog,
+    owner: str,
+    key: int,
+    parts: Sequence[str],
+    failpoints: Mapping[str, str] | None = None,
+) -> int:
+    """Append the staged ``parts`` of ``owner``'s commit ``key`` to the log, once and whole;
+    returns how many records went out now (0 when that commit was published already).
+    ``failpoints``: a config whose ``testing.crash.*`` keys may crash it half-way
+    (:data:`sparkpoint.failpoints.PUBLISH_POINTS`)."""
+    with plog.locked():  # finishes a publish a crash interrupted first
+        return _publish_locked(plog, owner, key, list(parts), failpoints or {})
+
+
+def _publish_locked(
+    plog: PartitionLog, owner: str, key: int, parts: list[str], failpoints: Mapping[str, str]
+) -> int:
+    done = _published(plog)
+    if done.get(owner, -1) >= key:
+        _delete_parts(plog, owner, parts)  # a publish that died after PUBLISHED was written
+        return 0
+    records = [r for part in parts for r in read_part(plog, owner, part)]
+    first = plog.next_offset_locked()
+    intent = {"owner": owner, "key": key, "parts": parts, "first": first}
+    atomic_write(plog.path / PUBLISHING, json.dumps(intent).encode())
+    maybe_crash(failpoints, "publish-after-intent")
+    if records:
+        plog.append_locked(records)
+    maybe_crash(failpoints, "publish-after-append")
+    done[owner] = key
+    atomic_write(plog.path / PUBLISHED, json.dumps(done, sort_keys=True).encode())
+    (plog.path / PUBLISHING).unlink()
+    fsync_dir(plog.path)
+    _delete_parts(plog, owner, parts)
+    return len(records)
+
+
+def finish_interrupted(plog: PartitionLog) -> None:
+    """Finish the publish ``PUBLISHING`` names, whose publisher died (under the lock): cut what
+    it appended and publish its parts again, unless ``PUBLISHED`` says it went out."""
+    path = plog.path / PUBLISHING
+    try:
+        intent = json.loads(path.read_bytes())
+        owner, key, parts, first = (
+            str(intent["owner"]),
+            int(intent["key"]),
+            [str(p) for p in intent["parts"]],
+            int(intent["first"]),
+        )
+    except FileNotFoundError:
+        return
+    except (ValueError, KeyError, TypeError):
+        raise CorruptRecordError(
+            f"{plog.label}: {path} is damaged; it names a publish of staged output that did "
+            f"not finish"
+        ) from None
+    if _published(plog).get(owner, -1) >= key:
+        path.unlink()
+        fsync_dir(plog.path)
+        _delete_parts(plog, owner, parts)
+        return
+    cut = plog.truncate_locked(first)
+    log.warning(
+        "%s: finishing the publish of %s's commit %d that stopped half-way (%d records cut, "
+        "appended again from %d staged parts)",
+        plog.label,
+        owner,
+        key,
+        cut,
+        len(parts),
+    )
+    _publish_locked(plog, owner, key, parts, {})
+
+
+def _delete_parts(plog: PartitionLog, owner: str, parts: Iterable[str]) -> None:
+    for part in parts:
+        _part_path(plog, owner, part).unlink(missing_ok=True)
+
+
+def discard(plog: PartitionLog, owner: str, part: str) -> None:
+    """Delete a staged part that will never be published. Idempotent."""
+    _part_path(plog, owner, part).unlink(missing_ok=True)
+
+
+def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[StagedPart]:
+    """Every whole staged part of this partition with its record count (a part being written
+    is not listed). A part is deleted once published: each one listed waits for its commit,
+    or for the next start of its job to discard it."""
+    root = plog.path / STAGED
+    out: list[StagedPart] = []
+    if not root.is_dir():
+        return out
+    for owner_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for f in sorted(owner_dir.glob("*.log")):
+            count = len(read_part(plog, owner_dir.name, f.stem))
+            out.append(StagedPart(stream, partition, owner_dir.name, f.stem, count))
+    return out
+
+
+@dataclass
+class _Pending:
+    plog: PartitionLog
+    tmp: Path
+    records: list[Record]
+    written: int = 0
+
+
+class FileLogStagingProducer(StagingProducer):
+    """Stages one task attempt's batch output (``owner``, ``part``) beside each partition it
+    sends to. :meth:`flush` makes what was sent durable in temporary files; :meth:`stage`
+    makes them the staged parts (nothing is visible to readers either way)."""
+
+    def __init__(
+        self,
+        log_of: Callable[[str, int], PartitionLog],
+        owner: str,
+        part: str,
+        buffer_bytes: int,
+    ) -> None:
+        self._log_of = log_of
+        self.owner = check_name("owner", owner)
+        self.part = check_name("part", part)
+        self._limit = buffer_bytes
+        self._buffered = 0
+        self._pending: dict[tuple[str, int], _Pending] = {}
+
+    def _target(self, stream: str, partition: int) -> _Pending:
+        target = self._pending.get((stream, partition))
+        if target is None:
+            plog = self._log_of(stream, partition)
+            folder = _staged_dir(plog, self.owner)
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{self.part}.{uuid.uuid4().hex[:12]}.tmp"
+            target = self._pending[(stream, partition)] = _Pending(plog, tmp, [])
+        return target
+
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        self._target(stream, partition).records.append(record)
+        self._buffered += len(record.key or b"") + len(record.value or b"") + 32
+        if self._buffered >= self._limit:
+            self.flush()
+
+    def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
+        target = self._target(stream, partition)
+        start = len(target.records)
+        target.records.extend(records)
+        self._buffered += sum(
+            len(k or b"") + len(v or b"") + 32 for _, k, v, _ in target.records[start:]
+        )
+        if self._buffered >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        for target in self._pending.values():
+            if not target.records:
+                continue
+            data, _index, n = fmt.encode_many(target.written, target.records)
+            with open(target.tmp, "ab") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            target.written += n
+            target.records = []
+        self._buffered = 0
+
+    def stage(self) -> dict[tuple[str, int], str]:
+        self.flush()
+        staged: dict[tuple[str, int], str] = {}
+        for (stream, partition), target in self._pending.items():
+            if target.written == 0:
+                continue
+            os.replace(target.tmp, _part_path(target.plog, self.owner, self.part))
+            fsync_dir(target.tmp.parent)
+            staged[(stream, partition)] = self.part
+        self._pending = {}
+        return staged
+
+    def close(self) -> None:
+        """Drop what was not staged (a batch that failed): its temporary files go."""
+        for target in self._pending.values():
+            target.tmp.unlink(missing_ok=True)
+        self._pending = {}

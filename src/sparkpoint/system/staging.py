@@ -1,0 +1,74 @@
+"""The interfaces of exactly-once output (``job.processing.guarantee: exactly-once``).
+
+A system that can give it hands out an :class:`OutputStaging` (``SystemAdmin.output_staging``):
+a task attempt's batch output goes to a :class:`StagingProducer`, which keeps it where no
+reader sees it; the parts it staged are named in the task's next checkpoint, and published
+(made visible, once and whole) after that checkpoint is written. A part no checkpoint names is
+discarded. How a system keeps staged output is its own: the filelog stages it beside each
+partition (:mod:`sparkpoint.system.filelog.staging`).
+
+Owns these interfaces only; imports nothing of sparkpoint's but the system base.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sparkpoint.system.base import SystemProducer
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """One staged part: the output of one task attempt's batch for one partition."""
+
+    stream: str
+    partition: int
+    owner: str
+    part: str
+    records: int
+
+
+class StagingProducer(SystemProducer):
+    """A producer whose records nobody reads until they are published. ``flush`` makes what
+    was sent durable where it waits; :meth:`stage` ends the part (once, at the end of the
+    batch): it returns the part staged per ``(stream, partition)`` that got records."""
+
+    @abstractmethod
+    def stage(self) -> dict[tuple[str, int], str]:
+        """Make everything sent a staged part; returns the part name per partition."""
+
+
+class OutputStaging(ABC):
+    """A system's exactly-once output: staging, publishing, discarding."""
+
+    @abstractmethod
+    def producer(self, owner: str, part: str) -> StagingProducer:
+        """A producer staging ``owner``'s part ``part`` (one task attempt's batch)."""
+
+    @abstractmethod
+    def publish(
+        self,
+        stream: str,
+        partition: int,
+        owner: str,
+        key: int,
+        parts: Sequence[str],
+        failpoints: Mapping[str, str] | None = None,
+    ) -> int:
+        """Make ``owner``'s staged ``parts`` of commit ``key`` visible, in order, once and
+        whole; a commit whose key is not above the owner's last published one was published
+        already (returns 0). Returns the records published."""
+
+    @abstractmethod
+    def staged(self, stream: str) -> list[StagedPart]:
+        """Every staged part of ``stream`` still waiting (or never to be published)."""
+
+    @abstractmethod
+    def published_key(self, stream: str, partition: int, owner: str) -> int | None:
+        """The key of ``owner``'s last commit published to this partition, if any."""
+
+    @abstractmethod
+    def discard(self, stream: str, partition: int, owner: str, part: str) -> None:
+        """Delete a staged part that will never be published. Idempotent."""

@@ -1,0 +1,169 @@
+"""Exactly-once output on the filelog (issue 34): staged records are invisible until their
+commit is published; a publish happens once and whole, also when its publisher dies half-way
+(readers never see part of it, and the next one to take the partition's lock finishes it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.errors import CorruptRecordError, UserError
+from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.filelog import FileLogSystemFactory
+from sparkpoint.system.filelog.system import FileLogAdmin, FileLogStaging
+
+SSP = SystemStreamPartition("fl", "out", 0)
+
+
+@pytest.fixture
+def admin(tmp_path: Path) -> FileLogAdmin:
+    admin = FileLogSystemFactory().get_admin("fl", {"systems.fl.path": str(tmp_path / "fl")})
+    admin.create_stream(StreamSpec("out", 2))
+    return admin
+
+
+def staging_of(admin: FileLogAdmin) -> FileLogStaging:
+    staging = admin.output_staging()
+    assert staging is not None
+    return staging
+
+
+def values(admin: FileLogAdmin, partition: int = 0) -> list[str]:
+    """What a reader of the partition sees, in order."""
+    ssp = SystemStreamPartition("fl", "out", partition)
+    meta = admin.get_metadata([ssp])[ssp]
+    consumer = FileLogSystemFactory().get_consumer("fl", {"systems.fl.path": str(root(admin))})
+    return [
+        (r.value or b"").decode() for r in consumer.read(ssp, meta.oldest, meta.upcoming, None)
+    ]
+
+
+def root(admin: FileLogAdmin) -> Path:
+    return admin._s.root
+
+
+def stage(admin: FileLogAdmin, owner: str, part: str, *vals: str, partition: int = 0) -> str:
+    producer = staging_of(admin).producer(owner, part)
+    for v in vals:
+        producer.send("out", partition, Record("", None, v.encode(), 1_000))
+    staged = producer.stage()
+    assert staged == ({("out", partition): part} if vals else {})
+    return part
+
+
+def test_staged_records_are_invisible_until_published_then_in_order_once(
+    admin: FileLogAdmin,
+) -> None:
+    staging = staging_of(admin)
+    stage(admin, "job-1.Partition_0", "r1-1-a", "a", "b")
+    stage(admin, "job-1.Partition_0", "r1-2-b", "c")
+    assert values(admin) == []  # staged: nobody reads it
+    assert [(p.part, p.records) for p in staging.staged("out")] == [("r1-1-a", 2), ("r1-2-b", 1)]
+    n = staging.publish("out", 0, "job-1.Partition_0", 10, ["r1-1-a", "r1-2-b"])
+    assert n == 3
+    assert values(admin) == ["a", "b", "c"]
+    assert staging.staged("out") == []  # published parts are deleted
+    assert staging.published_key("out", 0, "job-1.Partition_0") == 10
+    # again (a restarted task, the driver's start): already done, nothing twice
+    assert staging.publish("out", 0, "job-1.Partition_0", 10, ["r1-1-a", "r1-2-b"]) == 0
+    assert values(admin) == ["a", "b", "c"]
+
+
+def test_owners_are_independent_and_plain_appends_interleave(admin: FileLogAdmin) -> None:
+    staging = staging_of(admin)
+    producer = FileLogSystemFactory().get_producer("fl", {"systems.fl.path": str(root(admin))})
+    stage(admin, "t0", "p1", "t0-a")
+    stage(admin, "t1", "p1", "t1-a")
+    producer.send("out", 0, Record("", None, b"plain", 5))
+    producer.flush()
+    assert staging.publish("out", 0, "t1", 7, ["p1"]) == 1
+    assert staging.publish("out", 0, "t0", 3, ["p1"]) == 1  # keys are per owner
+    assert values(admin) == ["plain", "t1-a", "t0-a"]
+    # an older commit of an owner is never published after a newer one
+    stage(admin, "t0", "p0", "stale")
+    assert staging.publish("out", 0, "t0", 2, ["p0"]) == 0
+    assert values(admin) == ["plain", "t1-a", "t0-a"]
+
+
+@pytest.mark.parametrize("point", PUBLISH_POINTS)
+def test_a_publisher_that_dies_half_way_is_finished_by_the_next_one(
+    admin: FileLogAdmin, point: str, tmp_path: Path
+) -> None:
+    staging = staging_of(admin)
+    stage(admin, "t0", "p1", "a", "b", "c")
+    flag = tmp_path / "flag"
+    flag.write_text("0")
+    crash = {"testing.crash.at": point, "testing.crash.flag": str(flag)}
+    with pytest.raises(InjectedCrash):
+        staging.publish("out", 0, "t0", 5, ["p1"], failpoints=crash)
+    # the publish is in neither state for readers: none of its records are visible
+    assert values(admin) == []
+    meta = admin.get_metadata([SSP])[SSP]
+    assert (meta.newest, meta.upcoming) == (None, "0")
+    # the next one to take the lock (here a plain append) finishes it first, exactly once
+    producer = FileLogSystemFactory().get_producer("fl", {"systems.fl.path": str(root(admin))})
+    producer.send("out", 0, Record("", None, b"after", 5))
+    producer.flush()
+    assert values(admin) == ["a", "b", "c", "after"]
+    assert staging.publish("out", 0, "t0", 5, ["p1"]) == 0
+    assert values(admin) == ["a", "b", "c", "after"]
+    assert staging.staged("out") == []
+
+
+def test_a_killed_publisher_process_leaves_nothing_visible_and_nothing_lost(
+    admin: FileLogAdmin, tmp_path: Path
+) -> None:
+    stage(admin, "t0", "p1", *(f"v{i}" for i in range(500)))
+    flag = tmp_path / "flag"
+    flag.write_text("0")
+    script = (
+        "import sys\n"
+        "from sparkpoint.system.filelog import FileLogSystemFactory\n"
+        "a = FileLogSystemFactory().get_admin('fl', {'systems.fl.path': sys.argv[1]})\n"
+        "a.output_staging().publish('out', 0, 't0', 9, ['p1'], failpoints={\n"
+        "    'testing.crash.at': 'publish-after-append', 'testing.crash.flag': sys.argv[2],\n"
+        "    'testing.crash.mode': 'exit'})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(root(admin)), str(flag)])
+    assert proc.returncode == 137  # os._exit at the failpoint: the lock dies with it
+    assert values(admin) == []
+    assert staging_of(admin).publish("out", 0, "t0", 9, ["p1"]) == 0  # finished on the way in
+    assert values(admin) == [f"v{i}" for i in range(500)]
+
+
+def test_a_part_that_is_never_staged_leaves_nothing(admin: FileLogAdmin) -> None:
+    producer = staging_of(admin).producer("t0", "p1")
+    producer.send("out", 1, Record("", None, b"x", 1))
+    producer.flush()  # durable in a temporary file, not a staged part
+    assert staging_of(admin).staged("out") == []
+    producer.close()  # the batch failed
+    assert list((root(admin) / "out").rglob("*.tmp")) == []
+
+
+def test_a_part_flushed_many_times_is_one_part_in_send_order(admin: FileLogAdmin) -> None:
+    staging = staging_of(admin)
+    producer = staging.producer("t0", "p1")
+    for i in range(10):
+        producer.send_many("out", 1, [Record("", b"k", f"{i}-{j}".encode(), 1) for j in range(3)])
+        producer.flush()
+    assert producer.stage() == {("out", 1): "p1"}
+    assert staging.publish("out", 1, "t0", 1, ["p1"]) == 30
+    assert values(admin, 1) == [f"{i}-{j}" for i in range(10) for j in range(3)]
+
+
+def test_a_missing_staged_part_is_an_error_naming_it(admin: FileLogAdmin) -> None:
+    with pytest.raises(CorruptRecordError, match=r"staged output t0/gone is missing"):
+        staging_of(admin).publish("out", 0, "t0", 1, ["gone"])
+    assert values(admin) == []
+
+
+def test_bad_owner_and_part_names_are_refused(admin: FileLogAdmin) -> None:
+    with pytest.raises(UserError, match="invalid staged output owner"):
+        staging_of(admin).producer("a/b", "p")
+    with pytest.raises(UserError, match="invalid staged output part"):
+        staging_of(admin).producer("a", "../p")
