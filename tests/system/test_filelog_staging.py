@@ -38,9 +38,7 @@ def values(admin: FileLogAdmin, partition: int = 0) -> list[str]:
     ssp = SystemStreamPartition("fl", "out", partition)
     meta = admin.get_metadata([ssp])[ssp]
     consumer = FileLogSystemFactory().get_consumer("fl", {"systems.fl.path": str(root(admin))})
-    return [
-        (r.value or b"").decode() for r in consumer.read(ssp, meta.oldest, meta.upcoming, None)
-    ]
+    return [(r.value or b"").decode() for r in consumer.read(ssp, meta.oldest, meta.upcoming, None)]
 
 
 def root(admin: FileLogAdmin) -> Path:
