@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-peers clean
+.PHONY: setup example example-windows test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -38,10 +38,11 @@ docs:
 typecheck: setup
 	@.venv/bin/mypy
 
-# 100 SIGKILLs over the example job, a dual-commit job with a flaky blob store, and the latter
-# on a standalone cluster; prints kills=K mismatches=M lost=L duplicates=D dangling=X
+# 100 SIGKILLs over the example job, a dual-commit job with a flaky blob store (also on a
+# standalone cluster), a job with time in its state, the windows example and the example with
+# exactly-once output; prints kills=K mismatches=M lost=L duplicates=D dangling=X
 soak: setup
-	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time,windows
+	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time,windows,exactly
 
 bench: setup
 	@.venv/bin/python bench/run.py
@@ -78,6 +79,10 @@ bench-timers: setup
 
 bench-windows: setup
 	@.venv/bin/python bench/windows.py
+
+# the example with exactly-once output vs at-least-once, side by side (target >= 0.8x)
+bench-exactly-once: setup
+	@.venv/bin/python bench/exactly_once.py
 
 # sparkpoint vs Spark Structured Streaming, PyFlink, Bytewax and Quix Streams (each installed into
 # its own venv under bench/out/venvs): throughput, recovery, checkpoint cost; about 40 minutes

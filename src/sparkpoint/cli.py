@@ -508,17 +508,39 @@ def stream_read(
     partition: Annotated[int | None, typer.Option(help="Only this partition.")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="Start at this offset.")] = None,
     limit: Annotated[int | None, typer.Option(help="At most this many records.")] = None,
+    staged: Annotated[
+        bool,
+        typer.Option(
+            "--staged",
+            help="Print the staged output instead: records of exactly-once jobs waiting for "
+            "the checkpoint that covers their input (each with state, owner and part).",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Print a stream's records as JSON lines (partition, offset, key, value, timestamp).
 
+    These are the committed records: output a job with `job.processing.guarantee:
+    exactly-once` staged is not in the stream until the checkpoint covering its input is
+    written (`--staged` shows it).
+
     Example: `sparkpoint stream read job.yaml user-counts --partition 0 --from 10`
     """
     from sparkpoint.system.registry import Systems
-    from sparkpoint.tools.streams import dump_json_lines, read_json_lines, resolve_stream
+    from sparkpoint.tools.streams import (
+        dump_json_lines,
+        read_json_lines,
+        read_staged_json_lines,
+        resolve_stream,
+    )
 
     config = _config(job, set_)
     ss = resolve_stream(config, stream)
+    if staged:
+        dump_json_lines(
+            read_staged_json_lines(config, Systems(config), ss, partition=partition), sys.stdout
+        )
+        return
     rows = read_json_lines(
         config, Systems(config), ss, partition=partition, start=from_, limit=limit
     )

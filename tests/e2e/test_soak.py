@@ -1,6 +1,7 @@
-"""A short soak in CI (issue 11): SIGKILLs of drivers and Python workers over the example job, a
-dual-commit job with a flaky blob store, and the windows example; no mismatch, no lost view, no
-dangling or leaked blob, duplicates within their bound. `make soak` runs the long one (100 kills,
+"""A short soak in CI (issue 11): SIGKILLs of drivers and Python workers over the example job
+with exactly-once output, a dual-commit job with a flaky blob store, and the windows example; no
+mismatch, no lost view, no dangling or leaked blob, no duplicate of exactly-once output and the
+others' duplicates within their bound. `make soak` runs the long one (100 kills,
 and the dual job on a standalone cluster, whose worker kills CI covers in tests/e2e/test_cluster.py
 and tests/e2e/test_host_affinity.py)."""
 
@@ -26,9 +27,10 @@ def test_short_soak(tmp_path: Path) -> None:
             "--kills",
             "3",
             "--variants",
-            # windows covers timers and event time (the time variant's machinery) too; the
-            # cluster variant (a cluster of its own, 100 s here) is left to `make soak`
-            "example,dual,windows",
+            # exactly is the example with exactly-once output (no duplicate allowed); windows
+            # covers timers and event time (the time variant's machinery) too; the cluster
+            # variant (a cluster of its own, 100 s here) is left to `make soak`
+            "exactly,dual,windows",
             "--seed",
             "3",
             "--events",

@@ -81,6 +81,17 @@ KEYS: tuple[ConfigKey, ...] = (
         "relative paths in a job file are relative to its directory)",
     ),
     ConfigKey(
+        "job.processing.guarantee",
+        "at-least-once",
+        "at-least-once | exactly-once",
+        "at-least-once: output is sent as it is made, and a crash replays what the last "
+        "checkpoint does not cover (duplicates downstream); exactly-once: each batch's output "
+        "is staged and becomes visible only when the checkpoint covering its input is written "
+        "(none twice, none lost; it is seen a commit later and written twice on the filelog). "
+        "Needs a system that can stage output (filelog)",
+        _one_of("at-least-once", "exactly-once"),
+    ),
+    ConfigKey(
         "job.logged.store.base.dir",
         None,
         "a directory path",

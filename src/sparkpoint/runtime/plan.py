@@ -87,6 +87,9 @@ class TaskBatchPlan:
     #: the driver's processing time when it is not the wall clock (the test kit's fake clock);
     #: a DataFrame pipeline's phases, run in Spark's workers, read it
     clock_ms: int | None = None
+    #: exactly-once: the output the task staged since its last written checkpoint, per SSP
+    #: (``system.stream.partition``), oldest first (:mod:`sparkpoint.storage.outputs`)
+    pending_outputs: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def batch_state_id(self) -> UncommittedState:
@@ -122,3 +125,7 @@ class TaskBatchResult:
     state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk
     late: int = 0  # records behind the task's watermark (event time)
     timers_fired: int = 0
+    #: exactly-once: the output staged since the last written checkpoint, this batch's too
+    staged_outputs: dict[str, list[str]] = field(default_factory=dict)
+    parts_staged: int = 0  # exactly-once: parts this batch staged (one per partition sent to)
+    records_published: int = 0  # staged records this batch's clean-up published

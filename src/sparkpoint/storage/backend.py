@@ -335,5 +335,6 @@ def v1_changelog_offsets(
     """The changelog SSP offsets a V1 checkpoint carries for these markers (by backend)."""
     out: dict[SystemStreamPartition, str] = {}
     for name, by_store in markers.items():
-        out.update(backend_factory(name).marker_offsets(config, by_store))
+        if name in known_backends():  # (not the markers of staged output: V2 only)
+            out.update(backend_factory(name).marker_offsets(config, by_store))
     return out

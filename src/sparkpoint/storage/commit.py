@@ -44,7 +44,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -62,6 +62,7 @@ from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import TaskBackupManager
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.outputs import OUTPUTS, TaskOutputs
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,10 @@ class CommitScope:
     backups: Mapping[str, TaskBackupManager]
     store_backends: Mapping[str, list[str]]  # store -> its backup backends
     config: Mapping[str, str] = field(default_factory=dict)  # for the failpoints
+    #: exactly-once output staged since the last written checkpoint (:mod:`.outputs`)
+    outputs: TaskOutputs | None = None
+    #: publishes the staged output a written checkpoint names (at its clean-up)
+    publish: Callable[[Checkpoint], int] | None = None
 
 
 @dataclass
@@ -232,6 +237,9 @@ class TaskCommitManager:
         self.backups = scope.backups
         self.store_backends = scope.store_backends
         self.config = scope.config
+        self.outputs = scope.outputs
+        self.publish = scope.publish
+        self._base_commit: Checkpoint | None = None  # an unwritten commit this one builds on
         self.settings = settings
         self.skip = settings.skip
         self.dir = scope.local.commits_dir()
@@ -431,8 +439,9 @@ class TaskCommitManager:
             return None
         # asked to commit now, or blocked until the previous upload finished (past
         # task.commit.max.delay.ms): build on it; the driver writes it first
+        self._base_commit = CheckpointV2.from_json(pending.checkpoint)
         for manager in self.backups.values():
-            manager.init(CheckpointV2.from_json(pending.checkpoint))
+            manager.init(self._base_commit)
         return pending.checkpoint_id
 
     def _snapshot_or_fail(
@@ -470,6 +479,10 @@ class TaskCommitManager:
         snapshot: dict[str, dict[str, str]] = {}
         for name, manager in self.backups.items():
             snapshot[name] = manager.snapshot(cid)
+        if self.outputs is not None:
+            staged = self.outputs.markers(cid, self._base_commit)
+            if staged:
+                snapshot[OUTPUTS] = staged
         maybe_crash(self.config, "after-snapshot")
         record = CommitRecord(
             self.run_id,
@@ -508,10 +521,11 @@ class TaskCommitManager:
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
             maybe_crash(self.config, "after-upload")
+            snapshot = CheckpointV2.from_json(record.checkpoint)
+            if OUTPUTS in snapshot.state_checkpoint_markers:  # final at the snapshot
+                markers[OUTPUTS] = dict(snapshot.state_checkpoint_markers[OUTPUTS])
             checkpoint = CheckpointV2(
-                CheckpointId.parse(record.checkpoint_id),
-                CheckpointV2.from_json(record.checkpoint).input_offsets,
-                markers,
+                CheckpointId.parse(record.checkpoint_id), snapshot.input_offsets, markers
             )
             text = checkpoint.dumps()
             for store, engine in self.engines.items():
@@ -590,6 +604,8 @@ class TaskCommitManager:
         if done_marker.exists() and done_marker.read_text() == f"{self.run_id}:{floor}":
             return
         maybe_crash(self.config, "during-cleanup")
+        if self.publish is not None:
+            self.publish(committed)  # the output it covers becomes visible (idempotent)
         for name, manager in self.backups.items():
             manager.clean_up(floor, committed.state_checkpoint_markers.get(name, {}))
         for r in self.records():

@@ -53,6 +53,7 @@ from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
 from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.outputs import TaskOutputs, publish
 from sparkpoint.storage.restore import TaskRestore
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.system.registry import Systems
@@ -152,6 +153,9 @@ class TaskStorage:
         self.backup_names = {s: store_backends(config, s, "backup") for s in config.stores}
         self._backups: dict[str, TaskBackupManager] = {}
         self._typed: list[SerializedKeyValueStore[Any, Any]] = []
+        #: exactly-once output staged since the last written checkpoint; its commits name it
+        self.outputs: TaskOutputs | None = None
+        self.published = 0  # staged records published by this batch's clean-up
 
     @property
     def last_checkpoint_id(self) -> str | None:
@@ -392,12 +396,20 @@ class TaskStorage:
             self._backup_managers(init=True),
             self.backup_names,
             self.config,
+            self.outputs,
+            self._publish,
         )
         return TaskCommitManager(
             scope,
             CommitSettings.from_config(self.config, pool_size=self.pool_size),
             committed=self.last_checkpoint_id,
         )
+
+    def _publish(self, committed: Checkpoint) -> int:
+        """Publish the staged output a written checkpoint names (its clean-up)."""
+        n = publish(self.config, self.systems, self.task.name, committed, self.config)
+        self.published += n
+        return n
 
     # -- close
 

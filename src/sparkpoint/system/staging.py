@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sparkpoint.system.base import SystemProducer
+from sparkpoint.system.base import Record, SystemProducer
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,10 @@ class OutputStaging(ABC):
     @abstractmethod
     def staged(self, stream: str) -> list[StagedPart]:
         """Every staged part of ``stream`` still waiting (or never to be published)."""
+
+    @abstractmethod
+    def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
+        """The records of a staged part, in order (offsets from 0: none is assigned yet)."""
 
     @abstractmethod
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:

@@ -19,6 +19,7 @@ from sparkpoint.metadata.job_state import is_running
 from sparkpoint.metadata.locality import stored_assignment, task_locality
 from sparkpoint.model import TaskName
 from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.outputs import GUARANTEE
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
@@ -80,6 +81,9 @@ def job_overview(config: Config) -> dict[str, Any]:
         "job": config.job_name,
         "id": config.job_id,
         "running": None if beat is None else f"driver pid {beat['pid']} on {beat['host']}",
+        # the guarantee the job last ran with (its config's, before any run)
+        "processing-guarantee": store.get(GUARANTEE, "last")
+        or config.get_str("job.processing.guarantee"),
         "tasks": tasks,
     }
 
@@ -99,7 +103,10 @@ def _local_directory(config: Config, task: str) -> dict[str, Any] | None:
 def overview_lines(data: dict[str, Any]) -> list[str]:
     """``job show`` without ``--json``: a line per task."""
     running = f"running ({data['running']})" if data["running"] else "not running"
-    lines = [f"job {data['job']} ({data['id']}): {len(data['tasks'])} tasks, {running}"]
+    lines = [
+        f"job {data['job']} ({data['id']}): {len(data['tasks'])} tasks, {running}, "
+        f"{data['processing-guarantee']} output"
+    ]
     for t in data["tasks"]:
         where = f"executor {t['executor']} on {t['host']}" if t["executor"] else "not placed"
         sizes = ", ".join(f"{s} {n:,} bytes" for s, n in sorted(t["state-bytes"].items()))

@@ -181,6 +181,38 @@ def send_messages(
     return count
 
 
+def read_staged_json_lines(
+    config: Config, systems: Systems, stream: SystemStream, *, partition: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The staged output of ``stream`` (exactly-once): records no reader sees yet, each with
+    its ``state`` ("staged"), ``owner`` (job and task) and ``part`` (run, batch, attempt). A
+    part is published when the checkpoint naming it is written, or discarded at the job's next
+    start if none does."""
+    staging = systems.admin(stream.system).output_staging()
+    if staging is None:
+        raise UserError(f"{stream.system} cannot stage output: {stream} has no staged records")
+    key_serde, msg_serde = stream_serdes(config, stream)
+    for part in staging.staged(stream.stream):
+        if partition is not None and part.partition != partition:
+            continue
+        for rec in staging.read_part(stream.stream, part.partition, part.owner, part.part):
+            try:
+                key = None if rec.key is None else key_serde.from_bytes(rec.key)
+                value = None if rec.value is None else msg_serde.from_bytes(rec.value)
+            except (ValueError, TypeError) as exc:
+                what = f"staged part {part.owner}/{part.part} of {stream}: cannot decode it"
+                raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
+            yield {
+                "partition": part.partition,
+                "state": "staged",
+                "owner": part.owner,
+                "part": part.part,
+                "key": key,
+                "value": value,
+                "timestamp": rec.timestamp,
+            }
+
+
 def read_json_lines(
     config: Config,
     systems: Systems,

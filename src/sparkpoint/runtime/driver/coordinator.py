@@ -26,7 +26,10 @@ from sparkpoint.checkpoint.offsets import OffsetManager, check_in_range
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.failpoints import maybe_crash
-from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
+from sparkpoint.metadata.coordinator_stream import (
+    CoordinatorStreamStore,
+    coordinator_stream_name,
+)
 from sparkpoint.metadata.job_state import (
     DriverConflict,
     Heartbeat,
@@ -55,6 +58,14 @@ from sparkpoint.storage.backend import (
     known_backends,
     store_backends,
     v1_changelog_offsets,
+)
+from sparkpoint.storage.outputs import (
+    AT_LEAST_ONCE,
+    EXACTLY_ONCE,
+    GUARANTEE,
+    exactly_once,
+    settle,
+    uncovered,
 )
 from sparkpoint.storage.state_id import (
     EMPTY,
@@ -87,6 +98,8 @@ class TaskState:
     lag: int = 0
     # SSPs started from a startpoint; its fan-out entry goes once a checkpoint covers the SSP
     startpoints: set[SystemStreamPartition] = field(default_factory=set)
+    # exactly-once: output staged since the last written checkpoint (storage.outputs)
+    pending_outputs: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
@@ -94,6 +107,22 @@ def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
         return max(0, int(upcoming) - int(nxt))
     except ValueError:
         return 1 if admin_cmp(nxt, upcoming) < 0 else 0
+
+
+def check_exactly_once(config: Config, checkpoints: CheckpointManager, *, dataframe: bool) -> None:
+    """Refuse exactly-once output where it cannot hold: a DataFrame pipeline (not yet), or
+    checkpoints that would not carry the staged output's markers (V2 only)."""
+    if dataframe:
+        raise ConfigError(
+            "job.processing.guarantee=exactly-once is not available to DataFrame pipelines yet "
+            "(only to task API jobs, on filelog): run the pipeline at-least-once"
+        )
+    if 2 not in checkpoints.write_versions or checkpoints.read_versions[0] != 2:
+        raise ConfigError(
+            "job.processing.guarantee=exactly-once needs V2 checkpoints, written and read first "
+            "(task.checkpoint.write.versions with 2, task.checkpoint.read.versions starting "
+            "with 2): only V2 names the staged output a checkpoint covers"
+        )
 
 
 def check_checkpoint_versions(config: Config, store: str, checkpoints: CheckpointManager) -> None:
@@ -151,6 +180,7 @@ class JobCoordinator:
         self.affinity: HostAffinity | None = None
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
+        self._discarded = 0  # staged parts the start discarded, for the first batch report
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
@@ -178,6 +208,8 @@ class JobCoordinator:
 
     def start(self) -> JobModel:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
+        if exactly_once(self.config):
+            check_exactly_once(self.config, self.checkpoints, dataframe=self.exact_batches)
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
@@ -213,6 +245,23 @@ class JobCoordinator:
             self.config, self.systems, source="coordinator"
         )
         store_config(self.metadata_store, self.config)
+        self._record_guarantee(self.metadata_store)
+
+    def _record_guarantee(self, store: CoordinatorStreamStore) -> None:
+        """Keep the processing guarantee this run has (``job show`` reads it); log a switch."""
+        now = self.config.get("job.processing.guarantee") or AT_LEAST_ONCE
+        before = store.get(GUARANTEE, "last")
+        if before is not None and before != now:
+            log.warning(
+                "job.processing.guarantee: the last run had %s, this one has %s%s",
+                before,
+                now,
+                " (what the last run staged is published or discarded first)"
+                if before == EXACTLY_ONCE
+                else " (output becomes visible at each written checkpoint from now on)",
+            )
+        if before != now:
+            store.put(GUARANTEE, "last", now)
 
     def _prepare_state(self, model: JobModel) -> tuple[dict[TaskName, Checkpoint], set[TaskName]]:
         """Create and check the state backends' resources, read every task's last checkpoint,
@@ -227,6 +276,8 @@ class JobCoordinator:
             must_restore |= admin.lost_committed_state(checkpoints)
             admin.compact(checkpoints)
         self._delete_unused_state(model, checkpoints)
+        # exactly-once output a crash left: published, or discarded (reported with batch 1)
+        self._discarded = settle(self.config, self.systems, checkpoints).discarded
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
@@ -414,6 +465,7 @@ class JobCoordinator:
                     task_count=len(self.tasks),
                     location=locations.get(ts.model.name.name),
                     clock_ms=clock,
+                    pending_outputs={k: list(v) for k, v in ts.pending_outputs.items()},
                 )
             )
         return plans
@@ -425,6 +477,7 @@ class JobCoordinator:
         ts.resume = dict(result.next_offsets)
         ts.last_processed = dict(result.last_processed)
         ts.processed += result.processed
+        ts.pending_outputs = dict(result.staged_outputs)
         for info in result.restored:
             log.info(
                 "task %s store %s: state from %s (%d entries, %d bytes, %.2fs)",
@@ -457,6 +510,7 @@ class JobCoordinator:
                 )
                 continue
             self._write_checkpoint(ts, checkpoint)
+            ts.pending_outputs = uncovered(ts.pending_outputs, checkpoint)
             written = True
             if self.affinity is not None:
                 self.affinity.committed(result, str(checkpoint.checkpoint_id))
@@ -531,7 +585,13 @@ class JobCoordinator:
             moved=placed.moved,
             away=placed.away,
             tasks=results,
+            parts_discarded=self._discarded,
+            parts_open={
+                name: sum(len(p) for p in ts.pending_outputs.values())
+                for name, ts in self.tasks.items()
+            },
         )
+        self._discarded = 0
         for r in results:
             for metrics in r.upload_metrics:
                 for key, value in metrics.items():

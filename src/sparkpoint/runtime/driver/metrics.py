@@ -61,6 +61,27 @@ class JobMetrics:
             Counter, "task_late_messages", "Messages behind the task's watermark (event time)"
         )
         self.timers_fired = task(Counter, "task_timers_fired", "Timers that fired (on_timer)")
+        self.parts_staged = task(
+            Counter,
+            "task_output_parts_staged",
+            "Exactly-once: output parts staged (one per batch and partition sent to)",
+        )
+        self.parts_open = task(
+            Gauge,
+            "task_output_parts_open",
+            "Exactly-once: staged parts no written checkpoint names yet (open)",
+        )
+        self.published = task(
+            Counter,
+            "task_output_records_published",
+            "Exactly-once: staged records published (committed)",
+        )
+        self.discarded = task(
+            Counter,
+            "output_parts_discarded",
+            "Exactly-once: staged parts a start discarded (aborted: no checkpoint named them)",
+            (),
+        )
         self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
         self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
         self.commits = task(Counter, "task_commits", "Commits started")
@@ -98,6 +119,8 @@ class JobMetrics:
             self.sent.labels(*labels).inc(r.sent)
             self.late.labels(*labels).inc(r.late)
             self.timers_fired.labels(*labels).inc(r.timers_fired)
+            self.parts_staged.labels(*labels).inc(r.parts_staged)
+            self.published.labels(*labels).inc(r.records_published)
             self.process_time.labels(*labels).inc(r.process_seconds)
             if r.commit_started:
                 self.commits.labels(*labels).inc()
@@ -113,6 +136,10 @@ class JobMetrics:
                 self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in r.restored))
             for store, size in r.state_bytes.items():
                 self.state_bytes.labels(job, r.task, store).set(size)
+        for task, parts in report.parts_open.items():
+            self.parts_open.labels(job, task).set(parts)
+        if report.parts_discarded:
+            self.discarded.labels(job).inc(report.parts_discarded)
         for task, lag in report.lag.items():
             self.lag.labels(job, task).set(lag)
         for move in report.away:

@@ -43,6 +43,10 @@ class BatchReport:
     moved: list[Move] = field(default_factory=list)  # host affinity: placed before the batch
     away: list[Move] = field(default_factory=list)  # ran away from their executor
     tasks: list[TaskBatchResult] = field(default_factory=list)  # what each task reported
+    #: exactly-once: staged parts the job's start discarded (the run's first batch reports it)
+    parts_discarded: int = 0
+    #: exactly-once: per task, staged parts no written checkpoint names yet
+    parts_open: dict[str, int] = field(default_factory=dict)
 
     @property
     def restored_tasks(self) -> int:

@@ -52,6 +52,7 @@ from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.outputs import TaskOutputs, exactly_once, new_part, owner_of
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.storage.tables import Tables, apply_records
 from sparkpoint.storage.task_storage import (
@@ -280,7 +281,11 @@ class TaskBatch:
         t0 = time.monotonic()
         next_offsets = self.begin()
         coordinator = BatchCoordinator()
-        collector = OutputCollector(self.config, self.systems, self.task)
+        collector = OutputCollector(self.config, self.systems, self.task, self._staging())
+        if exactly_once(self.config):
+            # the output staged since the last written checkpoint, when this batch continues
+            # the live state that staged it (else it starts again from the checkpoint)
+            self.storage.outputs = TaskOutputs(plan.pending_outputs if self.kept else {})
         processed = 0
         try:
             stores = self.storage.stores()
@@ -304,6 +309,8 @@ class TaskBatch:
                 timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
             collector.close()
+            if self.storage.outputs is not None:
+                self.storage.outputs.add(collector.staged)
             result = self.finish(
                 next_offsets,
                 processed=processed,
@@ -313,9 +320,20 @@ class TaskBatch:
                 processed_at=time.monotonic(),
             )
             result.late, result.timers_fired = timers.late, timers.fired
+            if self.storage.outputs is not None:
+                result.staged_outputs = self.storage.outputs.pending
+                result.parts_staged = len(collector.staged)
+            result.records_published = self.storage.published
             return result
         finally:
+            collector.abort()  # a failed batch's staged output goes (after close(): nothing)
             self.storage.close()
+
+    def _staging(self) -> tuple[str, str] | None:
+        """(owner, part) of this attempt's staged output, with exactly-once output."""
+        if not exactly_once(self.config):
+            return None
+        return owner_of(self.config, self.task), new_part(self.plan.run_id, self.plan.batch)
 
     def finish(
         self,

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import OutputError, TaskError
+from sparkpoint.errors import ConfigError, OutputError, TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde
+from sparkpoint.storage.outputs import staging_of
 from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.staging import StagingProducer
 from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 if TYPE_CHECKING:
@@ -43,20 +45,41 @@ class _Route:
 class OutputCollector:
     """The task's :class:`MessageCollector`; buffers per producer until :meth:`flush`."""
 
-    def __init__(self, config: Config, systems: Systems, task: TaskName) -> None:
+    def __init__(
+        self,
+        config: Config,
+        systems: Systems,
+        task: TaskName,
+        staging: tuple[str, str] | None = None,
+    ) -> None:
         self._config = config
         self._systems = systems
         self._task = task
+        #: exactly-once: (owner, part) of this batch's staged output (storage.outputs)
+        self._staging = staging
         self._producers: dict[str, SystemProducer] = {}
         self._routes: dict[tuple[str, str], _Route] = {}
         self.sent = 0
+        #: exactly-once: the part staged per (system, stream, partition), once closed
+        self.staged: dict[tuple[str, str, int], str] = {}
+
+    def _producer(self, system: str) -> SystemProducer:
+        producer = self._producers.get(system)
+        if producer is None:
+            if self._staging is None:
+                producer = self._systems.producer(system)
+            else:
+                try:
+                    producer = staging_of(self._systems, system).producer(*self._staging)
+                except ConfigError as exc:
+                    raise TaskError(f"task {self._task}: {exc}") from None
+            self._producers[system] = producer
+        return producer
 
     def _route(self, stream: SystemStream) -> _Route:
         partitions = ensure_stream(self._config, self._systems, stream)
         key_serde, msg_serde = stream_serdes(self._config, stream)
-        producer = self._producers.get(stream.system)
-        if producer is None:
-            producer = self._producers[stream.system] = self._systems.producer(stream.system)
+        producer = self._producer(stream.system)
         route = _Route(
             partitions,
             key_serde,
@@ -169,7 +192,20 @@ class OutputCollector:
             producer.flush()
 
     def close(self) -> None:
-        for producer in self._producers.values():
+        """Make everything sent durable: sent, or (exactly-once) staged, in :attr:`staged`."""
+        for system, producer in self._producers.items():
+            if isinstance(producer, StagingProducer):
+                for (stream, partition), part in producer.stage().items():
+                    self.staged[(system, stream, partition)] = part
             producer.close()
+        self._producers.clear()
+        self._routes.clear()
+
+    def abort(self) -> None:
+        """The batch failed: drop what was staged but not closed (at-least-once output that
+        went out already stays out; the retry sends it again)."""
+        for producer in self._producers.values():
+            if isinstance(producer, StagingProducer):
+                producer.close()
         self._producers.clear()
         self._routes.clear()

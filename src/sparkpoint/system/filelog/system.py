@@ -316,6 +316,9 @@ class FileLogStaging(OutputStaging):
             for p in staging.staged_parts(self._s.log(stream, partition), stream, partition)
         ]
 
+    def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
+        return staging.read_part(self._s.log(stream, partition), owner, part)
+
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:
         return staging.published_key(self._s.log(stream, partition), owner)
 

@@ -1,0 +1,92 @@
+"""Benchmark: the example job with exactly-once output against at-least-once, side by side.
+
+Both run the same events on one local Spark session, alternately, ``--rounds`` times each
+(the best round of each counts: these machines are noisy). Exactly-once stages every output
+record beside its partition and publishes it once the checkpoint covering its input is written,
+so each output record is written twice on the filelog. Prints events/s of each and the ratio
+(issue 34's target: at least 0.8x). Usage: ``make bench-exactly-once`` or
+``.venv/bin/python bench/exactly_once.py [--events N] [--batch M] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples" / "pageviews"))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "examples" / "pageviews"), os.environ.get("PYTHONPATH", "")]
+)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from generate import write  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+from sparkpoint.config import load_config, read_job_file  # noqa: E402
+from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
+from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
+from sparkpoint.system.base import StreamSpec  # noqa: E402
+from sparkpoint.system.registry import Systems  # noqa: E402
+
+GUARANTEES = ("at-least-once", "exactly-once")
+
+
+def one_run(
+    spark: SparkSession | None, tmp: Path, guarantee: str, args: argparse.Namespace
+) -> tuple[float, int, SparkSession]:
+    """The example on ``args.events`` events in a new data directory: (events/s, sent)."""
+    values = read_job_file(ROOT / "examples" / "pageviews" / "job.yaml")
+    values.update(
+        {
+            "job.data.dir": str(tmp),
+            "task.batch.max.messages": str(args.batch),
+            "task.commit.ms": "10000",
+            "job.processing.guarantee": guarantee,
+        }
+    )
+    config = load_config(None, values)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    job_file = tmp / "job.json"
+    job_file.write_text(json.dumps(config.to_dict()))
+    write(str(job_file), args.events, seed=1, users=10_000)
+    spark = spark or spark_session(config, f"local[{args.cores}]")
+    coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
+    coordinator.start()
+    summary = coordinator.run(until_caught_up=True)
+    coordinator.close()
+    return summary.processed / summary.seconds, summary.sent, spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--batch", type=int, default=50_000, help="messages per partition")
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    best = dict.fromkeys(GUARANTEES, 0.0)
+    spark = None
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-eo-") as top:
+        for r in range(args.rounds):
+            for guarantee in GUARANTEES:
+                tmp = Path(top) / f"{guarantee}-{r}"
+                tmp.mkdir()
+                rate, sent, spark = one_run(spark, tmp, guarantee, args)
+                print(f"round {r + 1} {guarantee:>14}: {rate:,.0f} events/s ({sent:,} sent)")
+                best[guarantee] = max(best[guarantee], rate)
+    if spark is not None:
+        spark.stop()
+    ratio = best["exactly-once"] / best["at-least-once"]
+    print(
+        f"exactly-once / at-least-once: {best['exactly-once']:,.0f} / "
+        f"{best['at-least-once']:,.0f} events/s = {ratio:.2f}x (target >= 0.8x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Exactly-once output in the commit protocol (``job.processing.guarantee: exactly-once``).
+
+With exactly-once, a task's output joins its commits like a state backend does:
+
+* **stage**: each batch's output is staged (:mod:`sparkpoint.system.staging`), one *part* per
+  partition written to, named ``<run>-<batch>-<random>`` (one task attempt's; two attempts of
+  a batch never share a part). The batch reports the parts it staged; the driver keeps, per
+  task, the parts staged since the last written checkpoint, in batch order (*pending*), and
+  hands them to the next batch, which adds its own, when it keeps its live state. A batch that
+  restores the last checkpoint starts again from it: parts staged after it belong to a lineage
+  nobody continues, and are dropped.
+* **snapshot**: a commit names the pending parts in its checkpoint, under the marker
+  :data:`OUTPUTS` (per SSP: ``<key>:<part>,<part>``, where the key orders the task's commits;
+  it is the checkpoint id the parts were first committed under, so a tool that copies markers
+  into a new checkpoint never publishes them twice). Parts a commit it builds on already names
+  are left to that one.
+* **clean_up** (after the checkpoint is written): the parts it names are published, once and
+  whole. The driver does it too when it starts (:func:`settle`), then discards every staged
+  part of the job no checkpoint names: output of input the restarted job reads again.
+
+So output is visible exactly when, and only if, the checkpoint covering its input is written.
+
+Owns the :data:`OUTPUTS` markers and the staged parts' names; imports the checkpoint, config,
+model and system layers only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.system.registry import Systems
+from sparkpoint.system.staging import OutputStaging
+
+log = logging.getLogger(__name__)
+
+#: the marker name of a commit's staged output in ``state-checkpoint-markers``
+OUTPUTS = "sparkpoint.outputs"
+EXACTLY_ONCE = "exactly-once"
+AT_LEAST_ONCE = "at-least-once"
+#: the metadata namespace keeping the guarantee a job last ran with (key ``last``)
+GUARANTEE = "processing-guarantee"
+
+
+def exactly_once(config: Mapping[str, str]) -> bool:
+    """Whether the job runs with ``job.processing.guarantee: exactly-once``."""
+    return (config.get("job.processing.guarantee") or AT_LEAST_ONCE) == EXACTLY_ONCE
+
+
+def owner_of(config: Config, task: TaskName) -> str:
+    """The name a task's staged output goes under: ``<job.name>-<job.id>.<task>``."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", f"{config.job_label}.{task.name}")
+
+
+def new_part(run_id: str, batch: int) -> str:
+    """The name of one task attempt's batch output."""
+    return f"{run_id}-{batch}-{uuid.uuid4().hex[:8]}"
+
+
+def key_of(checkpoint_id: CheckpointId) -> int:
+    """The publish key of a commit: grows with its checkpoint id."""
+    return checkpoint_id.millis * 1_000_000 + checkpoint_id.nanos
+
+
+def staging_of(systems: Systems, system: str) -> OutputStaging:
+    """``system``'s output staging, or a :class:`ConfigError` naming it."""
+    staging = systems.admin(system).output_staging()
+    if staging is None:
+        raise ConfigError(
+            f"job.processing.guarantee=exactly-once, but system {system!r} cannot stage output "
+            f"(the filelog can; Kafka not yet): send that output to a filelog system, or run "
+            f"with job.processing.guarantee=at-least-once"
+        )
+    return staging
+
+
+@dataclass(frozen=True)
+class CommittedParts:
+    """The parts one checkpoint names for one SSP, and the key they are published under."""
+
+    key: int
+    parts: tuple[str, ...]
+
+
+def committed_parts(checkpoint: Checkpoint | None) -> dict[SystemStreamPartition, CommittedParts]:
+    """The staged parts a checkpoint names (none for V1 checkpoints and before any)."""
+    if checkpoint is None or isinstance(checkpoint, CheckpointV1):
+        return {}
+    out = {}
+    for ssp, marker in checkpoint.state_checkpoint_markers.get(OUTPUTS, {}).items():
+        key, _, parts = marker.partition(":")
+        out[SystemStreamPartition.parse(ssp)] = CommittedParts(
+            int(key), tuple(p for p in parts.split(",") if p)
+        )
+    return out
+
+
+class TaskOutputs:
+    """A task's staged output since its last written checkpoint (in one batch)."""
+
+    def __init__(self, pending: Mapping[str, Sequence[str]]) -> None:
+        self.pending: dict[str, list[str]] = {s: list(p) for s, p in pending.items()}
+
+    def add(self, staged: Mapping[tuple[str, str, int], str]) -> None:
+        """The parts this batch staged, by (system, stream, partition)."""
+        for (system, stream, partition), part in staged.items():
+            self.pending.setdefault(f"{system}.{stream}.{partition}", []).append(part)
+
+    def markers(self, checkpoint_id: CheckpointId, base: Checkpoint | None) -> dict[str, str]:
+        """The :data:`OUTPUTS` markers of a commit: every pending part ``base`` (an unwritten
+        commit this one builds on) does not name already."""
+        named = {str(ssp): set(c.parts) for ssp, c in committed_parts(base).items()}
+        key = key_of(checkpoint_id)
+        out = {}
+        for ssp, parts in self.pending.items():
+            left = [p for p in parts if p not in named.get(ssp, set())]
+            if left:
+                out[ssp] = f"{key}:{','.join(left)}"
+        return out
+
+
+def uncovered(pending: Mapping[str, Sequence[str]], checkpoint: Checkpoint) -> dict[str, list[str]]:
+    """``pending`` without the parts ``checkpoint`` names (the driver, once it wrote it)."""
+    named = {str(ssp): set(c.parts) for ssp, c in committed_parts(checkpoint).items()}
+    out = {}
+    for ssp, parts in pending.items():
+        left = [p for p in parts if p not in named.get(ssp, set())]
+        if left:
+            out[ssp] = left
+    return out
+
+
+def publish(
+    config: Config,
+    systems: Systems,
+    task: TaskName,
+    checkpoint: Checkpoint | None,
+    failpoints: Mapping[str, str] | None = None,
+) -> int:
+    """Publish the parts ``checkpoint`` names (idempotent); returns the records published now."""
+    owner = owner_of(config, task)
+    total = 0
+    for ssp, named in sorted(committed_parts(checkpoint).items()):
+        staging = staging_of(systems, ssp.system)
+        total += staging.publish(
+            ssp.stream, ssp.partition, owner, named.key, named.parts, failpoints
+        )
+    return total
+
+
+@dataclass
+class Settled:
+    """What :func:`settle` did."""
+
+    published: int = 0  # records of written checkpoints a crash left unpublished
+    discarded: int = 0  # staged parts no checkpoint names
+
+
+def settle(config: Config, systems: Systems, checkpoints: Mapping[TaskName, Checkpoint]) -> Settled:
+    """At a job's start, before any task runs: publish what the last checkpoints name and a
+    crash left unpublished, then discard every other staged part of this job's tasks (their
+    input is read again from the checkpoints). Runs whatever the guarantee is now, so a job
+    switched back to at-least-once still publishes what its last exactly-once commit named."""
+    done = Settled()
+    for task, checkpoint in sorted(checkpoints.items()):
+        done.published += publish(config, systems, task, checkpoint)
+    prefix = f"{config.job_label}."
+    for system in sorted(config.systems):
+        admin = systems.admin(system)
+        staging = admin.output_staging()
+        if staging is None:
+            continue
+        for stream in admin.list_streams():
+            for part in staging.staged(stream):
+                if part.owner.startswith(prefix):
+                    staging.discard(part.stream, part.partition, part.owner, part.part)
+                    done.discarded += 1
+    if done.published or done.discarded:
+        log.info(
+            "exactly-once output: published %d records of written checkpoints, discarded %d "
+            "staged parts no checkpoint names",
+            done.published,
+            done.discarded,
+        )
+    return done

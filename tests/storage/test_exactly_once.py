@@ -1,0 +1,244 @@
+"""Exactly-once output of the task API on filelog (issue 34), on the inline runner: output is
+staged, named by the commit that covers its input, and published once that checkpoint is
+written; a crash at every failpoint of the commit and of the publish leaves the output stream
+with each user's counts 1..N exactly once (the same runs at-least-once do repeat some)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.failpoints import POINTS, PUBLISH_POINTS, InjectedCrash
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.driver.metrics import JobMetrics
+from sparkpoint.storage.outputs import OUTPUTS, committed_parts
+from sparkpoint.system.filelog import FileLogSystemFactory
+from sparkpoint.system.filelog.system import FileLogAdmin
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.jobs import job_overview, overview_lines
+from sparkpoint.tools.streams import read_staged_json_lines
+from tests.helpers import committed_counts, emitted_counts, generate
+from tests.storage.test_state_backends import make, run
+
+OUT = SystemStream("filelog", "user-counts")
+
+
+def job(tmp_path: Path, guarantee: str = "exactly-once", **overrides: str) -> Config:
+    return make(tmp_path, **{"job.processing.guarantee": guarantee, **overrides})
+
+
+def assert_exactly_once(config: Config, expected: Mapping[str, int]) -> None:
+    """Every user's counts 1..N went out once each: none twice, none missing."""
+    emitted = emitted_counts(config)
+    assert set(emitted) == {u for u, n in expected.items() if n}
+    wrong = {
+        u: sorted(c) for u, c in emitted.items() if sorted(c) != list(range(1, expected[u] + 1))
+    }
+    assert not wrong, f"{len(wrong)} users' output is not 1..N once: {list(wrong.items())[:3]}"
+
+
+def visible(config: Config) -> int:
+    """How many output records a reader of the output stream sees."""
+    return sum(len(v) for v in emitted_counts(config).values()) if _exists(config) else 0
+
+
+def _exists(config: Config) -> bool:
+    return OUT.stream in Systems(config).admin("filelog").list_streams()
+
+
+def total(metrics: JobMetrics, name: str) -> float:
+    """A metric summed over its groups (the job's and each task's)."""
+    return sum(group.get(name, 0) for group in metrics.snapshot().values())
+
+
+def staged_parts(config: Config) -> int:
+    staging = Systems(config).admin("filelog").output_staging()
+    assert staging is not None
+    return len(staging.staged(OUT.stream)) if _exists(config) else 0
+
+
+def test_output_is_visible_only_once_the_checkpoint_covering_it_is_written(
+    tmp_path: Path,
+) -> None:
+    config = job(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 1000, seed=61, users=20)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    metrics = JobMetrics("j")
+    metrics.record(coordinator.run_batch(end, commit=False)[0])
+    assert visible(config) == 0 and staged_parts(config) > 0  # staged, not published
+    assert all(ts.pending_outputs for ts in coordinator.tasks.values())
+    assert total(metrics, "task_output_parts_staged_total") == staged_parts(config)
+    assert total(metrics, "task_output_parts_open") == staged_parts(config)
+    metrics.record(coordinator.run_batch(end, commit=True, wait=True)[0])  # written ...
+    checkpoint = next(iter(coordinator.tasks.values())).last_checkpoint
+    assert checkpoint is not None and OUTPUTS in checkpoint.state_checkpoint_markers
+    assert all(not ts.pending_outputs for ts in coordinator.tasks.values())
+    assert total(metrics, "task_output_parts_open") == 0
+    assert visible(config) == 0  # ... and its clean-up, at the next batch, publishes
+    metrics.record(coordinator.run_batch(end, commit=False)[0])
+    coordinator.close()
+    assert total(metrics, "task_output_records_published_total") == visible(config) > 0
+    # what went out is exactly what the written checkpoint covers; the last batch's output
+    # waits (staged) for a checkpoint that never came
+    assert_exactly_once(config, committed_counts(config))
+    assert 0 < sum(committed_counts(config).values()) < sum(expected.values())
+    assert staged_parts(config) > 0
+    staged = list(read_staged_json_lines(config, Systems(config), OUT))
+    assert staged and {r["state"] for r in staged} == {"staged"}
+    assert {r["owner"].split(".")[0] for r in staged} == {config.job_label}
+    assert job_overview(config)["processing-guarantee"] == "exactly-once"
+    assert "exactly-once output" in overview_lines(job_overview(config))[0]
+    left = staged_parts(config)
+    restart = JobCoordinator(config, InlineRunner())
+    restart.start()  # discards it (the input is read again)
+    assert staged_parts(config) == 0
+    metrics.record(restart.run_batch(end, commit=False)[0])  # reports it
+    restart.close()
+    assert total(metrics, "output_parts_discarded_total") == left
+    run(config, until_caught_up=True)
+    assert_exactly_once(config, expected)
+    assert staged_parts(config) == 0
+
+
+def test_a_run_ends_with_its_output_published(tmp_path: Path) -> None:
+    config = job(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 1500, seed=62, users=30)
+    run(config, until_caught_up=True)
+    assert_exactly_once(config, expected)
+    more = generate(config, tmp_path / "b.yaml", 500, seed=63, users=30)
+    run(config, until_caught_up=True)
+    assert_exactly_once(config, expected + more)
+    assert committed_counts(config) == dict(expected + more)
+    assert staged_parts(config) == 0
+
+
+def crash_runs(config: Config, tmp_path: Path, flag: Path) -> Counter[str]:
+    """Views in three rounds, the job crashing at its failpoint once on the way (after
+    ``flag``'s count of passes), then run to the end; the views' counts per user."""
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=64, users=16)
+    run(config, until_caught_up=True)
+    flag.write_text("1")
+    with pytest.raises((InjectedCrash, SparkpointError)):
+        for i in range(4):
+            expected += generate(config, tmp_path / f"b{i}.yaml", 300, seed=65 + i, users=16)
+            run(config, until_caught_up=True)
+    assert not flag.exists(), "the crash point was never reached"
+    run(config, until_caught_up=True)
+    return expected
+
+
+@pytest.mark.parametrize(
+    "point", [p for p in POINTS if p != "during-restore"] + list(PUBLISH_POINTS)
+)
+def test_a_crash_at_every_failpoint_publishes_each_output_once(tmp_path: Path, point: str) -> None:
+    flag = tmp_path / "crash.flag"
+    config = job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
+    expected = crash_runs(config, tmp_path, flag)
+    assert committed_counts(config) == dict(expected)
+    assert_exactly_once(config, expected)
+    assert staged_parts(config) == 0  # published, or discarded at the restart
+
+
+def test_the_same_crash_at_least_once_repeats_output(tmp_path: Path) -> None:
+    """The control: the check above can fail. At-least-once, a crash after a checkpoint's
+    batch sent its output but before the next checkpoint replays that output."""
+    flag = tmp_path / "crash.flag"
+    config = job(
+        tmp_path,
+        "at-least-once",
+        **{"testing.crash.at": "after-snapshot", "testing.crash.flag": str(flag)},
+    )
+    expected = crash_runs(config, tmp_path, flag)
+    assert committed_counts(config) == dict(expected)
+    emitted = emitted_counts(config)
+    assert any(len(c) > len(set(c)) for c in emitted.values())  # some output went out twice
+
+
+def test_a_switch_of_guarantee_at_a_restart_just_works_and_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    config = job(tmp_path, "at-least-once")
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=70, users=12)
+    run(config, until_caught_up=True)
+    assert "processing.guarantee" not in caplog.text  # a new job: no switch
+    for guarantee, seed in (("exactly-once", 71), ("at-least-once", 72), ("exactly-once", 73)):
+        config = job(tmp_path, guarantee)
+        expected += generate(config, tmp_path / f"{seed}.yaml", 300, seed=seed, users=12)
+        run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_exactly_once(config, expected)  # no crash: nothing repeated either way
+    switches = [r.getMessage() for r in caplog.records if "the last run had" in r.getMessage()]
+    assert len(switches) == 3, switches
+    assert "the last run had at-least-once, this one has exactly-once" in switches[0]
+
+
+def test_a_restart_publishes_a_written_checkpoints_output_and_discards_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver that dies right after writing a checkpoint (before any clean-up) and after
+    staging a later batch: the next start publishes the first, discards the second."""
+    flag = tmp_path / "crash.flag"
+    config = job(
+        tmp_path,
+        **{"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)},
+    )
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=74, users=8)
+    flag.write_text("0")
+    with pytest.raises(InjectedCrash):
+        run(config, until_caught_up=True)
+    assert visible(config) == 0
+    written = JobCoordinator(config, InlineRunner()).checkpoints.read_all()
+    assert any(committed_parts(c) for c in written.values())  # it names staged output
+    caplog.set_level(logging.INFO)
+    run(config, until_caught_up=True)
+    assert "exactly-once output: published" in caplog.text
+    assert_exactly_once(config, expected)
+    assert staged_parts(config) == 0
+
+
+def test_exactly_once_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
+    v1 = job(tmp_path, **{"task.checkpoint.read.versions": "1,2"})
+    with pytest.raises(ConfigError, match="needs V2 checkpoints"):
+        JobCoordinator(v1, InlineRunner()).start()
+
+    class DataFrameRunner(InlineRunner):
+        exact_batches = True
+
+    with pytest.raises(ConfigError, match="not available to DataFrame pipelines"):
+        JobCoordinator(job(tmp_path / "b"), DataFrameRunner()).start()
+
+
+class NoStaging(FileLogSystemFactory):
+    """A filelog whose admin has no output staging: a system plugin without transactions."""
+
+    def get_admin(self, system: str, config: Mapping[str, str]) -> FileLogAdmin:
+        admin = super().get_admin(system, config)
+        admin.output_staging = lambda: None  # type: ignore[method-assign,assignment,return-value]
+        return admin
+
+
+def test_output_to_a_system_that_cannot_stage_names_it(tmp_path: Path) -> None:
+    config = make(
+        tmp_path,
+        {
+            "systems.log.factory": "tests.storage.test_exactly_once:NoStaging",
+            "systems.log.path": str(tmp_path / "log"),
+        },
+        **{"job.processing.guarantee": "exactly-once"},
+    )
+    generate(config, tmp_path / "a.yaml", 50, seed=75, users=4)
+    with pytest.raises(SparkpointError, match=r"system 'log' cannot stage output"):
+        run(config, until_caught_up=True)
+    assert committed_counts(config) == {}  # nothing committed, nothing sent
