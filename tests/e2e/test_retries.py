@@ -3,13 +3,15 @@ failing ends the run with one line saying so (issue 11)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from generate import events
 
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, sp
-from tests.helpers import assert_committed_state_matches_its_offsets, generate
+from tests.helpers import assert_committed_state_matches_its_offsets, emitted_counts, generate
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +48,29 @@ def test_a_python_worker_killed_mid_commit_is_retried(tmp_path: Path, partitions
     assert "local[*,4]" in run.stderr
     assert not flag.exists()  # the crash happened, and the retried task went on
     assert_committed_state_matches_its_offsets(config)  # type: ignore[arg-type]
+
+
+def test_a_retried_task_attempt_publishes_nothing_twice(tmp_path: Path) -> None:
+    """Exactly-once output (issue 34): the killed attempt's group had staged output of tasks
+    that finished the batch; the retry stages its own, and only the parts of the attempt whose
+    result the driver took are ever published."""
+    flag = tmp_path / "crash"
+    flag.write_text("7")
+    set_args, config = _job(
+        tmp_path,
+        "testing.crash.at=after-snapshot",
+        f"testing.crash.flag={flag}",
+        "testing.crash.mode=exit",
+        "job.processing.guarantee=exactly-once",
+        partitions=12,
+    )
+    sp("run", str(JOB), "--until-caught-up", *set_args, timeout=400)
+    assert not flag.exists()
+    expected = Counter(str(e["user"]) for e in events(6_000, 13, 40))
+    emitted = emitted_counts(config)  # type: ignore[arg-type]
+    assert {u: sorted(c) for u, c in emitted.items()} == {
+        u: list(range(1, n + 1)) for u, n in expected.items()
+    }
 
 
 def test_a_task_that_keeps_failing_ends_the_run_with_one_line(tmp_path: Path) -> None:
