@@ -181,6 +181,19 @@ def send_messages(
     return count
 
 
+def _decoded(
+    rec: Record, stream: SystemStream, key_serde: Any, msg_serde: Any, where: str
+) -> tuple[Any, Any]:
+    """A record's key and value, or an error naming ``where`` and the serdes to fix."""
+    try:
+        key = None if rec.key is None else key_serde.from_bytes(rec.key)
+        value = None if rec.value is None else msg_serde.from_bytes(rec.value)
+    except (ValueError, TypeError) as exc:
+        what = f"{where}: cannot decode it"
+        raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
+    return key, value
+
+
 def read_staged_json_lines(
     config: Config, systems: Systems, stream: SystemStream, *, partition: int | None = None
 ) -> Iterator[dict[str, Any]]:
@@ -195,13 +208,9 @@ def read_staged_json_lines(
     for part in staging.staged(stream.stream):
         if partition is not None and part.partition != partition:
             continue
+        where = f"staged part {part.owner}/{part.part} of {stream}"
         for rec in staging.read_part(stream.stream, part.partition, part.owner, part.part):
-            try:
-                key = None if rec.key is None else key_serde.from_bytes(rec.key)
-                value = None if rec.value is None else msg_serde.from_bytes(rec.value)
-            except (ValueError, TypeError) as exc:
-                what = f"staged part {part.owner}/{part.part} of {stream}: cannot decode it"
-                raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
+            key, value = _decoded(rec, stream, key_serde, msg_serde, where)
             yield {
                 "partition": part.partition,
                 "state": "staged",
@@ -244,12 +253,8 @@ def read_json_lines(
                 if not records:
                     break
                 for rec in records:
-                    try:
-                        key = None if rec.key is None else key_serde.from_bytes(rec.key)
-                        value = None if rec.value is None else msg_serde.from_bytes(rec.value)
-                    except (ValueError, TypeError) as exc:
-                        what = f"{ssp} offset {rec.offset}: cannot decode it"
-                        raise _serde_error(what, stream, key_serde, msg_serde, exc) from None
+                    where = f"{ssp} offset {rec.offset}"
+                    key, value = _decoded(rec, stream, key_serde, msg_serde, where)
                     yield {
                         "partition": p,
                         "offset": rec.offset,
