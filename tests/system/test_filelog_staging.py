@@ -165,3 +165,14 @@ def test_bad_owner_and_part_names_are_refused(admin: FileLogAdmin) -> None:
         staging_of(admin).producer("a/b", "p")
     with pytest.raises(UserError, match="invalid staged output part"):
         staging_of(admin).producer("a", "../p")
+
+
+def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
+    admin: FileLogAdmin,
+) -> None:
+    stage(admin, "t0", "p1", "a", "b")
+    part = root(admin) / "out" / "0" / "staged" / "t0" / "p1.log"
+    part.write_bytes(part.read_bytes()[:-3])  # torn
+    with pytest.raises(CorruptRecordError, match=r"staged output .*p1.log is damaged"):
+        staging_of(admin).publish("out", 0, "t0", 1, ["p1"])
+    assert values(admin) == []

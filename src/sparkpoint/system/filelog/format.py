@@ -118,6 +118,18 @@ def decode_at(buf: bytes | memoryview, pos: int) -> tuple[Record, int, int]:
     return Record(str(offset), key, value, ts), offset, size
 
 
+def count_records(buf: bytes) -> int:
+    """How many records ``buf`` holds by their headers alone (a torn last one counts; the
+    decoder that reads them then says it is torn)."""
+    n = pos = 0
+    size = len(buf)
+    unpack = HEADER.unpack_from
+    while pos + HEADER_SIZE <= size:
+        pos += HEADER_SIZE + unpack(buf, pos)[2]
+        n += 1
+    return n + (pos < size)
+
+
 def decode_span(buf: bytes, offsets: list[int]) -> list[Record]:
     """Decode consecutive records from the start of ``buf``, which must have ``offsets``.
 

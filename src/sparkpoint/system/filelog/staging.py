@@ -103,18 +103,12 @@ def read_part(plog: PartitionLog, owner: str, part: str) -> list[Record]:
             f"checkpoint names it: its records cannot be published (was {path.parent} "
             f"deleted by hand?)"
         ) from None
-    records: list[Record] = []
-    pos = 0
-    while pos < len(data):
-        try:
-            rec, _offset, size = fmt.decode_at(data, pos)
-        except fmt.FormatError as exc:
-            raise CorruptRecordError(
-                f"{plog.label}: staged output {path} is damaged at byte {pos} ({exc.reason})"
-            ) from None
-        records.append(rec)
-        pos += size
-    return records
+    try:
+        return fmt.decode_span(data, list(range(fmt.count_records(data))))
+    except fmt.FormatError as exc:
+        raise CorruptRecordError(
+            f"{plog.label}: staged output {path} is damaged at byte {exc.position} ({exc.reason})"
+        ) from None
 
 
 def publish(
