@@ -6,9 +6,12 @@ with each user's counts 1..N exactly once (the same runs at-least-once do repeat
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +22,7 @@ from sparkpoint.model import SystemStream
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.driver.metrics import JobMetrics
+from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.outputs import OUTPUTS, committed_parts
 from sparkpoint.system.filelog import FileLogSystemFactory
 from sparkpoint.system.filelog.system import FileLogAdmin
@@ -242,3 +246,74 @@ def test_output_to_a_system_that_cannot_stage_names_it(tmp_path: Path) -> None:
     with pytest.raises(SparkpointError, match=r"system 'log' cannot stage output"):
         run(config, until_caught_up=True)
     assert committed_counts(config) == {}  # nothing committed, nothing sent
+
+
+@pytest.fixture
+def slow_uploads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every commit's upload takes 0.5 s more, so batches finish before their commits do."""
+    import sparkpoint.storage.commit as commit_module
+
+    pool = ThreadPoolExecutor(4)
+    start = commit_module._start_upload
+
+    def slow(manager: Any, cid: Any, markers: Any) -> Future[dict[str, str]]:
+        def later() -> dict[str, str]:
+            time.sleep(0.5)
+            return start(manager, cid, markers).result()
+
+        return pool.submit(later)
+
+    monkeypatch.setattr(commit_module, "_start_upload", slow)
+    yield
+    monkeypatch.setattr(commit_module, "_start_upload", start)
+    pool.shutdown()
+
+
+def test_a_commit_built_on_an_unwritten_one_publishes_both(
+    tmp_path: Path, slow_uploads: None
+) -> None:
+    """Commit A finishes after its batch, unwritten; the next commit B must be made now (the
+    final commit of a run), so it builds on A; the driver writes both, and the clean-up of B
+    publishes A's output and then B's."""
+    config = job(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=76, users=8)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    coordinator.run_batch(end, commit=True)  # A: still uploading when the batch returns
+    assert all(ts.last_checkpoint is None for ts in coordinator.tasks.values())
+    time.sleep(1.0)  # A finished, unwritten
+    coordinator.run_batch(end, commit=True, wait=True)  # B, built on A: both written
+    coordinator.run_batch(end, commit=False)  # the clean-up of B
+    coordinator.close()
+    assert_exactly_once(config, committed_counts(config))
+    assert sum(committed_counts(config).values()) > 0
+    run(config, until_caught_up=True)
+    assert_exactly_once(config, expected)
+
+
+def test_a_commit_of_a_lineage_the_task_left_is_never_written(
+    tmp_path: Path, slow_uploads: None
+) -> None:
+    """Commit A finishes, unwritten; the task's next batch restores (its local state is not
+    the one the driver expects: it ran elsewhere meanwhile) and stages that input's output
+    again. A is abandoned, so the output goes out once."""
+    config = job(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=77, users=8)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    coordinator.run_batch(end, commit=True)  # A: still uploading when the batch returns
+    time.sleep(1.0)  # A finished, unwritten
+    for ts in coordinator.tasks.values():  # "it ran elsewhere": this local state is stale
+        LocalTaskState(config.store_base_dir, ts.model.name).clear_marker()
+    coordinator.run_batch(end, commit=False)  # restores, stages the input's output again
+    assert all(ts.last_checkpoint is None for ts in coordinator.tasks.values())  # A: never
+    coordinator.run_batch(end, commit=True, wait=True)
+    coordinator.run_batch(end, commit=False)
+    coordinator.close()
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_exactly_once(config, expected)

@@ -244,6 +244,7 @@ class TaskCommitManager:
         self.skip = settings.skip
         self.dir = scope.local.commits_dir()
         self._failures_file = scope.local.commit_failures_file()
+        self._abandoned_file = scope.local.abandoned_commits_file()
 
     # -- successive failures (task.commit.skip.commit.during.failures.*)
     def _failures(self) -> dict[str, int]:
@@ -282,10 +283,22 @@ class TaskCommitManager:
                 self._tolerate("exceptions", self.skip.max_exceptions, exc)
 
     # -- records
+    def _abandoned_until(self) -> int:
+        """This run's commits started at or before this time (ms) are abandoned: the task
+        restored since, and its state no longer continues theirs (-1: none is)."""
+        try:
+            run_id, ms = self._abandoned_file.read_text().split()
+        except (FileNotFoundError, ValueError):
+            return -1
+        return int(ms) if run_id == self.run_id else -1
+
     def records(self) -> list[CommitRecord]:
-        """This run's commit records, oldest first; those of earlier runs are abandoned."""
+        """This run's commit records, oldest first. Those of earlier runs are abandoned, and
+        so are those of this run the task left when it restored: finished, their records go
+        (never written, their uploads expire); still uploading, they are not waited for."""
         if not self.dir.is_dir():
             return []
+        abandoned = self._abandoned_until()
         out = []
         for path in sorted(self.dir.iterdir()):
             if path.suffix == ".tmp":
@@ -302,6 +315,10 @@ class TaskCommitManager:
                 # a commit the previous driver never wrote: the job restored from an older
                 # checkpoint, so this one is dropped (its local files go with the clean-up)
                 path.unlink(missing_ok=True)
+                continue
+            if record.started_ms <= abandoned:
+                if record.state != UPLOADING:
+                    path.unlink(missing_ok=True)
                 continue
             out.append(record)
         return sorted(out, key=lambda r: CheckpointId.parse(r.checkpoint_id))

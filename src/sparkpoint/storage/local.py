@@ -39,6 +39,7 @@ MARKER = "STATE"
 CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
+ABANDONED_COMMITS = "commits-abandoned"
 CLEANED = "CLEANED"
 #: the DataFrame phases' notes (runtime/dataframe/task.py) all start so
 PHASE_NOTE_PREFIX = "FRAME-"
@@ -128,6 +129,12 @@ class LocalTaskState:
 
     def commit_failures_file(self) -> Path:
         return self.dir / COMMIT_FAILURES
+
+    def abandoned_commits_file(self) -> Path:
+        """``<run id> <ms>``: the run's commits started by then belong to a lineage the task
+        left when it restored (written by :class:`~sparkpoint.storage.task_storage.
+        TaskStorage`, read by :class:`~sparkpoint.storage.commit.TaskCommitManager`)."""
+        return self.dir / ABANDONED_COMMITS
 
     def cleaned_file(self) -> Path:
         return self.dir / CLEANED

@@ -84,23 +84,43 @@ def staging_of(systems: Systems, system: str) -> OutputStaging:
 
 @dataclass(frozen=True)
 class CommittedParts:
-    """The parts one checkpoint names for one SSP, and the key they are published under."""
+    """The parts one commit staged for one SSP, and the key they are published under."""
 
     key: int
     parts: tuple[str, ...]
 
 
-def committed_parts(checkpoint: Checkpoint | None) -> dict[SystemStreamPartition, CommittedParts]:
-    """The staged parts a checkpoint names (none for V1 checkpoints and before any)."""
+def committed_parts(
+    checkpoint: Checkpoint | None,
+) -> dict[SystemStreamPartition, list[CommittedParts]]:
+    """The staged parts a checkpoint names, per SSP, oldest commit first (none for V1
+    checkpoints and before any). A marker is ``<key>:<part>,<part>``, or several of those
+    joined by ``;`` when the commit built on an unwritten one: publishing the checkpoint
+    publishes that one's parts first (a no-op if they went out already)."""
     if checkpoint is None or isinstance(checkpoint, CheckpointV1):
         return {}
     out = {}
     for ssp, marker in checkpoint.state_checkpoint_markers.get(OUTPUTS, {}).items():
-        key, _, parts = marker.partition(":")
-        out[SystemStreamPartition.parse(ssp)] = CommittedParts(
-            int(key), tuple(p for p in parts.split(",") if p)
-        )
+        groups = []
+        for group in marker.split(";"):
+            key, _, parts = group.partition(":")
+            groups.append(CommittedParts(int(key), tuple(p for p in parts.split(",") if p)))
+        out[SystemStreamPartition.parse(ssp)] = sorted(groups, key=lambda g: g.key)
     return out
+
+
+def _named(checkpoint: Checkpoint | None, *, own_only: bool = False) -> dict[str, set[str]]:
+    """The parts a checkpoint names per SSP (``own_only``: of its own commit, not of the
+    unwritten commits it built on)."""
+    own = None if checkpoint is None else key_of(checkpoint.checkpoint_id)
+    return {
+        str(ssp): {p for g in groups if not own_only or g.key == own for p in g.parts}
+        for ssp, groups in committed_parts(checkpoint).items()
+    }
+
+
+def _marker(groups: Sequence[CommittedParts]) -> str:
+    return ";".join(f"{g.key}:{','.join(g.parts)}" for g in groups)
 
 
 class TaskOutputs:
@@ -115,27 +135,37 @@ class TaskOutputs:
             self.pending.setdefault(f"{system}.{stream}.{partition}", []).append(part)
 
     def markers(self, checkpoint_id: CheckpointId, base: Checkpoint | None) -> dict[str, str]:
-        """The :data:`OUTPUTS` markers of a commit: every pending part ``base`` (an unwritten
-        commit this one builds on) does not name already."""
-        named = {str(ssp): set(c.parts) for ssp, c in committed_parts(base).items()}
+        """The :data:`OUTPUTS` markers of a commit: the groups of ``base`` (an unwritten commit
+        this one builds on: the driver writes both at once, and only this one's clean-up
+        runs), then this commit's own group, every pending part ``base`` does not name."""
+        carried = {str(ssp): groups for ssp, groups in committed_parts(base).items()}
+        named = _named(base)
         key = key_of(checkpoint_id)
-        out = {}
+        out = {ssp: _marker(groups) for ssp, groups in carried.items()}
         for ssp, parts in self.pending.items():
-            left = [p for p in parts if p not in named.get(ssp, set())]
+            left = tuple(p for p in parts if p not in named.get(ssp, set()))
             if left:
-                out[ssp] = f"{key}:{','.join(left)}"
+                out[ssp] = _marker([*carried.get(ssp, []), CommittedParts(key, left)])
         return out
 
 
 def uncovered(pending: Mapping[str, Sequence[str]], checkpoint: Checkpoint) -> dict[str, list[str]]:
     """``pending`` without the parts ``checkpoint`` names (the driver, once it wrote it)."""
-    named = {str(ssp): set(c.parts) for ssp, c in committed_parts(checkpoint).items()}
+    named = _named(checkpoint)
     out = {}
     for ssp, parts in pending.items():
         left = [p for p in parts if p not in named.get(ssp, set())]
         if left:
             out[ssp] = left
     return out
+
+
+def foreign_parts(checkpoint: Checkpoint, staged: Mapping[str, Sequence[str]]) -> list[str]:
+    """Parts a finished commit names as its own that the task's lineage (``staged``: what it
+    staged since its last written checkpoint) does not hold: the commit was made by a lineage
+    the task left (it restored since). Writing it would publish that output twice."""
+    have = {p for parts in staged.values() for p in parts}
+    return sorted(p for parts in _named(checkpoint, own_only=True).values() for p in parts - have)
 
 
 def publish(
@@ -148,11 +178,12 @@ def publish(
     """Publish the parts ``checkpoint`` names (idempotent); returns the records published now."""
     owner = owner_of(config, task)
     total = 0
-    for ssp, named in sorted(committed_parts(checkpoint).items()):
+    for ssp, groups in sorted(committed_parts(checkpoint).items()):
         staging = staging_of(systems, ssp.system)
-        total += staging.publish(
-            ssp.stream, ssp.partition, owner, named.key, named.parts, failpoints
-        )
+        for group in groups:  # oldest first: a commit's, then the one built on it
+            total += staging.publish(
+                ssp.stream, ssp.partition, owner, group.key, group.parts, failpoints
+            )
     return total
 
 
@@ -172,17 +203,14 @@ def settle(config: Config, systems: Systems, checkpoints: Mapping[TaskName, Chec
     done = Settled()
     for task, checkpoint in sorted(checkpoints.items()):
         done.published += publish(config, systems, task, checkpoint)
-    prefix = f"{config.job_label}."
+    prefix = owner_of(config, TaskName(""))  # "<job.name>-<job.id>.": every task's owner
     for system in sorted(config.systems):
         admin = systems.admin(system)
         staging = admin.output_staging()
         if staging is None:
             continue
         for stream in admin.list_streams():
-            for part in staging.staged(stream):
-                if part.owner.startswith(prefix):
-                    staging.discard(part.stream, part.partition, part.owner, part.part)
-                    done.discarded += 1
+            done.discarded += staging.sweep(stream, prefix)
     if done.published or done.discarded:
         log.info(
             "exactly-once output: published %d records of written checkpoints, discarded %d "

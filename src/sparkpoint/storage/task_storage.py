@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from sparkpoint import worker
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.errors import CommitError
+from sparkpoint.fsutil import atomic_write
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.model.clock import now_ms
 from sparkpoint.storage.backend import (
@@ -198,6 +200,11 @@ class TaskStorage:
                 self.last_checkpoint_id,
             )
         self.local.clear_marker()
+        # commits this run made before now are of a lineage the stores are leaving: never
+        # written (their output was staged by that lineage, and is staged again by this one)
+        self.local.dir.mkdir(parents=True, exist_ok=True)
+        stamp = f"{self.run_id} {int(time.time() * 1000)}"  # the commit records' clock
+        atomic_write(self.local.abandoned_commits_file(), stamp.encode())
         for store in self.config.stores:
             _MEMORY.pop((self.task.name.name, store), None)
         openers = {s: self._opener(s) for s in self.config.stores}

@@ -74,5 +74,7 @@ class OutputStaging(ABC):
         """The key of ``owner``'s last commit published to this partition, if any."""
 
     @abstractmethod
-    def discard(self, stream: str, partition: int, owner: str, part: str) -> None:
-        """Delete a staged part that will never be published. Idempotent."""
+    def sweep(self, stream: str, owner_prefix: str) -> int:
+        """Delete every staged part (and part being written) of the owners whose names start
+        with ``owner_prefix``: at a job's start, once what its checkpoints name is published.
+        Returns the parts deleted."""

@@ -64,6 +64,7 @@ from sparkpoint.storage.outputs import (
     EXACTLY_ONCE,
     GUARANTEE,
     exactly_once,
+    foreign_parts,
     settle,
     uncovered,
 )
@@ -277,7 +278,9 @@ class JobCoordinator:
             admin.compact(checkpoints)
         self._delete_unused_state(model, checkpoints)
         # exactly-once output a crash left: published, or discarded (reported with batch 1)
-        self._discarded = settle(self.config, self.systems, checkpoints).discarded
+        # (from the V2 checkpoints: only they name staged output, whatever the reads prefer)
+        written = self.checkpoints.read_version(2)
+        self._discarded = settle(self.config, self.systems, written).discarded
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
@@ -507,6 +510,18 @@ class JobCoordinator:
                     checkpoint.checkpoint_id,
                     base,
                     last_id,
+                )
+                continue
+            foreign = foreign_parts(checkpoint, result.staged_outputs)
+            if foreign:
+                # a commit of a lineage the task left (it restored since): its output was
+                # staged again by this one, and writing it would publish that twice
+                log.warning(
+                    "task %s: not writing commit %s: it names output (%s) the task no longer "
+                    "holds since it restored",
+                    result.task,
+                    checkpoint.checkpoint_id,
+                    ", ".join(foreign[:3]),
                 )
                 continue
             self._write_checkpoint(ts, checkpoint)

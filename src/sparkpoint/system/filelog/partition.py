@@ -547,22 +547,6 @@ class PartitionLog:
             os.fsync(index_file.fileno())
         return next_offset, next_offset + n - 1
 
-    def truncate_locked(self, offset: int) -> int:
-        """Cut every record from ``offset`` on (under the lock); returns how many went. Only
-        for records no reader can have read: those of a publish ``PUBLISHING`` still names."""
-        log_path, index_path = self._files()
-        self._recover(log_path, index_path)
-        with open(index_path, "r+b") as index_file, open(log_path, "r+b") as log_file:
-            index = _Index(index_file.read())
-            i = index.first_at_or_after(offset)
-            cut = len(index) - i
-            if cut:
-                log_file.truncate(index[i][1])
-                os.fsync(log_file.fileno())
-                index_file.truncate(i * fmt.INDEX_SIZE)
-                os.fsync(index_file.fileno())
-        return cut
-
     def compact(self, up_to: int | None = None) -> tuple[int, int]:
         """Keep only the newest record per key (keyless records are all kept); with ``up_to``,
         only among the records before that offset, keeping every record from it on.

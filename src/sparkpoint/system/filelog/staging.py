@@ -19,9 +19,9 @@ A publish must happen once, and whole:
   written (and fsynced) before the append and removed after ``PUBLISHED`` says the commit is
   published. Readers stop before its first offset (:meth:`PartitionLog.publishing_from`), so
   nobody reads part of a transaction. A publisher that died leaves it behind: whoever takes
-  the partition's lock next finishes the publish (:func:`finish_interrupted`): it cuts what the
-  dead one appended (nobody read it) and appends the parts again, from their staged files,
-  which are deleted only once ``PUBLISHED`` says they went out.
+  the partition's lock next finishes the publish (:func:`finish_interrupted`): it appends the
+  records the dead one had not (from the staged files, which are deleted only once
+  ``PUBLISHED`` says they went out), so nothing is cut from the log and no offset changes.
 
 Records get their offsets at publish; a staged file holds them numbered from 0.
 
@@ -131,7 +131,17 @@ def _publish_locked(
 ) -> int:
     done = _published(plog)
     if done.get(owner, -1) >= key:
-        _delete_parts(plog, owner, parts)  # a publish that died after PUBLISHED was written
+        if any(_part_path(plog, owner, p).exists() for p in parts):
+            log.warning(
+                "%s: not publishing %s's commit %d: commit %d of it went out already (its "
+                "staged parts are deleted; a job reset while its output stream was kept, with "
+                "a clock behind the last run's?)",
+                plog.label,
+                owner,
+                key,
+                done[owner],
+            )
+        _delete_parts(plog, owner, parts)
         return 0
     records = [r for part in parts for r in read_part(plog, owner, part)]
     first = plog.next_offset_locked()
@@ -141,17 +151,25 @@ def _publish_locked(
     if records:
         plog.append_locked(records)
     maybe_crash(failpoints, "publish-after-append")
+    _published_now(plog, done, owner, key, parts)
+    return len(records)
+
+
+def _published_now(
+    plog: PartitionLog, done: dict[str, int], owner: str, key: int, parts: list[str]
+) -> None:
+    """The commit's records are all in the log: say so, end the publish, drop its parts."""
     done[owner] = key
     atomic_write(plog.path / PUBLISHED, json.dumps(done, sort_keys=True).encode())
     (plog.path / PUBLISHING).unlink()
     fsync_dir(plog.path)
     _delete_parts(plog, owner, parts)
-    return len(records)
 
 
 def finish_interrupted(plog: PartitionLog) -> None:
-    """Finish the publish ``PUBLISHING`` names, whose publisher died (under the lock): cut what
-    it appended and publish its parts again, unless ``PUBLISHED`` says it went out."""
+    """Finish the publish ``PUBLISHING`` names, whose publisher died (under the lock): append
+    what it had not appended yet (what it had is a prefix of the same staged records, since
+    nobody appends before this runs), unless ``PUBLISHED`` says it went out."""
     path = plog.path / PUBLISHING
     try:
         intent = json.loads(path.read_bytes())
@@ -168,32 +186,36 @@ def finish_interrupted(plog: PartitionLog) -> None:
             f"{plog.label}: {path} is damaged; it names a publish of staged output that did "
             f"not finish"
         ) from None
-    if _published(plog).get(owner, -1) >= key:
+    done = _published(plog)
+    if done.get(owner, -1) >= key:
         path.unlink()
         fsync_dir(plog.path)
         _delete_parts(plog, owner, parts)
         return
-    cut = plog.truncate_locked(first)
+    records = [r for part in parts for r in read_part(plog, owner, part)]
+    have = plog.next_offset_locked() - first  # the tail recovered: whole records only
+    if not 0 <= have <= len(records):
+        raise CorruptRecordError(
+            f"{plog.label}: {path} names a publish of {len(records)} records from offset "
+            f"{first}, but the log holds {have} after it: it was changed by hand"
+        )
     log.warning(
-        "%s: finishing the publish of %s's commit %d that stopped half-way (%d records cut, "
-        "appended again from %d staged parts)",
+        "%s: finishing the publish of %s's commit %d that stopped half-way (%d of %d records "
+        "were appended)",
         plog.label,
         owner,
         key,
-        cut,
-        len(parts),
+        have,
+        len(records),
     )
-    _publish_locked(plog, owner, key, parts, {})
+    if have < len(records):
+        plog.append_locked(records[have:])
+    _published_now(plog, done, owner, key, parts)
 
 
 def _delete_parts(plog: PartitionLog, owner: str, parts: Iterable[str]) -> None:
     for part in parts:
         _part_path(plog, owner, part).unlink(missing_ok=True)
-
-
-def discard(plog: PartitionLog, owner: str, part: str) -> None:
-    """Delete a staged part that will never be published. Idempotent."""
-    _part_path(plog, owner, part).unlink(missing_ok=True)
 
 
 def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[StagedPart]:
@@ -206,9 +228,28 @@ def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[Staged
         return out
     for owner_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for f in sorted(owner_dir.glob("*.log")):
-            count = len(read_part(plog, owner_dir.name, f.stem))
+            try:
+                count = fmt.count_records(f.read_bytes())
+            except FileNotFoundError:
+                continue  # published (and deleted) since it was listed
             out.append(StagedPart(stream, partition, owner_dir.name, f.stem, count))
     return out
+
+
+def sweep(plog: PartitionLog, owner_prefix: str) -> int:
+    """Delete the staged parts and temporary files of owners named ``owner_prefix...``;
+    returns the parts deleted."""
+    root = plog.path / STAGED
+    if not root.is_dir():
+        return 0
+    parts = 0
+    for owner_dir in root.iterdir():
+        if not owner_dir.name.startswith(owner_prefix) or not owner_dir.is_dir():
+            continue
+        for f in owner_dir.iterdir():
+            parts += f.suffix == ".log"
+            f.unlink(missing_ok=True)
+    return parts
 
 
 @dataclass

@@ -322,8 +322,11 @@ class FileLogStaging(OutputStaging):
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:
         return staging.published_key(self._s.log(stream, partition), owner)
 
-    def discard(self, stream: str, partition: int, owner: str, part: str) -> None:
-        staging.discard(self._s.log(stream, partition), owner, part)
+    def sweep(self, stream: str, owner_prefix: str) -> int:
+        return sum(
+            staging.sweep(self._s.log(stream, partition), owner_prefix)
+            for partition in range(self._s.partitions(stream))
+        )
 
 
 class FileLogSystemFactory(SystemFactory):
