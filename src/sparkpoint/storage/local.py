@@ -11,6 +11,7 @@ Layout under ``job.logged.store.base.dir``::
                                        with a CHECKPOINT file holding the checkpoint JSON
     <task>/commits/<checkpoint id>     a commit's record (storage/commit.py)
     <task>/COMMIT-FAILURES             successive failed or timed-out commits, while skipped
+    <task>/COMMITS-ABANDONED           ``<run> <ms>``: commits made before the last restore
     <task>/CLEANED                     the checkpoint whose clean-up finished (``<run>:<id>``)
 
 The marker is removed before a batch changes any store and written back, atomically, only after
@@ -39,7 +40,7 @@ MARKER = "STATE"
 CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
-ABANDONED_COMMITS = "commits-abandoned"
+ABANDONED_COMMITS = "COMMITS-ABANDONED"
 CLEANED = "CLEANED"
 #: the DataFrame phases' notes (runtime/dataframe/task.py) all start so
 PHASE_NOTE_PREFIX = "FRAME-"
@@ -154,6 +155,7 @@ class LocalTaskState:
             "checkpoints": {},
             "commit-records": [],
             "commit-failures": False,
+            "commits-abandoned": None,
             "cleaned": None,
             "notes": [],
             "unknown": [],
@@ -170,6 +172,8 @@ class LocalTaskState:
                 out["commit-records"] = sorted(p.name for p in path.iterdir())
             elif name == COMMIT_FAILURES:
                 out["commit-failures"] = True
+            elif name == ABANDONED_COMMITS:
+                out["commits-abandoned"] = path.read_text()
             elif name == CLEANED:
                 out["cleaned"] = path.read_text()
             elif name.startswith(PHASE_NOTE_PREFIX):
