@@ -80,7 +80,7 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> Non
             "task.batch.max.messages=500",
             *(f"{k}={v}" for k, v in blob.items()),
         )
-        config, set_args, expected = prepared(tmp_path, sets, 20_000, 23)
+        config, set_args, expected = prepared(tmp_path, sets, 14_000, 23)  # 7 batches
         log = tmp_path / "run.log"
         driver = popen(
             "run", str(JOB), "--until-caught-up", "--master", c2.master_url, *set_args, log=log

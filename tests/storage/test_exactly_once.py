@@ -18,7 +18,7 @@ import pytest
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import POINTS, PUBLISH_POINTS, InjectedCrash
-from sparkpoint.model import SystemStream
+from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.driver.metrics import JobMetrics
@@ -58,6 +58,14 @@ def _exists(config: Config) -> bool:
     return OUT.stream in Systems(config).admin("filelog").list_streams()
 
 
+def started(config: Config) -> tuple[JobCoordinator, dict[SystemStreamPartition, str]]:
+    """A started driver on the inline runner, and the end of its input now."""
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    return coordinator, {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+
+
 def total(metrics: JobMetrics, name: str) -> float:
     """A metric summed over its groups (the job's and each task's)."""
     return sum(group.get(name, 0) for group in metrics.snapshot().values())
@@ -74,10 +82,7 @@ def test_output_is_visible_only_once_the_checkpoint_covering_it_is_written(
 ) -> None:
     config = job(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 1000, seed=61, users=20)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    coordinator, end = started(config)
     metrics = JobMetrics("j")
     metrics.record(coordinator.run_batch(end, commit=False)[0])
     assert visible(config) == 0 and staged_parts(config) > 0  # staged, not published
@@ -277,10 +282,7 @@ def test_a_commit_built_on_an_unwritten_one_publishes_both(
     publishes A's output and then B's."""
     config = job(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 400, seed=76, users=8)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    coordinator, end = started(config)
     coordinator.run_batch(end, commit=True)  # A: still uploading when the batch returns
     assert all(ts.last_checkpoint is None for ts in coordinator.tasks.values())
     time.sleep(1.0)  # A finished, unwritten
@@ -301,10 +303,7 @@ def test_a_commit_of_a_lineage_the_task_left_is_never_written(
     again. A is abandoned, so the output goes out once."""
     config = job(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 400, seed=77, users=8)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    coordinator, end = started(config)
     coordinator.run_batch(end, commit=True)  # A: still uploading when the batch returns
     time.sleep(1.0)  # A finished, unwritten
     for ts in coordinator.tasks.values():  # "it ran elsewhere": this local state is stale
