@@ -12,8 +12,8 @@ With exactly-once, a task's output joins its commits like a state backend does:
 * **snapshot**: a commit names the pending parts in its checkpoint, under the marker
   :data:`OUTPUTS` (per SSP: ``<key>:<part>,<part>``, where the key orders the task's commits;
   it is the checkpoint id the parts were first committed under, so a tool that copies markers
-  into a new checkpoint never publishes them twice). Parts a commit it builds on already names
-  are left to that one.
+  into a new checkpoint never publishes them twice). A commit built on a finished commit the
+  driver has not written yet carries that one's groups before its own (``;``-joined).
 * **clean_up** (after the checkpoint is written): the parts it names are published, once and
   whole. The driver does it too when it starts (:func:`settle`), then discards every staged
   part of the job no checkpoint names: output of input the restarted job reads again.
@@ -50,9 +50,14 @@ AT_LEAST_ONCE = "at-least-once"
 GUARANTEE = "processing-guarantee"
 
 
+def guarantee(config: Mapping[str, str]) -> str:
+    """``job.processing.guarantee``: at-least-once (the default) or exactly-once."""
+    return config.get("job.processing.guarantee") or AT_LEAST_ONCE
+
+
 def exactly_once(config: Mapping[str, str]) -> bool:
     """Whether the job runs with ``job.processing.guarantee: exactly-once``."""
-    return (config.get("job.processing.guarantee") or AT_LEAST_ONCE) == EXACTLY_ONCE
+    return guarantee(config) == EXACTLY_ONCE
 
 
 def owner_of(config: Config, task: TaskName) -> str:
@@ -139,18 +144,18 @@ class TaskOutputs:
         this one builds on: the driver writes both at once, and only this one's clean-up
         runs), then this commit's own group, every pending part ``base`` does not name."""
         carried = {str(ssp): groups for ssp, groups in committed_parts(base).items()}
-        named = _named(base)
         key = key_of(checkpoint_id)
         out = {ssp: _marker(groups) for ssp, groups in carried.items()}
-        for ssp, parts in self.pending.items():
-            left = tuple(p for p in parts if p not in named.get(ssp, set()))
-            if left:
-                out[ssp] = _marker([*carried.get(ssp, []), CommittedParts(key, left)])
+        for ssp, left in uncovered(self.pending, base).items():
+            out[ssp] = _marker([*carried.get(ssp, []), CommittedParts(key, tuple(left))])
         return out
 
 
-def uncovered(pending: Mapping[str, Sequence[str]], checkpoint: Checkpoint) -> dict[str, list[str]]:
-    """``pending`` without the parts ``checkpoint`` names (the driver, once it wrote it)."""
+def uncovered(
+    pending: Mapping[str, Sequence[str]], checkpoint: Checkpoint | None
+) -> dict[str, list[str]]:
+    """``pending`` without the parts ``checkpoint`` names (the driver, once it wrote it; a
+    commit, those of the unwritten commit it builds on)."""
     named = _named(checkpoint)
     out = {}
     for ssp, parts in pending.items():

@@ -60,11 +60,11 @@ from sparkpoint.storage.backend import (
     v1_changelog_offsets,
 )
 from sparkpoint.storage.outputs import (
-    AT_LEAST_ONCE,
     EXACTLY_ONCE,
     GUARANTEE,
     exactly_once,
     foreign_parts,
+    guarantee,
     settle,
     uncovered,
 )
@@ -250,7 +250,7 @@ class JobCoordinator:
 
     def _record_guarantee(self, store: CoordinatorStreamStore) -> None:
         """Keep the processing guarantee this run has (``job show`` reads it); log a switch."""
-        now = self.config.get("job.processing.guarantee") or AT_LEAST_ONCE
+        now = guarantee(self.config)
         before = store.get(GUARANTEE, "last")
         if before is not None and before != now:
             log.warning(
