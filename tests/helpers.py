@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,16 @@ def emitted_counts(config: Config) -> dict[str, list[int]]:
         value: Any = row["value"]
         out.setdefault(value["user"], []).append(int(value["count"]))
     return out
+
+
+def assert_exactly_once(config: Config, expected: Mapping[str, int]) -> None:
+    """Every user's counts 1..N went out once each: none twice, none missing."""
+    emitted = emitted_counts(config)
+    assert set(emitted) == {u for u, n in expected.items() if n}
+    wrong = {
+        u: sorted(c) for u, c in emitted.items() if sorted(c) != list(range(1, expected[u] + 1))
+    }
+    assert not wrong, f"{len(wrong)} users' output is not 1..N once: {list(wrong.items())[:3]}"
 
 
 def assert_at_least_once(emitted: dict[str, list[int]], expected: Counter[str]) -> None:

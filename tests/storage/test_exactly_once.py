@@ -29,7 +29,7 @@ from sparkpoint.system.filelog.system import FileLogAdmin
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.jobs import job_overview, overview_lines
 from sparkpoint.tools.streams import read_staged_json_lines
-from tests.helpers import committed_counts, emitted_counts, generate
+from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
 from tests.storage.test_state_backends import make, run
 
 OUT = SystemStream("filelog", "user-counts")
@@ -37,16 +37,6 @@ OUT = SystemStream("filelog", "user-counts")
 
 def job(tmp_path: Path, guarantee: str = "exactly-once", **overrides: str) -> Config:
     return make(tmp_path, **{"job.processing.guarantee": guarantee, **overrides})
-
-
-def assert_exactly_once(config: Config, expected: Mapping[str, int]) -> None:
-    """Every user's counts 1..N went out once each: none twice, none missing."""
-    emitted = emitted_counts(config)
-    assert set(emitted) == {u for u, n in expected.items() if n}
-    wrong = {
-        u: sorted(c) for u, c in emitted.items() if sorted(c) != list(range(1, expected[u] + 1))
-    }
-    assert not wrong, f"{len(wrong)} users' output is not 1..N once: {list(wrong.items())[:3]}"
 
 
 def visible(config: Config) -> int:
@@ -221,12 +211,6 @@ def test_exactly_once_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
     v1 = job(tmp_path, **{"task.checkpoint.read.versions": "1,2"})
     with pytest.raises(ConfigError, match="needs V2 checkpoints"):
         JobCoordinator(v1, InlineRunner()).start()
-
-    class DataFrameRunner(InlineRunner):
-        exact_batches = True
-
-    with pytest.raises(ConfigError, match="not available to DataFrame pipelines"):
-        JobCoordinator(job(tmp_path / "b"), DataFrameRunner()).start()
 
 
 class NoStaging(FileLogSystemFactory):

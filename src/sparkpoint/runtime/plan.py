@@ -8,6 +8,7 @@ last checkpoint, then reads from the checkpoint's offsets, so state and offsets 
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 
@@ -129,3 +130,52 @@ class TaskBatchResult:
     staged_outputs: dict[str, list[str]] = field(default_factory=dict)
     parts_staged: int = 0  # exactly-once: parts this batch staged (one per partition sent to)
     records_published: int = 0  # staged records this batch's clean-up published
+    #: the task's progress in this batch was dropped (its input is read again next batch)
+    dropped: bool = False
+
+
+@dataclass(frozen=True)
+class StagedSink:
+    """A sink's staged output of one batch (exactly-once): the sink, pickled so that the driver
+    can publish it after a restart, its name for messages, and the sink's own token."""
+
+    sink: bytes
+    name: str
+    token: str
+
+
+@dataclass
+class BatchOutputs:
+    """A DataFrame batch's staged output (exactly-once): the parts staged per SSP
+    (``system.stream.partition``), in the order to publish them, and the staged sinks."""
+
+    streams: dict[str, list[str]] = field(default_factory=dict)
+    sinks: list[StagedSink] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.streams or self.sinks)
+
+    def add_parts(self, staged: dict[str, str]) -> None:
+        """The parts one writer staged, by SSP."""
+        for ssp, part in staged.items():
+            self.streams.setdefault(ssp, []).append(part)
+
+    def parts(self) -> set[str]:
+        return {p for parts in self.streams.values() for p in parts}
+
+    def to_json(self) -> dict[str, object]:
+        sinks = [
+            {"sink": base64.b64encode(s.sink).decode(), "name": s.name, "token": s.token}
+            for s in self.sinks
+        ]
+        return {"streams": self.streams, "sinks": sinks}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> BatchOutputs:
+        streams = data.get("streams") or {}
+        sinks = data.get("sinks") or []
+        assert isinstance(streams, dict) and isinstance(sinks, list)
+        return cls(
+            {str(k): [str(p) for p in v] for k, v in streams.items()},
+            [StagedSink(base64.b64decode(s["sink"]), s["name"], s["token"]) for s in sinks],
+        )

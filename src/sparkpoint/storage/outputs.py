@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
@@ -63,6 +63,13 @@ def exactly_once(config: Mapping[str, str]) -> bool:
 def owner_of(config: Config, task: TaskName) -> str:
     """The name a task's staged output goes under: ``<job.name>-<job.id>.<task>``."""
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", f"{config.job_label}.{task.name}")
+
+
+def batch_owner(config: Config) -> str:
+    """The name a DataFrame pipeline's staged stream output goes under: its unit is the batch
+    (``<job.name>-<job.id>-batches``; outside the tasks' ``<job.name>-<job.id>.`` prefix, which
+    :func:`settle` sweeps before the batch log is read)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", f"{config.job_label}-batches")
 
 
 def new_part(run_id: str, batch: int) -> str:
@@ -184,12 +191,41 @@ def publish(
     owner = owner_of(config, task)
     total = 0
     for ssp, groups in sorted(committed_parts(checkpoint).items()):
-        staging = staging_of(systems, ssp.system)
         for group in groups:  # oldest first: a commit's, then the one built on it
-            total += staging.publish(
-                ssp.stream, ssp.partition, owner, group.key, group.parts, failpoints
-            )
+            total += publish_parts(systems, owner, group.key, {ssp: group.parts}, failpoints)
     return total
+
+
+def publish_parts(
+    systems: Systems,
+    owner: str,
+    key: int,
+    parts: Mapping[SystemStreamPartition, Sequence[str]],
+    failpoints: Mapping[str, str] | None = None,
+) -> int:
+    """Publish ``owner``'s staged ``parts`` of commit ``key`` per SSP (idempotent: a key the
+    owner published already is a no-op); returns the records published now."""
+    total = 0
+    for ssp, names in sorted(parts.items()):
+        staging = staging_of(systems, ssp.system)
+        total += staging.publish(ssp.stream, ssp.partition, owner, key, names, failpoints)
+    return total
+
+
+def discard_staged(
+    config: Config, systems: Systems, owner_prefix: str, keep: Collection[str] = ()
+) -> int:
+    """Delete every staged part of the owners named ``owner_prefix...`` in every stream of the
+    job's systems, but those in ``keep``; returns the parts deleted."""
+    discarded = 0
+    for system in sorted(config.systems):
+        admin = systems.admin(system)
+        staging = admin.output_staging()
+        if staging is None:
+            continue
+        for stream in admin.list_streams():
+            discarded += staging.sweep(stream, owner_prefix, keep)
+    return discarded
 
 
 @dataclass
@@ -209,13 +245,7 @@ def settle(config: Config, systems: Systems, checkpoints: Mapping[TaskName, Chec
     for task, checkpoint in sorted(checkpoints.items()):
         done.published += publish(config, systems, task, checkpoint)
     prefix = owner_of(config, TaskName(""))  # "<job.name>-<job.id>.": every task's owner
-    for system in sorted(config.systems):
-        admin = systems.admin(system)
-        staging = admin.output_staging()
-        if staging is None:
-            continue
-        for stream in admin.list_streams():
-            done.discarded += staging.sweep(stream, prefix)
+    done.discarded = discard_staged(config, systems, prefix)
     if done.published or done.discarded:
         log.info(
             "exactly-once output: published %d records of written checkpoints, discarded %d "

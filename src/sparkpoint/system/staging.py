@@ -13,7 +13,7 @@ Owns these interfaces only; imports nothing of sparkpoint's but the system base.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkpoint.system.base import Record, SystemProducer
@@ -74,7 +74,7 @@ class OutputStaging(ABC):
         """The key of ``owner``'s last commit published to this partition, if any."""
 
     @abstractmethod
-    def sweep(self, stream: str, owner_prefix: str) -> int:
+    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         """Delete every staged part (and part being written) of the owners whose names start
-        with ``owner_prefix``: at a job's start, once what its checkpoints name is published.
-        Returns the parts deleted."""
+        with ``owner_prefix``, but the parts named in ``keep``: at a job's start, once what its
+        checkpoints name is published. Returns the parts deleted."""

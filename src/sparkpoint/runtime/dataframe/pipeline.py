@@ -36,20 +36,24 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import pickle
 import re
+import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
-from sparkpoint.fsutil import atomic_write
+from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.dataframe.fusion import (
@@ -81,13 +85,14 @@ from sparkpoint.runtime.dataframe.udfs import (
 )
 from sparkpoint.runtime.dataframe.windows import SCHEMA as WINDOW_SCHEMA
 from sparkpoint.runtime.dataframe.windows import WindowDef, WindowStep, window_defs
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import BatchOutputs, StagedSink, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark.session import (
     batch_job_group,
     cluster_executors,
     record_executors,
     user_error_from,
 )
+from sparkpoint.storage.outputs import batch_owner, exactly_once
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,21 @@ class Sink(Protocol):
     """Where a DataFrame output goes; called once per batch with its durable id."""
 
     def write(self, df: Any, batch_id: int) -> None: ...
+
+
+@runtime_checkable
+class StagingSink(Sink, Protocol):
+    """A sink that can give exactly-once output (``job.processing.guarantee: exactly-once``):
+    :meth:`stage` writes a batch where no reader sees it and returns a token; once every task's
+    checkpoint covers the batch, the driver calls :meth:`publish` with that token (also after a
+    restart, on the sink unpickled from the batch log), or :meth:`discard` when the batch's
+    output is not to be published. Both must be idempotent."""
+
+    def stage(self, df: Any, batch_id: int) -> str: ...
+
+    def publish(self, batch_id: int, token: str) -> None: ...
+
+    def discard(self, batch_id: int, token: str) -> None: ...
 
 
 class FunctionSink:
@@ -137,6 +157,13 @@ class ParquetSink:
     with Spark gives every batch once, with a ``batch_id`` column. A relative ``path`` is
     relative to the module that creates the sink (the pipeline's, next to its job file), as a
     pipeline's job file is, not to the current directory.
+
+    With exactly-once (a :class:`StagingSink`) a batch is written under
+    ``path/_sparkpoint/staged/batch_id=<id>-<random>/`` (Spark's own commit protocol keeps only
+    the files of the task attempts that succeeded), and renamed to ``path/batch_id=<id>`` when
+    the batch's checkpoints are written: readers never see a batch whose state was not
+    committed, and an executor lost mid-batch leaves nothing behind but a staged directory that
+    the next publish deletes.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -156,14 +183,69 @@ class ParquetSink:
         except FileNotFoundError:
             return None
 
-    def write(self, df: Any, batch_id: int) -> None:
+    def _written(self, batch_id: int) -> bool:
         last = self.last_committed()
         if last is not None and batch_id <= last:
             log.info("parquet sink %s: batch %d already written; skipped", self.path, batch_id)
-            return
-        df.write.mode("overwrite").parquet(str(self.path / f"batch_id={batch_id}"))
+            return True
+        return False
+
+    def _record(self, batch_id: int) -> None:
         self._commit_file.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self._commit_file, json.dumps({"batch": batch_id}).encode())
+
+    def write(self, df: Any, batch_id: int) -> None:
+        if self._written(batch_id):
+            return
+        df.write.mode("overwrite").parquet(str(self.path / f"batch_id={batch_id}"))
+        self._record(batch_id)
+
+    @property
+    def _staged(self) -> Path:
+        return self.path / "_sparkpoint" / "staged"
+
+    def stage(self, df: Any, batch_id: int) -> str:
+        """Write batch ``batch_id`` where no reader looks; its token ('' if written already)."""
+        if self._written(batch_id):
+            return ""
+        token = f"batch_id={batch_id}-{uuid.uuid4().hex[:8]}"
+        df.write.parquet(str(self._staged / token))
+        return token
+
+    def publish(self, batch_id: int, token: str) -> None:
+        """Rename the staged batch into place and record it; then delete older staged dirs."""
+        if token and not self._written(batch_id):
+            staged, final = self._staged / token, self.path / f"batch_id={batch_id}"
+            if staged.is_dir():
+                if final.exists():  # the partial files of an at-least-once run's crashed write
+                    shutil.rmtree(final)
+                os.replace(staged, final)
+                fsync_dir(self.path)
+            elif not final.is_dir():
+                raise SparkpointError(
+                    f"parquet sink {self.path}: batch {batch_id}'s staged files ({staged}) are "
+                    "gone and the batch is not in place: its output is lost; restore the "
+                    "directory, or reset the job's checkpoints to replay that input"
+                )
+            self._record(batch_id)
+        for old in self._staged.glob("batch_id=*"):  # attempts never recorded, or discarded
+            if _staged_batch(old.name) <= batch_id and old.name != token:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self, batch_id: int, token: str) -> None:
+        if token:
+            shutil.rmtree(self._staged / token, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"ParquetSink({str(self.path)!r})"
+
+
+def _staged_batch(name: str) -> int:
+    """The batch id of a staged directory ``batch_id=<id>-<random>``."""
+    try:
+        return int(name.removeprefix("batch_id=").partition("-")[0])
+    except ValueError:
+        return -1
 
 
 _SHUFFLE = re.compile(r"(?<!Broadcast)Exchange (\S+)|^\W*(Coalesce \d+)", re.MULTILINE)
@@ -502,6 +584,9 @@ class DataFrameRunner:
         self.spark = spark
         self.pipeline = pipeline
         self.config = config
+        #: exactly-once: what the last batch staged, for the driver to record in its batch log
+        self.staged: BatchOutputs | None = None
+        self._owner = batch_owner(config) if exactly_once(config) else None
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
@@ -527,9 +612,12 @@ class DataFrameRunner:
             finally:
                 frame.release()
         sent: dict[str, int] = {}
+        self.staged = None if self._owner is None else BatchOutputs()
         t0 = time.monotonic()
         try:
             outputs = _outputs(self.pipeline.build(frame))
+            if self._owner is not None:
+                _check_sinks_stage(outputs)
             steps = sorted(frame._steps)
             if self.steps is not None and steps != self.steps:
                 raise ConfigError(
@@ -553,7 +641,8 @@ class DataFrameRunner:
                 fold = finisher if writes.folded and i == len(outputs) - 1 else None
                 step = writes.fused.get(i)
                 if step is not None and isinstance(output, StreamOutput):
-                    results = self._write_fused(writes, step, output, sent, fold) or results
+                    job = self._write_fused(writes, step, output, batch, fold)
+                    results = self._collect(job, sent) or results
                 else:
                     results = self._write(output, batch, sent, fold) or results
             t2 = time.monotonic()
@@ -600,21 +689,30 @@ class DataFrameRunner:
     ) -> list[TaskBatchResult]:
         """Write one output; the tasks' results if ``finisher`` finished them on the way."""
         if isinstance(output, SinkOutput):
-            output.sink.write(output.df, batch)
+            if self.staged is None:
+                output.sink.write(output.df, batch)
+                return []
+            sink = output.sink
+            assert isinstance(sink, StagingSink)  # _check_sinks_stage
+            token = sink.stage(output.df, batch)
+            if token:
+                pickled: bytes = cloudpickle.dumps(sink)  # type: ignore[no-untyped-call]
+                self.staged.sinks.append(StagedSink(pickled, repr(sink), token))
             return []
-        writer = self._writer(output, finisher)
-        return _collect(output.df.mapInArrow(writer, RESULT_SCHEMA), sent)
+        writer = self._writer(output, batch, finisher)
+        return self._collect(output.df.mapInArrow(writer, RESULT_SCHEMA), sent)
 
     def _write_fused(
         self,
         writes: _Writes,
         step: StepFrame,
         output: StreamOutput,
-        sent: dict[str, int],
+        batch: int,
         finisher: Finisher | None,
-    ) -> list[TaskBatchResult]:
-        """Run ``step`` and send what it yields to ``output``'s stream in one pass."""
-        writer = self._writer(output, finisher)
+    ) -> Any:
+        """The job that runs ``step`` and sends what it yields to ``output``'s stream in one
+        pass."""
+        writer = self._writer(output, batch, finisher)
         schema = arrow_schema(step.schema)
         projection = writes.projections.get(step.udf.name)
         if projection is None:
@@ -630,11 +728,26 @@ class DataFrameRunner:
                 arrow_schema(step.input.schema),
             )
             job = source.plans.mapInArrow(fused, RESULT_SCHEMA)
-        return _collect(job, sent)
+        return job
 
-    def _writer(self, output: StreamOutput, finisher: Finisher | None) -> StreamWriterUdf:
+    def _writer(
+        self, output: StreamOutput, batch: int, finisher: Finisher | None
+    ) -> StreamWriterUdf:
         config = self.config.to_dict()
-        return StreamWriterUdf(config, output.stream, output.key, output.value, finisher)
+        staging = None if self._owner is None else (self._owner, batch)
+        return StreamWriterUdf(config, output.stream, output.key, output.value, finisher, staging)
+
+    def _collect(self, job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:
+        """Run a stream output's job; count what each task sent, note the parts it staged, and
+        return the tasks' results that it carries (when it finished them)."""
+        results = []
+        for row in job.collect():
+            sent[row.task] = sent.get(row.task, 0) + int(row.sent)
+            if row.staged and self.staged is not None:
+                self.staged.add_parts(json.loads(row.staged))
+            if row.result is not None:
+                results.append(pickle.loads(row.result))
+        return results
 
 
 class _Writes:
@@ -675,15 +788,16 @@ class _Writes:
         return f"{len(self.fused)} fused with their step, {own} of them reading their own input"
 
 
-def _collect(job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:
-    """Run a stream output's job; count what each task sent, and return the tasks' results
-    that it carries (when it finished them)."""
-    results = []
-    for row in job.collect():
-        sent[row.task] = sent.get(row.task, 0) + int(row.sent)
-        if row.result is not None:
-            results.append(pickle.loads(row.result))
-    return results
+def _check_sinks_stage(outputs: Sequence[Output]) -> None:
+    """Exactly-once: every sink must stage its batches (:class:`StagingSink`)."""
+    for out in outputs:
+        if isinstance(out, SinkOutput) and not isinstance(out.sink, StagingSink):
+            what = "a function sink" if isinstance(out.sink, FunctionSink) else repr(out.sink)
+            raise ConfigError(
+                f"job.processing.guarantee=exactly-once, but {what} cannot stage its output "
+                "(a sink needs stage, publish and discard: see StagingSink; ParquetSink has "
+                "them): use such a sink, or run with job.processing.guarantee=at-least-once"
+            )
 
 
 __all__ = [
@@ -695,6 +809,7 @@ __all__ = [
     "Pipeline",
     "Sink",
     "SinkOutput",
+    "StagingSink",
     "StepState",
     "StreamOutput",
     "load_pipeline",

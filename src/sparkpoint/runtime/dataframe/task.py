@@ -143,6 +143,7 @@ class FrameTask:
         )
         if whole is not None:
             result.late, result.timers_fired = whole.end.late, self.phases.fired(steps)
+        result.dropped = whole is None
         self.phases.finished()
         return result
 

@@ -18,6 +18,7 @@ unfused path keeps its guard: a step computed twice in a batch fails the batch.
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
@@ -38,6 +39,7 @@ from sparkpoint.runtime.dataframe.task import (
     step_ran,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan
+from sparkpoint.storage.outputs import new_part
 from sparkpoint.storage.task_storage import held_engines
 
 StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
@@ -45,7 +47,8 @@ StepFunction = Callable[[StepState, Iterator[Any]], Iterator[Any]]
 TimerFunction = Callable[[StepState, Any], Iterable[Any]]
 
 #: what a stream output's Spark job returns per task partition
-RESULT_SCHEMA = "task STRING, sent LONG, result BINARY"
+#: (``staged``, exactly-once: the JSON of the part staged per SSP, ``system.stream.partition``)
+RESULT_SCHEMA = "task STRING, sent LONG, result BINARY, staged STRING"
 
 #: a column of a step's input: its name and where it comes from in the batch source (a
 #: source column, then struct fields)
@@ -143,17 +146,32 @@ class Finisher:
         yield pa.RecordBatch.from_pydict({"result": [self.finish()]})
 
 
-def _result(task: str, sent: int, result: bytes | None) -> pa.RecordBatch:
-    columns = {"task": [task], "sent": [sent], "result": [result]}
+def _result(
+    task: str,
+    sent: int,
+    result: bytes | None,
+    staged: Mapping[tuple[str, str, int], str] | None = None,
+) -> pa.RecordBatch:
+    items = (staged or {}).items()
+    parts = {f"{system}.{stream}.{p}": part for (system, stream, p), part in items}
+    columns = {
+        "task": [task],
+        "sent": [sent],
+        "result": [result],
+        "staged": [json.dumps(parts) if parts else None],
+    }
     types = [("task", pa.string()), ("sent", pa.int64()), ("result", pa.binary())]
-    return pa.RecordBatch.from_pydict(columns, schema=pa.schema(types))
+    schema = pa.schema([*types, ("staged", pa.string())])
+    return pa.RecordBatch.from_pydict(columns, schema=schema)
 
 
 class StreamWriterUdf:
     """Sends a DataFrame's rows to a stream from each partition: the message is the ``value``
     column, or the whole row as a dict; the partition comes from the ``key`` column. With
     ``finisher`` (the batch's last output, on the task partitions) each partition then finishes
-    its task in the same Spark task, which saves the batch a Spark job."""
+    its task in the same Spark task, which saves the batch a Spark job. With ``staging``
+    (exactly-once: the batch's owner and id) each Spark task attempt stages its own part, which
+    the driver records with the batch (:mod:`sparkpoint.storage.outputs`)."""
 
     def __init__(
         self,
@@ -162,12 +180,14 @@ class StreamWriterUdf:
         key: str | None,
         value: str | None,
         finisher: Finisher | None,
+        staging: tuple[str, int] | None = None,
     ) -> None:
         self.config = dict(config)
         self.stream = stream
         self.key = key
         self.value = value
         self.finisher = finisher
+        self.staging = staging
 
     def write(
         self, chunks: Iterable[pa.RecordBatch], plan: TaskBatchPlan | None = None
@@ -179,7 +199,14 @@ class StreamWriterUdf:
 
         config, systems = worker_config(self.config)
         task = "" if plan is None else plan.task.name.name
-        collector = OutputCollector(config, systems, TaskName(task or "pipeline-output"))
+        staging = None
+        if self.staging is not None:
+            owner, batch = self.staging
+            staging = (owner, new_part("df", batch))
+        collector = OutputCollector(
+            config, systems, TaskName(task or "pipeline-output"), staging=staging
+        )
+        written = False
         try:
             for chunk in chunks:
                 if not chunk.num_rows:
@@ -194,10 +221,14 @@ class StreamWriterUdf:
                 collector.send_arrow(self.stream, keys, messages)
             collector.flush()  # durable before the task commits
             maybe_crash(config, "after-output-flush")
+            written = True
         finally:
-            collector.close()
+            if written or staging is None:
+                collector.close()
+            else:  # a staged part is whole or absent
+                collector.abort()
         result = None if self.finisher is None else self.finisher.finish(plan)
-        yield _result(task, collector.sent, result)
+        yield _result(task, collector.sent, result, collector.staged)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.write(chunks)

@@ -24,7 +24,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.checkpoint.offsets import OffsetManager, check_in_range
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.metadata.coordinator_stream import (
     CoordinatorStreamStore,
@@ -46,11 +46,19 @@ from sparkpoint.model import (
 )
 from sparkpoint.model.clock import fixed_ms
 from sparkpoint.model.startpoint import Startpoint
+from sparkpoint.runtime.driver import batch_outputs
 from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.driver.metrics import MetricsReporters
 from sparkpoint.runtime.driver.reports import BatchReport, BatchRunner, Listener, RunSummary
-from sparkpoint.runtime.plan import Commits, Reads, StartState, TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import (
+    BatchOutputs,
+    Commits,
+    Reads,
+    StartState,
+    TaskBatchPlan,
+    TaskBatchResult,
+)
 from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
     StateBackendAdmin,
@@ -110,14 +118,9 @@ def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
         return 1 if admin_cmp(nxt, upcoming) < 0 else 0
 
 
-def check_exactly_once(config: Config, checkpoints: CheckpointManager, *, dataframe: bool) -> None:
-    """Refuse exactly-once output where it cannot hold: a DataFrame pipeline (not yet), or
-    checkpoints that would not carry the staged output's markers (V2 only)."""
-    if dataframe:
-        raise ConfigError(
-            "job.processing.guarantee=exactly-once is not available to DataFrame pipelines yet "
-            "(only to task API jobs, on filelog): run the pipeline at-least-once"
-        )
+def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
+    """Refuse exactly-once output where it cannot hold: checkpoints that would not carry the
+    staged output's markers (V2 only)."""
     if 2 not in checkpoints.write_versions or checkpoints.read_versions[0] != 2:
         raise ConfigError(
             "job.processing.guarantee=exactly-once needs V2 checkpoints, written and read first "
@@ -210,7 +213,7 @@ class JobCoordinator:
     def start(self) -> JobModel:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
         if exactly_once(self.config):
-            check_exactly_once(self.config, self.checkpoints, dataframe=self.exact_batches)
+            check_exactly_once(self.config, self.checkpoints)
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
@@ -373,9 +376,15 @@ class JobCoordinator:
                 replay[-1][0],
                 self.batch_log.last_id + 1,
             )
+            for batch, _ in replay:  # their input is not read again: neither is their output
+                outputs = self.batch_log.outputs.get(batch)
+                if outputs:
+                    self.batch_log.set_outputs(batch, None)
+                    batch_outputs.discard(self.config, self.systems, self.batch_log, batch, outputs)
             replay = []
         self._replay = replay
-        self.batch_log.prune(self._checkpointed(), self._cmp)
+        self._prune_batch_log()
+        batch_outputs.sweep(self.config, self.systems, self.batch_log)
         self._batch = self.batch_log.last_id
         if replay:
             log.info(
@@ -383,6 +392,21 @@ class JobCoordinator:
                 replay[0][0],
                 replay[-1][0],
             )
+
+    def _prune_batch_log(self) -> None:
+        """Delete the batch log's entries every checkpoint covers, publishing their output."""
+        if self.batch_log is None:
+            return
+
+        published = []
+
+        def publish(batch: int, outputs: BatchOutputs) -> None:
+            batch_outputs.publish(self.config, self.systems, batch, outputs)
+            published.append(batch)
+
+        self.batch_log.prune(self._checkpointed(), self._cmp, publish)
+        if published:  # and parts no entry names: a failed batch's, a zombie attempt's
+            batch_outputs.sweep(self.config, self.systems, self.batch_log)
 
     def _compact_metadata_streams(self) -> None:
         """Compact the coordinator and checkpoint streams at start, so that bootstrapping them
@@ -577,12 +601,24 @@ class JobCoordinator:
         t0 = time.monotonic()
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
+        if self.batch_log is not None and logged:
+            # exactly-once: the batch's output, kept before any checkpoint covering it is written
+            staged = getattr(self.runner, "staged", None)
+            missing = not clean_up_only and not hasattr(self.runner, "staged")
+            if missing and exactly_once(self.config):  # its output would wait forever
+                raise SparkpointError(
+                    f"runner {type(self.runner).__name__} of exact batches does not pass on "
+                    "what its batches staged (BatchRunner.staged)"
+                )
+            batch_outputs.record(
+                self.config, self.systems, self.batch_log, self._batch, staged, results
+            )
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
         committed = False
         for result in sorted(results, key=lambda r: r.task):
             committed = self._apply(result) or committed
-        if committed and self.batch_log is not None:
-            self.batch_log.prune(self._checkpointed(), self._cmp)
+        if committed:
+            self._prune_batch_log()
         if commit or committed:
             self._last_commit = time.monotonic()
         if window:

@@ -37,7 +37,7 @@ from sparkpoint.runtime.driver.inline import (
     WorkerProcessDied,
 )
 from sparkpoint.runtime.driver.reports import BatchRunner, Listener
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import BatchOutputs, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
 from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
@@ -170,6 +170,13 @@ class DeferredRunner:
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         return self.runner(batch, plans)
+
+    @property
+    def staged(self) -> BatchOutputs | None:
+        """The made runner's output staged by the last batch (see :class:`BatchRunner`)."""
+        staged = getattr(self._runner, "staged", None)
+        assert staged is None or isinstance(staged, BatchOutputs)
+        return staged
 
 
 def start_job(

@@ -20,7 +20,10 @@ class BatchRunner(Protocol):
     A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
     ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
     :class:`~sparkpoint.runtime.driver.batchlog.BatchLog` and replayed with the same ids and end
-    offsets after a restart.
+    offsets after a restart. With exactly-once output such a runner also has ``staged``: the
+    :class:`~sparkpoint.runtime.plan.BatchOutputs` its last batch staged, which the driver
+    records in the batch log (:mod:`sparkpoint.runtime.driver.batch_outputs`); a runner that
+    wraps another passes it on.
     """
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...

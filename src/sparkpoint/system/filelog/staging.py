@@ -36,7 +36,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -236,9 +236,9 @@ def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[Staged
     return out
 
 
-def sweep(plog: PartitionLog, owner_prefix: str) -> int:
-    """Delete the staged parts and temporary files of owners named ``owner_prefix...``;
-    returns the parts deleted."""
+def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> int:
+    """Delete the staged parts and temporary files of owners named ``owner_prefix...``, but
+    the parts named in ``keep``; returns the parts deleted."""
     root = plog.path / STAGED
     if not root.is_dir():
         return 0
@@ -247,6 +247,8 @@ def sweep(plog: PartitionLog, owner_prefix: str) -> int:
         if not owner_dir.name.startswith(owner_prefix) or not owner_dir.is_dir():
             continue
         for f in owner_dir.iterdir():
+            if f.suffix == ".log" and f.stem in keep:
+                continue
             parts += f.suffix == ".log"
             f.unlink(missing_ok=True)
     return parts

@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -322,9 +322,9 @@ class FileLogStaging(OutputStaging):
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:
         return staging.published_key(self._s.log(stream, partition), owner)
 
-    def sweep(self, stream: str, owner_prefix: str) -> int:
+    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         return sum(
-            staging.sweep(self._s.log(stream, partition), owner_prefix)
+            staging.sweep(self._s.log(stream, partition), owner_prefix, keep)
             for partition in range(self._s.partitions(stream))
         )
 

@@ -1,0 +1,127 @@
+"""A DataFrame batch's exactly-once output, seen from the driver: record, publish, discard.
+
+A DataFrame pipeline's output is the batch's, not one task's (its rows are shuffled), so with
+``job.processing.guarantee: exactly-once`` the unit of its output is the batch
+(:mod:`sparkpoint.runtime.driver.batchlog`):
+
+1. the batch's stream outputs stage one part per Spark task attempt and partition under the
+   job's batch owner (:func:`~sparkpoint.storage.outputs.batch_owner`), and its sinks stage
+   their files (:class:`~sparkpoint.runtime.dataframe.pipeline.StagingSink`); the runner
+   reports what the attempts whose results Spark kept staged
+   (:class:`~sparkpoint.runtime.plan.BatchOutputs`);
+2. :func:`record` keeps it in the batch's log entry before any checkpoint covering the batch is
+   written; a replayed batch keeps what its first run recorded and discards its own;
+3. once every task's checkpoint covers the batch, :func:`publish` makes it visible (streams:
+   one publish per partition under the batch id as its key, so it never goes out twice; sinks:
+   ``publish`` on the sink unpickled from the log), oldest batch first, and the entry goes.
+
+At the job's start, :func:`sweep` deletes every staged stream part of the batch owner that no
+log entry names. A batch in which a task dropped its progress (a Spark task retried after its
+state changed, a finish on another executor) cannot keep its output, since the task reads that
+input again in the next batch: the batch fails before any of its checkpoints is written, and
+the restart replays it from the checkpoints.
+
+Owns the driver's handling of batch output; imports the plan, the batch log, the DataFrame
+sink protocol and the storage layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Sequence
+
+from sparkpoint.config import Config
+from sparkpoint.errors import SparkpointError
+from sparkpoint.model import SystemStreamPartition
+from sparkpoint.runtime.dataframe.pipeline import StagingSink
+from sparkpoint.runtime.driver.batchlog import BatchLog
+from sparkpoint.runtime.plan import BatchOutputs, TaskBatchResult
+from sparkpoint.storage.outputs import batch_owner, discard_staged, publish_parts
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+
+class BatchOutputsLost(SparkpointError):
+    """A batch's staged output cannot be kept: the batch fails and is replayed at restart."""
+
+
+def record(
+    config: Config,
+    systems: Systems,
+    batch_log: BatchLog,
+    batch: int,
+    staged: BatchOutputs | None,
+    results: Sequence[TaskBatchResult],
+) -> None:
+    """Keep what batch ``batch`` staged in its log entry (before its checkpoints are written)."""
+    if not staged:
+        return
+    if batch in batch_log.outputs:
+        log.info(
+            "batch %d replayed: its output is the one its first run staged; the replay's "
+            "(%d parts, %d sinks) is discarded",
+            batch,
+            len(staged.parts()),
+            len(staged.sinks),
+        )
+        discard(config, systems, batch_log, batch, staged)
+        return
+    dropped = sorted(r.task for r in results if r.dropped)
+    if dropped:
+        discard(config, systems, batch_log, batch, staged)
+        raise BatchOutputsLost(
+            f"batch {batch}: task {dropped[0]}"
+            + (f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else "")
+            + " dropped its progress (a retried Spark task, or a finish on another executor), "
+            "so its input is read again, but with job.processing.guarantee=exactly-once the "
+            "batch's output cannot be split by task: the batch's output is discarded and the "
+            "job stops before writing its checkpoints; run it again and it replays the batch "
+            "from its checkpoints"
+        )
+    batch_log.set_outputs(batch, staged)
+
+
+def publish(config: Config, systems: Systems, batch: int, outputs: BatchOutputs) -> None:
+    """Make batch ``batch``'s staged output visible (idempotent)."""
+    owner = batch_owner(config)
+    parts = {SystemStreamPartition.parse(s): p for s, p in outputs.streams.items()}
+    records = publish_parts(systems, owner, batch, parts, failpoints=config.to_dict())
+    for staged in outputs.sinks:
+        _sink(staged.sink, staged.name).publish(batch, staged.token)
+    log.info(
+        "batch %d published: %d records, %d sinks (its checkpoints are written)",
+        batch,
+        records,
+        len(outputs.sinks),
+    )
+
+
+def discard(
+    config: Config, systems: Systems, batch_log: BatchLog, batch: int, outputs: BatchOutputs
+) -> None:
+    """Delete what batch ``batch`` staged and its log entry does not name: its sinks' staged
+    files, and its parts (every part of the batch owner no entry names: batches run one at a
+    time, so no other batch is staging now)."""
+    sweep(config, systems, batch_log)
+    for staged in outputs.sinks:
+        _sink(staged.sink, staged.name).discard(batch, staged.token)
+
+
+def sweep(config: Config, systems: Systems, batch_log: BatchLog) -> int:
+    """At the job's start: delete the batch owner's staged parts no log entry names."""
+    return discard_staged(config, systems, batch_owner(config), keep=batch_log.staged_parts())
+
+
+def _sink(pickled: bytes, name: str) -> StagingSink:
+    try:
+        sink = pickle.loads(pickled)
+    except Exception as exc:
+        raise SparkpointError(
+            f"the staged output of sink {name} cannot be published: unpickling the sink "
+            f"failed ({exc}); the sink's class must be importable where the driver runs"
+        ) from exc
+    if not isinstance(sink, StagingSink):
+        raise SparkpointError(f"sink {name} recorded with a batch has no publish and discard")
+    return sink

@@ -1,0 +1,176 @@
+"""Exactly-once output of a DataFrame pipeline (issue 34): the batch is the unit. The example
+pipeline's stream output and its Parquet sink become visible only once every task's checkpoint
+covers their batch, and a crash at the driver's and the publish's failpoints (and in a Python
+worker) leaves each user's counts 1..N once on the stream and each view once in Parquet."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from generate import events
+from pageviews_pipeline import job as example_pipeline
+
+from sparkpoint import Batch, Output, Pipeline
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.failpoints import InjectedCrash
+from sparkpoint.model import SystemStream
+from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.storage.outputs import batch_owner
+from sparkpoint.system.base import StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.streams import read_staged_json_lines
+from tests.conftest import pageviews_config
+from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
+
+OUT = SystemStream("filelog", "user-counts")
+
+
+def _config(tmp_path: Path, **overrides: str) -> Config:
+    values = pageviews_config(
+        tmp_path,
+        **{
+            "task.batch.max.messages": "300",
+            "task.commit.ms": "0",
+            "job.processing.guarantee": "exactly-once",
+            **overrides,
+        },
+    )
+    config = load_config(None, values)
+    admin = Systems(config).admin("filelog")
+    if "pageviews" not in admin.list_streams():
+        admin.create_stream(StreamSpec("pageviews", 4))
+    return config
+
+
+def _coordinator(spark: Any, config: Config, pipeline: Pipeline = example_pipeline) -> Any:
+    return JobCoordinator(config, DataFrameRunner(spark, pipeline, config))
+
+
+def _run(spark: Any, config: Config) -> None:
+    coordinator = _coordinator(spark, config)
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+
+
+def _sink_dir(config: Config) -> Path:
+    return Path(config.require("job.data.dir")) / "enriched-views"
+
+
+def _views(config: Config) -> Counter[tuple[str, int]]:
+    """The (user, ts) of every view a reader of the Parquet sink sees."""
+    batches = sorted(_sink_dir(config).glob("batch_id=*"))
+    out: Counter[tuple[str, int]] = Counter()
+    for b in batches:
+        table = pq.read_table(b)
+        users, stamps = table.column("user").to_pylist(), table.column("ts").to_pylist()
+        out.update(zip(users, stamps, strict=True))
+    return out
+
+
+def _staged(config: Config) -> int:
+    staging = Systems(config).admin("filelog").output_staging()
+    assert staging is not None
+    if OUT.stream not in Systems(config).admin("filelog").list_streams():
+        return 0
+    return len(staging.staged(OUT.stream))
+
+
+def _want(n: int, seed: int, users: int) -> Counter[tuple[str, int]]:
+    return Counter((str(e["user"]), int(str(e["ts"]))) for e in events(n, seed, users))
+
+
+def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
+    tmp_path: Path, spark: Any
+) -> None:
+    config = _config(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=81, users=12)
+    coordinator = _coordinator(spark, config)
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    try:
+        report, _ = coordinator.run_batch(end, commit=False)
+        batch = report.batch
+        assert emitted_counts(config) == {} and _views(config) == Counter()
+        assert _staged(config) > 0  # staged, named in the batch log, nobody reads them
+        staged = list(read_staged_json_lines(config, Systems(config), OUT))
+        assert {r["owner"] for r in staged} == {batch_owner(config)}
+        assert coordinator.batch_log is not None
+        assert batch in coordinator.batch_log.outputs
+        assert list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
+        coordinator.run_batch(end, commit=True, wait=True)  # every task's checkpoint covers it
+        assert batch not in coordinator.batch_log.entries
+    finally:
+        coordinator.close()
+    assert_exactly_once(config, expected)
+    assert _views(config) == _want(600, 81, 12)
+    assert _staged(config) == 0
+    more = generate(config, tmp_path / "b.yaml", 900, seed=82, users=12)
+    _run(spark, config)
+    assert committed_counts(config) == dict(expected + more)
+    assert_exactly_once(config, expected + more)
+    assert _views(config) == _want(600, 81, 12) + _want(900, 82, 12)
+    assert not list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
+
+
+#: what the restart after a crash at each point must do, and how the crash comes
+AFTER_CRASH = {
+    "after-checkpoint-write": "replaying batches",  # batch 2 covered by some checkpoints only
+    "publish-after-intent": "stopped half-way",  # the next publisher finishes it
+    "publish-after-append": "stopped half-way",
+    "after-snapshot": "replaying batches",  # in the finish, on the executor
+    "after-output-flush": "replaying batches",  # a Python worker exits after staging its part
+}
+
+
+@pytest.mark.parametrize("point", sorted(AFTER_CRASH))
+def test_a_crash_at_a_failpoint_publishes_each_batch_once(
+    tmp_path: Path, spark: Any, point: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver crashes (an injected exception stops the coordinator as a kill would, with
+    nothing after it run), or a Python worker exits (the test session's Spark does not retry
+    a task, so the batch fails), in batch 2; the restart replays the batches no checkpoint
+    covers and publishes the ones every checkpoint covers, each once."""
+    caplog.set_level(logging.INFO, logger="sparkpoint")
+    flag = tmp_path / "crash.flag"
+    flag.write_text("5")  # in batch 2: some tasks' checkpoints cover it, some do not
+    crash = {"testing.crash.at": point, "testing.crash.flag": str(flag)}
+    if point == "after-output-flush":
+        crash["testing.crash.mode"] = "exit"
+    config = _config(tmp_path, **crash)
+    expected = generate(config, tmp_path / "a.yaml", 2400, seed=83, users=20)
+    with pytest.raises((InjectedCrash, SparkpointError, Exception)):
+        _run(spark, config)
+    assert not flag.exists(), "the crash point was never reached"
+    caplog.clear()
+    _run(spark, config)
+    assert AFTER_CRASH[point] in caplog.text, caplog.text[-3000:]
+    assert committed_counts(config) == dict(expected)
+    assert_exactly_once(config, expected)
+    assert _views(config) == _want(2400, 83, 20)
+    assert _staged(config) == 0
+
+
+def _to_function_sink(batch: Batch) -> Output:
+    return batch.to_sink(batch.df.select("task"), lambda df, batch_id: None)
+
+
+def test_a_sink_that_cannot_stage_is_refused_by_name(tmp_path: Path, spark: Any) -> None:
+    config = _config(tmp_path)
+    generate(config, tmp_path / "a.yaml", 50, seed=84, users=3)
+    pipeline = Pipeline(_to_function_sink, config=config.to_dict())
+    coordinator = _coordinator(spark, config, pipeline)
+    try:
+        with pytest.raises(ConfigError, match="a function sink cannot stage its output"):
+            coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
