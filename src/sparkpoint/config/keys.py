@@ -87,6 +87,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "at-least-once: output is sent as it is made, and a crash replays what the last "
         "checkpoint does not cover (duplicates downstream); exactly-once: each batch's output "
         "is staged and becomes visible only when the checkpoint covering its input is written "
+        "(a DataFrame pipeline's: when every task's checkpoint covers its batch) "
         "(none twice, none lost; it is seen a commit later and written twice on the filelog). "
         "Needs a system that can stage output (filelog)",
         _one_of("at-least-once", "exactly-once"),
