@@ -116,14 +116,14 @@ def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def test_a_worker_lost_mid_batch_with_exactly_once_costs_a_supervised_restart(
+def test_a_worker_lost_mid_batch_with_exactly_once_is_replayed_without_a_restart(
     tmp_path: Path,
 ) -> None:
     """Exactly-once, on the default master (Spark retries the task): a Python worker exits
     after staging its part of the fused output. The retry drops the task's progress, so the
-    batch's output (rows of every task) cannot be kept: the batch fails before any of its
-    checkpoints is written, the supervisor restarts the driver, and the restart replays it.
-    Each count goes out once, each view is in Parquet once."""
+    batch's output (rows of every task) cannot be kept: none of the batch's checkpoints is
+    written, and the driver rewinds every task to its last checkpoint and replays the batches
+    no checkpoint covers. Each count goes out once, each view is in Parquet once."""
     flag = tmp_path / "crash"
     flag.write_text("2")
     sets = [
@@ -139,10 +139,11 @@ def test_a_worker_lost_mid_batch_with_exactly_once_costs_a_supervised_restart(
     config = load_config(JOB, parse_overrides(sets))
     sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
     expected = generate(config, tmp_path / "job.yaml", 6_000, seed=18, users=60)
-    run = sp("run", PIPELINE, "--until-caught-up", "--supervise", *set_args, timeout=600)
+    run = sp("run", PIPELINE, "--until-caught-up", "-v", *set_args, timeout=600)
     assert not flag.exists()
     assert "dropped its progress" in run.stderr, run.stderr[-3000:]
-    assert "supervisor: the driver died (exit code 1); restart 1" in run.stdout + run.stderr
+    assert "every task starts again from its last checkpoint" in run.stderr
+    assert "from the tasks' last checkpoints" in run.stderr
     assert committed_counts(config) == dict(expected)
     assert_exactly_once(config, expected)
     want = Counter((str(e["user"]), int(str(e["ts"]))) for e in events(6_000, 18, 60))

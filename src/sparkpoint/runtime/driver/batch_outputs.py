@@ -18,8 +18,9 @@ A DataFrame pipeline's output is the batch's, not one task's (its rows are shuff
 At the job's start, :func:`sweep` deletes every staged stream part of the batch owner that no
 log entry names. A batch in which a task dropped its progress (a Spark task retried after its
 state changed, a finish on another executor) cannot keep its output, since the task reads that
-input again in the next batch: the batch fails before any of its checkpoints is written, and
-the restart replays it from the checkpoints.
+input again in the next batch: :func:`record` discards it and raises, before any of the
+batch's checkpoints is written, and the driver rewinds every task to its last checkpoint and
+replays the batches no checkpoint covers (``JobCoordinator._rewind``), without a restart.
 
 Owns the driver's handling of batch output; imports the plan, the batch log, the DataFrame
 sink protocol and the storage layer.
@@ -75,10 +76,9 @@ def record(
             f"batch {batch}: task {dropped[0]}"
             + (f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else "")
             + " dropped its progress (a retried Spark task, or a finish on another executor), "
-            "so its input is read again, but with job.processing.guarantee=exactly-once the "
-            "batch's output cannot be split by task: the batch's output is discarded and the "
-            "job stops before writing its checkpoints; run it again and it replays the batch "
-            "from its checkpoints"
+            "so its input is read again; with job.processing.guarantee=exactly-once the "
+            "batch's output cannot be split by task, so it is discarded and none of the "
+            "batch's checkpoints is written"
         )
     batch_log.set_outputs(batch, staged)
 

@@ -91,6 +91,9 @@ from sparkpoint.system.streams import job_model
 
 log = logging.getLogger(__name__)
 
+#: batches in a row the driver may rewind (exactly-once DataFrame output) before it stops
+MAX_REWINDS = 5
+
 
 @dataclass
 class TaskState:
@@ -175,6 +178,9 @@ class JobCoordinator:
         self.checkpoints = CheckpointManager(config, self.systems)
         self.offsets = OffsetManager(config, self.systems)
         self.run_id = uuid.uuid4().hex[:12]
+        #: the run id the tasks see: a new one each time the driver rewinds (see :meth:`_rewind`)
+        self.lineage = self.run_id
+        self._rewinds = 0  # in a row: batches rewound since the last one that kept its output
         self.stop_event = threading.Event()
         self.stop_reason = ""
         self.model: JobModel | None = None
@@ -314,7 +320,7 @@ class JobCoordinator:
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
             expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
             if clean_start or task.name in must_restore:
-                expected = CleanStart(self.run_id)  # matches no local state: the task restores
+                expected = CleanStart(self.lineage)  # matches no local state: the task restores
             self.tasks[task.name.name] = TaskState(
                 model=task,
                 last_checkpoint=ckpt,
@@ -392,6 +398,57 @@ class JobCoordinator:
                 replay[0][0],
                 replay[-1][0],
             )
+
+    def _record_outputs(
+        self, results: list[TaskBatchResult], *, clean_up_only: bool
+    ) -> list[TaskBatchResult]:
+        """Exactly-once: keep the batch's staged output in its log entry, before any checkpoint
+        covering it is written. The results to apply: none when the batch is rewound."""
+        assert self.batch_log is not None
+        staged = getattr(self.runner, "staged", None)
+        missing = not clean_up_only and not hasattr(self.runner, "staged")
+        if missing and exactly_once(self.config):  # its output would wait forever
+            raise SparkpointError(
+                f"runner {type(self.runner).__name__} of exact batches does not pass on "
+                "what its batches staged (BatchRunner.staged)"
+            )
+        try:
+            batch_outputs.record(
+                self.config, self.systems, self.batch_log, self._batch, staged, results
+            )
+        except batch_outputs.BatchOutputsLost as exc:
+            self._rewinds += 1
+            if self._rewinds > MAX_REWINDS:
+                raise batch_outputs.BatchOutputsLost(
+                    f"{exc}; {MAX_REWINDS} batches in a row were rewound: the job stops (a "
+                    "task keeps losing its progress: see the executors' logs)"
+                ) from None
+            log.warning("%s; every task starts again from its last checkpoint", exc)
+            self._rewind()
+            return []
+        if staged:
+            self._rewinds = 0
+        return results
+
+    def _rewind(self) -> None:
+        """Start every task again from its last written checkpoint, as a restart does, without
+        one: a new lineage (the tasks restore, abandoning the commits in flight, and the
+        DataFrame phases of a replayed batch id start afresh), the offsets of the checkpoints,
+        and the batch log's uncovered batches replayed under their own ids."""
+        self.lineage = f"{self.run_id}-r{self._rewinds}"
+        for ts in self.tasks.values():
+            ts.expected_state_id = CleanStart(self.lineage)
+            ts.resume = dict(ts.from_checkpoint)
+            ts.last_processed = dict(ts.checkpoint_last_processed)
+            ts.pending_outputs = {}
+        if self.batch_log is not None:
+            self._replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
+            if self._replay:
+                log.info(
+                    "replaying batches %d-%d from the tasks' last checkpoints",
+                    self._replay[0][0],
+                    self._replay[-1][0],
+                )
 
     def _prune_batch_log(self) -> None:
         """Delete the batch log's entries every checkpoint covers, publishing their output."""
@@ -473,7 +530,7 @@ class JobCoordinator:
             plans.append(
                 TaskBatchPlan(
                     config=values,
-                    run_id=self.run_id,
+                    run_id=self.lineage,
                     batch=self._batch,
                     task=ts.model,
                     reads=Reads(
@@ -602,17 +659,7 @@ class JobCoordinator:
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
         if self.batch_log is not None and logged:
-            # exactly-once: the batch's output, kept before any checkpoint covering it is written
-            staged = getattr(self.runner, "staged", None)
-            missing = not clean_up_only and not hasattr(self.runner, "staged")
-            if missing and exactly_once(self.config):  # its output would wait forever
-                raise SparkpointError(
-                    f"runner {type(self.runner).__name__} of exact batches does not pass on "
-                    "what its batches staged (BatchRunner.staged)"
-                )
-            batch_outputs.record(
-                self.config, self.systems, self.batch_log, self._batch, staged, results
-            )
+            results = self._record_outputs(results, clean_up_only=clean_up_only)
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
         committed = False
         for result in sorted(results, key=lambda r: r.task):
