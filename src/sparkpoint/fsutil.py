@@ -19,6 +19,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: Path) -> None:
+    """Make every file under ``root``, and the directories holding them, durable (files that
+    another writer made, Spark's for instance, which does not fsync)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))
+    fsync_dir(root.parent)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix.
 

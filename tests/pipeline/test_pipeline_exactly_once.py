@@ -17,8 +17,8 @@ from pageviews_pipeline import job as example_pipeline
 
 from sparkpoint import Batch, Output, Pipeline
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import ConfigError, SparkpointError
-from sparkpoint.failpoints import InjectedCrash
+from sparkpoint.errors import ConfigError
+from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
@@ -27,7 +27,13 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_staged_json_lines
 from tests.conftest import pageviews_config
-from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
+from tests.helpers import (
+    assert_at_least_once,
+    assert_exactly_once,
+    committed_counts,
+    emitted_counts,
+    generate,
+)
 
 OUT = SystemStream("filelog", "user-counts")
 
@@ -120,11 +126,16 @@ def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
     assert_exactly_once(config, expected + more)
     assert _views(config) == _want(600, 81, 12) + _want(900, 82, 12)
     assert not list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
+    _run(spark, config)  # a start after a clean stop: nothing new, nothing again
+    assert_exactly_once(config, expected + more)
+    assert _views(config) == _want(600, 81, 12) + _want(900, 82, 12)
 
 
-#: what the restart after a crash at each point must do, and how the crash comes
+#: what the restart after a crash at each point must do (after-checkpoint-write: the 5th
+#: write is the first of batch 2, so batch 2 is covered by one task's checkpoint only, and
+#: only its first run's output holds that task's rows: the replay's would miss them)
 AFTER_CRASH = {
-    "after-checkpoint-write": "replaying batches",  # batch 2 covered by some checkpoints only
+    "after-checkpoint-write": "replaying batches",
     "publish-after-intent": "stopped half-way",  # the next publisher finishes it
     "publish-after-append": "stopped half-way",
     "after-snapshot": "replaying batches",  # in the finish, on the executor
@@ -148,8 +159,14 @@ def test_a_crash_at_a_failpoint_publishes_each_batch_once(
         crash["testing.crash.mode"] = "exit"
     config = _config(tmp_path, **crash)
     expected = generate(config, tmp_path / "a.yaml", 2400, seed=83, users=20)
-    with pytest.raises((InjectedCrash, SparkpointError, Exception)):
+    with pytest.raises(Exception) as crashed:
         _run(spark, config)
+    if point in PUBLISH_POINTS or point == "after-checkpoint-write":  # in the driver
+        assert crashed.type is InjectedCrash
+    elif point == "after-output-flush":  # the Python worker exited: the Spark job fails
+        assert "Python worker exited unexpectedly" in str(crashed.value)
+    else:  # raised on an executor: the Spark job fails with it
+        assert "InjectedCrash" in str(crashed.value)
     assert not flag.exists(), "the crash point was never reached"
     caplog.clear()
     _run(spark, config)
@@ -174,3 +191,26 @@ def test_a_sink_that_cannot_stage_is_refused_by_name(tmp_path: Path, spark: Any)
             coordinator.run(until_caught_up=True)
     finally:
         coordinator.close()
+
+
+def test_a_switch_to_at_least_once_after_a_crash_loses_nothing(
+    tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exactly-once, crashed with batch 2 covered by one task's checkpoint only; restarted
+    at-least-once: batch 2's recorded output (with that task's rows, which its replay lacks)
+    goes out at the start, and the Parquet sink holds each view once."""
+    caplog.set_level(logging.INFO, logger="sparkpoint")
+    flag = tmp_path / "crash.flag"
+    flag.write_text("5")
+    crash = {"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
+    config = _config(tmp_path, **crash)
+    expected = generate(config, tmp_path / "a.yaml", 2400, seed=85, users=20)
+    with pytest.raises(InjectedCrash):
+        _run(spark, config)
+    caplog.clear()
+    _run(spark, _config(tmp_path, **{"job.processing.guarantee": "at-least-once"}))
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+    assert _views(config) == _want(2400, 85, 20)
+    assert not list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
+    assert "the job now runs at-least-once: batch 2's staged output is published" in caplog.text

@@ -176,3 +176,17 @@ def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
     with pytest.raises(CorruptRecordError, match=r"staged output .*p1.log is damaged"):
         staging_of(admin).publish("out", 0, "t0", 1, ["p1"])
     assert values(admin) == []
+
+
+def test_a_sweep_deletes_one_owner_or_every_owner_under_a_job_but_what_it_keeps(
+    admin: FileLogAdmin,
+) -> None:
+    staging = staging_of(admin)
+    stage(admin, "job-1.Partition_0", "a", "x")
+    stage(admin, "job-1-batches", "b", "x")
+    stage(admin, "job-1-batches", "c", "x")
+    stage(admin, "job-1-batches-x", "d", "x")  # another job whose label starts the same
+    assert staging.sweep("out", "job-1-batches", keep={"c"}) == 1  # that owner alone: b
+    assert sorted(p.part for p in staging.staged("out")) == ["a", "c", "d"]
+    assert staging.sweep("out", "job-1.") == 1  # every task of job-1: a
+    assert sorted(p.part for p in staging.staged("out")) == ["c", "d"]

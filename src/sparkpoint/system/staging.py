@@ -75,6 +75,7 @@ class OutputStaging(ABC):
 
     @abstractmethod
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
-        """Delete every staged part (and part being written) of the owners whose names start
-        with ``owner_prefix``, but the parts named in ``keep``: at a job's start, once what its
+        """Delete every staged part (and part being written) of the owners ``owner_prefix``
+        names (a name ending in ``.``: every owner whose name starts with it; otherwise that
+        one owner), but the parts named in ``keep``: at a job's start, once what its
         checkpoints name is published. Returns the parts deleted."""

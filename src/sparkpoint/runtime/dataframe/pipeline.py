@@ -53,7 +53,7 @@ from pyspark.sql import functions as F
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
-from sparkpoint.fsutil import atomic_write, fsync_dir
+from sparkpoint.fsutil import atomic_write, fsync_dir, fsync_tree
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.dataframe.fusion import (
@@ -210,6 +210,7 @@ class ParquetSink:
             return ""
         token = f"batch_id={batch_id}-{uuid.uuid4().hex[:8]}"
         df.write.parquet(str(self._staged / token))
+        fsync_tree(self._staged / token)  # durable before the batch log names it
         return token
 
     def publish(self, batch_id: int, token: str) -> None:
@@ -228,8 +229,8 @@ class ParquetSink:
                     "directory, or reset the job's checkpoints to replay that input"
                 )
             self._record(batch_id)
-        for old in self._staged.glob("batch_id=*"):  # attempts never recorded, or discarded
-            if _staged_batch(old.name) <= batch_id and old.name != token:
+        for old in self._staged.glob("batch_id=*"):  # never recorded, discarded, or skipped
+            if _staged_batch(old.name) <= batch_id:
                 shutil.rmtree(old, ignore_errors=True)
 
     def discard(self, batch_id: int, token: str) -> None:
@@ -595,6 +596,7 @@ class DataFrameRunner:
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         from pyspark import StorageLevel
 
+        self.staged = None if self._owner is None else BatchOutputs()
         group = batch_job_group(self.spark.sparkContext, batch)
         source = batch_source(
             self.spark,
@@ -612,7 +614,6 @@ class DataFrameRunner:
             finally:
                 frame.release()
         sent: dict[str, int] = {}
-        self.staged = None if self._owner is None else BatchOutputs()
         t0 = time.monotonic()
         try:
             outputs = _outputs(self.pipeline.build(frame))

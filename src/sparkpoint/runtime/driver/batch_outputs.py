@@ -12,7 +12,8 @@ A DataFrame pipeline's output is the batch's, not one task's (its rows are shuff
 2. :func:`record` keeps it in the batch's log entry before any checkpoint covering the batch is
    written; a replayed batch keeps what its first run recorded and discards its own;
 3. once every task's checkpoint covers the batch, :func:`publish` makes it visible (streams:
-   one publish per partition under the batch id as its key, so it never goes out twice; sinks:
+   one publish per partition under the batch's key (the log's epoch, then the batch id), so it
+   never goes out twice, even after a reset numbers batches from 1 again; sinks:
    ``publish`` on the sink unpickled from the log), oldest batch first, and the entry goes.
 
 At the job's start, :func:`sweep` deletes every staged stream part of the batch owner that no
@@ -38,7 +39,7 @@ from sparkpoint.model import SystemStreamPartition
 from sparkpoint.runtime.dataframe.pipeline import StagingSink
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.plan import BatchOutputs, TaskBatchResult
-from sparkpoint.storage.outputs import batch_owner, discard_staged, publish_parts
+from sparkpoint.storage.outputs import batch_owner, discard_staged, exactly_once, publish_parts
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,22 @@ def record(
     staged: BatchOutputs | None,
     results: Sequence[TaskBatchResult],
 ) -> None:
-    """Keep what batch ``batch`` staged in its log entry (before its checkpoints are written)."""
+    """Keep what batch ``batch`` staged in its log entry (before its checkpoints are written).
+    With exactly-once, a task that dropped its progress raises :class:`BatchOutputsLost`,
+    whatever the batch staged: the task reads again input whose output some recorded batch,
+    or this one, already holds."""
+    dropped = sorted(r.task for r in results if r.dropped)
+    if dropped and exactly_once(config):
+        if staged:
+            discard(config, systems, batch_log, batch, staged)
+        raise BatchOutputsLost(
+            f"batch {batch}: task {dropped[0]}"
+            + (f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else "")
+            + " dropped its progress (a retried Spark task, or a finish on another executor), "
+            "so its input is read again; with job.processing.guarantee=exactly-once the "
+            "batch's output cannot be split by task, so it is discarded and none of the "
+            "batch's checkpoints is written"
+        )
     if not staged:
         return
     if batch in batch_log.outputs:
@@ -69,25 +85,17 @@ def record(
         )
         discard(config, systems, batch_log, batch, staged)
         return
-    dropped = sorted(r.task for r in results if r.dropped)
-    if dropped:
-        discard(config, systems, batch_log, batch, staged)
-        raise BatchOutputsLost(
-            f"batch {batch}: task {dropped[0]}"
-            + (f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else "")
-            + " dropped its progress (a retried Spark task, or a finish on another executor), "
-            "so its input is read again; with job.processing.guarantee=exactly-once the "
-            "batch's output cannot be split by task, so it is discarded and none of the "
-            "batch's checkpoints is written"
-        )
     batch_log.set_outputs(batch, staged)
 
 
-def publish(config: Config, systems: Systems, batch: int, outputs: BatchOutputs) -> None:
+def publish(
+    config: Config, systems: Systems, batch_log: BatchLog, batch: int, outputs: BatchOutputs
+) -> None:
     """Make batch ``batch``'s staged output visible (idempotent)."""
     owner = batch_owner(config)
     parts = {SystemStreamPartition.parse(s): p for s, p in outputs.streams.items()}
-    records = publish_parts(systems, owner, batch, parts, failpoints=config.to_dict())
+    key = batch_log.publish_key(batch)
+    records = publish_parts(systems, owner, key, parts, failpoints=config.to_dict())
     for staged in outputs.sinks:
         _sink(staged.sink, staged.name).publish(batch, staged.token)
     log.info(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from sparkpoint.metadata.base import MetadataStore
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "batch-log"
 LAST = "last"
+EPOCH = "epoch"
 
 Comparator = Callable[[SystemStreamPartition, str, str], int]
 Publisher = Callable[[int, BatchOutputs], None]
@@ -47,7 +49,7 @@ class BatchLog:
         self.entries: dict[int, dict[SystemStreamPartition, str]] = {}
         self.outputs: dict[int, BatchOutputs] = {}
         for key, value in store.all(NAMESPACE).items():
-            if key != LAST:
+            if key not in (LAST, EPOCH):
                 data = json.loads(value)
                 ends = data["ends"].items()
                 self.entries[int(key)] = {SystemStreamPartition.parse(s): o for s, o in ends}
@@ -55,6 +57,13 @@ class BatchLog:
                     self.outputs[int(key)] = BatchOutputs.from_json(data["outputs"])
         last = store.get(NAMESPACE, LAST)
         self.last_id = max([int(last or 0), *self.entries])
+        epoch = store.get(NAMESPACE, EPOCH)
+        if epoch is None:  # a new log (a new job, or one reset): later than any before it
+            epoch = str(int(time.time() * 1000))
+            store.put(NAMESPACE, EPOCH, epoch)
+        #: when this log began (ms): with the batch id, the key a batch's output is published
+        #: under, so that keys keep growing when a reset starts the ids again from 1
+        self.epoch = int(epoch)
 
     def record(self, batch: int, ends: Mapping[SystemStreamPartition, str]) -> None:
         """Durably note batch ``batch``'s end offsets (before it runs)."""
@@ -77,6 +86,10 @@ class BatchLog:
         else:
             self.outputs.pop(batch, None)
         self.store.put(NAMESPACE, _key(batch), self._value(batch))
+
+    def publish_key(self, batch: int) -> int:
+        """The key batch ``batch``'s output is published under (grows with the batch)."""
+        return self.epoch * 1_000_000_000 + batch
 
     def staged_parts(self) -> set[str]:
         """Every stream part the entries hold (kept when the job's start sweeps the rest)."""
@@ -101,9 +114,17 @@ class BatchLog:
         publish: Publisher | None = None,
     ) -> int:
         """Delete entries every checkpoint covers, after publishing their staged output, oldest
-        first, with ``publish`` (an error leaves every entry in place); the number deleted."""
+        first, with ``publish`` (an error leaves every entry in place), but keep those with
+        output after the oldest entry not covered yet; the number deleted."""
         keep = {b for b, _ in self.uncovered(checkpointed, cmp)}
-        gone = sorted(b for b in self.entries if b not in keep)
+        first_kept = min(keep, default=None)
+        gone = sorted(
+            b
+            for b in self.entries
+            if b not in keep
+            # output goes out in batch order: none past a batch still waiting for checkpoints
+            and (first_kept is None or b < first_kept or b not in self.outputs)
+        )
         for b in gone:
             outputs = self.outputs.get(b)
             if outputs:

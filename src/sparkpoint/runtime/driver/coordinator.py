@@ -382,12 +382,13 @@ class JobCoordinator:
                 replay[-1][0],
                 self.batch_log.last_id + 1,
             )
-            for batch, _ in replay:  # their input is not read again: neither is their output
-                outputs = self.batch_log.outputs.get(batch)
-                if outputs:
-                    self.batch_log.set_outputs(batch, None)
-                    batch_outputs.discard(self.config, self.systems, self.batch_log, batch, outputs)
+            # not replayed, so their output is never made again
+            self._publish_uncovered(replay, "startpoints apply")
             replay = []
+        elif replay and not exactly_once(self.config):
+            # replayed at-least-once: the replay sends its own output as it goes, which misses
+            # the rows of tasks whose checkpoints cover the batch already
+            self._publish_uncovered(replay, "the job now runs at-least-once")
         self._replay = replay
         self._prune_batch_log()
         batch_outputs.sweep(self.config, self.systems, self.batch_log)
@@ -398,6 +399,25 @@ class JobCoordinator:
                 replay[0][0],
                 replay[-1][0],
             )
+
+    def _publish_uncovered(
+        self, batches: list[tuple[int, dict[SystemStreamPartition, str]]], why: str
+    ) -> None:
+        """Publish the recorded output of batches not every checkpoint covers, at the start:
+        the tasks whose checkpoints cover them will not read that input again, so their share
+        of it would be lost (at-least-once: what other tasks read again may go out twice)."""
+        assert self.batch_log is not None
+        for batch, _ in batches:
+            outputs = self.batch_log.outputs.get(batch)
+            if outputs:
+                log.warning(
+                    "%s: batch %d's staged output is published though not every task's "
+                    "checkpoint covers it (what the tasks read again may go out twice)",
+                    why,
+                    batch,
+                )
+                batch_outputs.publish(self.config, self.systems, self.batch_log, batch, outputs)
+                self.batch_log.set_outputs(batch, None)
 
     def _record_outputs(
         self, results: list[TaskBatchResult], *, clean_up_only: bool
@@ -456,9 +476,10 @@ class JobCoordinator:
             return
 
         published = []
+        log_ = self.batch_log
 
         def publish(batch: int, outputs: BatchOutputs) -> None:
-            batch_outputs.publish(self.config, self.systems, batch, outputs)
+            batch_outputs.publish(self.config, self.systems, log_, batch, outputs)
             published.append(batch)
 
         self.batch_log.prune(self._checkpointed(), self._cmp, publish)

@@ -174,7 +174,11 @@ class DeferredRunner:
     @property
     def staged(self) -> BatchOutputs | None:
         """The made runner's output staged by the last batch (see :class:`BatchRunner`)."""
-        staged = getattr(self._runner, "staged", None)
+        if self._runner is None:
+            return None
+        if not hasattr(self._runner, "staged"):  # then neither has this one
+            raise AttributeError("staged")
+        staged = self._runner.staged
         assert staged is None or isinstance(staged, BatchOutputs)
         return staged
 

@@ -237,14 +237,19 @@ def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[Staged
 
 
 def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> int:
-    """Delete the staged parts and temporary files of owners named ``owner_prefix...``, but
-    the parts named in ``keep``; returns the parts deleted."""
+    """Delete the staged parts and temporary files of the owners ``owner_prefix`` names
+    (``job.``: every owner under it; otherwise that one), but the parts named in ``keep``;
+    returns the parts deleted."""
     root = plog.path / STAGED
     if not root.is_dir():
         return 0
     parts = 0
     for owner_dir in root.iterdir():
-        if not owner_dir.name.startswith(owner_prefix) or not owner_dir.is_dir():
+        name = owner_dir.name
+        named = (
+            name.startswith(owner_prefix) if owner_prefix.endswith(".") else name == owner_prefix
+        )
+        if not named or not owner_dir.is_dir():
             continue
         for f in owner_dir.iterdir():
             if f.suffix == ".log" and f.stem in keep:
