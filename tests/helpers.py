@@ -109,3 +109,11 @@ def changelog_view(config: Config) -> dict[str, int]:
             else:
                 out[key] = int.from_bytes(rec.value, "big", signed=True)
     return out
+
+
+def run_until_caught_up(coordinator: Any) -> None:
+    """Run a started or new job coordinator until it has read all its input; close it."""
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()

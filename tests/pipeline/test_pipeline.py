@@ -24,15 +24,12 @@ from tests.helpers import (
     assert_committed_state_matches_its_offsets,
     committed_counts,
     generate,
+    run_until_caught_up,
 )
 
 
 def _run(config: Config, runner: Any) -> None:
-    coordinator = JobCoordinator(config, runner)
-    try:
-        coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
+    run_until_caught_up(JobCoordinator(config, runner))
 
 
 def _output(config: Config) -> Counter[tuple[str, str, int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from generate import events
 
 from sparkpoint.checkpoint.manager import CheckpointManager
-from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.failpoints import FRAME_POINTS
 from sparkpoint.runtime.dataframe.pipeline import ParquetSink
 from tests.e2e.cli import JOB, popen, sp
@@ -85,21 +86,19 @@ def test_kill_9_mid_run_then_restart_exact_state_and_output_once(tmp_path: Path)
     assert _views(tmp_path / "data" / "enriched-views") == want
 
 
-@pytest.mark.parametrize("point", FRAME_POINTS)
-@pytest.mark.parametrize("pipeline", ["counts_pipeline:job", PIPELINE])
-def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
-    tmp_path: Path, pipeline: str, point: str
-) -> None:
-    """The stream output of the counts runs fused with its step (and, alone, finishes the
-    tasks). A Python worker killed after sending, before its task finished, is retried by
-    Spark: the retry finds the step already ran, drops that batch's progress for the task, and
-    the next batch reads the input again, so state still matches its offsets exactly."""
+def _worker_exits(
+    tmp_path: Path, pipeline: str, point: str, *, seed: int, guarantee: str = "at-least-once"
+) -> tuple[Config, Counter[str], subprocess.CompletedProcess[str]]:
+    """6,000 views run by ``pipeline`` on the default master (Spark retries a task up to 4
+    times), a Python worker exiting (os._exit) the 3rd time it passes ``point``; the config,
+    the expected counts and the run."""
     flag = tmp_path / "crash"
-    flag.write_text("2")  # the worker exits (os._exit) the 3rd time it passes the point
+    flag.write_text("2")
     sets = [
         f"job.data.dir={tmp_path / 'data'}",
         "task.commit.ms=0",
         "task.batch.max.messages=500",
+        f"job.processing.guarantee={guarantee}",
         f"testing.crash.at={point}",
         f"testing.crash.flag={flag}",
         "testing.crash.mode=exit",
@@ -107,9 +106,25 @@ def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
     set_args = [a for s in sets for a in ("--set", s)]
     config = load_config(JOB, parse_overrides(sets))
     sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "job.yaml", 6_000, seed=17, users=60)
-    run = sp("run", pipeline, "--until-caught-up", "-v", *set_args, timeout=400)
+    expected = generate(config, tmp_path / "job.yaml", 6_000, seed=seed, users=60)
+    run = sp("run", pipeline, "--until-caught-up", "-v", *set_args, timeout=600)
     assert not flag.exists()  # the worker died once, and the run went on
+    return config, expected, run
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "point"),
+    # the example's output after its flush: its exactly-once twin below covers that path
+    [("counts_pipeline:job", p) for p in FRAME_POINTS] + [(PIPELINE, "during-stateful-step")],
+)
+def test_a_fused_output_whose_worker_dies_is_retried_and_drops_the_batch(
+    tmp_path: Path, pipeline: str, point: str
+) -> None:
+    """The stream output of the counts runs fused with its step (and, alone, finishes the
+    tasks). A Python worker killed after sending, before its task finished, is retried by
+    Spark: the retry finds the step already ran, drops that batch's progress for the task, and
+    the next batch reads the input again, so state still matches its offsets exactly."""
+    config, expected, run = _worker_exits(tmp_path, pipeline, point, seed=17)
     assert "ran before in a failed attempt; the batch's progress is dropped" in run.stderr
     assert committed_counts(config) == dict(expected)
     assert_committed_state_matches_its_offsets(config)
@@ -124,23 +139,9 @@ def test_a_worker_lost_mid_batch_with_exactly_once_is_replayed_without_a_restart
     batch's output (rows of every task) cannot be kept: none of the batch's checkpoints is
     written, and the driver rewinds every task to its last checkpoint and replays the batches
     no checkpoint covers. Each count goes out once, each view is in Parquet once."""
-    flag = tmp_path / "crash"
-    flag.write_text("2")
-    sets = [
-        f"job.data.dir={tmp_path / 'data'}",
-        "task.commit.ms=0",
-        "task.batch.max.messages=500",
-        "job.processing.guarantee=exactly-once",
-        "testing.crash.at=after-output-flush",
-        f"testing.crash.flag={flag}",
-        "testing.crash.mode=exit",
-    ]
-    set_args = [a for s in sets for a in ("--set", s)]
-    config = load_config(JOB, parse_overrides(sets))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "job.yaml", 6_000, seed=18, users=60)
-    run = sp("run", PIPELINE, "--until-caught-up", "-v", *set_args, timeout=600)
-    assert not flag.exists()
+    config, expected, run = _worker_exits(
+        tmp_path, PIPELINE, "after-output-flush", seed=18, guarantee="exactly-once"
+    )
     assert "dropped its progress" in run.stderr, run.stderr[-3000:]
     assert "every task starts again from its last checkpoint" in run.stderr
     assert "from the tasks' last checkpoints" in run.stderr

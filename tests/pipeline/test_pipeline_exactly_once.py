@@ -33,6 +33,7 @@ from tests.helpers import (
     committed_counts,
     emitted_counts,
     generate,
+    run_until_caught_up,
 )
 
 OUT = SystemStream("filelog", "user-counts")
@@ -60,11 +61,7 @@ def _coordinator(spark: Any, config: Config, pipeline: Pipeline = example_pipeli
 
 
 def _run(spark: Any, config: Config) -> None:
-    coordinator = _coordinator(spark, config)
-    try:
-        coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
+    run_until_caught_up(_coordinator(spark, config))
 
 
 def _sink_dir(config: Config) -> Path:
@@ -136,8 +133,9 @@ def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
 #: only its first run's output holds that task's rows: the replay's would miss them)
 AFTER_CRASH = {
     "after-checkpoint-write": "replaying batches",
-    "publish-after-intent": "stopped half-way",  # the next publisher finishes it
-    "publish-after-append": "stopped half-way",
+    # the next publisher finishes it (publish-after-append is the same path, tested on its own
+    # in tests/system/test_filelog_staging.py)
+    "publish-after-intent": "stopped half-way",
     "after-snapshot": "replaying batches",  # in the finish, on the executor
     "after-output-flush": "replaying batches",  # a Python worker exits after staging its part
 }
@@ -185,12 +183,8 @@ def test_a_sink_that_cannot_stage_is_refused_by_name(tmp_path: Path, spark: Any)
     config = _config(tmp_path)
     generate(config, tmp_path / "a.yaml", 50, seed=84, users=3)
     pipeline = Pipeline(_to_function_sink, config=config.to_dict())
-    coordinator = _coordinator(spark, config, pipeline)
-    try:
-        with pytest.raises(ConfigError, match="a function sink cannot stage its output"):
-            coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
+    with pytest.raises(ConfigError, match="a function sink cannot stage its output"):
+        run_until_caught_up(_coordinator(spark, config, pipeline))
 
 
 def test_a_switch_to_at_least_once_after_a_crash_loses_nothing(

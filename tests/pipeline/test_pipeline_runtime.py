@@ -25,6 +25,7 @@ from tests.helpers import (
     committed_counts,
     counts_at_offsets,
     generate,
+    run_until_caught_up,
 )
 
 
@@ -38,11 +39,7 @@ def _config(tmp_path: Path, **overrides: str) -> Config:
 
 
 def _run(spark: Any, config: Config) -> None:
-    coordinator = JobCoordinator(config, DataFrameRunner(spark, example_pipeline, config))
-    try:
-        coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
+    run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, example_pipeline, config)))
 
 
 def test_dual_commit_and_restore_from_each_backend_alone(
