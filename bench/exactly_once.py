@@ -1,12 +1,14 @@
 """Benchmark: the example job with exactly-once output against at-least-once, side by side.
 
-Both run the same events on one local Spark session, alternately, ``--rounds`` times each;
+Both run the same events on one local Spark session, alternately, ``--rounds`` times each,
+as the task API job and as the DataFrame pipeline (``--api``; the pipeline also writes each
+view to Parquet, staged and renamed at the batch's commit with exactly-once);
 the median round of each counts (these machines are noisy: one round can be 1.5x another).
 Exactly-once stages every output record beside its partition and publishes it once the
 checkpoint covering its input is written, so each output record is written twice on the
 filelog. Prints events/s of each and the ratio
 (issue 34's target: at least 0.8x). Usage: ``make bench-exactly-once`` or
-``.venv/bin/python bench/exactly_once.py [--events N] [--batch M] [--rounds R]``.
+``.venv/bin/python bench/exactly_once.py [--events N] [--batch M] [--rounds R] [--api A,B]``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "pageviews"))
@@ -30,6 +33,7 @@ from generate import write  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sparkpoint.config import load_config, read_job_file  # noqa: E402
+from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner  # noqa: E402
 from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
 from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402
@@ -39,9 +43,10 @@ GUARANTEES = ("at-least-once", "exactly-once")
 
 
 def one_run(
-    spark: SparkSession | None, tmp: Path, guarantee: str, args: argparse.Namespace
+    spark: SparkSession | None, tmp: Path, api: str, guarantee: str, args: argparse.Namespace
 ) -> tuple[float, int, SparkSession]:
-    """The example on ``args.events`` events in a new data directory: (events/s, sent)."""
+    """The example (``api``: task or dataframe) on ``args.events`` events in a new data
+    directory: (events/s, sent)."""
     values = read_job_file(ROOT / "examples" / "pageviews" / "job.yaml")
     values.update(
         {
@@ -57,7 +62,13 @@ def one_run(
     job_file.write_text(json.dumps(config.to_dict()))
     write(str(job_file), args.events, seed=1, users=10_000)
     spark = spark or spark_session(config, f"local[{args.cores}]")
-    coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
+    if api == "dataframe":
+        from pageviews_pipeline import job as pipeline
+
+        runner: Any = DataFrameRunner(spark, pipeline, config)
+    else:
+        runner = SparkRunner(spark.sparkContext)
+    coordinator = JobCoordinator(config, runner)
     coordinator.start()
     summary = coordinator.run(until_caught_up=True)
     coordinator.close()
@@ -70,24 +81,30 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000, help="messages per partition")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--api", default="task,dataframe", help="task, dataframe or both")
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {g: [] for g in GUARANTEES}
+    apis = args.api.split(",")
+    rates: dict[tuple[str, str], list[float]] = {(a, g): [] for a in apis for g in GUARANTEES}
     spark = None
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-eo-") as top:
         for r in range(args.rounds):
-            for guarantee in GUARANTEES:
-                tmp = Path(top) / f"{guarantee}-{r}"
+            for api, guarantee in rates:
+                tmp = Path(top) / f"{api}-{guarantee}-{r}"
                 tmp.mkdir()
-                rate, sent, spark = one_run(spark, tmp, guarantee, args)
-                print(f"round {r + 1} {guarantee:>14}: {rate:,.0f} events/s ({sent:,} sent)")
-                rates[guarantee].append(rate)
+                rate, sent, spark = one_run(spark, tmp, api, guarantee, args)
+                print(
+                    f"round {r + 1} {api:>9} {guarantee:>14}: {rate:,.0f} events/s ({sent:,} sent)"
+                )
+                rates[(api, guarantee)].append(rate)
     if spark is not None:
         spark.stop()
-    eo, alo = statistics.median(rates["exactly-once"]), statistics.median(rates["at-least-once"])
-    print(
-        f"exactly-once / at-least-once (medians): {eo:,.0f} / {alo:,.0f} events/s = "
-        f"{eo / alo:.2f}x (target >= 0.8x)"
-    )
+    for api in apis:
+        eo = statistics.median(rates[(api, "exactly-once")])
+        alo = statistics.median(rates[(api, "at-least-once")])
+        print(
+            f"{api}: exactly-once / at-least-once (medians): {eo:,.0f} / {alo:,.0f} events/s "
+            f"= {eo / alo:.2f}x (target >= 0.8x)"
+        )
 
 
 if __name__ == "__main__":
