@@ -129,7 +129,7 @@ VALUES_ANY = st.recursive(
 )
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(VALUES_ANY)
 @example({"user": "user-00001", "ts": 12345678901234567890123})
 @example({"x": 1e-7, "y": 5e-5, "z": 1e-4})

@@ -34,7 +34,7 @@ def test_short_soak(tmp_path: Path) -> None:
             "--seed",
             "3",
             "--events",
-            "4000,8000",
+            "3000,6000",
             "--dir",
             str(tmp_path / "soak"),
         ],

@@ -208,3 +208,24 @@ def test_a_switch_to_at_least_once_after_a_crash_loses_nothing(
     assert _views(config) == _want(2400, 85, 20)
     assert not list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
     assert "the job now runs at-least-once: batch 2's staged output is published" in caplog.text
+
+
+def _to_log(batch: Batch) -> Output:
+    return batch.to_stream(batch.df.select("task", "key"), "log.out", key="key")
+
+
+def test_output_to_a_system_that_cannot_stage_is_refused_naming_it(
+    tmp_path: Path, spark: Any
+) -> None:
+    config = _config(
+        tmp_path,
+        **{
+            "systems.log.factory": "tests.storage.test_exactly_once:NoStaging",
+            "systems.log.path": str(tmp_path / "log"),
+        },
+    )
+    generate(config, tmp_path / "a.yaml", 50, seed=86, users=3)
+    pipeline = Pipeline(_to_log, config=config.to_dict())
+    with pytest.raises(ConfigError, match=r"system 'log' cannot stage output"):
+        run_until_caught_up(_coordinator(spark, config, pipeline))
+    assert committed_counts(config) == {}  # nothing committed

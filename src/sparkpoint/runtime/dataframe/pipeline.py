@@ -92,7 +92,8 @@ from sparkpoint.runtime.spark.session import (
     record_executors,
     user_error_from,
 )
-from sparkpoint.storage.outputs import batch_owner, exactly_once
+from sparkpoint.storage.outputs import batch_owner, exactly_once, staging_of
+from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
@@ -491,6 +492,8 @@ class Batch:
                     f"output stream {stream!r}: no column {column!r}; columns: "
                     f"{', '.join(df.columns)}"
                 )
+        if exactly_once(self.config):  # refused here, before any Spark job of the batch
+            staging_of(Systems(self.config), target.system)
         return StreamOutput(df, target, key, value)
 
     def to_sink(self, df: Any, sink: Sink | Callable[[Any, int], None]) -> SinkOutput:
