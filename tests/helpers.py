@@ -117,3 +117,15 @@ def run_until_caught_up(coordinator: Any) -> None:
         coordinator.run(until_caught_up=True)
     finally:
         coordinator.close()
+
+
+def input_progress(checkpoints: Mapping[Any, Any], config: Config) -> int:
+    """The input messages the checkpoints cover, summed over the job's input SSPs (a task's V1
+    checkpoint, read while it is the only one yet, also holds changelog offsets, as
+    ``<checkpoint id>:<offset>``)."""
+    return sum(
+        int(o) + 1
+        for c in checkpoints.values()
+        for ssp, o in c.input_offsets.items()
+        if ssp.system_stream in config.inputs
+    )

@@ -12,7 +12,13 @@ import pytest
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
 from tests.e2e.cli import JOB, popen, sp
-from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.helpers import (
+    assert_at_least_once,
+    committed_counts,
+    emitted_counts,
+    generate,
+    input_progress,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +43,7 @@ def test_kill_9_mid_run_then_restart_gives_exact_state(tmp_path: Path) -> None:
             + (tmp_path / "run1.log").read_text()[-2000:]
         )
         checkpoints = manager.read_all()
-        done = sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values())
+        done = input_progress(checkpoints, config)
         if len(checkpoints) == 4 and done >= 20_000:
             break
         assert time.monotonic() < deadline, "no checkpoints within 180 s"

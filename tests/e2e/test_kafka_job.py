@@ -16,7 +16,13 @@ from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.testing.services import TansuKafka
 from tests.conftest import EXAMPLE_DIR
 from tests.e2e.cli import JOB, popen, sp
-from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
+from tests.helpers import (
+    assert_at_least_once,
+    committed_counts,
+    emitted_counts,
+    generate,
+    input_progress,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +88,7 @@ def test_kill_9_mid_run_on_kafka_then_restart_gives_exact_state(
     while True:
         assert driver.poll() is None, "finished before the kill: " + log.read_text()[-2000:]
         checkpoints = manager.read_all()
-        done = sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values())
+        done = input_progress(checkpoints, config)
         if len(checkpoints) == 4 and done >= 1_200:
             break
         assert time.monotonic() < deadline, "no checkpoints within 240 s: " + log.read_text()

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.checkpoint.manager import CheckpointManager
-from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.runtime.driver.supervise import backoff_s, child_command
 from tests.e2e.cli import JOB, popen, sp
-from tests.helpers import committed_counts, generate
+from tests.helpers import committed_counts, generate, input_progress
 
 pytestmark = pytest.mark.slow
 
 STARTED = re.compile(r"supervisor: driver started \(pid (\d+), restart (\d+)\)")
 
 
-def progress(manager: CheckpointManager) -> int:
-    return sum(int(o) + 1 for c in manager.read_all().values() for o in c.input_offsets.values())
+def progress(manager: CheckpointManager, config: Config) -> int:
+    return input_progress(manager.read_all(), config)
 
 
 def test_a_driver_killed_three_times_is_restarted_and_ends_exact(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_a_driver_killed_three_times_is_restarted_and_ends_exact(tmp_path: Path)
             while True:  # this restart's driver, once it has committed progress of its own
                 assert supervisor.poll() is None, log.read_text()[-2000:]
                 started = [m for m in STARTED.finditer(log.read_text()) if int(m[2]) == restart]
-                done = progress(manager)
+                done = progress(manager, config)
                 if started and done > (restart + 1) * 4_000:
                     break
                 assert time.monotonic() < deadline, log.read_text()[-2000:]
