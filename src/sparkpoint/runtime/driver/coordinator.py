@@ -390,8 +390,7 @@ class JobCoordinator:
             # the rows of tasks whose checkpoints cover the batch already
             self._publish_uncovered(replay, "the job now runs at-least-once")
         self._replay = replay
-        self._prune_batch_log()
-        batch_outputs.sweep(self.config, self.systems, self.batch_log)
+        self._prune_batch_log(sweep=True)  # what a crash left staged, whatever is published
         self._batch = self.batch_log.last_id
         if replay:
             log.info(
@@ -470,8 +469,9 @@ class JobCoordinator:
                     self._replay[-1][0],
                 )
 
-    def _prune_batch_log(self) -> None:
-        """Delete the batch log's entries every checkpoint covers, publishing their output."""
+    def _prune_batch_log(self, *, sweep: bool = False) -> None:
+        """Delete the batch log's entries every checkpoint covers, publishing their output;
+        then (when any was published, or ``sweep``) delete the staged parts no entry names."""
         if self.batch_log is None:
             return
 
@@ -483,7 +483,7 @@ class JobCoordinator:
             published.append(batch)
 
         self.batch_log.prune(self._checkpointed(), self._cmp, publish)
-        if published:  # and parts no entry names: a failed batch's, a zombie attempt's
+        if published or sweep:  # parts no entry names: a failed batch's, a zombie attempt's
             batch_outputs.sweep(self.config, self.systems, self.batch_log)
 
     def _compact_metadata_streams(self) -> None:
