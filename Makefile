@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -14,6 +14,11 @@ example:
 example-windows:
 	@scripts/bootstrap.sh run
 	@.venv/bin/python examples/windows/run_example.py
+
+# re-keying: views partitioned by page, counted per user through an intermediate stream
+example-rekey:
+	@scripts/bootstrap.sh run
+	@.venv/bin/python examples/rekey/run_example.py
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup

@@ -13,9 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = ROOT / "examples" / "pageviews"
 WINDOWS_DIR = ROOT / "examples" / "windows"
+REKEY_DIR = ROOT / "examples" / "rekey"
 
 # Python workers started by Spark must import the examples' tasks and the test jobs.
-_EXTRA = [str(EXAMPLE_DIR), str(WINDOWS_DIR), str(ROOT / "tests" / "jobs")]
+_EXTRA = [str(EXAMPLE_DIR), str(WINDOWS_DIR), str(REKEY_DIR), str(ROOT / "tests" / "jobs")]
 for extra in _EXTRA:
     if extra not in sys.path:
         sys.path.insert(0, extra)

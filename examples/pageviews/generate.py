@@ -1,6 +1,7 @@
 """Generate page views ``{user, page, ts}`` into the job's ``pageviews`` stream, keyed by user.
 
-Deterministic for a seed. Usage: ``python generate.py JOB_FILE N [--seed S] [--users U]``.
+Deterministic for a seed. Usage: ``python generate.py JOB_FILE N [--seed S] [--users U]
+[--stream NAME] [--key-field user|page]`` (the re-key example's input is keyed by page).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def write(
     users: int,
     stream: str = "pageviews",
     source: Iterable[dict[str, object]] | None = None,
+    key_field: str = "user",
 ) -> int:
-    """Write ``events(n, seed, users)`` (or the events of ``source``) to ``stream``."""
+    """Write ``events(n, seed, users)`` (or the events of ``source``) to ``stream``, keyed and
+    partitioned by ``key_field``."""
     config = load_config(job_file)
     systems = Systems(config)
     system = config.inputs[0].system if config.inputs else "filelog"  # the job's input system
@@ -50,7 +53,7 @@ def write(
     producer = systems.producer(ss.system)
     written = 0
     for event in events(n, seed, users) if source is None else source:
-        key = str(event["user"]).encode()
+        key = str(event[key_field]).encode()
         value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
         partition = admin.partition_for_key(key, partitions)
         producer.send(ss.stream, partition, Record("", key, value, int(event["ts"])))
@@ -68,8 +71,12 @@ def main() -> None:
     parser.add_argument("n", type=int)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--stream", default="pageviews")
+    parser.add_argument("--key-field", default="user", choices=["user", "page"])
     args = parser.parse_args()
-    written = write(args.job_file, args.n, args.seed, args.users)
+    written = write(
+        args.job_file, args.n, args.seed, args.users, args.stream, key_field=args.key_field
+    )
     print(f"wrote {written} page views (seed {args.seed}, {args.users} users)", file=sys.stderr)
 
 

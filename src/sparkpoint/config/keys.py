@@ -325,6 +325,15 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey(
+        "streams.<s>.samza.intermediate",
+        "false",
+        "true | false",
+        "a stream the job writes and reads itself, to re-key messages (Samza's name): created "
+        "at start, and its messages are read only once the checkpoint of the input they came "
+        "from is written, so a replayed input never counts twice downstream",
+        _bool,
+    ),
+    ConfigKey(
         "streams.<s>.samza.key.serde",
         "string",
         SERDE_NAMES,

@@ -169,6 +169,15 @@ class Config(Mapping[str, str]):
         return main + [s for s in self.side_inputs if s not in main]
 
     @property
+    def intermediate_streams(self) -> list[SystemStream]:
+        """The inputs the job also writes (``streams.<s>.samza.intermediate``), in input order."""
+        return [
+            s
+            for s in self.inputs
+            if (self.get_str(f"streams.{s.stream}.samza.intermediate") or "").lower() == "true"
+        ]
+
+    @property
     def side_inputs(self) -> dict[SystemStream, str]:
         """The streams that fill tables (``stores.<s>.side.inputs``), each with its store."""
         out: dict[SystemStream, str] = {}

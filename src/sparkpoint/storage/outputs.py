@@ -36,9 +36,9 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.staging import OutputStaging
+from sparkpoint.system.staging import OutputStaging, StagedPart
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,18 @@ def guarantee(config: Mapping[str, str]) -> str:
 def exactly_once(config: Mapping[str, str]) -> bool:
     """Whether the job runs with ``job.processing.guarantee: exactly-once``."""
     return guarantee(config) == EXACTLY_ONCE
+
+
+def stages_output(config: Config) -> bool:
+    """Whether the job's tasks stage output: all of it with exactly-once, else only what they
+    send to intermediate streams (``streams.<s>.samza.intermediate``), so a replayed input
+    never reaches the stage that reads them twice."""
+    return exactly_once(config) or bool(config.intermediate_streams)
+
+
+def staged_streams(config: Config) -> frozenset[SystemStream] | None:
+    """The streams a task stages its messages to: ``None`` for every one (exactly-once)."""
+    return None if exactly_once(config) else frozenset(config.intermediate_streams)
 
 
 def owner_of(config: Config, task: TaskName) -> str:
@@ -87,7 +99,8 @@ def staging_of(systems: Systems, system: str) -> OutputStaging:
     staging = systems.admin(system).output_staging()
     if staging is None:
         raise ConfigError(
-            f"job.processing.guarantee=exactly-once, but system {system!r} cannot stage output "
+            f"job.processing.guarantee=exactly-once or an intermediate stream "
+            f"(streams.<s>.samza.intermediate), but system {system!r} cannot stage output "
             f"(the filelog can; Kafka not yet): send that output to a filelog system, or run "
             f"with job.processing.guarantee=at-least-once"
         )
@@ -226,6 +239,21 @@ def discard_staged(
         for stream in admin.list_streams():
             discarded += staging.sweep(stream, owner_prefix, keep)
     return discarded
+
+
+def waiting_parts(
+    config: Config, systems: Systems, ssps: Collection[SystemStreamPartition]
+) -> list[StagedPart]:
+    """The job's tasks' staged parts of ``ssps`` that wait to be published."""
+    prefix = owner_of(config, TaskName(""))
+    wanted = set(ssps)
+    return [
+        part
+        for stream in sorted({s.system_stream for s in wanted})
+        for part in staging_of(systems, stream.system).staged(stream.stream)
+        if part.owner.startswith(prefix)
+        and SystemStreamPartition(stream.system, stream.stream, part.partition) in wanted
+    ]
 
 
 @dataclass

@@ -9,8 +9,11 @@ that executor (or host, with a per-host store directory) restores nothing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from typing import Any
 
+from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
@@ -19,7 +22,7 @@ from sparkpoint.metadata.job_state import is_running
 from sparkpoint.metadata.locality import stored_assignment, task_locality
 from sparkpoint.model import TaskName
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.storage.outputs import GUARANTEE
+from sparkpoint.storage.outputs import GUARANTEE, waiting_parts
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
@@ -84,8 +87,39 @@ def job_overview(config: Config) -> dict[str, Any]:
         # the guarantee the job last ran with (its config's, before any run)
         "processing-guarantee": store.get(GUARANTEE, "last")
         or config.get_str("job.processing.guarantee"),
+        "stages": _stages(config, systems, checkpoints.values()),
         "tasks": tasks,
     }
+
+
+def _stages(
+    config: Config, systems: Systems, checkpoints: Iterable[Checkpoint]
+) -> list[dict[str, Any]]:
+    """The job's stages: the first reads the job's inputs, the second its intermediate
+    streams, each with the messages not read yet (by the last checkpoints) and the messages
+    staged, which the stage reads once the checkpoints of their senders are written."""
+    intermediate = config.intermediate_streams
+    first = [str(s) for s in config.inputs if s not in intermediate]
+    if not intermediate:
+        return [{"stage": 1, "inputs": first}]
+    read = {ssp: o for c in checkpoints for ssp, o in c.input_offsets.items()}
+    unread = staged = 0
+    for stream in intermediate:
+        admin = systems.admin(stream.system)
+        ssps = systems.partitions_of([stream])
+        for ssp, meta in admin.get_metadata(ssps).items():
+            with contextlib.suppress(ValueError):  # offsets that are not numbers: not counted
+                unread += int(meta.upcoming) - (int(read[ssp]) + 1 if ssp in read else 0)
+        staged += sum(p.records for p in waiting_parts(config, systems, ssps))
+    return [
+        {"stage": 1, "inputs": first},
+        {
+            "stage": 2,
+            "inputs": [str(s) for s in intermediate],
+            "unread": unread,
+            "staged": staged,
+        },
+    ]
 
 
 def _local_directory(config: Config, task: str) -> dict[str, Any] | None:
@@ -107,6 +141,14 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
         f"job {data['job']} ({data['id']}): {len(data['tasks'])} tasks, {running}, "
         f"{data['processing-guarantee']} output"
     ]
+    for stage in data.get("stages", []):
+        waiting = (
+            f": {stage['unread']:,} messages to read, {stage['staged']:,} staged (read once "
+            "their senders' checkpoints are written)"
+            if "unread" in stage
+            else ""
+        )
+        lines.append(f"  stage {stage['stage']} reads {', '.join(stage['inputs'])}{waiting}")
     for t in data["tasks"]:
         where = f"executor {t['executor']} on {t['host']}" if t["executor"] else "not placed"
         sizes = ", ".join(f"{s} {n:,} bytes" for s, n in sorted(t["state-bytes"].items()))

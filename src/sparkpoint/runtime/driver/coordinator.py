@@ -74,7 +74,10 @@ from sparkpoint.storage.outputs import (
     foreign_parts,
     guarantee,
     settle,
+    stages_output,
+    staging_of,
     uncovered,
+    waiting_parts,
 )
 from sparkpoint.storage.state_id import (
     EMPTY,
@@ -87,7 +90,7 @@ from sparkpoint.storage.tables import check_tables
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.retention import trim
-from sparkpoint.system.streams import job_model
+from sparkpoint.system.streams import ensure_stream, job_model
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,32 @@ def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
             "(task.checkpoint.write.versions with 2, task.checkpoint.read.versions starting "
             "with 2): only V2 names the staged output a checkpoint covers"
         )
+
+
+def prepare_intermediate_streams(config: Config, systems: Systems, *, dataframe: bool) -> None:
+    """Create the job's intermediate streams (``streams.<s>.samza.intermediate``) with their
+    configured partition counts, after checking each is read by the job and can be staged."""
+    suffix = ".samza.intermediate"
+    marked = {
+        key[len("streams.") : -len(suffix)]
+        for key, value in config.items()
+        if key.startswith("streams.") and key.endswith(suffix) and value.lower() == "true"
+    }
+    intermediate = config.intermediate_streams
+    unread = sorted(marked - {s.stream for s in intermediate})
+    if unread:
+        raise ConfigError(
+            f"streams.{unread[0]}.samza.intermediate=true, but {unread[0]} is not in task.inputs: "
+            "an intermediate stream is one the job writes and reads itself"
+        )
+    if intermediate and dataframe:
+        raise ConfigError(
+            f"streams.{intermediate[0].stream}.samza.intermediate: intermediate streams are for "
+            "task API jobs; a DataFrame pipeline cannot read its own output yet"
+        )
+    for stream in intermediate:
+        staging_of(systems, stream.system)  # refused here, naming the system, before a batch
+        ensure_stream(config, systems, stream)
 
 
 def check_checkpoint_versions(config: Config, store: str, checkpoints: CheckpointManager) -> None:
@@ -218,8 +247,9 @@ class JobCoordinator:
 
     def start(self) -> JobModel:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
-        if exactly_once(self.config):
+        if stages_output(self.config):
             check_exactly_once(self.config, self.checkpoints)
+        prepare_intermediate_streams(self.config, self.systems, dataframe=self.exact_batches)
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
@@ -796,6 +826,9 @@ class JobCoordinator:
         window_ms = self.config.get_int("task.window.ms")
         poll = self.config.get_int("task.poll.interval.ms") / 1000
         last_committed = False
+        #: intermediate streams are read to their end, not to a target set at start: their
+        #: messages appear as the tasks that send them commit (staged until then)
+        intermediate = {s for s in ssps if s.system_stream in set(self.config.intermediate_streams)}
         while not self.stop_event.is_set():
             self._check_still_the_driver()
             if self.startpoints is not None and self.startpoints.take_apply_now_request():
@@ -803,6 +836,7 @@ class JobCoordinator:
             meta = self.metadata(ssps)
             self._check_resume_offsets(meta)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
+            end.update({s: meta[s].upcoming for s in intermediate})
             replay_id = None
             if self._replay:
                 replay_id, logged = self._replay.pop(0)
@@ -814,11 +848,15 @@ class JobCoordinator:
                 for ts in self.tasks.values()
                 for s in ts.model.ssps
             )
-            if targets is not None and not pending:
+            # caught up but for staged intermediate messages: commit, and the next batch's
+            # clean-up publishes them, until no part waits (then the last stage reads them)
+            drain = targets is not None and not pending and bool(intermediate)
+            drain = drain and bool(waiting_parts(self.config, self.systems, intermediate))
+            if targets is not None and not pending and not drain:
                 self.stop("caught up")
                 break
             now = time.monotonic()
-            commit_due = (now - self._last_commit) * 1000 >= commit_ms
+            commit_due = drain or (now - self._last_commit) * 1000 >= commit_ms
             window_due = window_ms >= 0 and (now - self._last_window) * 1000 >= window_ms
             if not pending and not commit_due and not window_due:
                 self.stop_event.wait(poll)

@@ -52,7 +52,13 @@ from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.outputs import TaskOutputs, exactly_once, new_part, owner_of
+from sparkpoint.storage.outputs import (
+    TaskOutputs,
+    new_part,
+    owner_of,
+    staged_streams,
+    stages_output,
+)
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.storage.tables import Tables, apply_records
 from sparkpoint.storage.task_storage import (
@@ -281,8 +287,10 @@ class TaskBatch:
         t0 = time.monotonic()
         next_offsets = self.begin()
         coordinator = BatchCoordinator()
-        collector = OutputCollector(self.config, self.systems, self.task, self._staging())
-        if exactly_once(self.config):
+        collector = OutputCollector(
+            self.config, self.systems, self.task, self._staging(), staged_streams(self.config)
+        )
+        if stages_output(self.config):
             # the output staged since the last written checkpoint, when this batch continues
             # the live state that staged it (else it starts again from the checkpoint)
             self.storage.outputs = TaskOutputs(plan.pending_outputs if self.kept else {})
@@ -330,8 +338,9 @@ class TaskBatch:
             self.storage.close()
 
     def _staging(self) -> tuple[str, str] | None:
-        """(owner, part) of this attempt's staged output, with exactly-once output."""
-        if not exactly_once(self.config):
+        """(owner, part) of this attempt's staged output, with exactly-once output or
+        intermediate streams."""
+        if not stages_output(self.config):
             return None
         return owner_of(self.config, self.task), new_part(self.plan.run_id, self.plan.batch)
 

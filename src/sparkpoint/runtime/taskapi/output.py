@@ -51,35 +51,42 @@ class OutputCollector:
         systems: Systems,
         task: TaskName,
         staging: tuple[str, str] | None = None,
+        staged_streams: frozenset[SystemStream] | None = None,
     ) -> None:
         self._config = config
         self._systems = systems
         self._task = task
         #: exactly-once: (owner, part) of this batch's staged output (storage.outputs)
         self._staging = staging
-        self._producers: dict[str, SystemProducer] = {}
+        #: the streams staged with ``staging`` (``None``: every one): intermediate streams only,
+        #: when the job runs at-least-once
+        self._staged_streams = staged_streams
+        self._producers: dict[tuple[str, bool], SystemProducer] = {}
         self._routes: dict[tuple[str, str], _Route] = {}
         self.sent = 0
         #: exactly-once: the part staged per (system, stream, partition), once closed
         self.staged: dict[tuple[str, str, int], str] = {}
 
-    def _producer(self, system: str) -> SystemProducer:
-        producer = self._producers.get(system)
+    def _producer(self, stream: SystemStream) -> SystemProducer:
+        staged = self._staging is not None and (
+            self._staged_streams is None or stream in self._staged_streams
+        )
+        producer = self._producers.get((stream.system, staged))
         if producer is None:
-            if self._staging is None:
-                producer = self._systems.producer(system)
+            if self._staging is None or not staged:
+                producer = self._systems.producer(stream.system)
             else:
                 try:
-                    producer = staging_of(self._systems, system).producer(*self._staging)
+                    producer = staging_of(self._systems, stream.system).producer(*self._staging)
                 except ConfigError as exc:
                     raise TaskError(f"task {self._task}: {exc}") from None
-            self._producers[system] = producer
+            self._producers[(stream.system, staged)] = producer
         return producer
 
     def _route(self, stream: SystemStream) -> _Route:
         partitions = ensure_stream(self._config, self._systems, stream)
         key_serde, msg_serde = stream_serdes(self._config, stream)
-        producer = self._producer(stream.system)
+        producer = self._producer(stream)
         route = _Route(
             partitions,
             key_serde,
@@ -193,7 +200,7 @@ class OutputCollector:
 
     def close(self) -> None:
         """Make everything sent durable: sent, or (exactly-once) staged, in :attr:`staged`."""
-        for system, producer in self._producers.items():
+        for (system, _), producer in self._producers.items():
             if isinstance(producer, StagingProducer):
                 for (stream, partition), part in producer.stage().items():
                     self.staged[(system, stream, partition)] = part
