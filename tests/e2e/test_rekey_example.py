@@ -65,3 +65,31 @@ def test_kill_9_at_a_random_moment_then_restart_counts_each_view_once(
     dumped = sp("state", "dump", str(JOB), "--store", "user-counts", *set_args).stdout
     rows = [json.loads(line) for line in dumped.splitlines()]
     assert {r["key"]: r["value"] for r in rows} == dict(expected)
+
+
+def test_a_python_worker_dying_after_its_commit_snapshot_is_retried_and_the_run_ends(
+    tmp_path: Path,
+) -> None:
+    """A Spark task attempt that staged its re-keyed part and then died (its worker exits at
+    the commit's snapshot): Spark retries it, the dead attempt's part is never published,
+    and --until-caught-up still ends with every view counted once."""
+    flag = tmp_path / "crash"
+    flag.write_text("3")
+    sets = [
+        f"job.data.dir={tmp_path / 'data'}",
+        "task.commit.ms=0",
+        "task.batch.max.messages=300",
+        "testing.crash.at=after-snapshot",
+        f"testing.crash.flag={flag}",
+        "testing.crash.mode=exit",
+    ]
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    sp("stream", "create", str(JOB), "pageviews-by-page", "--partitions", "4", *set_args)
+    gen = tmp_path / "gen.yaml"
+    gen.write_text(json.dumps(dict(config.items())))
+    write(str(gen), 3000, 13, 40, "pageviews-by-page", key_field="page")
+    result = sp("run", str(JOB), "--until-caught-up", "--max-batches", "150", *set_args)
+    assert not flag.exists(), "the worker never died"
+    assert "done (caught up)" in result.stderr
+    assert committed_counts(config) == dict(Counter(str(e["user"]) for e in events(3000, 13, 40)))

@@ -7,6 +7,7 @@ the job at-least-once; the same crash with a plain stream in its place does (the
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -16,12 +17,15 @@ from generate import events, write
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import POINTS, PUBLISH_POINTS, InjectedCrash
-from sparkpoint.model import SystemStream
+from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.storage.outputs import waiting_parts
+from sparkpoint.storage.state_id import CleanStart
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.jobs import job_overview, overview_lines
+from sparkpoint.tools.reset import reset_job
 from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import REKEY_DIR, pageviews_config
 from tests.helpers import committed_counts
@@ -87,14 +91,14 @@ def test_job_show_names_each_stage_and_what_waits_for_it(tmp_path: Path) -> None
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
     end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
-    sent = sum(r.processed for r in coordinator.run_batch(end, commit=False)[1])
-    assert 0 < sent <= 400
+    re_keyed_now = sum(r.sent for r in coordinator.run_batch(end, commit=False)[1])
+    assert 0 < re_keyed_now <= 400
     first, second = job_overview(config)["stages"]
     assert first == {"stage": 1, "inputs": ["filelog.pageviews-by-page"]}
     assert (second["inputs"], second["unread"], second["staged"]) == (
         ["filelog.pageviews-by-user"],
         0,
-        sent,
+        re_keyed_now,
     )
     # the rest of the views, and the checkpoint covering them all ...
     coordinator.run_batch(end, commit=True, wait=True)
@@ -168,3 +172,98 @@ def test_an_intermediate_stream_on_a_system_that_cannot_stage_is_refused(
     with pytest.raises(ConfigError, match=r"system 'filelog' cannot stage output"):
         run(config, until_caught_up=True)
     assert BY_USER.stream not in Systems(config).admin("filelog").list_streams()
+
+
+def started(config: Config) -> tuple[JobCoordinator, dict[SystemStreamPartition, str]]:
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    return coordinator, {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+
+
+def test_a_dead_attempts_staged_part_does_not_hold_up_the_end_of_a_run(tmp_path: Path) -> None:
+    """A Spark task attempt that staged its part and died leaves it behind (never published,
+    swept at the next start): a run to the end of its input still ends, every view counted."""
+    config = rekey_job(tmp_path)
+    written = views(config, tmp_path, 400, seed=91)
+    coordinator, end = started(config)
+    coordinator.run_batch(end, commit=False)
+    ssps = [
+        s for t in coordinator.tasks.values() for s in t.model.ssps if s.system_stream == BY_USER
+    ]
+    part = waiting_parts(config, coordinator.systems, ssps)[0]
+    staged = next(tmp_path.rglob(f"staged/{part.owner}/{part.part}.log"))
+    shutil.copy(staged, staged.with_name("zombie-1-deadbeef.log"))  # the dead attempt's
+    summary = coordinator.run(until_caught_up=True, max_batches=30)
+    coordinator.close()
+    assert summary.stopped_by == "caught up"
+    assert committed_counts(config) == per_user(written)
+    run(config, until_caught_up=True)  # the next start sweeps the dead attempt's part
+    assert not waiting_parts(config, Systems(config), ssps)
+    assert committed_counts(config) == per_user(written)
+
+
+def test_tasks_that_restore_mid_run_still_end_the_run_with_every_view_counted(
+    tmp_path: Path,
+) -> None:
+    config = rekey_job(tmp_path)
+    written = views(config, tmp_path, 400, seed=92)
+    coordinator, end = started(config)
+    coordinator.run_batch(end, commit=False)
+    for ts in coordinator.tasks.values():  # their workers died: each restores, reads again
+        ts.expected_state_id = CleanStart("lost")
+        ts.resume = dict(ts.from_checkpoint)
+        ts.last_processed = dict(ts.checkpoint_last_processed)
+    summary = coordinator.run(until_caught_up=True, max_batches=30)
+    coordinator.close()
+    assert summary.stopped_by == "caught up"
+    assert committed_counts(config) == per_user(written)
+
+
+def test_an_intermediate_stream_is_read_from_its_oldest_message_whatever_the_default(
+    tmp_path: Path,
+) -> None:
+    config = rekey_job(
+        tmp_path,
+        **{
+            "systems.filelog.default.stream.samza.offset.default": "upcoming",
+            "streams.pageviews-by-page.samza.offset.default": "oldest",
+            "task.batch.max.messages": "100000",
+        },
+    )
+    written = views(config, tmp_path, 400, seed=93)
+    coordinator, end = started(config)
+    coordinator.run_batch(end, commit=True, wait=True)  # stage 1's checkpoint ...
+    coordinator.run_batch(end, commit=False)  # ... published; stage 2 has read nothing
+    coordinator.close()
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == per_user(written)
+    for setting in ("samza.offset.default=upcoming", "samza.reset.offset=true"):
+        key, value = setting.split("=")
+        bad = rekey_job(tmp_path / key, **{f"streams.{BY_USER.stream}.{key}": value})
+        with pytest.raises(ConfigError, match=r"intermediate stream is read from"):
+            run(bad, until_caught_up=True)
+
+
+def test_another_job_writing_the_intermediate_stream_is_refused(tmp_path: Path) -> None:
+    config = rekey_job(tmp_path)
+    written = views(config, tmp_path, 400, seed=94)
+    run(config, until_caught_up=True)
+    other = load_config(None, {**dict(config.items()), "job.id": "2"})
+    with pytest.raises(ConfigError, match=r"'rekey-1\.Partition_\d' wrote to it too"):
+        run(other, until_caught_up=True)
+    assert committed_counts(config) == per_user(written)
+
+
+def test_tools_work_before_the_first_run_and_reset_deletes_the_intermediate_stream(
+    tmp_path: Path,
+) -> None:
+    config = rekey_job(tmp_path)
+    _first, second = job_overview(config)["stages"]  # before the job created its stream
+    assert (second["unread"], second["staged"]) == (0, 0)
+    views(config, tmp_path, 100, seed=95)
+    run(config, until_caught_up=True)
+    assert BY_USER.stream in Systems(config).admin("filelog").list_streams()
+    reset_job(config, keep_input=True)
+    streams = Systems(config).admin("filelog").list_streams()
+    assert "pageviews-by-page" in streams and BY_USER.stream not in streams

@@ -97,8 +97,11 @@ class OffsetManager:
             for s in config.stores
             if (v := config.get_str(f"stores.{s}.changelog"))
         }
+        self._intermediate = set(config.intermediate_streams)
 
     def default_start(self, ssp: SystemStreamPartition, meta: PartitionMetadata) -> str:
+        if ssp.system_stream in self._intermediate:  # every message the job sent it (Samza)
+            return meta.oldest
         policy = self.config.stream_key(ssp.system_stream, "samza.offset.default") or "oldest"
         return meta.upcoming if policy == "upcoming" else meta.oldest
 

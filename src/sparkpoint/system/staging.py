@@ -74,6 +74,10 @@ class OutputStaging(ABC):
         """The key of ``owner``'s last commit published to this partition, if any."""
 
     @abstractmethod
+    def publishers(self, stream: str, partition: int) -> list[str]:
+        """Every owner that published to this partition (the jobs' tasks writing it)."""
+
+    @abstractmethod
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         """Delete every staged part (and part being written) of the owners ``owner_prefix``
         names (a name ending in ``.``: every owner whose name starts with it; otherwise that

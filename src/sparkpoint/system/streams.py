@@ -15,8 +15,15 @@ from sparkpoint.system.registry import Systems
 
 
 def job_model(config: Config, systems: Systems) -> JobModel:
-    """The job's tasks: one per input partition number, each also reading broadcast inputs."""
-    inputs, shared = systems.job_inputs(config.inputs, config.broadcast_inputs)
+    """The job's tasks: one per input partition number, each also reading broadcast inputs.
+    An intermediate stream the job has not created yet (it never ran) has no partitions."""
+    later = [
+        s
+        for s in config.intermediate_streams
+        if s.stream not in systems.admin(s.system).list_streams()
+    ]
+    streams = [s for s in config.inputs if s not in later]
+    inputs, shared = systems.job_inputs(streams, config.broadcast_inputs)
     return group_by_partition(config.job_name, config.job_id, inputs, shared)
 
 

@@ -106,10 +106,13 @@ def _stages(
     unread = staged = 0
     for stream in intermediate:
         admin = systems.admin(stream.system)
+        if stream.stream not in admin.list_streams():
+            continue  # the job creates it when it starts
         ssps = systems.partitions_of([stream])
         for ssp, meta in admin.get_metadata(ssps).items():
             with contextlib.suppress(ValueError):  # offsets that are not numbers: not counted
-                unread += int(meta.upcoming) - (int(read[ssp]) + 1 if ssp in read else 0)
+                start = int(read[ssp]) + 1 if ssp in read else int(meta.oldest)
+                unread += int(meta.upcoming) - start
         staged += sum(p.records for p in waiting_parts(config, systems, ssps))
     return [
         {"stage": 1, "inputs": first},

@@ -26,7 +26,8 @@ from sparkpoint.system.registry import Systems
 
 
 def _own_streams(config: Config) -> set[SystemStream]:
-    """The streams only this job uses: metadata streams and its stores' changelogs."""
+    """The streams only this job uses: metadata streams, its stores' changelogs and its
+    intermediate streams (inputs it writes itself: deleted even when inputs are kept)."""
     own = {
         SystemStream(config.checkpoint_system, checkpoint_stream_name(config)),
         SystemStream(
@@ -37,7 +38,7 @@ def _own_streams(config: Config) -> set[SystemStream]:
         changelog = config.get_str(f"stores.{store}.changelog")
         if changelog:
             own.add(SystemStream.parse(changelog))
-    return own
+    return own | set(config.intermediate_streams)
 
 
 def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[str]:
@@ -70,7 +71,7 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
             job_dir = _under(root_for(system, config), config.data_dir)
             for name in admin.list_streams():
                 ss = SystemStream(system, name)
-                if ss in inputs and keep_input:
+                if ss in inputs and keep_input and ss not in own:
                     continue
                 mine = ss in own or ss in inputs or job_dir
                 if mine and admin.delete_stream(name):

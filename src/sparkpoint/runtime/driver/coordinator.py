@@ -76,8 +76,9 @@ from sparkpoint.storage.outputs import (
     settle,
     stages_output,
     staging_of,
+    committed_parts,
+    owner_of,
     uncovered,
-    waiting_parts,
 )
 from sparkpoint.storage.state_id import (
     EMPTY,
@@ -128,8 +129,13 @@ def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
     """Refuse exactly-once output where it cannot hold: checkpoints that would not carry the
     staged output's markers (V2 only)."""
     if 2 not in checkpoints.write_versions or checkpoints.read_versions[0] != 2:
+        what = (
+            "job.processing.guarantee=exactly-once"
+            if exactly_once(config)
+            else f"intermediate stream {config.intermediate_streams[0]}"
+        )
         raise ConfigError(
-            "job.processing.guarantee=exactly-once needs V2 checkpoints, written and read first "
+            f"{what} needs V2 checkpoints, written and read first "
             "(task.checkpoint.write.versions with 2, task.checkpoint.read.versions starting "
             "with 2): only V2 names the staged output a checkpoint covers"
         )
@@ -156,9 +162,31 @@ def prepare_intermediate_streams(config: Config, systems: Systems, *, dataframe:
             f"streams.{intermediate[0].stream}.samza.intermediate: intermediate streams are for "
             "task API jobs; a DataFrame pipeline cannot read its own output yet"
         )
+    prefix = owner_of(config, TaskName(""))
     for stream in intermediate:
-        staging_of(systems, stream.system)  # refused here, naming the system, before a batch
+        name = f"streams.{stream.stream}.samza"
+        if (
+            config.get_bool(f"{name}.reset.offset")
+            or (config.get_str(f"{name}.offset.default") or "oldest") != "oldest"
+        ):
+            raise ConfigError(
+                f"{name}.reset.offset / offset.default: an intermediate stream is read from "
+                "where the job's checkpoints left it, else from its oldest message (it holds "
+                "only what the job sent there): remove the setting"
+            )
+        staging = staging_of(systems, stream.system)  # refused here, naming it, before a batch
         ensure_stream(config, systems, stream)
+        for ssp in systems.partitions_of([stream]):
+            others = [
+                o for o in staging.publishers(ssp.stream, ssp.partition) if not o.startswith(prefix)
+            ]
+            if others:
+                raise ConfigError(
+                    f"intermediate stream {stream}: {others[0]!r} wrote to it too (another job, "
+                    f"or another job.id of this one), and this job would read its messages: "
+                    f"give each job its own intermediate stream (e.g. "
+                    f"{stream.stream}-{config.job_label})"
+                )
 
 
 def check_checkpoint_versions(config: Config, store: str, checkpoints: CheckpointManager) -> None:
@@ -220,6 +248,8 @@ class JobCoordinator:
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
         self._discarded = 0  # staged parts the start discarded, for the first batch report
+        #: a checkpoint naming staged output was written since the last batch began
+        self._publish_due = False
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
@@ -658,6 +688,8 @@ class JobCoordinator:
                 continue
             self._write_checkpoint(ts, checkpoint)
             ts.pending_outputs = uncovered(ts.pending_outputs, checkpoint)
+            # its parts go out with the task's next clean-up (the next batch's step 0)
+            self._publish_due |= bool(committed_parts(checkpoint))
             written = True
             if self.affinity is not None:
                 self.affinity.committed(result, str(checkpoint.checkpoint_id))
@@ -707,6 +739,7 @@ class JobCoordinator:
         if clean_up_only:
             plans = [replace(p, commits=replace(p.commits, clean_up_only=True)) for p in plans]
         t0 = time.monotonic()
+        self._publish_due = False  # the batch's clean-ups publish what was written before it
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
         if self.batch_log is not None and logged:
@@ -829,6 +862,7 @@ class JobCoordinator:
         #: intermediate streams are read to their end, not to a target set at start: their
         #: messages appear as the tasks that send them commit (staged until then)
         intermediate = {s for s in ssps if s.system_stream in set(self.config.intermediate_streams)}
+        drained = False
         while not self.stop_event.is_set():
             self._check_still_the_driver()
             if self.startpoints is not None and self.startpoints.take_apply_now_request():
@@ -848,13 +882,21 @@ class JobCoordinator:
                 for ts in self.tasks.values()
                 for s in ts.model.ssps
             )
-            # caught up but for staged intermediate messages: commit, and the next batch's
-            # clean-up publishes them, until no part waits (then the last stage reads them)
+            # caught up but for staged intermediate messages: commit them, and the next batch's
+            # clean-up publishes them, until none waits (then the next stage reads them). What
+            # the driver knows waits: parts staged since the last written checkpoints, and
+            # parts of checkpoints written since the last batch began (no file listing: a dead
+            # attempt's part is never published, and is swept at the next start)
             drain = targets is not None and not pending and bool(intermediate)
-            drain = drain and bool(waiting_parts(self.config, self.systems, intermediate))
+            drain = drain and (
+                self._publish_due or any(ts.pending_outputs for ts in self.tasks.values())
+            )
             if targets is not None and not pending and not drain:
                 self.stop("caught up")
                 break
+            if drain and drained:  # a commit may wait for its upload: no busy loop
+                self.stop_event.wait(poll)
+            drained = drain
             now = time.monotonic()
             commit_due = drain or (now - self._last_commit) * 1000 >= commit_ms
             window_due = window_ms >= 0 and (now - self._last_window) * 1000 >= window_ms

@@ -92,6 +92,11 @@ def published_key(plog: PartitionLog, owner: str) -> int | None:
     return _published(plog).get(owner)
 
 
+def publishers(plog: PartitionLog) -> list[str]:
+    """Every owner that published to this partition, by name."""
+    return sorted(_published(plog))
+
+
 def read_part(plog: PartitionLog, owner: str, part: str) -> list[Record]:
     """The records of a staged part (offsets from 0), or :class:`CorruptRecordError`."""
     path = _part_path(plog, owner, part)

@@ -322,6 +322,9 @@ class FileLogStaging(OutputStaging):
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:
         return staging.published_key(self._s.log(stream, partition), owner)
 
+    def publishers(self, stream: str, partition: int) -> list[str]:
+        return staging.publishers(self._s.log(stream, partition))
+
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         return sum(
             staging.sweep(self._s.log(stream, partition), owner_prefix, keep)
