@@ -70,14 +70,14 @@ from sparkpoint.storage.backend import (
 from sparkpoint.storage.outputs import (
     EXACTLY_ONCE,
     GUARANTEE,
+    committed_parts,
     exactly_once,
     foreign_parts,
     guarantee,
+    owner_of,
     settle,
     stages_output,
     staging_of,
-    committed_parts,
-    owner_of,
     uncovered,
 )
 from sparkpoint.storage.state_id import (
