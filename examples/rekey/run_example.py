@@ -1,7 +1,8 @@
 """Run the re-key example: generate page views keyed by page, run the job to the end of its
 input (intermediate stream included), and print the busiest users' counts from the
-``user-counts`` store. Each step is a plain ``sparkpoint`` command, printed before it runs.
-Data goes to ``.sparkpoint/rekey`` next to the job file (removed first)."""
+``user-counts`` store. ``API=dataframe`` runs the DataFrame version (``rekey_pipeline.py``)
+instead of the task (``rekey_task.py``). Each step is a plain ``sparkpoint`` command, printed
+before it runs. Data goes to ``.sparkpoint/rekey`` next to the job file (removed first)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ BIN = Path(sys.executable).parent
 GENERATE = HERE.parent / "pageviews" / "generate.py"  # the same page views, keyed by page
 
 
-def step(*args: str) -> str:
-    print(f"\n$ {shlex.join(args)}", flush=True)
-    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
+def step(*args: str, env: dict[str, str] | None = None) -> str:
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    print(f"\n$ {prefix}{shlex.join(args)}", flush=True)
+    full = {**os.environ, **(env or {})}
+    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True, env=full).stdout
 
 
 def main() -> None:
@@ -45,7 +48,10 @@ def main() -> None:
         "--key-field",
         "page",
     )
-    step(sp, "run", str(JOB), "--until-caught-up")
+    if os.environ.get("API", "task") == "dataframe":
+        step(sp, "run", "rekey_pipeline:job", "--until-caught-up", env={"PYTHONPATH": str(HERE)})
+    else:
+        step(sp, "run", str(JOB), "--until-caught-up")
     out = step(sp, "state", "dump", str(JOB), "--store", "user-counts")
     rows = [json.loads(line) for line in out.splitlines() if line.strip()]
     total = sum(int(r["value"]) for r in rows)

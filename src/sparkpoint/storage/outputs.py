@@ -72,6 +72,12 @@ def staged_streams(config: Config) -> frozenset[SystemStream] | None:
     return None if exactly_once(config) else frozenset(config.intermediate_streams)
 
 
+def staged_stream(config: Config, stream: SystemStream) -> bool:
+    """Whether what a task sends to ``stream`` is staged (:func:`staged_streams`)."""
+    streams = staged_streams(config)
+    return streams is None or stream in streams
+
+
 def owner_of(config: Config, task: TaskName) -> str:
     """The name a task's staged output goes under: ``<job.name>-<job.id>.<task>``."""
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", f"{config.job_label}.{task.name}")

@@ -92,7 +92,13 @@ from sparkpoint.runtime.spark.session import (
     record_executors,
     user_error_from,
 )
-from sparkpoint.storage.outputs import batch_owner, exactly_once, staging_of
+from sparkpoint.storage.outputs import (
+    batch_owner,
+    exactly_once,
+    staged_stream,
+    stages_output,
+    staging_of,
+)
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -280,6 +286,25 @@ class Batch:
         self._timers: str | None = None  # the step with on_timer
         self._frames: list[StepFrame] = []
         self._cached: list[Any] = []
+
+    def input(self, stream: str) -> Any:
+        """The batch's rows of one input stream (``stream`` or ``system.stream``): with an
+        intermediate stream, what earlier batches re-keyed into it (``to_stream``), each row
+        in the task of its partition, so :meth:`stateful` keeps state by the new key."""
+        inputs = self.config.inputs
+        match = [s for s in inputs if stream in (str(s), s.stream)]
+        if len(match) != 1:
+            raise ConfigError(
+                f"batch.input({stream!r}): "
+                + ("not an input of the job" if not match else "inputs of two systems")
+                + f"; inputs: {', '.join(str(s) for s in inputs)}"
+            )
+        if len({s.stream for s in inputs}) < len(inputs):
+            raise ConfigError(
+                f"batch.input({stream!r}): the job reads streams of one name from two systems; "
+                "the batch's rows name the stream only"
+            )
+        return self.df.where(F.col("stream") == match[0].stream)
 
     def stateful(
         self,
@@ -492,7 +517,7 @@ class Batch:
                     f"output stream {stream!r}: no column {column!r}; columns: "
                     f"{', '.join(df.columns)}"
                 )
-        if exactly_once(self.config):  # refused here, before any Spark job of the batch
+        if staged_stream(self.config, target):  # refused here, before any Spark job
             staging_of(Systems(self.config), target.system)
         return StreamOutput(df, target, key, value)
 
@@ -590,7 +615,7 @@ class DataFrameRunner:
         self.config = config
         #: exactly-once: what the last batch staged, for the driver to record in its batch log
         self.staged: BatchOutputs | None = None
-        self._owner = batch_owner(config) if exactly_once(config) else None
+        self._owner = batch_owner(config) if stages_output(config) else None
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
@@ -620,7 +645,7 @@ class DataFrameRunner:
         t0 = time.monotonic()
         try:
             outputs = _outputs(self.pipeline.build(frame))
-            if self._owner is not None:
+            if exactly_once(self.config):
                 _check_sinks_stage(outputs)
             steps = sorted(frame._steps)
             if self.steps is not None and steps != self.steps:
@@ -693,7 +718,7 @@ class DataFrameRunner:
     ) -> list[TaskBatchResult]:
         """Write one output; the tasks' results if ``finisher`` finished them on the way."""
         if isinstance(output, SinkOutput):
-            if self.staged is None:
+            if self.staged is None or not exactly_once(self.config):
                 output.sink.write(output.df, batch)
                 return []
             sink = output.sink
@@ -738,7 +763,8 @@ class DataFrameRunner:
         self, output: StreamOutput, batch: int, finisher: Finisher | None
     ) -> StreamWriterUdf:
         config = self.config.to_dict()
-        staging = None if self._owner is None else (self._owner, batch)
+        staged = self._owner is not None and staged_stream(self.config, output.stream)
+        staging = (self._owner, batch) if staged and self._owner is not None else None
         return StreamWriterUdf(config, output.stream, output.key, output.value, finisher, staging)
 
     def _collect(self, job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:

@@ -39,7 +39,7 @@ from sparkpoint.model import SystemStreamPartition
 from sparkpoint.runtime.dataframe.pipeline import StagingSink
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.plan import BatchOutputs, TaskBatchResult
-from sparkpoint.storage.outputs import batch_owner, discard_staged, exactly_once, publish_parts
+from sparkpoint.storage.outputs import batch_owner, discard_staged, publish_parts, stages_output
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def record(
     whatever the batch staged: the task reads again input whose output some recorded batch,
     or this one, already holds."""
     dropped = sorted(r.task for r in results if r.dropped)
-    if dropped and exactly_once(config):
+    if dropped and stages_output(config):
         if staged:
             discard(config, systems, batch_log, batch, staged)
         raise BatchOutputsLost(
@@ -70,7 +70,8 @@ def record(
             + (f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else "")
             + " dropped its progress (a retried Spark task, or a finish on another executor), "
             "so its input is read again; with job.processing.guarantee=exactly-once the "
-            "batch's output cannot be split by task, so it is discarded and none of the "
+            "batch's output cannot be split by task (nor its intermediate streams'), so it is "
+            "discarded and none of the "
             "batch's checkpoints is written"
         )
     if not staged:

@@ -70,6 +70,7 @@ from sparkpoint.storage.backend import (
 from sparkpoint.storage.outputs import (
     EXACTLY_ONCE,
     GUARANTEE,
+    batch_owner,
     committed_parts,
     exactly_once,
     foreign_parts,
@@ -141,7 +142,7 @@ def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
         )
 
 
-def prepare_intermediate_streams(config: Config, systems: Systems, *, dataframe: bool) -> None:
+def prepare_intermediate_streams(config: Config, systems: Systems) -> None:
     """Create the job's intermediate streams (``streams.<s>.samza.intermediate``) with their
     configured partition counts, after checking each is read by the job and can be staged."""
     suffix = ".samza.intermediate"
@@ -156,11 +157,6 @@ def prepare_intermediate_streams(config: Config, systems: Systems, *, dataframe:
         raise ConfigError(
             f"streams.{unread[0]}.samza.intermediate=true, but {unread[0]} is not in task.inputs: "
             "an intermediate stream is one the job writes and reads itself"
-        )
-    if intermediate and dataframe:
-        raise ConfigError(
-            f"streams.{intermediate[0].stream}.samza.intermediate: intermediate streams are for "
-            "task API jobs; a DataFrame pipeline cannot read its own output yet"
         )
     prefix = owner_of(config, TaskName(""))
     for stream in intermediate:
@@ -178,7 +174,9 @@ def prepare_intermediate_streams(config: Config, systems: Systems, *, dataframe:
         ensure_stream(config, systems, stream)
         for ssp in systems.partitions_of([stream]):
             others = [
-                o for o in staging.publishers(ssp.stream, ssp.partition) if not o.startswith(prefix)
+                o
+                for o in staging.publishers(ssp.stream, ssp.partition)
+                if not o.startswith(prefix) and o != batch_owner(config)  # tasks', batches'
             ]
             if others:
                 raise ConfigError(
@@ -279,7 +277,7 @@ class JobCoordinator:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
         if stages_output(self.config):
             check_exactly_once(self.config, self.checkpoints)
-        prepare_intermediate_streams(self.config, self.systems, dataframe=self.exact_batches)
+        prepare_intermediate_streams(self.config, self.systems)
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
@@ -445,7 +443,7 @@ class JobCoordinator:
             # not replayed, so their output is never made again
             self._publish_uncovered(replay, "startpoints apply")
             replay = []
-        elif replay and not exactly_once(self.config):
+        elif replay and not stages_output(self.config):
             # replayed at-least-once: the replay sends its own output as it goes, which misses
             # the rows of tasks whose checkpoints cover the batch already
             self._publish_uncovered(replay, "the job now runs at-least-once")
@@ -486,7 +484,7 @@ class JobCoordinator:
         assert self.batch_log is not None
         staged = getattr(self.runner, "staged", None)
         missing = not clean_up_only and not hasattr(self.runner, "staged")
-        if missing and exactly_once(self.config):  # its output would wait forever
+        if missing and stages_output(self.config):  # its output would wait forever
             raise SparkpointError(
                 f"runner {type(self.runner).__name__} of exact batches does not pass on "
                 "what its batches staged (BatchRunner.staged)"
@@ -884,12 +882,15 @@ class JobCoordinator:
             )
             # caught up but for staged intermediate messages: commit them, and the next batch's
             # clean-up publishes them, until none waits (then the next stage reads them). What
-            # the driver knows waits: parts staged since the last written checkpoints, and
-            # parts of checkpoints written since the last batch began (no file listing: a dead
-            # attempt's part is never published, and is swept at the next start)
+            # the driver knows waits: parts staged since the last written checkpoints, parts of
+            # checkpoints written since the last batch began, and (DataFrame) the parts of
+            # logged batches (no file listing: a dead attempt's part is never published, and
+            # is swept at the next start)
             drain = targets is not None and not pending and bool(intermediate)
             drain = drain and (
-                self._publish_due or any(ts.pending_outputs for ts in self.tasks.values())
+                self._publish_due
+                or any(ts.pending_outputs for ts in self.tasks.values())
+                or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
             )
             if targets is not None and not pending and not drain:
                 self.stop("caught up")

@@ -1,0 +1,100 @@
+"""Re-keying in a DataFrame pipeline (issue 33, ``examples/rekey/rekey_pipeline.py``): stage 1
+sends the batch's views to the intermediate stream keyed by user, stage 2 counts what earlier
+batches re-keyed. The job runs at-least-once; only the intermediate stream is staged, and a
+batch's part of it is published once every task's checkpoint covers the batch, so a crash at
+the driver's and the publish's failpoints (and in a Python worker) never counts a view twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rekey_pipeline import job as rekey_pipeline
+
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
+from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from tests.helpers import committed_counts, emitted_counts, run_until_caught_up
+from tests.storage.test_intermediate import per_user, re_keyed, rekey_job, views
+
+
+def _run(spark: Any, config: Config) -> None:
+    run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, rekey_pipeline, config)))
+
+
+def test_views_are_counted_per_user_and_other_output_is_not_staged(
+    tmp_path: Path, spark: Any
+) -> None:
+    config = rekey_job(tmp_path, **{"task.batch.max.messages": "300"})
+    written = views(config, tmp_path, 1200, seed=101)
+    coordinator = JobCoordinator(config, DataFrameRunner(spark, rekey_pipeline, config))
+    coordinator.start()
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    try:
+        coordinator.run_batch(end, commit=False)
+        assert not re_keyed(config)  # staged: the batch's checkpoints are not written yet
+        coordinator.run_batch(end, commit=True, wait=True)
+        assert re_keyed(config)  # published with them
+        coordinator.run_batch(_ends(coordinator), commit=False)  # stage 2 reads them
+        assert emitted_counts(config)  # stage 2's output: at-least-once, sent as it goes
+    finally:
+        coordinator.close()
+    _run(spark, config)
+    assert committed_counts(config) == per_user(written)
+    assert re_keyed(config) == written
+
+
+def _ends(coordinator: Any) -> dict[Any, str]:
+    ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    return {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+
+
+#: what the restart after a crash must do: one point in the driver, one in a Python worker
+#: (test_pipeline_exactly_once runs the same publish path through every point)
+AFTER_CRASH = {
+    "after-checkpoint-write": "replaying batches",
+    "after-output-flush": "replaying batches",
+}
+
+
+@pytest.mark.parametrize("point", sorted(AFTER_CRASH))
+def test_a_crash_at_a_failpoint_counts_each_view_once(
+    tmp_path: Path, spark: Any, point: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="sparkpoint")
+    flag = tmp_path / "crash.flag"
+    flag.write_text("5")  # in batch 2: some tasks' checkpoints cover it, some do not
+    crash = {"testing.crash.at": point, "testing.crash.flag": str(flag)}
+    if point == "after-output-flush":
+        crash["testing.crash.mode"] = "exit"
+    config = rekey_job(tmp_path, **{"task.batch.max.messages": "300", **crash})
+    written = views(config, tmp_path, 2400, seed=102)
+    with pytest.raises(Exception) as crashed:
+        _run(spark, config)
+    if point in PUBLISH_POINTS or point == "after-checkpoint-write":
+        assert crashed.type is InjectedCrash
+    assert not flag.exists(), "the crash point was never reached"
+    caplog.clear()
+    _run(spark, config)
+    assert AFTER_CRASH[point] in caplog.text, caplog.text[-3000:]
+    assert committed_counts(config) == per_user(written)
+    assert re_keyed(config) == written  # each view re-keyed once: none twice, none lost
+
+
+def test_batch_input_names_an_input(tmp_path: Path, spark: Any) -> None:
+    config = rekey_job(tmp_path)
+    views(config, tmp_path, 10, seed=103)
+
+    def build(batch: Any) -> list[Any]:
+        batch.input("no-such-stream")
+        return []
+
+    from sparkpoint import Pipeline
+
+    pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
+    with pytest.raises(ConfigError, match=r"batch.input\('no-such-stream'\): not an input"):
+        run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
