@@ -1,26 +1,29 @@
 """Benchmark: counting views per user through a re-key (issue 33) against the same count on
-input already partitioned by user, side by side.
+input already partitioned by user, side by side, in both APIs.
 
 The same events run on one local Spark session, alternately, ``--rounds`` times each: the
 re-key example (``examples/rekey``: views keyed by page, sent on to the intermediate stream
 ``pageviews-by-user``, staged until each commit, then counted) and the page-view example
-(``examples/pageviews``: views keyed by user, counted where they are). Both run to the end of
-their input (the re-key job also to the end of its intermediate stream) with the same batch
-size and commit interval; events/s is input views over the run's time, and the median round of
-each counts (these machines are noisy). Prints both and the ratio (issue 33's target: at
-least 0.5x). Usage: ``make bench-rekey`` or
-``.venv/bin/python bench/rekey.py [--events N] [--batch M] [--rounds R]``.
+(``examples/pageviews``: views keyed by user, counted where they are), as tasks and as
+DataFrame pipelines (``--api``). Both run to the end of their input (the re-key job also to
+the end of its intermediate stream) with the same batch size and commit interval; events/s is
+input views over the run's time, and the median round of each counts (these machines are
+noisy). Prints both and the ratio (issue 33's target: at least 0.5x). Usage:
+``make bench-rekey`` or
+``.venv/bin/python bench/rekey.py [--events N] [--batch M] [--rounds R] [--api A,B]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA = [str(ROOT / "examples" / "pageviews"), str(ROOT / "examples" / "rekey")]
@@ -32,23 +35,24 @@ from generate import write  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sparkpoint.config import load_config, read_job_file  # noqa: E402
+from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner  # noqa: E402
 from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
 from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402
 from sparkpoint.system.registry import Systems  # noqa: E402
 
-#: job: (job file, input stream, the key its views are partitioned by)
+#: job: (example, input stream, the key its views are partitioned by, its pipeline)
 JOBS = {
-    "re-keyed": ("rekey", "pageviews-by-page", "page"),
-    "by user": ("pageviews", "pageviews", "user"),
+    "re-keyed": ("rekey", "pageviews-by-page", "page", "rekey_pipeline"),
+    "by user": ("pageviews", "pageviews", "user", "pageviews_pipeline"),
 }
 
 
 def one_run(
-    spark: SparkSession | None, tmp: Path, job: str, args: argparse.Namespace
+    spark: SparkSession | None, tmp: Path, api: str, job: str, args: argparse.Namespace
 ) -> tuple[float, int, SparkSession]:
     """One job on ``args.events`` events in a new data directory: (events/s, sent)."""
-    example, stream, key = JOBS[job]
+    example, stream, key, module = JOBS[job]
     values = read_job_file(ROOT / "examples" / example / "job.yaml")
     values.update(
         {
@@ -63,7 +67,11 @@ def one_run(
     job_file.write_text(json.dumps(config.to_dict()))
     write(str(job_file), args.events, 1, 10_000, stream, key_field=key)
     spark = spark or spark_session(config, f"local[{args.cores}]")
-    coordinator = JobCoordinator(config, SparkRunner(spark.sparkContext))
+    runner: Any = SparkRunner(spark.sparkContext)
+    if api == "dataframe":
+        pipeline = importlib.import_module(module).job
+        runner = DataFrameRunner(spark, pipeline, config)
+    coordinator = JobCoordinator(config, runner)
     coordinator.start()
     summary = coordinator.run(until_caught_up=True)
     coordinator.close()
@@ -77,25 +85,31 @@ def main() -> None:
     parser.add_argument("--commit-ms", type=int, default=5_000)
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--api", default="task,dataframe", help="task, dataframe or both")
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {job: [] for job in JOBS}
+    apis = args.api.split(",")
+    rates: dict[tuple[str, str], list[float]] = {(a, j): [] for a in apis for j in JOBS}
     spark = None
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-rekey-") as top:
         for r in range(args.rounds):
-            for job in JOBS:
-                tmp = Path(top) / f"{job.replace(' ', '-')}-{r}"
+            for api, job in rates:
+                tmp = Path(top) / f"{api}-{job.replace(' ', '-')}-{r}"
                 tmp.mkdir()
-                rate, sent, spark = one_run(spark, tmp, job, args)
-                print(f"round {r + 1} {job:>8}: {rate:,.0f} events/s ({sent:,} sent)", flush=True)
-                rates[job].append(rate)
+                rate, sent, spark = one_run(spark, tmp, api, job, args)
+                print(
+                    f"round {r + 1} {api:>9} {job:>8}: {rate:,.0f} events/s ({sent:,} sent)",
+                    flush=True,
+                )
+                rates[(api, job)].append(rate)
     if spark is not None:
         spark.stop()
-    rekeyed = statistics.median(rates["re-keyed"])
-    direct = statistics.median(rates["by user"])
-    print(
-        f"re-keyed / partitioned by user (medians): {rekeyed:,.0f} / {direct:,.0f} events/s "
-        f"= {rekeyed / direct:.2f}x (target >= 0.5x)"
-    )
+    for api in apis:
+        rekeyed = statistics.median(rates[(api, "re-keyed")])
+        direct = statistics.median(rates[(api, "by user")])
+        print(
+            f"{api}: re-keyed / partitioned by user (medians): {rekeyed:,.0f} / {direct:,.0f} "
+            f"events/s = {rekeyed / direct:.2f}x (target >= 0.5x)"
+        )
 
 
 if __name__ == "__main__":

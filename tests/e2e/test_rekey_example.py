@@ -40,11 +40,12 @@ def test_kill_9_at_a_random_moment_then_restart_counts_each_view_once(
     sp("stream", "create", str(JOB), "pageviews-by-page", "--partitions", "4", *set_args)
     gen = tmp_path / "gen.yaml"
     gen.write_text(json.dumps(dict(config.items())))
-    n = 30_000
+    n = 40_000
     write(str(gen), n, 13, 300, "pageviews-by-page", key_field="page")
     expected = Counter(str(e["user"]) for e in events(n, 13, 300))
 
-    kill_at = rng.randrange(3_000, n)  # of 2n: stage 1 and stage 2 each read n
+    # of 2n (stage 1 and stage 2 each read n), short of the end by more than a batch reads
+    kill_at = rng.randrange(3_000, 2 * n - 15_000)
     log = tmp_path / "run1.log"
     driver = popen("run", str(JOB), "--until-caught-up", *set_args, log=log)
     manager = CheckpointManager(config)

@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
+from rekey_pipeline import count_views
 from rekey_pipeline import job as rekey_pipeline
 
-from sparkpoint.config import Config
+from sparkpoint import Batch, Output, Pipeline
+from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError
-from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+from sparkpoint.failpoints import InjectedCrash
+from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner, ParquetSink
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.tools.jobs import job_overview
 from tests.helpers import committed_counts, emitted_counts, run_until_caught_up
 from tests.storage.test_intermediate import per_user, re_keyed, rekey_job, views
 
@@ -37,6 +41,8 @@ def test_views_are_counted_per_user_and_other_output_is_not_staged(
     try:
         coordinator.run_batch(end, commit=False)
         assert not re_keyed(config)  # staged: the batch's checkpoints are not written yet
+        stage_2 = job_overview(config)["stages"][1]
+        assert stage_2["staged"] == 300 * 4 > 0  # the batch read 300 a partition
         coordinator.run_batch(end, commit=True, wait=True)
         assert re_keyed(config)  # published with them
         coordinator.run_batch(_ends(coordinator), commit=False)  # stage 2 reads them
@@ -67,7 +73,9 @@ def test_a_crash_at_a_failpoint_counts_each_view_once(
 ) -> None:
     caplog.set_level("INFO", logger="sparkpoint")
     flag = tmp_path / "crash.flag"
-    flag.write_text("5")  # in batch 2: some tasks' checkpoints cover it, some do not
+    # the driver's 5th checkpoint write is in batch 2 (some tasks' checkpoints cover it, some do
+    # not); a worker's 5th output flush is in batch 1 or 2 (8 writers a batch: 2 outputs by 4)
+    flag.write_text("5")
     crash = {"testing.crash.at": point, "testing.crash.flag": str(flag)}
     if point == "after-output-flush":
         crash["testing.crash.mode"] = "exit"
@@ -75,7 +83,7 @@ def test_a_crash_at_a_failpoint_counts_each_view_once(
     written = views(config, tmp_path, 2400, seed=102)
     with pytest.raises(Exception) as crashed:
         _run(spark, config)
-    if point in PUBLISH_POINTS or point == "after-checkpoint-write":
+    if point == "after-checkpoint-write":  # in the driver
         assert crashed.type is InjectedCrash
     assert not flag.exists(), "the crash point was never reached"
     caplog.clear()
@@ -98,3 +106,47 @@ def test_batch_input_names_an_input(tmp_path: Path, spark: Any) -> None:
     pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
     with pytest.raises(ConfigError, match=r"batch.input\('no-such-stream'\): not an input"):
         run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+
+
+def _with_sink(out: Path) -> Pipeline:
+    """The re-key pipeline, also writing the views it re-keys to Parquet."""
+    sink = ParquetSink(out)
+
+    def build(batch: Batch) -> list[Output]:
+        by_page = batch.input("pageviews-by-page").select("value.user", "value.page", "value.ts")
+        views = batch.input("pageviews-by-user").select("task", F.col("value.user").alias("user"))
+        counts = batch.stateful(
+            views, count_views, "user STRING, count LONG", stores=["user-counts"]
+        )
+        return [
+            batch.to_stream(by_page, "filelog.pageviews-by-user", key="user"),
+            batch.to_sink(by_page, sink),
+            batch.to_stream(counts, "filelog.user-counts", key="user"),
+        ]
+
+    return Pipeline(build, config={}, value_schema="user STRING, page STRING, ts LONG")
+
+
+def test_a_switch_to_at_least_once_after_a_crash_loses_no_sink_row_nor_counts_twice(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Exactly-once crashes with batch 2 covered by some tasks' checkpoints only; the restart
+    at-least-once publishes the recorded sink output (the replay's sink write of that batch
+    would miss the covered tasks' rows) but keeps the recorded re-keyed rows for the replay."""
+    flag = tmp_path / "crash.flag"
+    flag.write_text("5")
+    crash = {"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
+    config = rekey_job(
+        tmp_path,
+        **{"task.batch.max.messages": "300", "job.processing.guarantee": "exactly-once", **crash},
+    )
+    written = views(config, tmp_path, 2400, seed=104)
+    pipeline = _with_sink(tmp_path / "sink")
+    with pytest.raises(InjectedCrash):
+        run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+    assert not flag.exists()
+    alo = load_config(None, {**dict(config.items()), "job.processing.guarantee": "at-least-once"})
+    run_until_caught_up(JobCoordinator(alo, DataFrameRunner(spark, pipeline, alo)))
+    assert committed_counts(alo) == per_user(written)
+    assert re_keyed(alo) == written
+    assert spark.read.parquet(str(tmp_path / "sink")).count() == 2400

@@ -250,14 +250,15 @@ def discard_staged(
 def waiting_parts(
     config: Config, systems: Systems, ssps: Collection[SystemStreamPartition]
 ) -> list[StagedPart]:
-    """The job's tasks' staged parts of ``ssps`` that wait to be published."""
-    prefix = owner_of(config, TaskName(""))
+    """The staged parts of ``ssps`` of the job's tasks and batches, waiting to be published
+    (or, a dead attempt's, never to be)."""
+    prefix, batches = owner_of(config, TaskName("")), batch_owner(config)
     wanted = set(ssps)
     return [
         part
         for stream in sorted({s.system_stream for s in wanted})
         for part in staging_of(systems, stream.system).staged(stream.stream)
-        if part.owner.startswith(prefix)
+        if (part.owner.startswith(prefix) or part.owner == batches)
         and SystemStreamPartition(stream.system, stream.stream, part.partition) in wanted
     ]
 

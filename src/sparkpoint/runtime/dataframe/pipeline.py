@@ -291,7 +291,8 @@ class Batch:
         """The batch's rows of one input stream (``stream`` or ``system.stream``): with an
         intermediate stream, what earlier batches re-keyed into it (``to_stream``), each row
         in the task of its partition, so :meth:`stateful` keeps state by the new key."""
-        inputs = self.config.inputs
+        side = self.config.side_inputs  # they fill tables: never rows of the batch
+        inputs = [s for s in self.config.inputs if s not in side]
         match = [s for s in inputs if stream in (str(s), s.stream)]
         if len(match) != 1:
             raise ConfigError(

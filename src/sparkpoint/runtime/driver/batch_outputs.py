@@ -107,6 +107,16 @@ def publish(
     )
 
 
+def split(config: Config, outputs: BatchOutputs) -> tuple[BatchOutputs, BatchOutputs]:
+    """(the parts bound for intermediate streams, everything else) of a batch's output."""
+    intermediate = set(config.intermediate_streams)
+    inner, rest = BatchOutputs(), BatchOutputs(sinks=list(outputs.sinks))
+    for ssp, parts in outputs.streams.items():
+        into = inner if SystemStreamPartition.parse(ssp).system_stream in intermediate else rest
+        into.streams[ssp] = list(parts)
+    return inner, rest
+
+
 def discard(
     config: Config, systems: Systems, batch_log: BatchLog, batch: int, outputs: BatchOutputs
 ) -> None:

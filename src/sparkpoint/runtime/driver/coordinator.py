@@ -440,13 +440,15 @@ class JobCoordinator:
                 replay[-1][0],
                 self.batch_log.last_id + 1,
             )
-            # not replayed, so their output is never made again
-            self._publish_uncovered(replay, "startpoints apply")
+            # not replayed, so their output is never made again; but their re-keyed rows are:
+            # the tasks without a startpoint read that input again from their checkpoints
+            self._publish_uncovered(replay, "startpoints apply", intermediate="discard")
             replay = []
-        elif replay and not stages_output(self.config):
+        elif replay and not exactly_once(self.config):
             # replayed at-least-once: the replay sends its own output as it goes, which misses
-            # the rows of tasks whose checkpoints cover the batch already
-            self._publish_uncovered(replay, "the job now runs at-least-once")
+            # the rows of tasks whose checkpoints cover the batch already; its re-keyed rows
+            # (staged whatever the guarantee) are kept for the replay, which discards its own
+            self._publish_uncovered(replay, "the job now runs at-least-once", intermediate="keep")
         self._replay = replay
         self._prune_batch_log(sweep=True)  # what a crash left staged, whatever is published
         self._batch = self.batch_log.last_id
@@ -458,23 +460,33 @@ class JobCoordinator:
             )
 
     def _publish_uncovered(
-        self, batches: list[tuple[int, dict[SystemStreamPartition, str]]], why: str
+        self,
+        batches: list[tuple[int, dict[SystemStreamPartition, str]]],
+        why: str,
+        *,
+        intermediate: str,
     ) -> None:
         """Publish the recorded output of batches not every checkpoint covers, at the start:
         the tasks whose checkpoints cover them will not read that input again, so their share
-        of it would be lost (at-least-once: what other tasks read again may go out twice)."""
+        of it would be lost (at-least-once: what other tasks read again may go out twice).
+        What is bound for intermediate streams is never published so (the next stage would
+        count twice what is read again): ``keep`` leaves it in the entry, ``discard`` drops
+        it (the start's sweep deletes it)."""
         assert self.batch_log is not None
         for batch, _ in batches:
             outputs = self.batch_log.outputs.get(batch)
-            if outputs:
+            if not outputs:
+                continue
+            inner, rest = batch_outputs.split(self.config, outputs)
+            if rest:
                 log.warning(
                     "%s: batch %d's staged output is published though not every task's "
                     "checkpoint covers it (what the tasks read again may go out twice)",
                     why,
                     batch,
                 )
-                batch_outputs.publish(self.config, self.systems, self.batch_log, batch, outputs)
-                self.batch_log.set_outputs(batch, None)
+                batch_outputs.publish(self.config, self.systems, self.batch_log, batch, rest)
+            self.batch_log.set_outputs(batch, inner if inner and intermediate == "keep" else None)
 
     def _record_outputs(
         self, results: list[TaskBatchResult], *, clean_up_only: bool
@@ -503,8 +515,7 @@ class JobCoordinator:
             log.warning("%s; every task starts again from its last checkpoint", exc)
             self._rewind()
             return []
-        if staged:
-            self._rewinds = 0
+        self._rewinds = 0  # a batch that kept its output
         return results
 
     def _rewind(self) -> None:
