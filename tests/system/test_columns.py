@@ -19,6 +19,17 @@ def test_binary_array_gathers_slices_with_nulls_and_empties() -> None:
     assert got.type == pa.binary() and got.null_count == 1
 
 
+def test_binary_array_gathers_slices_out_of_order_or_overlapping_too() -> None:
+    data = np.frombuffer(b"abcdefgh", np.uint8)
+    for starts, lengths, want in (
+        ([4, 0], [2, 3], [b"ef", b"abc"]),  # out of order
+        ([0, 2], [4, 3], [b"abcd", b"cde"]),  # overlapping
+        ([0, 3, 5], [3, 2, 3], [b"abc", b"de", b"fgh"]),  # back to back, to the end
+    ):
+        got = binary_array(data, np.array(starts), np.array(lengths))
+        assert got.to_pylist() == want
+
+
 def test_newline_joined_follows_each_value_with_a_newline_also_in_a_slice() -> None:
     values = pa.array([b"{}", b'{"a":1}', b"", b'{"b":"x"}', b"last"])
     assert newline_joined(values) == b'{}\n{"a":1}\n\n{"b":"x"}\nlast\n'

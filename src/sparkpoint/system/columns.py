@@ -67,7 +67,9 @@ def binary_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> p
     bounds = np.zeros(n + 1, np.int64)
     np.cumsum(sizes, out=bounds[1:])
     total = int(bounds[-1])
-    picked = data[np.repeat(starts - bounds[:-1], sizes) + np.arange(total)]
+    picked = _in_order(data, starts[sizes > 0], sizes[sizes > 0])
+    if picked is None:  # slices out of order or overlapping: an index per byte
+        picked = data[np.repeat(starts - bounds[:-1], sizes) + np.arange(total)]
     bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
     if total >= 2**31:
         return pa.Array.from_buffers(
@@ -75,6 +77,27 @@ def binary_array(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> p
         ).cast(pa.binary())  # raises: one chunk of more than 2 GiB
     offsets = pa.py_buffer(bounds.astype(np.int32))
     return pa.Array.from_buffers(pa.binary(), n, [bitmap, offsets, pa.py_buffer(picked)])
+
+
+def _in_order(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+    """The bytes of non-empty slices that follow one another in ``data`` without overlapping
+    (a log's keys, or its values), picked with a byte mask made of runs (gap, slice, gap, ...):
+    one byte of scratch per byte of ``data``, against eight for an index per byte, and about
+    10x faster; ``None`` when they do not follow one another."""
+    n = len(starts)
+    if not n:
+        return np.empty(0, np.uint8)
+    ends = starts + sizes
+    if starts[0] < 0 or ends[-1] > len(data) or not bool((starts[1:] >= ends[:-1]).all()):
+        return None
+    runs = np.empty(2 * n + 1, np.int64)
+    runs[0] = starts[0]
+    runs[1:-1:2] = sizes
+    runs[2:-1:2] = starts[1:] - ends[:-1]
+    runs[-1] = len(data) - ends[-1]
+    picked = np.zeros(2 * n + 1, np.bool_)
+    picked[1::2] = True
+    return data[np.repeat(picked, runs)]
 
 
 def newline_joined(values: pa.Array) -> bytes:
