@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from generate import events, write
 
@@ -129,3 +129,29 @@ def input_progress(checkpoints: Mapping[Any, Any], config: Config) -> int:
         for ssp, o in c.input_offsets.items()
         if ssp.system_stream in config.inputs
     )
+
+
+T = TypeVar("T")
+
+
+def crash_runs(
+    run_job: Callable[[], object], write: Callable[[int], Counter[T]], flag: Path
+) -> Counter[T]:
+    """Input in rounds (``write(round)``: what it wrote), the job run to the end after each,
+    crashing once at its failpoint on the way (after ``flag``'s count of passes), then run to
+    the end again; everything written."""
+    import pytest
+
+    from sparkpoint.errors import SparkpointError
+    from sparkpoint.failpoints import InjectedCrash
+
+    expected = write(0)
+    run_job()
+    flag.write_text("1")
+    with pytest.raises((InjectedCrash, SparkpointError)):
+        for i in range(1, 5):
+            expected += write(i)
+            run_job()
+    assert not flag.exists(), "the crash point was never reached"
+    run_job()
+    return expected

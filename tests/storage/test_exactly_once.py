@@ -30,6 +30,7 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.tools.jobs import job_overview, overview_lines
 from sparkpoint.tools.streams import read_staged_json_lines
 from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
+from tests.helpers import crash_runs as shared_crash_runs
 from tests.storage.test_state_backends import make, run
 
 OUT = SystemStream("filelog", "user-counts")
@@ -123,18 +124,13 @@ def test_a_run_ends_with_its_output_published(tmp_path: Path) -> None:
 
 
 def crash_runs(config: Config, tmp_path: Path, flag: Path) -> Counter[str]:
-    """Views in three rounds, the job crashing at its failpoint once on the way (after
-    ``flag``'s count of passes), then run to the end; the views' counts per user."""
-    expected = generate(config, tmp_path / "a.yaml", 800, seed=64, users=16)
-    run(config, until_caught_up=True)
-    flag.write_text("1")
-    with pytest.raises((InjectedCrash, SparkpointError)):
-        for i in range(4):
-            expected += generate(config, tmp_path / f"b{i}.yaml", 300, seed=65 + i, users=16)
-            run(config, until_caught_up=True)
-    assert not flag.exists(), "the crash point was never reached"
-    run(config, until_caught_up=True)
-    return expected
+    """Views in rounds, the job crashing at its failpoint once on the way; the views' counts
+    per user."""
+    return shared_crash_runs(
+        lambda: run(config, until_caught_up=True),
+        lambda i: generate(config, tmp_path / f"r{i}.yaml", 300 if i else 800, 64 + i, 16),
+        flag,
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 from generate import events, write
 
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import ConfigError, SparkpointError
-from sparkpoint.failpoints import POINTS, PUBLISH_POINTS, InjectedCrash
+from sparkpoint.errors import ConfigError
+from sparkpoint.failpoints import POINTS, PUBLISH_POINTS
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
@@ -29,6 +29,7 @@ from sparkpoint.tools.reset import reset_job
 from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import REKEY_DIR, pageviews_config
 from tests.helpers import committed_counts
+from tests.helpers import crash_runs as shared_crash_runs
 from tests.storage.test_state_backends import run
 
 BY_USER = SystemStream("filelog", "pageviews-by-user")
@@ -109,17 +110,12 @@ def test_job_show_names_each_stage_and_what_waits_for_it(tmp_path: Path) -> None
 
 
 def crash_runs(config: Config, tmp_path: Path, flag: Path) -> Counter[View]:
-    """Views in rounds, the job crashing once at its failpoint on the way, then run to the end."""
-    expected = views(config, tmp_path, 600, seed=82)
-    run(config, until_caught_up=True)
-    flag.write_text("1")
-    with pytest.raises((InjectedCrash, SparkpointError)):
-        for i in range(4):
-            expected += views(config, tmp_path, 300, seed=83 + i)
-            run(config, until_caught_up=True)
-    assert not flag.exists(), "the crash point was never reached"
-    run(config, until_caught_up=True)
-    return expected
+    """Views in rounds, the job crashing once at its failpoint on the way: every view."""
+    return shared_crash_runs(
+        lambda: run(config, until_caught_up=True),
+        lambda i: views(config, tmp_path, 300 if i else 600, seed=82 + i),
+        flag,
+    )
 
 
 @pytest.mark.parametrize(
