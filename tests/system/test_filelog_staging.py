@@ -176,6 +176,10 @@ def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
     with pytest.raises(CorruptRecordError, match=r"staged output .*p1.log is damaged"):
         staging_of(admin).publish("out", 0, "t0", 1, ["p1"])
     assert values(admin) == []
+    assert not (root(admin) / "out" / "0" / "PUBLISHING").exists()  # checked before the intent
+    stage(admin, "t1", "p2", "c")
+    staging_of(admin).publish("out", 0, "t1", 1, ["p2"])  # the partition goes on
+    assert values(admin) == ["c"]
 
 
 def test_a_sweep_deletes_one_owner_or_every_owner_under_a_job_but_what_it_keeps(
@@ -190,3 +194,32 @@ def test_a_sweep_deletes_one_owner_or_every_owner_under_a_job_but_what_it_keeps(
     assert sorted(p.part for p in staging.staged("out")) == ["a", "c", "d"]
     assert staging.sweep("out", "job-1.") == 1  # every task of job-1: a
     assert sorted(p.part for p in staging.staged("out")) == ["c", "d"]
+
+
+def test_renumbering_staged_bytes_makes_what_encoding_the_records_makes() -> None:
+    """A publish renumbers the staged parts' bytes (columnar.renumber) instead of decoding and
+    encoding their records: the log and index bytes are the same, byte for byte."""
+    import random
+
+    from sparkpoint.system.filelog import columnar
+    from sparkpoint.system.filelog import format as fmt
+
+    rng = random.Random(5)
+
+    def record(i: int) -> Record:
+        key = None if i % 7 == 3 else rng.randbytes(rng.randrange(0, 20))
+        value = None if i % 11 == 5 else rng.randbytes(rng.randrange(0, 300))
+        return Record("", key, value, rng.randrange(-5, 10**13))
+
+    groups = [[record(i) for i in range(n)] for n in (1, 250, 37)]
+    parts = [fmt.encode_many(0, g)[0] for g in groups]
+    flat = [r for g in groups for r in g]
+    for first, base, max_ts in ((0, 0, fmt.MIN_TIMESTAMP), (1_234_567, 98_765, 10**12)):
+        want = fmt.encode_many(first, flat, base, max_ts)
+        assert columnar.renumber(columnar.check_staged(parts), first, base, max_ts) == want
+    damaged = bytearray(parts[1])
+    damaged[len(damaged) // 2] ^= 0x20
+    with pytest.raises(fmt.FormatError, match="checksum"):
+        columnar.check_staged([parts[0], bytes(damaged)])
+    with pytest.raises(fmt.FormatError):
+        columnar.check_staged([parts[0][:-3]])  # torn

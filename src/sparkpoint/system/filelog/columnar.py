@@ -1,4 +1,5 @@
-"""The embedded log's records decoded straight into Arrow columns (a DataFrame batch's read).
+"""The embedded log's records decoded straight into Arrow columns (a DataFrame batch's read),
+and staged records renumbered in their bytes (an exactly-once publish).
 
 Kept apart from :mod:`sparkpoint.system.filelog.format`, which the task API's workers import
 before they fork: numpy and pyarrow start threads when imported, so they are imported only
@@ -8,6 +9,7 @@ where columns are read.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -15,9 +17,11 @@ import pyarrow as pa
 from sparkpoint.system.columns import RecordColumns, binary_array
 from sparkpoint.system.filelog.format import (
     BODY,
+    HEADER,
     HEADER_SIZE,
     INDEX_SIZE,
     MAGIC,
+    count_records,
     decode_span,
 )
 
@@ -44,34 +48,26 @@ def index_entries(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, INDEX_ENTRY, len(raw) // INDEX_SIZE)
 
 
-def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> RecordColumns:
-    """:func:`~sparkpoint.system.filelog.format.decode_span` into Arrow columns, in a few numpy
-    passes instead of a Python step per record. ``buf`` holds the records at ``positions``
-    of the log (``buf`` starts at ``positions[0]``), which must have ``offsets``. Every check
-    of ``decode_span`` is made (framing, offsets, lengths, each record's CRC); on a failure
-    ``decode_span`` runs instead: it raises its precise :class:`FormatError`, or returns the
-    records when only the index's positions were off (it reads the records one after the
-    other)."""
+def _checked(
+    buf: bytes, offsets: np.ndarray, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The fixed fields of the records at ``positions`` of ``buf`` (which starts at
+    ``positions[0]``), with each record's start, body start and end in ``buf``, once every
+    check of ``decode_span`` passed (framing, offsets, lengths, each record's CRC); ``None``
+    if one failed."""
     n = len(offsets)
-    if n == 0:
-        return RecordColumns.from_records([])
     data = np.frombuffer(buf, np.uint8)
     starts = positions.astype(np.int64) - int(positions[0])
-    inside = bool((starts + FIXED.itemsize <= len(data)).all())
-    fixed = (
-        data[starts[:, None] + np.arange(FIXED.itemsize)].view(FIXED).reshape(n)
-        if inside
-        else np.zeros(n, FIXED)
-    )
+    if not bool((starts + FIXED.itemsize <= len(data)).all()):
+        return None
+    fixed = data[starts[:, None] + np.arange(FIXED.itemsize)].view(FIXED).reshape(n)
     body = starts + HEADER_SIZE
     end = body + fixed["length"].astype(np.int64)
     klen = fixed["klen"].astype(np.int64)
     vlen = fixed["vlen"].astype(np.int64)
-    kpos = body + BODY.size
-    vpos = kpos + np.maximum(klen, 0)
+    vpos = body + BODY.size + np.maximum(klen, 0)
     sound = (
-        inside
-        and bool((fixed["magic"] == MAGIC).all())
+        bool((fixed["magic"] == MAGIC).all())
         and bool((fixed["length"] >= BODY.size).all())
         and bool((fixed["offset"] == offsets).all())
         and bool((end[:-1] == starts[1:]).all())
@@ -81,15 +77,122 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
     if sound:  # the CRCs: C calls only (a copied slice of bytes checks faster than a view)
         crcs = map(zlib.crc32, map(buf.__getitem__, map(slice, body.tolist(), end.tolist())))
         sound = bool((np.fromiter(crcs, np.uint32, n) == fixed["crc"]).all())
-    if not sound:  # the record decoder names the bad record, or (the index's positions
-        # were off, the records sound) reads them
+    return (fixed, starts, body, end) if sound else None
+
+
+def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> RecordColumns:
+    """:func:`~sparkpoint.system.filelog.format.decode_span` into Arrow columns, in a few numpy
+    passes instead of a Python step per record. ``buf`` holds the records at ``positions``
+    of the log (``buf`` starts at ``positions[0]``), which must have ``offsets``. Every check
+    of ``decode_span`` is made (:func:`_checked`); on a failure ``decode_span`` runs instead:
+    it raises its precise :class:`FormatError`, or returns the records when only the index's
+    positions were off (it reads the records one after the other)."""
+    if len(offsets) == 0:
+        return RecordColumns.from_records([])
+    checked = _checked(buf, offsets, positions)
+    if checked is None:
         return RecordColumns.from_records(decode_span(buf, offsets.tolist()))
+    fixed, _starts, body, _end = checked
+    data = np.frombuffer(buf, np.uint8)
+    klen = fixed["klen"].astype(np.int64)
+    kpos = body + BODY.size
     return RecordColumns(
         pa.array(fixed["offset"].astype(np.int64)).cast(pa.string()),
         binary_array(data, kpos, klen),
-        binary_array(data, vpos, vlen),
+        binary_array(data, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64)),
         pa.array(fixed["timestamp"].astype(np.int64)),
     )
 
 
-__all__ = ["FIXED", "INDEX_ENTRY", "RecordColumns", "decode_columns", "index_entries"]
+@dataclass(frozen=True)
+class StagedRecords:
+    """Staged parts' records, checked (:func:`check_staged`), ready to be renumbered."""
+
+    buf: bytes
+    fixed: np.ndarray
+    starts: np.ndarray
+    body: np.ndarray
+    end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def check_staged(parts: list[bytes]) -> StagedRecords:
+    """Staged parts (each a log of records numbered from 0) checked as ``decode_span`` checks
+    them, without a Python object per record; a bad record raises its :class:`FormatError`."""
+    buf = b"".join(parts)
+    counts = [count_records(p) for p in parts]
+    n = sum(counts)
+    if n == 0:
+        empty = np.empty(0, np.int64)
+        return StagedRecords(b"", np.empty(0, FIXED), empty, empty, empty)
+    positions = np.empty(n, np.int64)
+    i = pos = 0
+    for part in parts:  # each record's start, by the lengths in the headers (one C call each)
+        for start in _starts(part):
+            positions[i] = pos + start
+            i += 1
+        pos += len(part)
+    offsets = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+    checked = _checked(buf, offsets, positions) if i == n else None
+    if checked is None:  # the record decoder names the bad record
+        for part, count in zip(parts, counts, strict=True):
+            decode_span(part, list(range(count)))
+        raise AssertionError("records that failed the columnar check passed decode_span")
+    return StagedRecords(buf, *checked)
+
+
+def renumber(
+    staged: StagedRecords, first_offset: int, base: int, max_ts: int
+) -> tuple[bytes, bytes, int]:
+    """The checked staged records numbered from ``first_offset`` on, to be written at byte
+    ``base`` of a log after records whose largest timestamp is ``max_ts``: (log bytes, index
+    bytes, records), the bytes :func:`~sparkpoint.system.filelog.format.encode_many` makes of
+    their decoded records, without a Python object per record: the offsets are written over
+    and the CRCs made again in numpy and C calls."""
+    n = len(staged)
+    if n == 0:
+        return b"", b"", 0
+    body, end, starts = staged.body, staged.end, staged.starts
+    out = bytearray(staged.buf)
+    data = np.frombuffer(out, np.uint8)
+    renumbered = np.arange(first_offset, first_offset + n, dtype=">i8")
+    data[body[:, None] + np.arange(8)] = renumbered.view(np.uint8).reshape(n, 8)
+    view = memoryview(out)
+    crcs = np.fromiter(
+        map(zlib.crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist()))),
+        np.uint32,
+        n,
+    )
+    view.release()
+    data[(starts + 1)[:, None] + np.arange(4)] = crcs.astype(">u4").view(np.uint8).reshape(n, 4)
+    index = np.empty(n, INDEX_ENTRY)
+    index["offset"] = renumbered
+    index["position"] = starts + base
+    index["max_timestamp"] = np.maximum.accumulate(
+        np.maximum(staged.fixed["timestamp"].astype(np.int64), max_ts)
+    )
+    return bytes(out), index.tobytes(), n
+
+
+def _starts(part: bytes) -> list[int]:
+    """Where each whole record of ``part`` starts, by its header's length."""
+    out = []
+    pos, size, unpack = 0, len(part), HEADER.unpack_from
+    while pos + HEADER_SIZE <= size:
+        out.append(pos)
+        pos += HEADER_SIZE + unpack(part, pos)[2]
+    return out
+
+
+__all__ = [
+    "FIXED",
+    "INDEX_ENTRY",
+    "RecordColumns",
+    "StagedRecords",
+    "check_staged",
+    "decode_columns",
+    "index_entries",
+    "renumber",
+]

@@ -38,7 +38,7 @@ import logging
 import mmap
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -49,6 +49,7 @@ from sparkpoint.system.filelog import format as fmt
 
 if TYPE_CHECKING:
     from sparkpoint.system.columns import RecordColumns
+    from sparkpoint.system.filelog.columnar import StagedRecords
 
 log = logging.getLogger(__name__)
 
@@ -534,10 +535,24 @@ class PartitionLog:
 
     def append_locked(self, records: Sequence[Record]) -> tuple[int, int]:
         """:meth:`append` for a caller that holds the lock (:meth:`locked`)."""
+        return self._append_locked(lambda first, at, ts: fmt.encode_many(first, records, at, ts))
+
+    def append_staged_locked(self, staged: StagedRecords) -> tuple[int, int]:
+        """:meth:`append_locked` of checked staged records, as they are: renumbered in their
+        bytes (:func:`columnar.renumber`), not decoded."""
+        from sparkpoint.system.filelog import columnar  # numpy: only where it runs
+
+        return self._append_locked(lambda first, at, ts: columnar.renumber(staged, first, at, ts))
+
+    def _append_locked(
+        self, encode: Callable[[int, int, int], tuple[bytes, bytes, int]]
+    ) -> tuple[int, int]:
+        """Append what ``encode(first offset, byte position, largest timestamp so far)``
+        makes: (log bytes, index bytes, records); the first and last offsets appended."""
         log_path, index_path = self._files()
         next_offset, max_ts = self._recover(log_path, index_path)
         with open(log_path, "ab") as log_file:
-            data, index_bytes, n = fmt.encode_many(next_offset, records, log_file.tell(), max_ts)
+            data, index_bytes, n = encode(next_offset, log_file.tell(), max_ts)
             log_file.write(data)
             log_file.flush()
             os.fsync(log_file.fileno())

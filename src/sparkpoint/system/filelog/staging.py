@@ -97,17 +97,23 @@ def publishers(plog: PartitionLog) -> list[str]:
     return sorted(_published(plog))
 
 
-def read_part(plog: PartitionLog, owner: str, part: str) -> list[Record]:
-    """The records of a staged part (offsets from 0), or :class:`CorruptRecordError`."""
+def _part_bytes(plog: PartitionLog, owner: str, part: str) -> bytes:
+    """A staged part's file, or :class:`CorruptRecordError`."""
     path = _part_path(plog, owner, part)
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise CorruptRecordError(
             f"{plog.label}: staged output {owner}/{part} is missing, though a written "
             f"checkpoint names it: its records cannot be published (was {path.parent} "
             f"deleted by hand?)"
         ) from None
+
+
+def read_part(plog: PartitionLog, owner: str, part: str) -> list[Record]:
+    """The records of a staged part (offsets from 0), or :class:`CorruptRecordError`."""
+    data = _part_bytes(plog, owner, part)
+    path = _part_path(plog, owner, part)
     try:
         return fmt.decode_span(data, list(range(fmt.count_records(data))))
     except fmt.FormatError as exc:
@@ -148,16 +154,24 @@ def _publish_locked(
             )
         _delete_parts(plog, owner, parts)
         return 0
-    records = [r for part in parts for r in read_part(plog, owner, part)]
+    from sparkpoint.system.filelog import columnar  # numpy: only where it runs
+
+    datas = [_part_bytes(plog, owner, part) for part in parts]
+    try:  # every record checked before anything is written: a damaged part publishes nothing
+        staged = columnar.check_staged(datas)
+    except fmt.FormatError:
+        for part in parts:
+            read_part(plog, owner, part)  # raises the error naming the damaged part
+        raise
     first = plog.next_offset_locked()
     intent = {"owner": owner, "key": key, "parts": parts, "first": first}
     atomic_write(plog.path / PUBLISHING, json.dumps(intent).encode())
     maybe_crash(failpoints, "publish-after-intent")
-    if records:
-        plog.append_locked(records)
+    if len(staged):  # renumbered in their bytes, not decoded and encoded again
+        plog.append_staged_locked(staged)
     maybe_crash(failpoints, "publish-after-append")
     _published_now(plog, done, owner, key, parts)
-    return len(records)
+    return len(staged)
 
 
 def _published_now(
