@@ -122,25 +122,23 @@ def check_staged(parts: list[bytes]) -> StagedRecords:
     """Staged parts (each a log of records numbered from 0) checked as ``decode_span`` checks
     them, without a Python object per record; a bad record raises its :class:`FormatError`."""
     buf = b"".join(parts)
-    counts = [count_records(p) for p in parts]
-    n = sum(counts)
-    if n == 0:
-        empty = np.empty(0, np.int64)
-        return StagedRecords(b"", np.empty(0, FIXED), empty, empty, empty)
-    positions = np.empty(n, np.int64)
-    i = pos = 0
-    for part in parts:  # each record's start, by the lengths in the headers (one C call each)
-        for start in _starts(part):
-            positions[i] = pos + start
-            i += 1
-        pos += len(part)
-    offsets = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
-    checked = _checked(buf, offsets, positions) if i == n else None
-    if checked is None:  # the record decoder names the bad record
-        for part, count in zip(parts, counts, strict=True):
-            decode_span(part, list(range(count)))
-        raise AssertionError("records that failed the columnar check passed decode_span")
-    return StagedRecords(buf, *checked)
+    starts = [_starts(p) for p in parts]  # by the lengths in the headers (one C call a record)
+    if all(s is not None for s in starts):
+        n = sum(len(s or ()) for s in starts)
+        if n == 0:
+            empty = np.empty(0, np.int64)
+            return StagedRecords(b"", np.empty(0, FIXED), empty, empty, empty)
+        bases = np.cumsum([0] + [len(p) for p in parts[:-1]])
+        positions = np.concatenate(
+            [np.asarray(s, np.int64) + b for s, b in zip(starts, bases, strict=True)]
+        )
+        offsets = np.concatenate([np.arange(len(s or ()), dtype=np.int64) for s in starts])
+        checked = _checked(buf, offsets, positions)
+        if checked is not None:
+            return StagedRecords(buf, *checked)
+    for part in parts:  # the record decoder names the bad record
+        decode_span(part, list(range(count_records(part))))
+    raise AssertionError("records that failed the columnar check passed decode_span")
 
 
 def renumber(
@@ -176,14 +174,15 @@ def renumber(
     return bytes(out), index.tobytes(), n
 
 
-def _starts(part: bytes) -> list[int]:
-    """Where each whole record of ``part`` starts, by its header's length."""
+def _starts(part: bytes) -> list[int] | None:
+    """Where each record of ``part`` starts, by its header's length; ``None`` when the last
+    one is torn."""
     out = []
     pos, size, unpack = 0, len(part), HEADER.unpack_from
     while pos + HEADER_SIZE <= size:
         out.append(pos)
         pos += HEADER_SIZE + unpack(part, pos)[2]
-    return out
+    return out if pos == size else None
 
 
 __all__ = [
