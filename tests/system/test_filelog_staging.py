@@ -217,6 +217,14 @@ def test_renumbering_staged_bytes_makes_what_encoding_the_records_makes() -> Non
     for first, base, max_ts in ((0, 0, fmt.MIN_TIMESTAMP), (1_234_567, 98_765, 10**12)):
         want = fmt.encode_many(first, flat, base, max_ts)
         assert columnar.renumber(columnar.check_staged(parts), first, base, max_ts) == want
+    import struct
+    import zlib
+
+    odd_null = struct.pack(">qqii", 0, 1, -5, -7)  # any negative length reads as a null
+    odd = fmt.HEADER.pack(fmt.MAGIC, zlib.crc32(odd_null), len(odd_null)) + odd_null
+    decoded = fmt.decode_span(odd, [0])
+    want = fmt.encode_many(10, decoded, 0, fmt.MIN_TIMESTAMP)
+    assert columnar.renumber(columnar.check_staged([odd]), 10, 0, fmt.MIN_TIMESTAMP) == want
     damaged = bytearray(parts[1])
     damaged[len(damaged) // 2] ^= 0x20
     with pytest.raises(fmt.FormatError, match="checksum"):

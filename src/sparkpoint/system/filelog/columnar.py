@@ -157,6 +157,9 @@ def renumber(
     data = np.frombuffer(out, np.uint8)
     renumbered = np.arange(first_offset, first_offset + n, dtype=">i8")
     data[body[:, None] + np.arange(8)] = renumbered.view(np.uint8).reshape(n, 8)
+    for field, at in (("klen", 16), ("vlen", 20)):  # a null is -1, as encode_many writes it
+        null = staged.fixed[field] < 0
+        data[(body[null] + at)[:, None] + np.arange(4)] = 0xFF
     view = memoryview(out)
     crcs = np.fromiter(
         map(zlib.crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist()))),
