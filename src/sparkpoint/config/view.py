@@ -169,13 +169,20 @@ class Config(Mapping[str, str]):
         return main + [s for s in self.side_inputs if s not in main]
 
     @property
+    def intermediate_names(self) -> set[str]:
+        """The stream names flagged ``streams.<s>.samza.intermediate``, inputs or not."""
+        head, tail = "streams.", ".samza.intermediate"
+        return {
+            key[len(head) : -len(tail)]
+            for key in self._values
+            if key.startswith(head) and key.endswith(tail) and self.get_bool(key)
+        }
+
+    @property
     def intermediate_streams(self) -> list[SystemStream]:
         """The inputs the job also writes (``streams.<s>.samza.intermediate``), in input order."""
-        return [
-            s
-            for s in self.inputs
-            if (self.get_str(f"streams.{s.stream}.samza.intermediate") or "").lower() == "true"
-        ]
+        names = self.intermediate_names
+        return [s for s in self.inputs if s.stream in names]
 
     @property
     def side_inputs(self) -> dict[SystemStream, str]:

@@ -764,8 +764,8 @@ class DataFrameRunner:
         self, output: StreamOutput, batch: int, finisher: Finisher | None
     ) -> StreamWriterUdf:
         config = self.config.to_dict()
-        staged = self._owner is not None and staged_stream(self.config, output.stream)
-        staging = (self._owner, batch) if staged and self._owner is not None else None
+        owner = self._owner if staged_stream(self.config, output.stream) else None
+        staging = None if owner is None else (owner, batch)
         return StreamWriterUdf(config, output.stream, output.key, output.value, finisher, staging)
 
     def _collect(self, job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:

@@ -145,20 +145,14 @@ def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
 def prepare_intermediate_streams(config: Config, systems: Systems) -> None:
     """Create the job's intermediate streams (``streams.<s>.samza.intermediate``) with their
     configured partition counts, after checking each is read by the job and can be staged."""
-    suffix = ".samza.intermediate"
-    marked = {
-        key[len("streams.") : -len(suffix)]
-        for key, value in config.items()
-        if key.startswith("streams.") and key.endswith(suffix) and value.lower() == "true"
-    }
     intermediate = config.intermediate_streams
-    unread = sorted(marked - {s.stream for s in intermediate})
+    unread = sorted(config.intermediate_names - {s.stream for s in intermediate})
     if unread:
         raise ConfigError(
             f"streams.{unread[0]}.samza.intermediate=true, but {unread[0]} is not in task.inputs: "
             "an intermediate stream is one the job writes and reads itself"
         )
-    prefix = owner_of(config, TaskName(""))
+    ours = (owner_of(config, TaskName("")), batch_owner(config))  # tasks' prefix, batches'
     for stream in intermediate:
         name = f"streams.{stream.stream}.samza"
         if (
@@ -176,7 +170,7 @@ def prepare_intermediate_streams(config: Config, systems: Systems) -> None:
             others = [
                 o
                 for o in staging.publishers(ssp.stream, ssp.partition)
-                if not o.startswith(prefix) and o != batch_owner(config)  # tasks', batches'
+                if not o.startswith(ours[0]) and o != ours[1]
             ]
             if others:
                 raise ConfigError(
@@ -870,7 +864,8 @@ class JobCoordinator:
         last_committed = False
         #: intermediate streams are read to their end, not to a target set at start: their
         #: messages appear as the tasks that send them commit (staged until then)
-        intermediate = {s for s in ssps if s.system_stream in set(self.config.intermediate_streams)}
+        flagged = set(self.config.intermediate_streams)
+        intermediate = {s for s in ssps if s.system_stream in flagged}
         drained = False
         while not self.stop_event.is_set():
             self._check_still_the_driver()
@@ -897,13 +892,17 @@ class JobCoordinator:
             # checkpoints written since the last batch began, and (DataFrame) the parts of
             # logged batches (no file listing: a dead attempt's part is never published, and
             # is swept at the next start)
-            drain = targets is not None and not pending and bool(intermediate)
-            drain = drain and (
-                self._publish_due
-                or any(ts.pending_outputs for ts in self.tasks.values())
-                or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
+            caught_up = targets is not None and not pending
+            drain = (
+                caught_up
+                and bool(intermediate)
+                and (
+                    self._publish_due
+                    or any(ts.pending_outputs for ts in self.tasks.values())
+                    or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
+                )
             )
-            if targets is not None and not pending and not drain:
+            if caught_up and not drain:
                 self.stop("caught up")
                 break
             if drain and drained:  # a commit may wait for its upload: no busy loop

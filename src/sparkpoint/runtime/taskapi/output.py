@@ -68,19 +68,18 @@ class OutputCollector:
         self.staged: dict[tuple[str, str, int], str] = {}
 
     def _producer(self, stream: SystemStream) -> SystemProducer:
-        staged = self._staging is not None and (
-            self._staged_streams is None or stream in self._staged_streams
-        )
-        producer = self._producers.get((stream.system, staged))
+        staged = self._staged_streams is None or stream in self._staged_streams
+        staging = self._staging if staged else None
+        producer = self._producers.get((stream.system, staging is not None))
         if producer is None:
-            if self._staging is None or not staged:
+            if staging is None:
                 producer = self._systems.producer(stream.system)
             else:
                 try:
-                    producer = staging_of(self._systems, stream.system).producer(*self._staging)
+                    producer = staging_of(self._systems, stream.system).producer(*staging)
                 except ConfigError as exc:
                     raise TaskError(f"task {self._task}: {exc}") from None
-            self._producers[(stream.system, staged)] = producer
+            self._producers[(stream.system, staging is not None)] = producer
         return producer
 
     def _route(self, stream: SystemStream) -> _Route:
