@@ -388,14 +388,19 @@ def stream_add_partitions(
     job: JobArg,
     stream: Annotated[str, typer.Argument(help="Stream name, or system.stream.")],
     partitions: Annotated[int, typer.Option(min=1, help="The new partition count (more).")],
+    force: Annotated[
+        bool,
+        typer.Option(help="Grow an input of the job even though the job has not read all of it."),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Grow a stream to more partitions (Kafka: CreatePartitions); never shrinks one.
 
     Keys are placed by a hash modulo the partition count, so most keys move to another
-    partition. A job with state that reads the stream refuses to start after this until its
-    state is started over (`sparkpoint job reset JOB --keep-input`): it never runs with a
-    key's state split between tasks.
+    partition. For an input of a job with state: stop the producers and run the job to the end
+    of its input first (refused while the job runs or has unread input); after the grow the job
+    refuses to start until `sparkpoint state reshard JOB` has moved its state to the new
+    tasks: it never runs with a key's state split between tasks.
 
     Example: `sparkpoint stream add-partitions job.yaml pageviews --partitions 8`
     """
@@ -406,14 +411,14 @@ def stream_add_partitions(
     ss = resolve_stream(config, stream)
     systems = Systems(config)
     try:
-        before = add_partitions(config, systems, ss, partitions)
+        before = add_partitions(config, systems, ss, partitions, force=force)
     finally:
         systems.close()
     print(f"grown: {ss} ({before} -> {partitions} partitions)")
     if ss in config.inputs and config.stores:
         print(
             f"note: {ss} is an input of job {config.job_name}, which has state: it refuses to "
-            "start until its state is started over (sparkpoint job reset JOB --keep-input)"
+            f"start until its state is moved to the new tasks: sparkpoint state reshard {job}"
         )
 
 
@@ -789,6 +794,75 @@ def state_check(
         f"ok: {result.snapshots} snapshots of {result.checkpoints} checkpoints, "
         f"{result.files} files: every blob {what}"
     )
+
+
+@state_app.command("reshard")
+def state_reshard(
+    job: JobArg,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check every key and say what would move; change nothing."),
+    ] = False,
+    unread_after_growth: Annotated[
+        bool,
+        typer.Option(
+            "--unread-after-growth",
+            help="The job's unread input in the old partitions of a stream grown without "
+            "`stream add-partitions` was written after the growth (keyed by the new count).",
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Move the job's state to the tasks of its inputs' new partition counts (after `stream
+    add-partitions`), offline; refused while the job runs.
+
+    Every key's committed state goes to the task its input partition now maps it to (the
+    producers' partitioner: crc32 on the filelog, murmur2 on Kafka), through the stores'
+    changelogs and blob-store snapshots, with new checkpoints that adopt it. All or nothing: a
+    crash leaves the old state and checkpoints, and running the command again finishes or
+    redoes it. A store whose keys are not the input key needs `stores.<s>.reshard.key`
+    (window, or a function); the reshard says which and changes nothing without it.
+
+    Example: `sparkpoint stream add-partitions job.yaml pageviews --partitions 8 &&
+    sparkpoint state reshard job.yaml`
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sparkpoint.tools.reshard import reshard
+
+    config = _ran_config(job, set_)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, done: int, total: int | None) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        result = reshard(
+            config, dry_run=dry_run, unread_after_growth=unread_after_growth, progress=progress
+        )
+    if result.finished_earlier:
+        print(f"finished reshard {result.finished_earlier}, which an earlier run had committed")
+    if result.nothing:
+        print(f"nothing to do: {result.nothing}")
+        return
+    for stream, (old, new) in sorted(result.streams.items()):
+        print(f"{stream}: {old} -> {new} partitions")
+    verb = "would move" if dry_run else "moved"
+    for store, moved in sorted(result.moved.items()):
+        print(
+            f"store {store}: {verb} {moved.keys:,} of {moved.entries:,} entries "
+            f"({moved.bytes:,} bytes)"
+        )
+    done = "checked in" if dry_run else "re-sharded and adopted in"
+    print(f"{done} {result.seconds:.1f} s")
 
 
 @config_app.command("show")

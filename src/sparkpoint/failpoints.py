@@ -41,6 +41,10 @@ FRAME_POINTS = ("during-stateful-step", "after-output-flush")
 #: points of a publish of exactly-once output (:mod:`sparkpoint.system.filelog.staging`)
 PUBLISH_POINTS = ("publish-after-intent", "publish-after-append")
 
+#: points of ``sparkpoint state reshard`` (:mod:`sparkpoint.tools.reshard`): every task's new
+#: state written, the commit point written, the first checkpoint of its roll-forward written
+RESHARD_POINTS = ("reshard-after-state", "reshard-after-record", "reshard-roll-forward")
+
 
 class InjectedCrash(Exception):
     """Raised at an injected crash point."""

@@ -1,7 +1,8 @@
 """Growing an input stream (``sparkpoint stream add-partitions``) under a job with state: the job
-refuses to start, naming the stream, both counts and the fix, and changes nothing (it never runs
-with a key's state split between the tasks of the old and the new partitions); shrinking is
-refused; a job without state just runs on the new partitions."""
+refuses to start, naming the stream, both counts and the fix (``state reshard``,
+tests/tools/test_reshard.py), and changes nothing (it never runs with a key's state split
+between the tasks of the old and the new partitions); shrinking is refused; a job without state
+just runs on the new partitions."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_a_stateful_job_refuses_inputs_that_gained_partitions(tmp_path: Path) ->
     systems.close()
     error = (
         rf"input stream {stream} had 4 partitions when job pageviews last ran and has 6 now: "
-        r".* \(sparkpoint job reset JOB --keep-input\)"
+        r".* Move the state to the new tasks first: sparkpoint state reshard JOB"
     )
     with pytest.raises(PartitionCountChanged, match=error):
         run(config, until_caught_up=True)
@@ -70,7 +71,7 @@ def test_the_command_grows_a_stream_and_warns_of_the_job_s_state(tmp_path: Path)
     job_file.write_text(json.dumps(config.to_dict()))
     grown = sp("stream", "add-partitions", str(job_file), "pageviews", "--partitions", "8")
     assert "grown: filelog.pageviews (4 -> 8 partitions)" in grown.stdout
-    assert "refuses to start until its state is started over" in grown.stdout
+    assert "refuses to start until its state is moved to the new tasks" in grown.stdout
     stream = SystemStream("filelog", "pageviews")
     assert Systems(config).admin("filelog").partition_count(stream.stream) == 8
 

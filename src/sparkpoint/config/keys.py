@@ -387,6 +387,17 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey(
+        "stores.<s>.reshard.key",
+        "key",
+        "key | window | module:function",
+        "how `sparkpoint state reshard` finds the input key an entry of the store belongs to: "
+        "key (the store's key is the message key, as the input's key serde writes it), window "
+        "(a window or join store: the message key inside the window layout), or a function of "
+        "the raw store key returning the message key's bytes (None: an entry of the task, not "
+        "of a key)",
+        lambda v: v in ("key", "window") or bool(re.fullmatch(r"[\w.]+:\w+", v)),
+    ),
+    ConfigKey(
         "task.timers.store",
         None,
         "the name of one of the job's stores, or unset",

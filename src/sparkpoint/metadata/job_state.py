@@ -105,11 +105,15 @@ def stored_changelog_partitions(store: MetadataStore) -> dict[str, int]:
     return mapping
 
 
-def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobModel:
-    """The model with stable changelog partitions, stored for the next run."""
-    mapping = stored_changelog_partitions(store)
+def with_changelog_partitions(
+    stored: Mapping[str, int], model: JobModel
+) -> tuple[JobModel, dict[str, int]]:
+    """The model with stable changelog partitions: a task keeps the one in ``stored``; a new
+    task takes its own partition number when that is free, else the lowest free one. Also the
+    new tasks' partitions, to store."""
+    mapping = dict(stored)
     used = set(mapping.values())
-    added: dict[str, str | None] = {}
+    added: dict[str, int] = {}
     for task in model.sorted_tasks():
         name = task.name.name
         if name in mapping:
@@ -119,11 +123,18 @@ def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobMod
             wanted = next(p for p in range(len(used) + len(model.tasks) + 1) if p not in used)
         mapping[name] = wanted
         used.add(wanted)
-        added[name] = str(wanted)
-    if added:
-        store.put_all(SET_CHANGELOG, added)
+        added[name] = wanted
     tasks = {n: replace(t, changelog_partition=mapping[n.name]) for n, t in model.tasks.items()}
-    return JobModel(model.job_name, model.job_id, tasks)
+    return JobModel(model.job_name, model.job_id, tasks), added
+
+
+def assign_changelog_partitions(store: MetadataStore, model: JobModel) -> JobModel:
+    """The model with stable changelog partitions (:func:`with_changelog_partitions`), the new
+    tasks' stored for the next run."""
+    model, added = with_changelog_partitions(stored_changelog_partitions(store), model)
+    if added:
+        store.put_all(SET_CHANGELOG, {t: str(p) for t, p in added.items()})
+    return model
 
 
 class PartitionCountChanged(UserError):
@@ -149,8 +160,7 @@ def check_input_partitions(
             f"input stream {stream} had {old} partitions when job {config.job_name} last ran "
             f"and has {now} now: its keys moved to other partitions while their state "
             f"stayed in the tasks of the old ones, so running would split every key's state. "
-            f"sparkpoint cannot re-shard state yet: give {stream} its {old} partitions "
-            f"back, or start the job's state over (sparkpoint job reset JOB --keep-input)"
+            f"Move the state to the new tasks first: sparkpoint state reshard JOB"
         )
     for stream, old, now in changed:
         log.info("input stream %s: %d -> %d partitions (no state to split)", stream, old, now)

@@ -304,10 +304,20 @@ class TaskStorage:
         """The store's engine wrapped by its backup backends, then read and written with its
         TTL (:mod:`sparkpoint.storage.kv.ttl`; rewritten once if the TTL was added, changed or
         removed since the store was written)."""
+        return ttl.prepare(self._logged(store, backups), ttl.ttl_of(self.config, store))
+
+    def _logged(self, store: str, backups: Mapping[str, TaskBackupManager]) -> KeyValueEngine:
         engine = self.engines[store]
         for backend in self.backup_names[store]:
             engine = backups[backend].wrap_engine(store, engine)
-        return ttl.prepare(engine, ttl.ttl_of(self.config, store))
+        return engine
+
+    def logged_engines(self) -> dict[str, KeyValueEngine]:
+        """The open stores as raw engines wrapped by their backup backends only: keys and values
+        as stored (a TTL store's write times and format entry included), every write logged and
+        committed by :meth:`commit`. For tools that move entries as they are (state reshard)."""
+        backups = self._backup_managers(init=True)
+        return {name: self._logged(name, backups) for name in self.engines}
 
     def _sweep_expired(self) -> None:
         """Delete the expired entries of each TTL store (through its backups, so the changelog

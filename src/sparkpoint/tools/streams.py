@@ -44,9 +44,21 @@ def resolve_stream(config: Config, name: str) -> SystemStream:
     return SystemStream(system, name)
 
 
-def add_partitions(config: Config, systems: Systems, stream: SystemStream, partitions: int) -> int:
+def add_partitions(
+    config: Config, systems: Systems, stream: SystemStream, partitions: int, *, force: bool = False
+) -> int:
     """Grow ``stream`` to ``partitions`` partitions; the count it had. Shrinking (or keeping the
-    count) is refused: a partition's records and offsets cannot be taken back."""
+    count) is refused: a partition's records and offsets cannot be taken back.
+
+    An input of a job with state that has run is the job's keyed state's partitioning: the grow
+    is refused while the job runs (its tasks would go on reading the old partitions with the
+    keys of the new count), and while it has unread input (keyed by the old count: once grown,
+    no task can read it with its keys' state), unless ``force``. Where each old partition ends
+    is recorded for ``state reshard``, which moves the state to the new tasks."""
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.metadata.job_state import refuse_if_running
+    from sparkpoint.storage.reshard import record_growth
+
     admin = systems.admin(stream.system)
     before = admin.partition_count(stream.stream)
     if partitions <= before:
@@ -54,8 +66,52 @@ def add_partitions(config: Config, systems: Systems, stream: SystemStream, parti
             f"stream {stream} has {before} partitions; --partitions {partitions} would not grow "
             "it (a stream never shrinks: its partitions' records and offsets stay)"
         )
-    admin.add_partitions(stream.stream, partitions)
+    metadata = None
+    if stream in config.inputs and config.stores and _has_run(config, systems):
+        metadata = CoordinatorStreamStore(config, systems, source="add-partitions")
+    try:
+        if metadata is not None:
+            refuse_if_running(metadata, config.job_name, "add-partitions", force=False)
+            unread = _unread(config, systems, stream)
+            if unread and not force:
+                raise UserError(
+                    f"job {config.job_name} has not read all of {stream} yet "
+                    f"({'; '.join(unread[:3])}): those records are keyed by {before} partitions, "
+                    f"and once the stream grows no task could read them with their keys' state. "
+                    f"Stop the producers, run the job to the end of its input (sparkpoint run "
+                    f"JOB --until-caught-up), then grow it; --force grows it anyway (state "
+                    f"reshard then refuses until the job's offsets are past them)"
+                )
+        admin.add_partitions(stream.stream, partitions)
+        if metadata is not None:
+            ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
+            upcoming = {ssp.partition: m.upcoming for ssp, m in admin.get_metadata(ssps).items()}
+            record_growth(metadata, str(stream), before, upcoming)
+    finally:
+        if metadata is not None:
+            metadata.close()
     return before
+
+
+def _has_run(config: Config, systems: Systems) -> bool:
+    from sparkpoint.metadata.coordinator_stream import coordinator_stream_name
+
+    name = coordinator_stream_name(config.job_name, config.job_id)
+    return name in systems.admin(config.coordinator_system).list_streams()
+
+
+def _unread(config: Config, systems: Systems, stream: SystemStream) -> list[str]:
+    """``SSP: N records from offset O`` for each partition of ``stream`` the job has not read
+    to its end."""
+    admin = systems.admin(stream.system)
+    nxt = committed_read_offsets(config, systems, stream)
+    metas = admin.get_metadata(list(nxt))
+    out = []
+    for ssp, offset in sorted(nxt.items()):
+        end = metas[ssp].upcoming
+        if admin.offset_comparator(offset, end) < 0:
+            out.append(f"{ssp} from offset {offset} to {end}")
+    return out
 
 
 def committed_read_offsets(

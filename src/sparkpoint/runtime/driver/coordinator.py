@@ -81,6 +81,7 @@ from sparkpoint.storage.outputs import (
     staging_of,
     uncovered,
 )
+from sparkpoint.storage.reshard import finish_pending
 from sparkpoint.storage.state_id import (
     EMPTY,
     CleanStart,
@@ -277,6 +278,7 @@ class JobCoordinator:
         check_tables(self.config, self.systems)
         self._claim_the_job()
         self._open_metadata()
+        finish_pending(self.config, self.systems, self._metadata())  # an interrupted reshard
         self._check_input_partitions(ssps)
         model = assign_changelog_partitions(self._metadata(), model)
         checkpoints, must_restore = self._prepare_state(model)

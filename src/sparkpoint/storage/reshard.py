@@ -1,0 +1,265 @@
+"""Re-sharding a job's keyed state when its inputs gain partitions: where each store entry goes,
+and the record that makes a reshard all or nothing.
+
+**Where an entry goes.** A task is an input partition number, and a store entry belongs to the
+task whose partition its input key maps to (the input system's own partitioner: crc32 on the
+filelog, murmur2 on Kafka). :func:`key_route` finds that input key in a raw store key, by the
+store's ``stores.<s>.reshard.key``: ``key`` (the store's key is the message key), ``window``
+(the window and join layout of :mod:`sparkpoint.storage.windows`), or a function of the raw
+key. In the timer store (``task.timers.store``) the same setting applies to the key inside each
+timer entry. Some entries belong to the task, not to a key (:data:`TASK_ENTRY`): a TTL store's
+format entry, a timer store's watermark and event-time entries. They stay where they are; a
+task that is new gets the smallest value the old tasks had (:func:`new_task_entries`): the
+earliest watermark, so no timer fires early.
+
+**All or nothing.** The offline command (:mod:`sparkpoint.tools.reshard`) writes each task's new
+state through its backends as a commit that nothing references yet, then one record in the
+metadata store (:class:`ReshardRecord`, the commit point) with everything the job needs to
+adopt it: the new checkpoints, the new tasks' changelog partitions, where their new input
+partitions start (their oldest offset: everything in them was written after the growth), and
+the new partition counts. :func:`finish_pending` then rolls that record forward; it runs again
+at every job start and every reshard until the record is gone, so a crash at any point leaves
+either the old state and checkpoints (before the record) or a record that is finished later.
+
+May import storage's own modules and everything below it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError, UserError
+from sparkpoint.failpoints import maybe_crash
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG
+from sparkpoint.metadata.job_state import INPUT_PARTITIONS
+from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model.startpoint import StartpointOldest
+from sparkpoint.startpoint.manager import FAN_OUT, dump_fan_out
+from sparkpoint.storage.backend import v1_changelog_offsets
+from sparkpoint.storage.kv import ttl
+from sparkpoint.storage.timers import BY_KEY, TIME, TIMER, WATERMARK
+from sparkpoint.storage.windows import split_entry_key
+from sparkpoint.system.registry import Systems
+
+log = logging.getLogger(__name__)
+
+#: metadata namespace of a reshard under way (key ``pending``: a :class:`ReshardRecord`)
+RESHARD = "reshard"
+PENDING = "pending"
+#: metadata namespace: input stream -> JSON of its growth by ``stream add-partitions``
+GROWTH = "input-growth"
+
+#: :func:`key_route`'s answer for an entry of the task rather than of a key
+TASK_ENTRY = None
+
+Route = Callable[[bytes], bytes | None]
+
+
+def _function(config: Config, store: str, path: str) -> Route:
+    module, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"stores.{store}.reshard.key: cannot load {path!r} ({exc}); name a function "
+            f"module:function on the Python path"
+        ) from exc
+
+    def route(raw: bytes) -> bytes | None:
+        out = fn(raw)
+        if out is None or isinstance(out, bytes):
+            return out
+        if isinstance(out, str):
+            return out.encode()
+        raise UserError(
+            f"store {store}: stores.{store}.reshard.key function {path} returned "
+            f"{type(out).__name__} for key {raw!r}; it must return bytes, str or None"
+        )
+
+    return route
+
+
+def _window_key(raw: bytes) -> bytes:
+    try:
+        return split_entry_key(raw)[0]
+    except Exception as exc:  # struct.error, IndexError: not the window layout
+        raise ValueError(f"not a window store key: {exc}") from exc
+
+
+def key_route(config: Config, store: str) -> Route:
+    """The function from a raw key of ``store`` to the message key it belongs to (the bytes the
+    input's producers partition by), or :data:`TASK_ENTRY`."""
+    setting = config.get_str(f"stores.{store}.reshard.key") or "key"
+    inner: Route
+    if setting == "key":
+        inner = bytes
+    elif setting == "window":
+        inner = _window_key
+    else:
+        inner = _function(config, store, setting)
+    has_ttl = ttl.ttl_of(config, store) is not None
+    timers = config.get_str("task.timers.store") == store
+    skip = len(TIMER) + 1 + TIME.size
+
+    def route(raw: bytes) -> bytes | None:
+        if has_ttl and raw == ttl.FORMAT_KEY:
+            return TASK_ENTRY
+        if not timers:
+            return inner(raw)
+        if raw.startswith(TIMER):
+            return inner(raw[skip:])
+        if raw.startswith(BY_KEY):
+            return inner(raw[len(BY_KEY) :])
+        return TASK_ENTRY  # event time: per partition (W), the task's watermark (M, S)
+
+    return route
+
+
+def new_task_entries(
+    store: str, config: Config, old: Iterable[Mapping[bytes, bytes]]
+) -> dict[bytes, bytes]:
+    """The task entries a new task of the reshard starts with: of every entry an old task had
+    (but an input partition's event time, which belongs to that partition's task), the smallest
+    value (the earliest watermark and tracking start; a TTL store's format, the same in all)."""
+    out: dict[bytes, bytes] = {}
+    timers = config.get_str("task.timers.store") == store
+    for entries in old:
+        for key, value in entries.items():
+            if timers and key.startswith(WATERMARK):
+                continue
+            if key not in out or value < out[key]:
+                out[key] = value
+    return out
+
+
+@dataclass
+class ReshardRecord:
+    """A reshard's commit point: what :func:`finish_pending` writes to adopt the new state."""
+
+    reshard_id: str
+    partitions: dict[str, int]  # grown input stream -> its new count
+    old_count: int
+    #: task -> its new checkpoint (V2 JSON)
+    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: new task -> its changelog partition
+    changelog: dict[str, int] = field(default_factory=dict)
+    #: new task -> its input partitions that start at their oldest offset
+    oldest: dict[str, list[str]] = field(default_factory=dict)
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "id": self.reshard_id,
+                "partitions": self.partitions,
+                "old-count": self.old_count,
+                "checkpoints": self.checkpoints,
+                "changelog": self.changelog,
+                "oldest": self.oldest,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def loads(cls, text: str) -> ReshardRecord:
+        try:
+            data = json.loads(text)
+            return cls(
+                str(data["id"]),
+                {str(k): int(v) for k, v in data["partitions"].items()},
+                int(data["old-count"]),
+                dict(data["checkpoints"]),
+                {str(k): int(v) for k, v in data["changelog"].items()},
+                {str(k): list(v) for k, v in data["oldest"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(
+                f"the metadata store's pending reshard record cannot be read ({exc}): run "
+                f"sparkpoint state reshard JOB again after repairing it, or start the job's "
+                f"state over (sparkpoint job reset JOB --keep-input)"
+            ) from exc
+
+
+def pending(metadata: MetadataStore) -> ReshardRecord | None:
+    """The reshard that passed its commit point and is not finished yet, if any."""
+    metadata.refresh()
+    raw = metadata.get(RESHARD, PENDING)
+    return None if raw is None else ReshardRecord.loads(raw)
+
+
+def finish_pending(
+    config: Config, systems: Systems, metadata: MetadataStore
+) -> ReshardRecord | None:
+    """Adopt the pending reshard, if there is one: write its checkpoints, the new tasks'
+    changelog partitions and starting points, the new partition counts; then remove it. Each
+    step may be done again (a crash in the middle finishes at the next call)."""
+    record = pending(metadata)
+    if record is None:
+        return None
+    log.info(
+        "reshard %s: adopting the state re-sharded from %d to %s partitions",
+        record.reshard_id,
+        record.old_count,
+        ", ".join(f"{s}: {n}" for s, n in sorted(record.partitions.items())),
+    )
+    checkpoints = CheckpointManager(config, systems)
+    for task, data in sorted(record.checkpoints.items()):
+        checkpoint = CheckpointV2.from_json(data)
+        offsets = v1_changelog_offsets(config, checkpoint.state_checkpoint_markers)
+        checkpoints.write_checkpoint(TaskName(task), checkpoint, changelog_offsets=offsets)
+        maybe_crash(config, "reshard-roll-forward")
+    metadata.put_all(SET_CHANGELOG, {t: str(p) for t, p in record.changelog.items()})
+    fan_out = {
+        task: dump_fan_out({SystemStreamPartition.parse(s): StartpointOldest() for s in ssps})
+        for task, ssps in record.oldest.items()
+        if ssps
+    }
+    if fan_out:
+        metadata.put_all(FAN_OUT, dict(fan_out))
+    metadata.put_all(INPUT_PARTITIONS, {s: str(n) for s, n in record.partitions.items()})
+    metadata.put_all(GROWTH, dict.fromkeys(record.partitions))
+    metadata.delete(RESHARD, PENDING)
+    return record
+
+
+def record_growth(
+    metadata: MetadataStore, stream: str, before: int, upcoming: Mapping[int, str]
+) -> None:
+    """Remember that ``stream`` grew from ``before`` partitions, and where each of its old
+    partitions ended then: what lies before those offsets was keyed by the old count."""
+    value = {"from": before, "upcoming": {str(p): o for p, o in sorted(upcoming.items())}}
+    metadata.put(GROWTH, stream, json.dumps(value, sort_keys=True))
+
+
+def growth_of(metadata: MetadataStore, stream: str) -> dict[int, str] | None:
+    """Where each old partition of ``stream`` ended when it grew (:func:`record_growth`), or
+    None when the stream grew by other means."""
+    raw = metadata.get(GROWTH, stream)
+    if raw is None:
+        return None
+    try:
+        return {int(p): str(o) for p, o in json.loads(raw)["upcoming"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.warning("stream %s: unreadable growth record %r; ignoring it", stream, raw[:80])
+        return None
+
+
+__all__ = [
+    "GROWTH",
+    "TASK_ENTRY",
+    "ReshardRecord",
+    "finish_pending",
+    "growth_of",
+    "key_route",
+    "new_task_entries",
+    "pending",
+    "record_growth",
+]

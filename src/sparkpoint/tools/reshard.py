@@ -1,0 +1,514 @@
+"""``sparkpoint state reshard``: move a stateful job's keyed state to the tasks its inputs' new
+partition counts give each key, offline, all or nothing (docs/reshard.md).
+
+1. **Claim the job** (its driver heartbeat: a job cannot start while a reshard runs, and a
+   reshard is refused while the job runs), and finish a reshard an earlier run left past its
+   commit point (:func:`sparkpoint.storage.reshard.finish_pending`).
+2. **Plan**: the grown inputs (stored counts vs now), every other input already at the new
+   count, no unread input keyed by the old count (before the offsets ``stream add-partitions``
+   recorded when it grew the stream), and the tasks of the new count with their changelog
+   partitions.
+3. **Open every task of the new count** at its last checkpoint, restored through its backends
+   (:class:`~sparkpoint.storage.task_storage.TaskStorage`), and **check every key**: each store
+   entry's input key (:func:`~sparkpoint.storage.reshard.key_route`) must map to its task under
+   the old count, or the store does not follow the input key and nothing is changed.
+4. **Move** each entry whose key maps to another task under the new count: written to that
+   task's store and deleted from its own, through the stores' backup wrappers (changelog
+   writes and tombstones). New tasks get the old tasks' task entries
+   (:func:`~sparkpoint.storage.reshard.new_task_entries`).
+5. **Commit** every task as the job would (changelog flushed, blob snapshot uploaded, local
+   checkpoint), without writing its checkpoint; the changelogs are grown first to a partition
+   per task. Nothing references this state yet: a crash here leaves the old checkpoints.
+6. **The commit point**: one record in the metadata store with every new checkpoint; then
+   roll it forward (checkpoints, changelog partitions, the new partitions start at their
+   oldest offset, the new counts) and remove it.
+
+``dry_run`` does 1-3 reading only (the committed state as ``state dump`` reads it) and reports
+what would move.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import StreamNotFound, UserError
+from sparkpoint.failpoints import maybe_crash
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.job_state import (
+    INPUT_PARTITIONS,
+    Heartbeat,
+    refuse_if_running,
+    stored_changelog_partitions,
+    with_changelog_partitions,
+)
+from sparkpoint.model import JobModel, SystemStream, TaskName
+from sparkpoint.storage.backend import store_backends
+from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
+from sparkpoint.storage.changelog.backend import changelog_stream
+from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.reshard import (
+    PENDING,
+    RESHARD,
+    TASK_ENTRY,
+    ReshardRecord,
+    Route,
+    finish_pending,
+    growth_of,
+    key_route,
+    new_task_entries,
+    pending,
+)
+from sparkpoint.storage.state_id import CleanStart, CommittedState
+from sparkpoint.storage.task_storage import TaskStorage
+from sparkpoint.system.base import SystemAdmin
+from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import job_model
+from sparkpoint.tools.state import committed_raw_entries
+
+log = logging.getLogger(__name__)
+
+CHUNK = 10_000
+
+#: ``(phase, done, total)``: progress of a long step (total None when not known)
+Progress = Callable[[str, int, int | None], None]
+
+
+@dataclass
+class Moved:
+    """One store's entries: how many the reshard looked at, and moved (with their bytes)."""
+
+    entries: int = 0
+    keys: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class ReshardResult:
+    """What :func:`reshard` did (or, with ``dry_run``, would do)."""
+
+    streams: dict[str, tuple[int, int]] = field(default_factory=dict)  # stream -> (old, new)
+    moved: dict[str, Moved] = field(default_factory=dict)  # by store
+    finished_earlier: str | None = None  # a reshard an interrupted run left, finished first
+    seconds: float = 0.0
+    dry_run: bool = False
+    nothing: str = ""  # why there was nothing to do
+
+
+@dataclass
+class _Plan:
+    old: int
+    new: int
+    streams: dict[str, tuple[int, int]]
+    model: JobModel  # the tasks of the new count, with their changelog partitions
+    added_changelog: dict[str, int]
+    checkpoints: dict[TaskName, Checkpoint]
+    admin: SystemAdmin  # whose partitioner places the grown inputs' keys
+
+
+def reshard(
+    config: Config,
+    *,
+    dry_run: bool = False,
+    unread_after_growth: bool = False,
+    progress: Progress | None = None,
+) -> ReshardResult:
+    """Re-shard the job's state to its inputs' partition counts (see the module docstring)."""
+    started = time.monotonic()
+    result = ReshardResult(dry_run=dry_run)
+    systems = Systems(config)
+    metadata = CoordinatorStreamStore(config, systems, source="state-reshard")
+    heartbeat: Heartbeat | None = None
+    try:
+        if dry_run:
+            refuse_if_running(metadata, config.job_name, "state-reshard", force=False)
+            earlier = pending(metadata)
+            if earlier is not None:
+                result.nothing = (
+                    f"reshard {earlier.reshard_id} passed its commit point and is not finished: "
+                    "run sparkpoint state reshard JOB (without --dry-run) to finish it"
+                )
+                return result
+        else:
+            heartbeat = Heartbeat(config, f"state-reshard-{uuid.uuid4().hex[:8]}")
+            heartbeat.start()
+            done = finish_pending(config, systems, metadata)
+            if done is not None:
+                result.finished_earlier = done.reshard_id
+        plan = _plan(config, systems, metadata, unread_after_growth, result)
+        if plan is None:
+            return result
+        result.streams = plan.streams
+        if dry_run:
+            _dry_run(config, plan, result, progress)
+        else:
+            _run(config, systems, metadata, plan, result, progress)
+        return result
+    finally:
+        result.seconds = time.monotonic() - started
+        if heartbeat is not None:
+            heartbeat.stop()
+        metadata.close()
+        systems.close()
+
+
+# -- 2. plan
+
+
+def _plan(
+    config: Config,
+    systems: Systems,
+    metadata: CoordinatorStreamStore,
+    unread_after_growth: bool,
+    result: ReshardResult,
+) -> _Plan | None:
+    stored = metadata.all(INPUT_PARTITIONS)
+    broadcast = {ss for ss, _parts in config.broadcast_inputs}
+    counts = {
+        ss: systems.admin(ss.system).partition_count(ss.stream)
+        for ss in config.inputs
+        if ss not in broadcast
+    }
+    grown: dict[SystemStream, tuple[int, int]] = {}
+    for ss, now in sorted(counts.items(), key=lambda item: str(item[0])):
+        text = stored.get(str(ss), "")
+        if text.strip().isdigit() and int(text) != now:
+            old = int(text)
+            if now < old:
+                raise UserError(
+                    f"input stream {ss} has {now} partitions, fewer than the {old} job "
+                    f"{config.job_name} last ran with: a reshard only follows growth (streams "
+                    f"never shrink); recreate the stream with {old} or more partitions"
+                )
+            grown[ss] = (old, now)
+    if not grown:
+        result.nothing = (
+            f"every input of job {config.job_name} has the partition count it last ran with: "
+            "there is no state to move"
+        )
+        return None
+    if not config.stores:
+        result.nothing = f"job {config.job_name} has no stores: there is no state to move"
+        return None
+    pairs = set(grown.values())
+    if len(pairs) > 1:
+        listed = ", ".join(f"{s} {o} -> {n}" for s, (o, n) in sorted(grown.items(), key=str))
+        raise UserError(
+            f"the inputs of job {config.job_name} grew differently ({listed}): a task is a "
+            f"partition number of every input, so they must all grow to one count; grow them "
+            f"to the same count (sparkpoint stream add-partitions) and run the reshard again"
+        )
+    old, new = pairs.pop()
+    behind = sorted(str(ss) for ss, n in counts.items() if ss not in grown and n != new)
+    if behind:
+        raise UserError(
+            f"input stream(s) {', '.join(behind)} of job {config.job_name} do not have the "
+            f"{new} partitions the grown inputs have: a task is a partition number of every "
+            f"input; grow them too (sparkpoint stream add-partitions JOB STREAM --partitions "
+            f"{new}) and run the reshard again"
+        )
+    if config.intermediate_streams:
+        names = ", ".join(str(s) for s in config.intermediate_streams)
+        raise UserError(
+            f"job {config.job_name} re-keys through intermediate stream(s) {names}: their "
+            f"stages' state follows their own partition counts, which a reshard of the inputs "
+            f"cannot tell apart yet; start the job's state over instead (sparkpoint job reset "
+            f"JOB --keep-input)"
+        )
+    admins = {ss.system for ss in grown}
+    partitioners = {type(systems.admin(s)).partition_for_key for s in admins}
+    if len(partitioners) > 1:
+        raise UserError(
+            f"the grown inputs of job {config.job_name} are on systems that place keys "
+            f"differently ({', '.join(sorted(admins))}): one task cannot follow both"
+        )
+    _check_unread(config, systems, metadata, grown, unread_after_growth)
+    stored_map = stored_changelog_partitions(metadata)
+    model, added = with_changelog_partitions(stored_map, job_model(config, systems))
+    checkpoints = CheckpointManager(config, systems).read_all()
+    return _Plan(
+        old,
+        new,
+        {str(s): p for s, p in grown.items()},
+        model,
+        added,
+        checkpoints,
+        systems.admin(sorted(admins)[0]),
+    )
+
+
+def _check_unread(
+    config: Config,
+    systems: Systems,
+    metadata: CoordinatorStreamStore,
+    grown: dict[SystemStream, tuple[int, int]],
+    unread_after_growth: bool,
+) -> None:
+    """Refuse when input keyed by the old count is unread: the task that would read it after
+    the reshard no longer holds the state of its keys."""
+    from sparkpoint.tools.streams import committed_read_offsets
+
+    problems = []
+    for ss, (old, _new) in sorted(grown.items(), key=lambda item: str(item[0])):
+        growth = growth_of(metadata, str(ss))
+        if growth is None and unread_after_growth:
+            continue
+        admin = systems.admin(ss.system)
+        nxt = committed_read_offsets(config, systems, ss)
+        for ssp, offset in sorted(nxt.items()):
+            if ssp.partition >= old:
+                continue
+            end = growth.get(ssp.partition) if growth is not None else None
+            if end is None:
+                end = admin.get_metadata([ssp])[ssp].upcoming
+            if admin.offset_comparator(offset, end) < 0:
+                problems.append(f"{ssp} from offset {offset} up to {end}")
+    if problems:
+        how = (
+            "written before the stream grew"
+            if not unread_after_growth
+            else "written before the stream grew (by stream add-partitions)"
+        )
+        raise UserError(
+            f"job {config.job_name} has not read input {how}, keyed by the old partition "
+            f"count: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}. After a "
+            f"reshard the task reading them would not hold their keys' state, so nothing was "
+            f"changed. Stop the producers and run the job to the end of its input before "
+            f"growing a stream; if these records were written after the growth (with the new "
+            f"count), pass --unread-after-growth; to drop them, move the job's offsets past them "
+            f"(sparkpoint checkpoint set)"
+        )
+
+
+# -- 3. check every key; dry run
+
+
+def _mismatch(config: Config, store: str, task: str, key: bytes, want: int, old: int) -> UserError:
+    setting = config.get_str(f"stores.{store}.reshard.key") or "key"
+    return UserError(
+        f"store {store} task {task}: key {key[:60]!r} maps to partition {want} of {old}, not "
+        f"to its task: the store's keys do not follow the input key as stores.{store}."
+        f"reshard.key={setting} reads them, so the reshard cannot tell where its entries "
+        f"belong; nothing was changed. Set stores.{store}.reshard.key to window (window and "
+        f"join stores) or to a function module:function returning an entry's input key"
+    )
+
+
+def _target(route: Route, admin: SystemAdmin, key: bytes, count: int) -> int | None:
+    try:
+        message_key = route(key)
+    except ValueError:
+        return -1  # not of the store's layout: no partition
+    return None if message_key is TASK_ENTRY else admin.partition_for_key(message_key, count)
+
+
+def _partition(task: TaskName) -> int:
+    """The input partition number of a task of the job's grouping (``Partition n``)."""
+    head, _, number = task.name.rpartition(" ")
+    if head != "Partition" or not number.isdigit():
+        raise UserError(
+            f"task {task} is not a task of an input partition (Partition N): a reshard moves "
+            f"state between the tasks of input partitions only"
+        )
+    return int(number)
+
+
+def _dry_run(config: Config, plan: _Plan, result: ReshardResult, progress: Progress | None) -> None:
+    """Read the committed state (as ``state dump`` does), check every key, count the moves."""
+    for store in config.stores:
+        route = key_route(config, store)
+        moved = result.moved.setdefault(store, Moved())
+        for task, key, value in committed_raw_entries(config, store):
+            owner = _partition(TaskName(task))
+            old = _target(route, plan.admin, key, plan.old)
+            if old is not None and old != owner:
+                raise _mismatch(config, store, task, key, old, plan.old)
+            moved.entries += 1
+            new = _target(route, plan.admin, key, plan.new)
+            if new is not None and new != owner:
+                moved.keys += 1
+                moved.bytes += len(key) + len(value)
+            if progress is not None and moved.entries % CHUNK == 0:
+                progress(f"checking {store}", moved.entries, None)
+
+
+# -- 4-6. move, commit, adopt
+
+
+def _run(
+    config: Config,
+    systems: Systems,
+    metadata: CoordinatorStreamStore,
+    plan: _Plan,
+    result: ReshardResult,
+    progress: Progress | None,
+) -> None:
+    reshard_id = uuid.uuid4().hex[:12]
+    run_id = f"reshard-{reshard_id}"
+    _grow_changelogs(config, systems, plan.model)
+    storages: dict[int, TaskStorage] = {}
+    try:
+        for task in plan.model.sorted_tasks():
+            storage = TaskStorage(
+                config,
+                systems,
+                task,
+                run_id=run_id,
+                last_checkpoint=plan.checkpoints.get(task.name),
+            )
+            storages[_partition(task.name)] = storage
+            storage.open(CleanStart(run_id))
+            if progress is not None:
+                progress("restoring", len(storages), len(plan.model.tasks))
+        engines = {p: s.logged_engines() for p, s in storages.items()}
+        for store in config.stores:
+            result.moved[store] = Moved(_check_keys(config, plan, store, engines, progress))
+        for store in config.stores:
+            _move(config, plan, store, engines, result.moved[store], progress)
+        record = ReshardRecord(reshard_id, {s: n for s, (_o, n) in plan.streams.items()}, plan.old)
+        for partition, storage in sorted(storages.items()):
+            checkpoint = _commit(storage)
+            name = storage.task.name.name
+            record.checkpoints[name] = checkpoint.to_json()
+            if partition >= plan.old:
+                record.oldest[name] = [str(s) for s in storage.task.sorted_ssps()]
+            if progress is not None:
+                progress("committing", len(record.checkpoints), len(storages))
+        record.changelog = dict(plan.added_changelog)
+    except BaseException:
+        for storage in storages.values():
+            storage.close()
+        raise
+    maybe_crash(config, "reshard-after-state")
+    metadata.put(RESHARD, PENDING, record.dumps())
+    maybe_crash(config, "reshard-after-record")
+    finish_pending(config, systems, metadata)
+
+
+def _grow_changelogs(config: Config, systems: Systems, model: JobModel) -> None:
+    """Give each changelog a partition per task of the new count (before anything is written
+    to them: more partitions change nothing for the old tasks)."""
+    need = max(t.changelog_partition for t in model.tasks.values()) + 1
+    for store in config.stores:
+        if CHANGELOG not in store_backends(config, store, "backup"):
+            continue
+        ss = changelog_stream(config, store)
+        admin = systems.admin(ss.system)
+        try:
+            have = admin.partition_count(ss.stream)
+        except StreamNotFound:
+            continue  # created by the job at its next start, with a partition per task
+        if have < need:
+            log.info(
+                "store %s: growing changelog %s from %d to %d partitions", store, ss, have, need
+            )
+            admin.add_partitions(ss.stream, need)
+
+
+def _entries(engine: KeyValueEngine) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The engine's entries in key order, a chunk at a time, read ahead of any change the
+    caller makes between chunks."""
+    after = b""
+    while True:
+        chunk = list(islice(engine.range(after, b"\xff" * 64), CHUNK))
+        chunk = [kv for kv in chunk if kv[0] != after or not after]
+        if not chunk:
+            return
+        yield chunk
+        after = chunk[-1][0] + b"\x00"
+
+
+def _check_keys(
+    config: Config,
+    plan: _Plan,
+    store: str,
+    engines: dict[int, dict[str, KeyValueEngine]],
+    progress: Progress | None,
+) -> int:
+    """Check that every entry of the old tasks is in the task its key maps to under the old
+    count (the store follows the input key); how many entries they have."""
+    route = key_route(config, store)
+    seen = 0
+    for partition in range(plan.old):
+        for chunk in _entries(engines[partition][store]):
+            for key, _value in chunk:
+                old = _target(route, plan.admin, key, plan.old)
+                if old is not None and old != partition:
+                    task = TaskName.for_partition(partition).name
+                    raise _mismatch(config, store, task, key, old, plan.old)
+            seen += len(chunk)
+            if progress is not None:
+                progress(f"checking {store}", seen, None)
+    return seen
+
+
+def _move(
+    config: Config,
+    plan: _Plan,
+    store: str,
+    engines: dict[int, dict[str, KeyValueEngine]],
+    moved: Moved,
+    progress: Progress | None,
+) -> None:
+    """Move each entry of the old tasks whose key maps to another task under the new count
+    (an entry that arrived from a task scanned earlier maps to its new task: it stays)."""
+    route = key_route(config, store)
+    scanned = 0
+    task_entries: list[dict[bytes, bytes]] = []
+    for partition in range(plan.old):
+        own = engines[partition][store]
+        kept: dict[bytes, bytes] = {}
+        for chunk in _entries(own):
+            out: dict[int, list[tuple[bytes, bytes | None]]] = {}
+            gone: list[tuple[bytes, bytes | None]] = []
+            for key, value in chunk:
+                new = _target(route, plan.admin, key, plan.new)
+                if new is None:
+                    kept[key] = value
+                elif new != partition:
+                    out.setdefault(new, []).append((key, value))
+                    gone.append((key, None))
+                    moved.keys += 1
+                    moved.bytes += len(key) + len(value)
+            for target, writes in out.items():
+                engines[target][store].write_batch(writes)
+            if gone:
+                own.write_batch(gone)
+            scanned += len(chunk)
+            if progress is not None:
+                progress(f"moving {store}", scanned, moved.entries)
+        task_entries.append(kept)
+    fresh = new_task_entries(store, config, task_entries)
+    if fresh:
+        for partition in range(plan.old, plan.new):
+            engines[partition][store].write_batch(list(fresh.items()))
+
+
+def _commit(storage: TaskStorage) -> CheckpointV2:
+    """Commit the task's new state through its backends; the checkpoint (not written)."""
+    task = storage.task
+    last = storage.last_checkpoint
+    offsets = {s: o for s, o in (last.input_offsets if last else {}).items() if s in task.ssps}
+    report = storage.commit(offsets, due=True, wait=True)
+    started = report.outcome.started
+    done = [r for r in report.completed if r.checkpoint_id == started]
+    if started is None or not done:
+        storage.close()
+        raise UserError(
+            f"task {task.name}: committing its re-sharded state failed ({report.outcome}); "
+            f"nothing was adopted: the job keeps its old state. Fix the cause (the log says "
+            f"which backend) and run sparkpoint state reshard JOB again"
+        )
+    checkpoint = CheckpointV2.from_json(done[0].checkpoint)
+    storage.close(CommittedState(started))
+    return checkpoint
+
+
+__all__ = ["Moved", "ReshardResult", "reshard"]

@@ -1,0 +1,196 @@
+"""``sparkpoint state reshard``: after an input grows, every key's state moves to the task its new
+partition maps it to, through the stores' backends, all or nothing.
+
+Proven on the filelog with the changelog and the blob-store backends: a 4 -> 8 -> 12 growth with
+a reshard between runs keeps every user's count exact (an independent count of the generated
+views), with the local state deleted after each reshard; a crash (``os._exit``, as ``kill -9``)
+at each step of the reshard leaves the job runnable and exact after the command runs again (or,
+past its commit point, after the job's own start finishes it); the refusals change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import UserError
+from sparkpoint.failpoints import RESHARD_POINTS
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.job_state import LIVENESS, DriverConflict, PartitionCountChanged
+from sparkpoint.storage.reshard import pending
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.reshard import reshard
+from sparkpoint.tools.state import committed_entries
+from sparkpoint.tools.streams import add_partitions
+from tests.e2e.cli import sp
+from tests.helpers import committed_counts, generate
+from tests.storage.test_state_backends import make, run
+
+BACKENDS = {
+    "changelog": {},
+    "blobstore": {
+        "stores.user-counts.changelog": "",
+        "stores.user-counts.backup.factories": "blobstore",
+    },
+}
+
+
+def grow(config: Config, partitions: int) -> None:
+    systems = Systems(config)
+    try:
+        add_partitions(config, systems, config.inputs[0], partitions)
+    finally:
+        systems.close()
+
+
+def assert_placed(config: Config, partitions: int) -> None:
+    """Every user's count is in the task its key maps to under ``partitions`` (crc32), once."""
+    seen: Counter[str] = Counter()
+    for task, key, _value in committed_entries(config, "user-counts"):
+        assert task == f"Partition {zlib.crc32(key.encode()) % partitions}", (task, key)
+        seen[key] += 1
+    assert set(seen.values()) == {1}
+
+
+def checkpoints_of(config: Config) -> dict[str, str]:
+    return {t.name: c.dumps() for t, c in CheckpointManager(config).read_all().items()}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_growth_4_8_12_keeps_every_key_exact(tmp_path: Path, backend: str) -> None:
+    config = make(tmp_path, **BACKENDS[backend])
+    expected = generate(config, tmp_path / "a.yaml", 1200, seed=1)
+    run(config, until_caught_up=True)
+    for step, partitions in enumerate((8, 12)):
+        grow(config, partitions)
+        expected += generate(config, tmp_path / "a.yaml", 400, seed=10 + step)
+        with pytest.raises(PartitionCountChanged, match="sparkpoint state reshard JOB"):
+            run(config, until_caught_up=True)
+        result = reshard(config)
+        assert result.streams == {"filelog.pageviews": (4 + 4 * step, partitions)}
+        moved = result.moved["user-counts"]
+        assert 0 < moved.keys < moved.entries == 50  # 50 users, some move, not all
+        assert_placed(config, partitions)
+        shutil.rmtree(config.store_base_dir)  # the state comes from the backend alone
+        run(config, until_caught_up=True)
+        assert committed_counts(config) == dict(expected)
+        assert_placed(config, partitions)
+    again = reshard(config)
+    assert "partition count it last ran with" in again.nothing
+
+
+@pytest.mark.parametrize("point", RESHARD_POINTS)
+def test_a_kill_at_each_step_leaves_the_job_runnable_and_exact(tmp_path: Path, point: str) -> None:
+    config = make(tmp_path)
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(config.to_dict()))
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=3)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    expected += generate(config, tmp_path / "a.yaml", 300, seed=4)
+    before = checkpoints_of(config)
+    flag = tmp_path / "crash.flag"
+    flag.write_text("0")
+    crash = ["--set", f"testing.crash.at={point}", "--set", f"testing.crash.flag={flag}"]
+    crash += ["--set", "testing.crash.mode=exit"]
+    killed = sp("state", "reshard", str(job_file), *crash, check=False)
+    assert killed.returncode != 0 and not flag.exists(), killed.stderr
+    metadata = CoordinatorStreamStore(config, source="test")
+    record = pending(metadata)
+    metadata.close()
+    if point == "reshard-after-state":  # before the commit point: nothing adopted
+        assert record is None
+        assert checkpoints_of(config) == before
+        with pytest.raises(PartitionCountChanged):
+            run(config, until_caught_up=True)
+        rerun = sp("state", "reshard", str(job_file))
+        assert "store user-counts: moved" in rerun.stdout
+    else:  # past it: the job's own start finishes the reshard
+        assert record is not None
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 8)
+
+
+def test_a_store_whose_keys_are_not_the_input_key_is_refused(tmp_path: Path) -> None:
+    from generate import write
+
+    config = make(tmp_path)
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(config.to_dict()))
+    write(str(gen), 600, 5, 50, key_field="page")  # keyed by page, counted by user
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    before = checkpoints_of(config)
+    for dry_run in (True, False):
+        with pytest.raises(UserError, match=r"store user-counts task Partition \d: key .* "):
+            reshard(config, dry_run=dry_run)
+    assert checkpoints_of(config) == before
+    with pytest.raises(UserError, match="stores.user-counts.reshard.key"):
+        reshard(config)
+
+
+def test_refused_while_the_job_runs_and_dry_run_changes_nothing(tmp_path: Path) -> None:
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 600, seed=6)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    metadata = CoordinatorStreamStore(config, source="test")
+    beat = {"host": "elsewhere", "pid": 1, "run-id": "r", "heartbeat": int(time.time() * 1000)}
+    metadata.put(LIVENESS, "driver", json.dumps(beat))
+    with pytest.raises(DriverConflict, match="is running already"):
+        reshard(config)
+    metadata.delete(LIVENESS, "driver")
+    metadata.close()
+    before = checkpoints_of(config)
+    dry = reshard(config, dry_run=True)
+    assert dry.dry_run and dry.moved["user-counts"].keys > 0
+    assert checkpoints_of(config) == before
+    reshard(config)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+
+
+def test_unread_input_keyed_by_the_old_count_is_refused(tmp_path: Path) -> None:
+    config = make(tmp_path)
+    generate(config, tmp_path / "a.yaml", 400, seed=7)
+    run(config, until_caught_up=True)
+    generate(config, tmp_path / "a.yaml", 100, seed=8)  # not read yet
+    systems = Systems(config)
+    try:
+        with pytest.raises(UserError, match="has not read all of filelog.pageviews"):
+            add_partitions(config, systems, config.inputs[0], 8)
+        assert systems.admin("filelog").partition_count("pageviews") == 4
+        add_partitions(config, systems, config.inputs[0], 8, force=True)
+    finally:
+        systems.close()
+    before = checkpoints_of(config)
+    with pytest.raises(UserError, match="written before the stream grew"):
+        reshard(config)
+    assert checkpoints_of(config) == before
+
+
+def test_the_command_prints_what_moved(tmp_path: Path) -> None:
+    config = make(tmp_path)
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(config.to_dict()))
+    generate(config, tmp_path / "a.yaml", 500, seed=9)
+    run(config, until_caught_up=True)
+    grown = sp("stream", "add-partitions", str(job_file), "pageviews", "--partitions", "8")
+    assert f"sparkpoint state reshard {job_file}" in grown.stdout
+    dry = sp("state", "reshard", str(job_file), "--dry-run")
+    assert "filelog.pageviews: 4 -> 8 partitions" in dry.stdout
+    assert "store user-counts: would move" in dry.stdout
+    done = sp("state", "reshard", str(job_file))
+    assert "store user-counts: moved" in done.stdout and "of 50 entries" in done.stdout
+    assert "re-sharded and adopted in" in done.stdout
+    nothing = sp("state", "reshard", str(job_file))
+    assert nothing.stdout.startswith("nothing to do: ")
