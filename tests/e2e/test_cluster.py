@@ -63,14 +63,15 @@ def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneC
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def test_worker_killed_mid_run_with_blob_store_in_azurite(tmp_path: Path) -> None:
+def test_worker_killed_mid_run_with_blob_store_in_azurite(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """The module's last test: it kills a worker of the module's cluster."""
     from sparkpoint.testing.services import AzuriteBlob
     from tests.e2e.cli import popen, slowest_batch, wait_for_checkpoints
 
-    with (
-        AzuriteBlob(tmp_path / "azurite") as azurite,
-        StandaloneCluster(tmp_path / "c2", workers=2) as c2,
-    ):
+    c2 = cluster
+    with AzuriteBlob(tmp_path / "azurite") as azurite:
         blob = azurite.config("state")
         sets = cluster_sets(
             tmp_path,

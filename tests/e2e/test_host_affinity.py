@@ -17,6 +17,7 @@ import pytest
 
 from sparkpoint.config import Config
 from sparkpoint.testing.spark_cluster import StandaloneCluster
+from sparkpoint.tools.jobs import job_overview
 from tests.e2e.cli import JOB, popen, slowest_batch, sp, wait_for_checkpoints
 from tests.e2e.test_cluster import cluster_sets, prepared
 from tests.helpers import (
@@ -130,20 +131,41 @@ def run_on_cluster(
     return config, expected, log, driver
 
 
-def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
-    tmp_path: Path,
+def test_a_restarted_driver_places_tasks_back_and_restores_nothing(
+    tmp_path: Path, cluster: StandaloneCluster
 ) -> None:
-    with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
-        config, expected, log, driver = run_on_cluster(c, tmp_path, 20_000, 32)
-        c.add_worker()
-        wait_for_line(log, r"host affinity: executor \S+ on \S+ joined", driver)
-        set_args = [
-            a for k, v in config.items() if k == "job.data.dir" for a in ("--set", f"{k}={v}")
-        ]
-        before = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
-        c.kill_worker(0)  # a lost host: its executor and its private state are gone
-        assert driver.wait(300) == 0, log.read_text()[-3000:]
-        text = log.read_text()
+    """State in a per-host directory (kept across applications): the new driver reads the
+    assignment from the coordinator stream and every task resumes from its local state."""
+    sets = affinity_sets(tmp_path)
+    sets = [s for s in sets if not s.startswith("job.logged.store.base.dir")]
+    sets.append(f"job.logged.store.base.dir={tmp_path / 'host-state'}")
+    config, set_args, expected = prepared(tmp_path, sets, 1_200, 34)
+    first = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    assert summary(first.stderr)[1] == 0  # a new job: nothing to restore
+    before = job_overview(config)["tasks"]
+    more = generate(config, tmp_path / "job.yaml", 1_000, seed=35, users=100)
+    second = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
+    _, restores, away = summary(second.stderr)
+    assert (restores, away) == (0, 0), second.stderr[-4000:]
+    after = job_overview(config)["tasks"]
+    assert [t["host"] for t in after] == [t["host"] for t in before]
+    assert changelog_view(config) == dict(expected + more)
+
+
+def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """On the module's cluster, after the tests that keep it as it is: this one adds a worker
+    and kills one, the next one adds another."""
+    c = cluster
+    config, expected, log, driver = run_on_cluster(c, tmp_path, 12_000, 32)
+    c.add_worker()
+    wait_for_line(log, r"host affinity: executor \S+ on \S+ joined", driver)
+    before = job_overview(config)["tasks"]
+    assert driver.poll() is None, "the run ended before the worker was lost: give it more input"
+    c.kill_worker(0)  # a lost host: its executor and its private state are gone
+    assert driver.wait(300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
     joined = re.search(r"host affinity: executor \S+ on \S+ joined", text)
     assert joined is not None
     assert "host affinity: task" not in text[: joined.start()]  # nothing moved to the new one
@@ -165,12 +187,15 @@ def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def test_a_rebalance_moves_tasks_to_an_added_worker(tmp_path: Path) -> None:
-    with StandaloneCluster(tmp_path / "c", workers=2, cores=1) as c:
-        config, expected, log, driver = run_on_cluster(c, tmp_path, 16_000, 33, "--rebalance")
-        c.add_worker()
-        assert driver.wait(300) == 0, log.read_text()[-3000:]
-        text = log.read_text()
+def test_a_rebalance_moves_tasks_to_an_added_worker(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    c = cluster  # two live workers (the test before killed one of three)
+    config, expected, log, driver = run_on_cluster(c, tmp_path, 10_000, 33, "--rebalance")
+    c.add_worker()
+    assert driver.poll() is None, "the run ended before the worker joined: give it more input"
+    assert driver.wait(300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
     _, restores, away = summary(text)
     joins = re.findall(r"host affinity: (executor \S+ on \S+) joined", text)
     assert joins, text[-4000:]
@@ -184,24 +209,3 @@ def test_a_rebalance_moves_tasks_to_an_added_worker(tmp_path: Path) -> None:
     # that registered late) moves empty stores, which restores nothing
     assert len(to_new) <= restores <= len(moved) and away == 0, text[-4000:]
     assert changelog_view(config) == dict(expected)
-
-
-def test_a_restarted_driver_places_tasks_back_and_restores_nothing(
-    tmp_path: Path, cluster: StandaloneCluster
-) -> None:
-    """State in a per-host directory (kept across applications): the new driver reads the
-    assignment from the coordinator stream and every task resumes from its local state."""
-    sets = affinity_sets(tmp_path)
-    sets = [s for s in sets if not s.startswith("job.logged.store.base.dir")]
-    sets.append(f"job.logged.store.base.dir={tmp_path / 'host-state'}")
-    config, set_args, expected = prepared(tmp_path, sets, 3_000, 34)
-    first = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
-    assert summary(first.stderr)[1] == 0  # a new job: nothing to restore
-    before = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
-    more = generate(config, tmp_path / "job.yaml", 1_000, seed=35, users=100)
-    second = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
-    _, restores, away = summary(second.stderr)
-    assert (restores, away) == (0, 0), second.stderr[-4000:]
-    after = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
-    assert [t["host"] for t in after] == [t["host"] for t in before]
-    assert changelog_view(config) == dict(expected + more)

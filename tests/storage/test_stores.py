@@ -63,6 +63,18 @@ class TestEngineContract:
         assert [k for k, _ in engine.all()] == [b"a", b"b", b"c", b"d", b"e"]
         assert list(engine.range(b"x", b"z")) == []
 
+    def test_entries_from_scans_in_chunks_from_a_key_with_no_upper_bound(
+        self, engine: KeyValueEngine
+    ) -> None:
+        keys = [b"a", b"b", b"b\x00", b"c", b"\xff" * 64, b"\xff" * 64 + b"z"]
+        engine.write_batch((k, k) for k in reversed(keys))
+        assert engine.entries_from(b"b", 2) == [(b"b", b"b"), (b"b\x00", b"b\x00")]
+        scanned, start = [], b""
+        while chunk := engine.entries_from(start, 2):
+            scanned += [k for k, _ in chunk]
+            start = chunk[-1][0] + b"\x00"
+        assert scanned == keys
+
     def test_flush_and_use_after_close(self, engine: KeyValueEngine) -> None:
         engine.put(b"a", b"1")
         engine.flush()

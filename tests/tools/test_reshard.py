@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.checkpoint.manager import CheckpointManager
-from sparkpoint.config import Config
+from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.failpoints import RESHARD_POINTS
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
@@ -194,3 +194,27 @@ def test_the_command_prints_what_moved(tmp_path: Path) -> None:
     assert "re-sharded and adopted in" in done.stdout
     nothing = sp("state", "reshard", str(job_file))
     assert nothing.stdout.startswith("nothing to do: ")
+
+
+def test_a_second_growth_before_the_reshard_and_non_transactional_state_are_refused(
+    tmp_path: Path,
+) -> None:
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=11)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    with pytest.raises(UserError, match="grew already since job pageviews last ran"):
+        grow(config, 12)
+    loose = load_config(
+        None, {**config.to_dict(), "task.transactional.state.checkpoint.enabled": "false"}
+    )
+    before = checkpoints_of(config)
+    with pytest.raises(UserError, match="task.transactional.state.checkpoint.enabled=false"):
+        reshard(loose)
+    assert checkpoints_of(config) == before
+    reshard(config)
+    grow(config, 12)  # after the reshard, it may grow again
+    reshard(config)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 12)

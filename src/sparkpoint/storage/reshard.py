@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,12 +106,11 @@ def key_route(config: Config, store: str) -> Route:
         inner = _window_key
     else:
         inner = _function(config, store, setting)
-    has_ttl = ttl.ttl_of(config, store) is not None
     timers = config.get_str("task.timers.store") == store
     skip = len(TIMER) + 1 + TIME.size
 
     def route(raw: bytes) -> bytes | None:
-        if has_ttl and raw == ttl.FORMAT_KEY:
+        if raw == ttl.FORMAT_KEY:  # also left by a TTL removed since
             return TASK_ENTRY
         if not timers:
             return inner(raw)
@@ -122,6 +121,31 @@ def key_route(config: Config, store: str) -> Route:
         return TASK_ENTRY  # event time: per partition (W), the task's watermark (M, S)
 
     return route
+
+
+def input_keys(config: Config, store: str) -> Callable[[Sequence[bytes]], Sequence[bytes | None]]:
+    """:func:`key_route` over a chunk of raw keys (the keys themselves, without a call per key,
+    for a plain store). A key not of the store's layout is an error naming it."""
+    setting = config.get_str(f"stores.{store}.reshard.key") or "key"
+    if setting == "key" and config.get_str("task.timers.store") != store:
+        reserved = ttl.FORMAT_KEY
+        return lambda keys: [TASK_ENTRY if k == reserved else k for k in keys]
+    route = key_route(config, store)
+
+    def routed(keys: Sequence[bytes]) -> list[bytes | None]:
+        out = []
+        for key in keys:
+            try:
+                out.append(route(key))
+            except ValueError as exc:
+                raise UserError(
+                    f"store {store}: key {key[:60]!r} is not of the layout stores.{store}."
+                    f"reshard.key={setting} reads ({exc}); nothing was changed. Set it to the "
+                    f"store's layout (key, window, or a function module:function)"
+                ) from exc
+        return out
+
+    return routed
 
 
 def new_task_entries(
@@ -211,11 +235,14 @@ def finish_pending(
         ", ".join(f"{s}: {n}" for s, n in sorted(record.partitions.items())),
     )
     checkpoints = CheckpointManager(config, systems)
-    for task, data in sorted(record.checkpoints.items()):
-        checkpoint = CheckpointV2.from_json(data)
-        offsets = v1_changelog_offsets(config, checkpoint.state_checkpoint_markers)
-        checkpoints.write_checkpoint(TaskName(task), checkpoint, changelog_offsets=offsets)
-        maybe_crash(config, "reshard-roll-forward")
+    try:
+        for task, data in sorted(record.checkpoints.items()):
+            checkpoint = CheckpointV2.from_json(data)
+            offsets = v1_changelog_offsets(config, checkpoint.state_checkpoint_markers)
+            checkpoints.write_checkpoint(TaskName(task), checkpoint, changelog_offsets=offsets)
+            maybe_crash(config, "reshard-roll-forward")
+    finally:
+        checkpoints.close()
     metadata.put_all(SET_CHANGELOG, {t: str(p) for t, p in record.changelog.items()})
     fan_out = {
         task: dump_fan_out({SystemStreamPartition.parse(s): StartpointOldest() for s in ssps})
@@ -258,6 +285,7 @@ __all__ = [
     "ReshardRecord",
     "finish_pending",
     "growth_of",
+    "input_keys",
     "key_route",
     "new_task_entries",
     "pending",

@@ -145,13 +145,15 @@ class StandaloneCluster:
             time.sleep(0.2)
 
     def add_worker(self, timeout: float = 90.0) -> int:
-        """Start one more worker (like a host joining the cluster); its index."""
+        """Start one more worker (like a host joining the cluster, also after one was killed);
+        its index, once it has registered."""
         index = self.workers
         self.workers += 1
+        want = self.alive_workers() + 1
         proc = self._spawn_worker(index)
         self.worker_procs.append(proc)
         deadline = time.monotonic() + timeout
-        while self.alive_workers() < self.workers:
+        while self.alive_workers() < want:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {index} did not register in {timeout}s")
             time.sleep(0.2)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -49,7 +49,7 @@ from sparkpoint.metadata.job_state import (
     stored_changelog_partitions,
     with_changelog_partitions,
 )
-from sparkpoint.model import JobModel, SystemStream, TaskName
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import store_backends
 from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
 from sparkpoint.storage.changelog.backend import changelog_stream
@@ -59,16 +59,15 @@ from sparkpoint.storage.reshard import (
     RESHARD,
     TASK_ENTRY,
     ReshardRecord,
-    Route,
     finish_pending,
     growth_of,
-    key_route,
+    input_keys,
     new_task_entries,
     pending,
 )
 from sparkpoint.storage.state_id import CleanStart, CommittedState
 from sparkpoint.storage.task_storage import TaskStorage
-from sparkpoint.system.base import SystemAdmin
+from sparkpoint.system.base import IntegerOffsets, SystemAdmin
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 from sparkpoint.tools.state import committed_raw_entries
@@ -206,13 +205,21 @@ def _plan(
             f"to the same count (sparkpoint stream add-partitions) and run the reshard again"
         )
     old, new = pairs.pop()
-    behind = sorted(str(ss) for ss, n in counts.items() if ss not in grown and n != new)
+    behind = sorted(str(ss) for ss in counts if ss not in grown)
     if behind:
         raise UserError(
-            f"input stream(s) {', '.join(behind)} of job {config.job_name} do not have the "
-            f"{new} partitions the grown inputs have: a task is a partition number of every "
-            f"input; grow them too (sparkpoint stream add-partitions JOB STREAM --partitions "
+            f"input stream(s) {', '.join(behind)} of job {config.job_name} did not grow from "
+            f"{old} to {new} partitions with the others: a task is a partition number of every "
+            f"input, and the reshard moves state between the tasks of inputs that all had "
+            f"{old}; grow them too (sparkpoint stream add-partitions JOB STREAM --partitions "
             f"{new}) and run the reshard again"
+        )
+    if not config.get_bool("task.transactional.state.checkpoint.enabled"):
+        raise UserError(
+            f"job {config.job_name} runs with task.transactional.state.checkpoint.enabled="
+            f"false: its stores restore to their newest changelog entry, not to their "
+            f"checkpoints, so a reshard that stopped half-way could not be redone from the old "
+            f"state. Run the reshard with --set task.transactional.state.checkpoint.enabled=true"
         )
     if config.intermediate_streams:
         names = ", ".join(str(s) for s in config.intermediate_streams)
@@ -256,8 +263,10 @@ def _check_unread(
     from sparkpoint.tools.streams import committed_read_offsets
 
     problems = []
+    recorded = True
     for ss, (old, _new) in sorted(grown.items(), key=lambda item: str(item[0])):
         growth = growth_of(metadata, str(ss))
+        recorded &= growth is not None
         if growth is None and unread_after_growth:
             continue
         admin = systems.admin(ss.system)
@@ -271,19 +280,24 @@ def _check_unread(
             if admin.offset_comparator(offset, end) < 0:
                 problems.append(f"{ssp} from offset {offset} up to {end}")
     if problems:
-        how = (
-            "written before the stream grew"
-            if not unread_after_growth
-            else "written before the stream grew (by stream add-partitions)"
+        unknown = (
+            ""
+            if recorded
+            else (
+                " (the stream did not grow by stream add-partitions, so every unread record of an "
+                "old partition counts as written before it grew; if they were written after it, "
+                "with the new count, pass --unread-after-growth)"
+            )
         )
         raise UserError(
-            f"job {config.job_name} has not read input {how}, keyed by the old partition "
-            f"count: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}. After a "
-            f"reshard the task reading them would not hold their keys' state, so nothing was "
-            f"changed. Stop the producers and run the job to the end of its input before "
-            f"growing a stream; if these records were written after the growth (with the new "
-            f"count), pass --unread-after-growth; to drop them, move the job's offsets past them "
-            f"(sparkpoint checkpoint set)"
+            f"job {config.job_name} has not read input written before the stream grew, keyed "
+            f"by the old partition count: {'; '.join(problems[:3])}"
+            f"{' ...' if len(problems) > 3 else ''}{unknown}. After a reshard the task reading "
+            f"them would not hold their keys' state, so nothing was changed. The job cannot "
+            f"read them now: skip them (they are not processed) by moving the job's offsets "
+            f"past them with sparkpoint checkpoint set JOB --file offsets.yaml, then run the "
+            f"reshard again. Next time, stop the producers and run the job to the end of its "
+            f"input before growing a stream"
         )
 
 
@@ -301,12 +315,17 @@ def _mismatch(config: Config, store: str, task: str, key: bytes, want: int, old:
     )
 
 
-def _target(route: Route, admin: SystemAdmin, key: bytes, count: int) -> int | None:
-    try:
-        message_key = route(key)
-    except ValueError:
-        return -1  # not of the store's layout: no partition
-    return None if message_key is TASK_ENTRY else admin.partition_for_key(message_key, count)
+def _placed(
+    keys_of: Callable[[Sequence[bytes]], Sequence[bytes | None]],
+    admin: SystemAdmin,
+    keys: Sequence[bytes],
+    count: int,
+) -> list[int | None]:
+    """The partition among ``count`` of each raw key's input key (None: an entry of the task)."""
+    message_keys = keys_of(keys)
+    found = [k for k in message_keys if k is not TASK_ENTRY]
+    placed = iter(admin.partitions_for_keys(found, count))
+    return [None if k is TASK_ENTRY else next(placed) for k in message_keys]
 
 
 def _partition(task: TaskName) -> int:
@@ -323,19 +342,22 @@ def _partition(task: TaskName) -> int:
 def _dry_run(config: Config, plan: _Plan, result: ReshardResult, progress: Progress | None) -> None:
     """Read the committed state (as ``state dump`` does), check every key, count the moves."""
     for store in config.stores:
-        route = key_route(config, store)
+        keys_of = input_keys(config, store)
         moved = result.moved.setdefault(store, Moved())
-        for task, key, value in committed_raw_entries(config, store):
-            owner = _partition(TaskName(task))
-            old = _target(route, plan.admin, key, plan.old)
-            if old is not None and old != owner:
-                raise _mismatch(config, store, task, key, old, plan.old)
-            moved.entries += 1
-            new = _target(route, plan.admin, key, plan.new)
-            if new is not None and new != owner:
-                moved.keys += 1
-                moved.bytes += len(key) + len(value)
-            if progress is not None and moved.entries % CHUNK == 0:
+        rows = committed_raw_entries(config, store)
+        while chunk := list(islice(rows, CHUNK)):
+            keys = [key for _task, key, _value in chunk]
+            olds = _placed(keys_of, plan.admin, keys, plan.old)
+            news = _placed(keys_of, plan.admin, keys, plan.new)
+            for (task, key, value), old, new in zip(chunk, olds, news, strict=True):
+                owner = _partition(TaskName(task))
+                if old is not None and old != owner:
+                    raise _mismatch(config, store, task, key, old, plan.old)
+                if new is not None and new != owner:
+                    moved.keys += 1
+                    moved.bytes += len(key) + len(value)
+            moved.entries += len(chunk)
+            if progress is not None:
                 progress(f"checking {store}", moved.entries, None)
 
 
@@ -364,6 +386,7 @@ def _run(
                 last_checkpoint=plan.checkpoints.get(task.name),
             )
             storages[_partition(task.name)] = storage
+            _require_copies(config, storage)
             storage.open(CleanStart(run_id))
             if progress is not None:
                 progress("restoring", len(storages), len(plan.model.tasks))
@@ -373,12 +396,15 @@ def _run(
         for store in config.stores:
             _move(config, plan, store, engines, result.moved[store], progress)
         record = ReshardRecord(reshard_id, {s: n for s, (_o, n) in plan.streams.items()}, plan.old)
-        for partition, storage in sorted(storages.items()):
-            checkpoint = _commit(storage)
+        for _number, storage in sorted(storages.items()):
+            grown = [s for s in storage.task.sorted_ssps() if str(s.system_stream) in plan.streams]
+            fresh = [s for s in grown if s.partition >= plan.old]  # written since the growth
+            before = _before_oldest(systems, fresh)
+            checkpoint = commit_unwritten(storage, before)
             name = storage.task.name.name
             record.checkpoints[name] = checkpoint.to_json()
-            if partition >= plan.old:
-                record.oldest[name] = [str(s) for s in storage.task.sorted_ssps()]
+            if len(before) < len(fresh):  # offsets that are not integers: a startpoint
+                record.oldest[name] = [str(s) for s in fresh if s not in before]
             if progress is not None:
                 progress("committing", len(record.checkpoints), len(storages))
         record.changelog = dict(plan.added_changelog)
@@ -415,14 +441,10 @@ def _grow_changelogs(config: Config, systems: Systems, model: JobModel) -> None:
 def _entries(engine: KeyValueEngine) -> Iterator[list[tuple[bytes, bytes]]]:
     """The engine's entries in key order, a chunk at a time, read ahead of any change the
     caller makes between chunks."""
-    after = b""
-    while True:
-        chunk = list(islice(engine.range(after, b"\xff" * 64), CHUNK))
-        chunk = [kv for kv in chunk if kv[0] != after or not after]
-        if not chunk:
-            return
+    start = b""
+    while chunk := engine.entries_from(start, CHUNK):
         yield chunk
-        after = chunk[-1][0] + b"\x00"
+        start = chunk[-1][0] + b"\x00"
 
 
 def _check_keys(
@@ -434,12 +456,12 @@ def _check_keys(
 ) -> int:
     """Check that every entry of the old tasks is in the task its key maps to under the old
     count (the store follows the input key); how many entries they have."""
-    route = key_route(config, store)
+    keys_of = input_keys(config, store)
     seen = 0
     for partition in range(plan.old):
         for chunk in _entries(engines[partition][store]):
-            for key, _value in chunk:
-                old = _target(route, plan.admin, key, plan.old)
+            keys = [key for key, _value in chunk]
+            for key, old in zip(keys, _placed(keys_of, plan.admin, keys, plan.old), strict=True):
                 if old is not None and old != partition:
                     task = TaskName.for_partition(partition).name
                     raise _mismatch(config, store, task, key, old, plan.old)
@@ -459,7 +481,7 @@ def _move(
 ) -> None:
     """Move each entry of the old tasks whose key maps to another task under the new count
     (an entry that arrived from a task scanned earlier maps to its new task: it stays)."""
-    route = key_route(config, store)
+    keys_of = input_keys(config, store)
     scanned = 0
     task_entries: list[dict[bytes, bytes]] = []
     for partition in range(plan.old):
@@ -468,8 +490,8 @@ def _move(
         for chunk in _entries(own):
             out: dict[int, list[tuple[bytes, bytes | None]]] = {}
             gone: list[tuple[bytes, bytes | None]] = []
-            for key, value in chunk:
-                new = _target(route, plan.admin, key, plan.new)
+            news = _placed(keys_of, plan.admin, [key for key, _value in chunk], plan.new)
+            for (key, value), new in zip(chunk, news, strict=True):
                 if new is None:
                     kept[key] = value
                 elif new != partition:
@@ -491,11 +513,48 @@ def _move(
             engines[partition][store].write_batch(list(fresh.items()))
 
 
-def _commit(storage: TaskStorage) -> CheckpointV2:
-    """Commit the task's new state through its backends; the checkpoint (not written)."""
+def _require_copies(config: Config, storage: TaskStorage) -> None:
+    """Refuse a task whose committed state of a store without a backup backend is not on this
+    machine: it would restore empty, and the empty state would be committed."""
+    cid = storage.last_checkpoint_id
+    if cid is None:
+        return
+    for store in config.stores:
+        if not store_backends(config, store, "backup") and not storage.local.has_checkpoint(
+            store, cid
+        ):
+            raise UserError(
+                f"task {storage.task.name} store {store}: the store has no backup backend and "
+                f"its checkpoint {cid} is not on this machine "
+                f"({storage.local.checkpoint_dir(store, cid)}): its state is only on the "
+                f"executor that ran the task. Run the reshard there (with its "
+                f"job.logged.store.base.dir), or give the store a changelog or a blob store"
+            )
+
+
+def _before_oldest(
+    systems: Systems, ssps: list[SystemStreamPartition]
+) -> dict[SystemStreamPartition, str]:
+    """For partitions whose offsets are integers: the offset before the oldest, as a
+    checkpoint's last processed offset (the task reads the partition from its oldest)."""
+    out = {}
+    for ssp in ssps:
+        admin = systems.admin(ssp.system)
+        if isinstance(admin, IntegerOffsets):
+            oldest = admin.get_metadata([ssp])[ssp].oldest
+            out[ssp] = str(int(oldest) - 1)
+    return out
+
+
+def commit_unwritten(
+    storage: TaskStorage, offsets: Mapping[SystemStreamPartition, str] | None = None
+) -> CheckpointV2:
+    """Commit the task's state through its backends (its last checkpoint's input offsets, and
+    ``offsets``) and close it; the checkpoint, which is not written."""
     task = storage.task
     last = storage.last_checkpoint
-    offsets = {s: o for s, o in (last.input_offsets if last else {}).items() if s in task.ssps}
+    kept = {s: o for s, o in (last.input_offsets if last else {}).items() if s in task.ssps}
+    offsets = {**kept, **(offsets or {})}
     report = storage.commit(offsets, due=True, wait=True)
     started = report.outcome.started
     done = [r for r in report.completed if r.checkpoint_id == started]
@@ -511,4 +570,4 @@ def _commit(storage: TaskStorage) -> CheckpointV2:
     return checkpoint
 
 
-__all__ = ["Moved", "ReshardResult", "reshard"]
+__all__ = ["Moved", "ReshardResult", "commit_unwritten", "reshard"]

@@ -57,7 +57,7 @@ def add_partitions(
     is recorded for ``state reshard``, which moves the state to the new tasks."""
     from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
     from sparkpoint.metadata.job_state import refuse_if_running
-    from sparkpoint.storage.reshard import record_growth
+    from sparkpoint.storage.reshard import growth_of, record_growth
 
     admin = systems.admin(stream.system)
     before = admin.partition_count(stream.stream)
@@ -72,6 +72,13 @@ def add_partitions(
     try:
         if metadata is not None:
             refuse_if_running(metadata, config.job_name, "add-partitions", force=False)
+            if growth_of(metadata, str(stream)) is not None:
+                raise UserError(
+                    f"stream {stream} grew already since job {config.job_name} last ran: move "
+                    f"its state to the tasks of that count first (sparkpoint state reshard "
+                    f"JOB), then grow it again (records written between two growths would be "
+                    f"keyed by a count no task follows)"
+                )
             unread = _unread(config, systems, stream)
             if unread and not force:
                 raise UserError(
@@ -79,8 +86,9 @@ def add_partitions(
                     f"({'; '.join(unread[:3])}): those records are keyed by {before} partitions, "
                     f"and once the stream grows no task could read them with their keys' state. "
                     f"Stop the producers, run the job to the end of its input (sparkpoint run "
-                    f"JOB --until-caught-up), then grow it; --force grows it anyway (state "
-                    f"reshard then refuses until the job's offsets are past them)"
+                    f"JOB --until-caught-up), then grow it. --force grows it anyway: the job "
+                    f"can then never process those records (state reshard refuses until its "
+                    f"offsets are moved past them with sparkpoint checkpoint set)"
                 )
         admin.add_partitions(stream.stream, partitions)
         if metadata is not None:

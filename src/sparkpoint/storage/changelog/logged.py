@@ -75,6 +75,9 @@ class LoggedEngine(KeyValueEngine):
     def all(self) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.all()
 
+    def entries_from(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        return self.inner.entries_from(start, limit)
+
     def flush(self) -> None:
         self.inner.flush()
 

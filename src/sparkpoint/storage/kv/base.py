@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import dropwhile, islice
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -47,6 +48,11 @@ class KeyValueEngine(ABC):
     @abstractmethod
     def all(self) -> Iterator[tuple[bytes, bytes]]:
         """Every entry in key order."""
+
+    def entries_from(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` entries with ``key >= start``, in key order: a scan in chunks, each
+        read ahead of any write the caller makes before asking for the next one."""
+        return list(islice(dropwhile(lambda kv: kv[0] < start, self.all()), limit))
 
     @abstractmethod
     def flush(self) -> None:

@@ -54,6 +54,12 @@ class InMemoryEngine(KeyValueEngine):
         d = self._d()
         return iter([(k, d[k]) for k in sorted(d)])
 
+    def entries_from(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        d = self._d()
+        keys = sorted(d)
+        lo = bisect.bisect_left(keys, start)
+        return [(k, d[k]) for k in keys[lo : lo + limit]]
+
     def flush(self) -> None:
         self._d()
 

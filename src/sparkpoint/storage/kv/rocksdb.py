@@ -13,6 +13,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import cast
 
@@ -109,6 +110,10 @@ class RocksDBEngine(KeyValueEngine):
                 break
             yield key, it.value()
             it.next()
+
+    def entries_from(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        items = cast("Iterator[tuple[bytes, bytes]]", iter(self._d().items(from_key=start)))
+        return list(islice(items, limit))
 
     def all(self) -> Iterator[tuple[bytes, bytes]]:
         it = self._d().iter()
