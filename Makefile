@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -92,6 +92,9 @@ bench-exactly-once: setup
 # counting per user through a re-key vs on input already partitioned by user (target >= 0.5x)
 bench-rekey: setup
 	@.venv/bin/python bench/rekey.py
+
+bench-reshard: setup
+	@.venv/bin/python bench/reshard.py
 
 # sparkpoint vs Spark Structured Streaming, PyFlink, Bytewax and Quix Streams (each installed into
 # its own venv under bench/out/venvs): throughput, recovery, checkpoint cost; about 40 minutes

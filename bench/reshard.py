@@ -8,7 +8,8 @@ task. The input then grows to 8 partitions.
 
 * **copy**: every entry read from the 4 tasks' stores and written, in write batches, to fresh
   RocksDB stores (the least a copy of the state in Python over RocksDB does: no changelog, no
-  commit);
+  commit); **copy with changelog**: the same, each write also appended to a new changelog
+  stream, as a changelog-backed store's writes are (the state's backup copied too);
 * **reshard**: ``state reshard`` (restore, check every key, move half of them with their
   changelog puts and tombstones, commit every task, adopt).
 
@@ -37,6 +38,8 @@ from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore  # noqa: E402
 from sparkpoint.metadata.job_state import INPUT_PARTITIONS  # noqa: E402
 from sparkpoint.model import SystemStreamPartition, TaskModel, TaskName  # noqa: E402
+from sparkpoint.storage.changelog.logged import LoggedEngine  # noqa: E402
+from sparkpoint.storage.kv.base import KeyValueEngine  # noqa: E402
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine  # noqa: E402
 from sparkpoint.storage.local import LocalTaskState  # noqa: E402
 from sparkpoint.storage.state_id import CleanStart  # noqa: E402
@@ -94,24 +97,38 @@ def seed(config: Config, entries: int, value_bytes: int) -> int:
     return size
 
 
-def copy(config: Config, out: Path) -> float:
-    """Every entry of the 4 tasks' committed stores into fresh stores, in write batches."""
+def copy(config: Config, out: Path, *, changelog: str | None = None) -> float:
+    """Every entry of the 4 tasks' committed stores into fresh stores, in write batches; with
+    ``changelog``, also appended to that new changelog stream (as the stores' writes are)."""
+    systems = Systems(config)
+    producer = None
+    if changelog is not None:
+        systems.admin("filelog").create_stream(StreamSpec(changelog, 4, True))
+        producer = systems.producer("filelog")
+    batch_size = config.get_int(f"stores.{STORE}.write.batch.size")
     started = time.perf_counter()
     for partition in range(4):
         local = LocalTaskState(config.store_base_dir, TaskName.for_partition(partition))
         source = RocksDBEngine(STORE, local.store_dir(STORE), read_only=True)
-        target = RocksDBEngine(STORE, out / str(partition))
-        batch: list[tuple[bytes, bytes | None]] = []
-        for key, value in source.all():
-            batch.append((key, value))
-            if len(batch) >= CHUNK:
-                target.write_batch(batch)
-                batch = []
-        target.write_batch(batch)
+        target: KeyValueEngine = RocksDBEngine(STORE, out / str(partition))
+        if producer is not None and changelog is not None:
+            ssp = SystemStreamPartition("filelog", changelog, partition)
+            target = LoggedEngine(target, producer, ssp, batch_size)
+        start = b""
+        while chunk := source.entries_from(start, CHUNK):
+            target.write_batch(chunk)
+            start = chunk[-1][0] + b"\x00"
+        if isinstance(target, LoggedEngine):
+            target.drain()
         target.flush()
         source.close()
         target.close()
-    return time.perf_counter() - started
+    if producer is not None:
+        producer.flush()
+        producer.close()
+    seconds = time.perf_counter() - started
+    systems.close()
+    return seconds
 
 
 def main() -> None:
@@ -128,7 +145,7 @@ def main() -> None:
             f"seeded {args.entries:,} entries, {size / 2**20:,.0f} MiB of keys and values, "
             f"in {time.perf_counter() - started:.0f} s"
         )
-        copies, reshards, fs = [], [], []
+        copies, logged, reshards, fs = [], [], [], []
         for r in range(args.rounds):
             work = Path(tmp) / f"round-{r}"
             shutil.copytree(base, work)
@@ -137,21 +154,27 @@ def main() -> None:
             shutil.copytree(config.store_base_dir, Path(tmp) / f"cp-{r}")
             fs.append(time.perf_counter() - started)
             copies.append(copy(config, Path(tmp) / f"copy-{r}"))
+            logged.append(copy(config, Path(tmp) / f"logged-{r}", changelog=f"copy-{r}"))
             started = time.perf_counter()
             result = reshard(config)
             reshards.append(time.perf_counter() - started)
             moved = result.moved[STORE]
             assert moved.entries == args.entries, (moved.entries, args.entries)
             print(
-                f"round {r + 1}: cp -r {fs[-1]:.1f} s, copy {copies[-1]:.1f} s, reshard "
+                f"round {r + 1}: cp -r {fs[-1]:.1f} s, copy {copies[-1]:.1f} s, copy with "
+                f"changelog {logged[-1]:.1f} s, reshard "
                 f"{reshards[-1]:.1f} s (moved {moved.keys:,} entries, "
                 f"{moved.bytes / 2**20:,.0f} MiB)"
             )
             shutil.rmtree(work)
         c, s = statistics.median(copies), statistics.median(reshards)
-        print(f"copy:    {c:6.1f} s  ({size / 2**20 / c:,.0f} MiB/s)")
-        print(f"reshard: {s:6.1f} s  ({size / 2**20 / s:,.0f} MiB/s)")
+        w = statistics.median(logged)
+        mib = size / 2**20
+        print(f"copy:                 {c:6.1f} s  ({mib / c:,.0f} MiB/s)")
+        print(f"copy with changelog:  {w:6.1f} s  ({mib / w:,.0f} MiB/s)")
+        print(f"reshard:              {s:6.1f} s  ({mib / s:,.0f} MiB/s)")
         print(f"reshard / copy: {s / c:.2f}x (target: at most 3x)")
+        print(f"reshard / copy with changelog: {s / w:.2f}x")
         print(f"(cp -r of the stores: {statistics.median(fs):.1f} s)")
 
 

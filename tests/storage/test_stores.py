@@ -74,6 +74,7 @@ class TestEngineContract:
             scanned += [k for k, _ in chunk]
             start = chunk[-1][0] + b"\x00"
         assert scanned == keys
+        assert engine.keys_from(b"b\x00", 3) == [b"b\x00", b"c", b"\xff" * 64]
 
     def test_flush_and_use_after_close(self, engine: KeyValueEngine) -> None:
         engine.put(b"a", b"1")

@@ -16,6 +16,7 @@ import time
 import zlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from sparkpoint.failpoints import RESHARD_POINTS
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import LIVENESS, DriverConflict, PartitionCountChanged
 from sparkpoint.storage.reshard import pending
+from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.reshard import reshard
 from sparkpoint.tools.state import committed_entries
@@ -218,3 +220,67 @@ def test_a_second_growth_before_the_reshard_and_non_transactional_state_are_refu
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
     assert_placed(config, 12)
+
+
+def test_a_dataframe_job_s_state_is_resharded(tmp_path: Path, spark: Any) -> None:
+    from pageviews_pipeline import job as pipeline
+
+    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from tests.helpers import run_until_caught_up
+
+    config = make(tmp_path, **{"task.batch.max.messages": "400"})
+    expected = generate(config, tmp_path / "a.yaml", 900, seed=12)
+    run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+    grow(config, 8)
+    expected += generate(config, tmp_path / "a.yaml", 300, seed=13)
+    assert reshard(config).moved["user-counts"].keys > 0
+    run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 8)
+
+
+@pytest.mark.kafka
+def test_on_kafka_keys_move_to_their_murmur2_partition(tmp_path: Path) -> None:
+    """Tansu deviation (docs/kafka.md): it cannot add partitions, so the topic has 8 from the
+    start, the first views are placed as a 4-partition topic would place them (murmur2 % 4),
+    and the job's stored count is set to 4 as if it had last run on 4 partitions."""
+    from generate import events
+
+    from sparkpoint.metadata.job_state import INPUT_PARTITIONS
+    from sparkpoint.system.kafka.partitioner import kafka_partition
+    from sparkpoint.testing.services import TansuKafka
+    from sparkpoint.tools.streams import Message, send_messages
+    from tests.conftest import pageviews_config
+
+    with TansuKafka(tmp_path / "tansu") as broker:
+        values = pageviews_config(
+            tmp_path,
+            broker.config("log"),
+            **{
+                "stores.user-counts.changelog": "log.user-counts-changelog",
+                "task.batch.max.messages": "200",
+                "task.commit.ms": "0",
+            },
+        )
+        config = load_config(None, values)
+        stream = config.inputs[0]
+        systems = Systems(config)
+        systems.admin("log").create_stream(StreamSpec("pageviews", 8))
+        first = list(events(500, 14, 50))
+        placed = [Message(e, e["user"], kafka_partition(str(e["user"]).encode(), 4)) for e in first]
+        send_messages(config, systems, stream, placed)
+        run(config, until_caught_up=True)
+        metadata = CoordinatorStreamStore(config, systems, source="test")
+        metadata.put(INPUT_PARTITIONS, str(stream), "4")
+        metadata.close()
+        second = list(events(300, 15, 50))
+        send_messages(config, systems, stream, [Message(e, e["user"]) for e in second])
+        systems.close()
+        result = reshard(config, unread_after_growth=True)  # the second views: keyed by 8
+        assert result.moved["user-counts"].keys > 0
+        run(config, until_caught_up=True)
+        expected = Counter(str(e["user"]) for e in first + second)
+        assert committed_counts(config) == dict(expected)
+        for task, key, _value in committed_entries(config, "user-counts"):
+            assert task == f"Partition {kafka_partition(key.encode(), 8)}", (task, key)

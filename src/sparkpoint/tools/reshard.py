@@ -459,13 +459,14 @@ def _check_keys(
     keys_of = input_keys(config, store)
     seen = 0
     for partition in range(plan.old):
-        for chunk in _entries(engines[partition][store]):
-            keys = [key for key, _value in chunk]
+        engine, start = engines[partition][store], b""
+        while keys := engine.keys_from(start, CHUNK):
+            start = keys[-1] + b"\x00"
             for key, old in zip(keys, _placed(keys_of, plan.admin, keys, plan.old), strict=True):
                 if old is not None and old != partition:
                     task = TaskName.for_partition(partition).name
                     raise _mismatch(config, store, task, key, old, plan.old)
-            seen += len(chunk)
+            seen += len(keys)
             if progress is not None:
                 progress(f"checking {store}", seen, None)
     return seen

@@ -78,6 +78,9 @@ class LoggedEngine(KeyValueEngine):
     def entries_from(self, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         return self.inner.entries_from(start, limit)
 
+    def keys_from(self, start: bytes, limit: int) -> list[bytes]:
+        return self.inner.keys_from(start, limit)
+
     def flush(self) -> None:
         self.inner.flush()
 

@@ -54,6 +54,11 @@ class KeyValueEngine(ABC):
         read ahead of any write the caller makes before asking for the next one."""
         return list(islice(dropwhile(lambda kv: kv[0] < start, self.all()), limit))
 
+    def keys_from(self, start: bytes, limit: int) -> list[bytes]:
+        """The keys of :meth:`entries_from`, without reading their values where the engine
+        can."""
+        return [key for key, _value in self.entries_from(start, limit)]
+
     @abstractmethod
     def flush(self) -> None:
         """Make every write so far durable on local disk (no-op for in-memory engines)."""

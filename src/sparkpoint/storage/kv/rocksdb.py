@@ -115,6 +115,10 @@ class RocksDBEngine(KeyValueEngine):
         items = cast("Iterator[tuple[bytes, bytes]]", iter(self._d().items(from_key=start)))
         return list(islice(items, limit))
 
+    def keys_from(self, start: bytes, limit: int) -> list[bytes]:
+        keys = cast("Iterator[bytes]", iter(self._d().keys(from_key=start)))
+        return list(islice(keys, limit))
+
     def all(self) -> Iterator[tuple[bytes, bytes]]:
         it = self._d().iter()
         it.seek_to_first()
