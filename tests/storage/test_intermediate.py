@@ -85,6 +85,42 @@ def test_views_are_counted_per_user_in_the_partition_of_their_user(tmp_path: Pat
         assert admin.partition_for_key(key, 4) == int(str(row["partition"]))
 
 
+def test_each_batch_line_shows_each_stage_s_lag(tmp_path: Path) -> None:
+    from sparkpoint.runtime.driver.progress import stages_note
+    from sparkpoint.runtime.driver.reports import BatchReport
+
+    config = rekey_job(tmp_path)
+    views(config, tmp_path, 600, seed=91)
+    reports: list[BatchReport] = []
+
+    class Recorder:
+        def on_start(self, model: object) -> None: ...
+        def on_startpoint(self, *args: object) -> None: ...
+        def on_batch(self, report: BatchReport) -> None:
+            reports.append(report)
+
+        def on_end(self, summary: object) -> None: ...
+
+    coordinator = JobCoordinator(config, InlineRunner(), listener=Recorder())
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+    first, last = reports[0].stages, reports[-1].stages
+    assert [(r, s) for r, s, _ in first] == [
+        ("input", "filelog.pageviews-by-page"),
+        ("intermediate", "filelog.pageviews-by-user"),
+    ]
+    assert first[0][2] == 600 - reports[0].processed  # 100 a task read, of 600
+    assert [lag for _, _, lag in last] == [0, 0]
+    assert any(lag > 0 for r in reports for role, _, lag in r.stages if role == "intermediate")
+    note = stages_note(reports[-1])
+    assert note.startswith(" (input filelog.pageviews-by-page 0, intermediate ")
+    assert note.endswith(" to commit, 0 to publish)")  # the last batch publishes everything
+    assert any(r.parts_to_publish > 0 for r in reports)
+    assert stages_note(BatchReport(1, 0.0, 0, 0, False, 0.0, 0.0, {}, [])) == ""  # no stages
+
+
 def test_job_show_names_each_stage_and_what_waits_for_it(tmp_path: Path) -> None:
     config = rekey_job(tmp_path)
     views(config, tmp_path, 400, seed=90)

@@ -241,8 +241,9 @@ class JobCoordinator:
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
         self._discarded = 0  # staged parts the start discarded, for the first batch report
-        #: a checkpoint naming staged output was written since the last batch began
-        self._publish_due = False
+        #: staged parts named by the checkpoints written since the last batch began (its
+        #: clean-ups publish them)
+        self._to_publish = 0
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
@@ -250,6 +251,7 @@ class JobCoordinator:
         self._last_retention = float("-inf")  # the first commit applies it
         #: the restore ahead's pass (restore_ahead), counted in the run's summary
         self._restored_ahead: BatchReport | None = None
+        self._stage_lags: list[tuple[str, str, int]] = []  # BatchReport.stages
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
@@ -694,7 +696,7 @@ class JobCoordinator:
             self._write_checkpoint(ts, checkpoint)
             ts.pending_outputs = uncovered(ts.pending_outputs, checkpoint)
             # its parts go out with the task's next clean-up (the next batch's step 0)
-            self._publish_due |= bool(committed_parts(checkpoint))
+            self._to_publish += len(committed_parts(checkpoint))
             written = True
             if self.affinity is not None:
                 self.affinity.committed(result, str(checkpoint.checkpoint_id))
@@ -744,7 +746,7 @@ class JobCoordinator:
         if clean_up_only:
             plans = [replace(p, commits=replace(p.commits, clean_up_only=True)) for p in plans]
         t0 = time.monotonic()
-        self._publish_due = False  # the batch's clean-ups publish what was written before it
+        self._to_publish = 0  # the batch's clean-ups publish what was written before it
         results = self.runner(self._batch, plans)
         seconds = time.monotonic() - t0
         if self.batch_log is not None and logged:
@@ -777,6 +779,7 @@ class JobCoordinator:
                 name: sum(len(p) for p in ts.pending_outputs.values())
                 for name, ts in self.tasks.items()
             },
+            parts_to_publish=self._to_publish,
         )
         self._discarded = 0
         for r in results:
@@ -832,15 +835,31 @@ class JobCoordinator:
                 check_in_range(admin, ts.model.name, ssp, ts.resume[ssp], meta[ssp])
 
     def _lags(self, meta: Mapping[SystemStreamPartition, PartitionMetadata]) -> dict[str, int]:
+        """Each task's lag (messages of its inputs not read yet); also each input stream's,
+        for a job of stages (:attr:`BatchReport.stages`)."""
         lags = {}
+        streams: dict[SystemStream, int] = {}
         for name, ts in self.tasks.items():
             total = 0
             for ssp in ts.model.ssps:
                 cmp = self.systems.admin(ssp.system).offset_comparator
-                total += _lag(cmp, ts.resume[ssp], meta[ssp].upcoming)
+                lag = _lag(cmp, ts.resume[ssp], meta[ssp].upcoming)
+                total += lag
+                streams[ssp.system_stream] = streams.get(ssp.system_stream, 0) + lag
             ts.lag = total
             lags[name] = total
+        later = self.config.intermediate_streams
+        if later:
+            roles = [("input", s) for s in self.config.inputs if s not in later]
+            roles += [("intermediate", s) for s in later]
+            self._stage_lags = [(r, str(s), streams[s]) for r, s in roles if s in streams]
         return lags
+
+    def _measure(
+        self, report: BatchReport, meta: Mapping[SystemStreamPartition, PartitionMetadata]
+    ) -> None:
+        report.lag = self._lags(meta)
+        report.stages = list(self._stage_lags)
 
     def run(self, *, until_caught_up: bool = False, max_batches: int | None = None) -> RunSummary:
         """Run batches until stopped; always finish with a commit of every task."""
@@ -899,7 +918,7 @@ class JobCoordinator:
                 caught_up
                 and bool(intermediate)
                 and (
-                    self._publish_due
+                    self._to_publish > 0
                     or any(ts.pending_outputs for ts in self.tasks.values())
                     or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
                 )
@@ -922,7 +941,7 @@ class JobCoordinator:
             last_committed = all(r.state_id.committed for r in results)
             if report.committed:
                 self._apply_retention()
-            report.lag = self._lags(self.metadata(ssps))
+            self._measure(report, self.metadata(ssps))
             self._publish(summary, report)
             if any(r.shutdown_requested for r in results):
                 self.stop("a task asked to shut down")
@@ -931,7 +950,7 @@ class JobCoordinator:
         if not last_committed:
             meta = self.metadata(ssps)
             for report in self._commit_all():
-                report.lag = self._lags(meta)
+                self._measure(report, meta)
                 self._publish(summary, report)
         else:
             summary.lag = self._lags(self.metadata(ssps))

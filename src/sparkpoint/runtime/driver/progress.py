@@ -106,7 +106,8 @@ class ProgressDisplay:
                 )
             self.console.print(
                 f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s "
-                f"({self._rate:,.0f}/s), lag {lag}{commit}{placement_note(report)}",
+                f"({self._rate:,.0f}/s), lag {lag}{stages_note(report)}{commit}"
+                f"{placement_note(report)}",
                 highlight=False,
             )
 
@@ -175,6 +176,11 @@ class JsonProgress:
             seconds=round(report.seconds, 3),
             lag=sum(report.lag.values()),
             committed=report.committed,
+            **(
+                {"stages": [{"role": r, "stream": s, "lag": n} for r, s, n in report.stages]}
+                if report.stages
+                else {}
+            ),
         )
 
     def on_end(self, summary: RunSummary) -> None:
@@ -198,3 +204,15 @@ def placement_note(report: BatchReport) -> str:
     if report.away:
         parts.append(f"{len(report.away)} away from their state")
     return "; " + ", ".join(parts) if parts else ""
+
+
+def stages_note(report: BatchReport) -> str:
+    """`` (input filelog.in 0, intermediate filelog.by-user 120; staged parts: 2 to commit, 4
+    to publish)`` for a job of stages (intermediate streams): each input's messages not read
+    yet, and the staged parts no written checkpoint names yet (to commit) or that the next
+    batch publishes; empty for any other job."""
+    if not report.stages:
+        return ""
+    lags = ", ".join(f"{role} {stream} {lag:,}" for role, stream, lag in report.stages)
+    open_ = sum(report.parts_open.values())
+    return f" ({lags}; staged parts: {open_} to commit, {report.parts_to_publish} to publish)"

@@ -50,6 +50,11 @@ class BatchReport:
     parts_discarded: int = 0
     #: exactly-once: per task, staged parts no written checkpoint names yet
     parts_open: dict[str, int] = field(default_factory=dict)
+    #: staged parts the batch's written checkpoints name: the next batch publishes them
+    parts_to_publish: int = 0
+    #: a job of stages (intermediate streams): (role, stream, lag) of each input stream, the
+    #: job's own inputs (role ``input``) first, then its ``intermediate`` streams
+    stages: list[tuple[str, str, int]] = field(default_factory=list)
 
     @property
     def restored_tasks(self) -> int:
