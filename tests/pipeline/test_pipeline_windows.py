@@ -77,6 +77,16 @@ def test_late_rows_go_to_the_late_stream(tmp_path: Path, spark: Any) -> None:
     assert len(emitted(config, "user-sessions", SESSION)) > 0
 
 
+def test_a_late_stream_that_must_be_staged_is_refused(tmp_path: Path, spark: Any) -> None:
+    """Exactly-once stages a batch's output until its checkpoint: a DataFrame step's late rows
+    are sent as they are found, so they cannot be (the task API stages them)."""
+    config = job(tmp_path, **{"job.processing.guarantee": "exactly-once"})
+    send(config, views(20, seed=97, start_ms=0))
+    with pytest.raises(ConfigError, match=r"batch.window: late_stream filelog.late-views must"):
+        run(config, spark)
+    assert not emitted(config, "user-minute-counts", MINUTE)
+
+
 def _two_steps(batch: Batch) -> Any:
     views = batch.df.select("task", "value.user", "event_time")
     batch.window(views, key="user", windows=tumbling_window("minute-counts", size_ms=60_000))
