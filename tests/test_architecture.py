@@ -18,6 +18,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "sparkpoint"
 LEAVES = {"errors", "fsutil", "failpoints", "worker"}
 LAYER = {
     **dict.fromkeys(LEAVES, 0),
+    "refs": 0.5,  # loads module:attr references: above the errors it raises, below the rest
     "serde": 1,
     "model": 2,
     "config": 3,

@@ -16,7 +16,6 @@ streams outlive code versions.
 
 from __future__ import annotations
 
-import importlib
 import json
 import json.encoder
 import json.scanner
@@ -31,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 from sparkpoint.errors import ConfigError
+from sparkpoint.refs import load_reference
 
 T = TypeVar("T")
 
@@ -249,13 +249,7 @@ def load_serde(name: str, config: Mapping[str, str] | None = None, *, key: str =
         return BUILTIN_SERDES[name]()
     path = (config or {}).get(f"serializers.registry.{name}.class")
     if path:
-        module, _, attr = path.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(
-                f"serializers.registry.{name}.class: cannot load {path!r} ({exc})"
-            ) from exc
+        cls = load_reference(path, f"serializers.registry.{name}.class={path!r}")
         serde = cls()
         if not isinstance(serde, Serde):
             raise ConfigError(f"serializers.registry.{name}.class: {path!r} is not a Serde")

@@ -23,7 +23,6 @@ store (``state-checkpoint-markers``). Restoring reads the marker of the chosen b
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -38,6 +37,7 @@ from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config, ConfigKey
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, TaskName
+from sparkpoint.refs import load_reference
 
 if TYPE_CHECKING:
     from sparkpoint.storage.kv.base import KeyValueEngine
@@ -267,9 +267,7 @@ def backend_factory(name: str) -> StateBackendFactory:
         path = name
     if path is None:
         raise ConfigError(f"unknown state backend {name!r}; known: {', '.join(known_backends())}")
-    module, _, attr = path.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    factory = cls()
+    factory = load_reference(path, f"state backend {name!r} ({path})")()
     if not isinstance(factory, StateBackendFactory):
         raise ConfigError(f"state backend {name!r} ({path}) is not a StateBackendFactory")
     return factory

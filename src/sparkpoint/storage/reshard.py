@@ -26,7 +26,6 @@ May import storage's own modules and everything below it.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,13 +35,14 @@ from typing import Any
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, UserError
+from sparkpoint.errors import UserError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.metadata.coordinator_stream import SET_CHANGELOG
 from sparkpoint.metadata.job_state import INPUT_PARTITIONS
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.model.startpoint import StartpointOldest
+from sparkpoint.refs import load_reference
 from sparkpoint.startpoint.manager import FAN_OUT, dump_fan_out
 from sparkpoint.storage.backend import v1_changelog_offsets
 from sparkpoint.storage.kv import ttl
@@ -65,14 +65,8 @@ Route = Callable[[bytes], bytes | None]
 
 
 def _function(config: Config, store: str, path: str) -> Route:
-    module, _, attr = path.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"stores.{store}.reshard.key: cannot load {path!r} ({exc}); name a function "
-            f"module:function on the Python path"
-        ) from exc
+    hint = "name a function module:function on the Python path"
+    fn = load_reference(path, f"stores.{store}.reshard.key={path!r}", hint=hint)
 
     def route(raw: bytes) -> bytes | None:
         out = fn(raw)

@@ -7,7 +7,6 @@ Implementations load lazily, so a system's dependencies are imported only when i
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -15,6 +14,7 @@ from importlib.metadata import entry_points
 
 from sparkpoint.errors import ConfigError, StreamNotFound
 from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.refs import load_reference
 from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -27,11 +27,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
 
 
 def _load(path: str, key: str, hint: str) -> type[SystemFactory]:
-    module, _, attr = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{key}: cannot load {path!r} ({exc}); {hint}") from exc
+    cls = load_reference(path, f"{key}={path!r}", hint=hint)
     if not (isinstance(cls, type) and issubclass(cls, SystemFactory)):
         raise ConfigError(f"{key}: {path!r} is not a SystemFactory")
     return cls

@@ -33,7 +33,6 @@ ids it committed (:class:`ParquetSink`) never writes a batch twice.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write, fsync_dir, fsync_tree
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
+from sparkpoint.refs import load_reference
 from sparkpoint.runtime.dataframe.fusion import (
     StepFrame,
     fusable,
@@ -589,11 +589,8 @@ def load_pipeline(spec: str) -> tuple[Pipeline, Path]:
     module_name, _, attr = spec.partition(":")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-        obj = getattr(module, attr or "job")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{spec}: cannot import it ({exc})") from exc
+    obj = load_reference(f"{module_name}:{attr or 'job'}", spec)
+    module = sys.modules[module_name]
     if not isinstance(obj, Pipeline):
         kind = f"the class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
         raise ConfigError(

@@ -46,9 +46,10 @@ from sparkpoint.errors import ConfigError, MessageDecodeError, SparkpointError, 
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.model.clock import follow
+from sparkpoint.refs import raised_at
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch, raised_at
+from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.taskapi.timers import OwnedTimer, TaskTimers
 from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
 from sparkpoint.storage.kv.base import KeyValueStore

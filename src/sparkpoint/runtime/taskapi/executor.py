@@ -20,17 +20,14 @@ API's phases (:mod:`sparkpoint.runtime.dataframe.task`) call as well.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sparkpoint import worker
@@ -43,6 +40,7 @@ from sparkpoint.errors import (
     TaskError,
 )
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.refs import load_reference, raised_at
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.runtime.taskapi.output import OutputCollector
@@ -110,43 +108,10 @@ def worker_config(values: dict[str, str]) -> tuple[Config, Systems]:
 
 def load_task_class(path: str) -> type[StreamTask]:
     """Import ``module:Class`` (or ``module.Class``) named by ``task.class``."""
-    module, sep, attr = path.partition(":")
-    if not sep:
-        module, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"task.class={path!r}: cannot import it ({exc})") from exc
-    except SyntaxError as exc:
-        raise ConfigError(
-            f"task.class={path!r}: {exc.filename}:{exc.lineno}: {exc.msg} (a syntax error)"
-        ) from exc
-    except Exception as exc:  # the module's own code failed while it was imported
-        raise ConfigError(
-            f"task.class={path!r}: importing {module} failed: {type(exc).__name__}: "
-            f"{exc}{raised_at(exc)}"
-        ) from exc
+    cls = load_reference(path, f"task.class={path!r}", dotted=True)
     if not (isinstance(cls, type) and issubclass(cls, StreamTask)):
         raise ConfigError(f"task.class={path!r} is not a subclass of sparkpoint StreamTask")
     return cls
-
-
-#: sparkpoint's own source folder: frames in it are not the user's code
-_PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parents[2])
-
-
-def raised_at(exc: BaseException) -> str:
-    """`` (at FILE:LINE in FUNC)``: the innermost frame of ``exc`` outside sparkpoint (the
-    user's code, or a library it called), for messages; empty when there is none."""
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if not f.filename.startswith(_PACKAGE_DIR)
-    ]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f" (at {f.filename}:{f.lineno} in {f.name})"
 
 
 def failure_advice(exc: BaseException) -> str:

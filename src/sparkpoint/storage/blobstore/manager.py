@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import inspect
 import logging
 import random
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.refs import load_reference
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -243,13 +243,7 @@ def manager_from_config(config: Mapping[str, str], default_url: str) -> BlobStor
     the fault kit's :func:`sparkpoint.testing.faults.flaky_blob_store`."""
     factory = config.get("blob.store.manager.factory") or "fsspec"
     if factory != "fsspec":
-        module, _, attr = factory.partition(":")
-        try:
-            make = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ConfigError(
-                f"blob.store.manager.factory={factory!r}: cannot import it ({exc})"
-            ) from None
+        make = load_reference(factory, f"blob.store.manager.factory={factory!r}")
         manager: BlobStoreManager = make(config, default_url)
         return manager
     prefix = "blob.store.options."
