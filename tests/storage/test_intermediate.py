@@ -299,3 +299,29 @@ def test_tools_work_before_the_first_run_and_reset_deletes_the_intermediate_stre
     reset_job(config, keep_input=True)
     streams = Systems(config).admin("filelog").list_streams()
     assert "pageviews-by-page" in streams and BY_USER.stream not in streams
+
+
+def test_growing_an_intermediate_stream_or_resharding_a_job_of_stages_is_refused(
+    tmp_path: Path,
+) -> None:
+    from sparkpoint.errors import UserError
+    from sparkpoint.tools.reshard import reshard
+    from sparkpoint.tools.streams import add_partitions
+
+    config = rekey_job(tmp_path)
+    views(config, tmp_path, 200, seed=96)
+    run(config, until_caught_up=True)
+    source = SystemStream("filelog", "pageviews-by-page")
+    systems = Systems(config)
+    try:
+        with pytest.raises(UserError, match="is an intermediate stream of job rekey"):
+            add_partitions(config, systems, BY_USER, 8)
+        with pytest.raises(UserError, match="is an input of job rekey, which keeps state in"):
+            add_partitions(config, systems, source, 8)
+        for stream in (BY_USER, source):
+            assert systems.admin("filelog").partition_count(stream.stream) == 4
+        systems.admin("filelog").add_partitions(source.stream, 8)  # grown by other means
+    finally:
+        systems.close()
+    with pytest.raises(UserError, match="re-keys through intermediate stream"):
+        reshard(config)

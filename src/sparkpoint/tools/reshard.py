@@ -196,6 +196,14 @@ def _plan(
     if not config.stores:
         result.nothing = f"job {config.job_name} has no stores: there is no state to move"
         return None
+    if config.intermediate_streams:
+        names = ", ".join(str(s) for s in config.intermediate_streams)
+        raise UserError(
+            f"job {config.job_name} re-keys through intermediate stream(s) {names}: their "
+            f"stages' state follows their own partition counts, which a reshard of the inputs "
+            f"cannot tell apart yet; start the job's state over instead (sparkpoint job reset "
+            f"JOB --keep-input)"
+        )
     pairs = set(grown.values())
     if len(pairs) > 1:
         listed = ", ".join(f"{s} {o} -> {n}" for s, (o, n) in sorted(grown.items(), key=str))
@@ -220,14 +228,6 @@ def _plan(
             f"false: its stores restore to their newest changelog entry, not to their "
             f"checkpoints, so a reshard that stopped half-way could not be redone from the old "
             f"state. Run the reshard with --set task.transactional.state.checkpoint.enabled=true"
-        )
-    if config.intermediate_streams:
-        names = ", ".join(str(s) for s in config.intermediate_streams)
-        raise UserError(
-            f"job {config.job_name} re-keys through intermediate stream(s) {names}: their "
-            f"stages' state follows their own partition counts, which a reshard of the inputs "
-            f"cannot tell apart yet; start the job's state over instead (sparkpoint job reset "
-            f"JOB --keep-input)"
         )
     admins = {ss.system for ss in grown}
     partitioners = {type(systems.admin(s)).partition_for_key for s in admins}

@@ -66,6 +66,15 @@ def add_partitions(
             f"stream {stream} has {before} partitions; --partitions {partitions} would not grow "
             "it (a stream never shrinks: its partitions' records and offsets stay)"
         )
+    if stream in config.inputs and config.intermediate_streams and config.stores:
+        what = "an intermediate stream" if stream in config.intermediate_streams else "an input"
+        raise UserError(
+            f"stream {stream} is {what} of job {config.job_name}, which keeps state in stages "
+            f"(intermediate streams), and state reshard cannot move a stage's state yet: "
+            f"nothing was changed. To change a count, start the job's state over (sparkpoint "
+            f"job reset JOB --keep-input; for an intermediate stream, with streams.<s>."
+            f"partitions set to the new count)"
+        )
     metadata = None
     if stream in config.inputs and config.stores and _has_run(config, systems):
         metadata = CoordinatorStreamStore(config, systems, source="add-partitions")
