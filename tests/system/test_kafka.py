@@ -296,3 +296,53 @@ def test_transaction_markers_are_never_read_as_records(broker: TansuKafka) -> No
 )
 def test_aborted_records_are_skipped_under_read_committed(broker: TansuKafka) -> None:
     assert [value for _, value in transactions(broker)] == [b"committed-0", b"committed-1"]
+
+
+@pytest.mark.parametrize("api", ["task", "dataframe"])
+def test_a_job_reads_a_topic_written_in_transactions_to_its_end(
+    tmp_path: Path, broker: TansuKafka, api: str, request: pytest.FixtureRequest
+) -> None:
+    """An input written by a transactional producer (Kafka Streams' or Flink's exactly-once
+    output) ends with a commit marker: the job reads every committed record, its lag reaches
+    0 and ``--until-caught-up`` ends (it waited for the marker's offset as for a record)."""
+    import json
+    from collections import Counter
+
+    from confluent_kafka import Producer
+
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+    from tests.helpers import committed_counts
+    from tests.storage.test_state_backends import make
+
+    config = make(tmp_path, broker.config("log"))
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "transactional.id": "upstream"}
+        | {"batch.num.messages": 1}  # Tansu: see TansuKafka
+    )
+    producer.init_transactions(30)
+    expected: Counter[str] = Counter()
+    for round_ in range(2):
+        producer.begin_transaction()
+        for i in range(20):
+            user = f"user-{(i * 7 + round_) % 6}"
+            value = json.dumps({"user": user, "page": "/", "ts": 1_700_000_000_000 + i})
+            partition = kafka_partition(user.encode(), 4)
+            producer.produce("pageviews", key=user, value=value, partition=partition)
+            expected[user] += 1
+        producer.commit_transaction(30)
+    if api == "task":
+        runner: object = InlineRunner()
+    else:
+        from pageviews_pipeline import job as pipeline
+
+        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+
+        runner = DataFrameRunner(request.getfixturevalue("spark"), pipeline, config)
+    coordinator = JobCoordinator(config, runner)  # type: ignore[arg-type]
+    try:
+        summary = coordinator.run(until_caught_up=True, max_batches=10)
+    finally:
+        coordinator.close()
+    assert summary.stopped_by == "caught up", summary  # not --max-batches: it ended
+    assert committed_counts(config) == dict(expected)
