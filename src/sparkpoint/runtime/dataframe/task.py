@@ -179,8 +179,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
         try:
             while admin.offset_comparator(offset, end) < 0:
                 columns = consumer.read_columns(ssp, offset, end, READ_CHUNK)
-                if not len(columns):  # no record left before end: past what the log skips
-                    next_offsets[ssp] = end  # there (Kafka's transaction markers, aborted ones)
+                if not len(columns):
                     break
                 chunk = decoder.decode(columns)
                 yield chunk

@@ -455,8 +455,7 @@ class TaskBatch:
             consumer.register(ssp, start)
             while remaining > 0 and admin.offset_comparator(start, end) < 0:
                 records = consumer.read(ssp, start, end, remaining)
-                if not records:  # no record left before end: past what the log skips there
-                    next_offsets[ssp] = end  # (Kafka's transaction markers, aborted records)
+                if not records:
                     break
                 handle(records)
                 last = records[-1].offset
