@@ -284,3 +284,27 @@ def test_on_kafka_keys_move_to_their_murmur2_partition(tmp_path: Path) -> None:
         assert committed_counts(config) == dict(expected)
         for task, key, _value in committed_entries(config, "user-counts"):
             assert task == f"Partition {kafka_partition(key.encode(), 8)}", (task, key)
+
+
+def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
+    tmp_path: Path,
+) -> None:
+    two = make(tmp_path / "two", **{"task.inputs": "filelog.pageviews,filelog.clicks"})
+    Systems(two).admin("filelog").create_stream(StreamSpec("clicks", 4))
+    generate(two, tmp_path / "a.yaml", 200, seed=16)
+    run(two, until_caught_up=True)
+    grow(two, 8)
+    before = checkpoints_of(two)
+    with pytest.raises(UserError, match=r"filelog.clicks of job pageviews did not grow from 4"):
+        reshard(two)
+    assert checkpoints_of(two) == before
+
+    local = make(tmp_path / "local", **{"stores.user-counts.changelog": ""})
+    generate(local, tmp_path / "b.yaml", 200, seed=17)
+    run(local, until_caught_up=True)
+    shutil.rmtree(local.store_base_dir)  # the state was on an executor's disk only
+    grow(local, 8)
+    before = checkpoints_of(local)
+    with pytest.raises(UserError, match=r"store user-counts: the store has no backup backend"):
+        reshard(local)
+    assert checkpoints_of(local) == before
