@@ -260,7 +260,7 @@ def _check_unread(
 ) -> None:
     """Refuse when input keyed by the old count is unread: the task that would read it after
     the reshard no longer holds the state of its keys."""
-    from sparkpoint.tools.streams import committed_read_offsets
+    from sparkpoint.tools.streams import unread_ranges
 
     problems = []
     recorded = True
@@ -269,16 +269,7 @@ def _check_unread(
         recorded &= growth is not None
         if growth is None and unread_after_growth:
             continue
-        admin = systems.admin(ss.system)
-        nxt = committed_read_offsets(config, systems, ss)
-        for ssp, offset in sorted(nxt.items()):
-            if ssp.partition >= old:
-                continue
-            end = growth.get(ssp.partition) if growth is not None else None
-            if end is None:
-                end = admin.get_metadata([ssp])[ssp].upcoming
-            if admin.offset_comparator(offset, end) < 0:
-                problems.append(f"{ssp} from offset {offset} up to {end}")
+        problems += unread_ranges(config, systems, ss, below=old, ends=growth)
     if problems:
         unknown = (
             ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -88,7 +88,7 @@ def add_partitions(
                     f"JOB), then grow it again (records written between two growths would be "
                     f"keyed by a count no task follows)"
                 )
-            unread = _unread(config, systems, stream)
+            unread = unread_ranges(config, systems, stream)
             if unread and not force:
                 raise UserError(
                     f"job {config.job_name} has not read all of {stream} yet "
@@ -117,15 +117,27 @@ def _has_run(config: Config, systems: Systems) -> bool:
     return name in systems.admin(config.coordinator_system).list_streams()
 
 
-def _unread(config: Config, systems: Systems, stream: SystemStream) -> list[str]:
-    """``SSP: N records from offset O`` for each partition of ``stream`` the job has not read
-    to its end."""
+def unread_ranges(
+    config: Config,
+    systems: Systems,
+    stream: SystemStream,
+    *,
+    below: int | None = None,
+    ends: Mapping[int, str] | None = None,
+) -> list[str]:
+    """``SSP from offset O to E`` for each partition of ``stream`` (only those numbered below
+    ``below``, when given) that the job has not read up to ``E``: the partition's end in
+    ``ends``, else its upcoming offset now."""
     admin = systems.admin(stream.system)
-    nxt = committed_read_offsets(config, systems, stream)
+    nxt = {
+        ssp: offset
+        for ssp, offset in committed_read_offsets(config, systems, stream).items()
+        if below is None or ssp.partition < below
+    }
     metas = admin.get_metadata(list(nxt))
     out = []
     for ssp, offset in sorted(nxt.items()):
-        end = metas[ssp].upcoming
+        end = (ends or {}).get(ssp.partition) or metas[ssp].upcoming
         if admin.offset_comparator(offset, end) < 0:
             out.append(f"{ssp} from offset {offset} to {end}")
     return out

@@ -838,17 +838,18 @@ class JobCoordinator:
         """Each task's lag (messages of its inputs not read yet); also each input stream's,
         for a job of stages (:attr:`BatchReport.stages`)."""
         lags = {}
-        streams: dict[SystemStream, int] = {}
+        later = self.config.intermediate_streams
+        streams: dict[SystemStream, int] = {}  # a job of stages only
         for name, ts in self.tasks.items():
             total = 0
             for ssp in ts.model.ssps:
                 cmp = self.systems.admin(ssp.system).offset_comparator
                 lag = _lag(cmp, ts.resume[ssp], meta[ssp].upcoming)
                 total += lag
-                streams[ssp.system_stream] = streams.get(ssp.system_stream, 0) + lag
+                if later:
+                    streams[ssp.system_stream] = streams.get(ssp.system_stream, 0) + lag
             ts.lag = total
             lags[name] = total
-        later = self.config.intermediate_streams
         if later:
             roles = [("input", s) for s in self.config.inputs if s not in later]
             roles += [("intermediate", s) for s in later]
