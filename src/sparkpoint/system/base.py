@@ -265,6 +265,14 @@ class SystemConsumer(ABC):
 
         return RecordColumns.from_records(self.read(ssp, start, end, max_records))
 
+    def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
+        """After a read of ``ssp`` that returned nothing: the last offset below the end of
+        the partition's readable data, when offsets from the read's start up to it hold no
+        record a reader will ever get (Kafka: transaction markers, and aborted records under
+        ``read_committed``); the reader moves past it. ``None`` (the default) when the read
+        found none, or the system cannot confirm it: offsets never move without a record."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
 

@@ -129,6 +129,9 @@ class _FlakyConsumer(SystemConsumer):
             raise InjectedFault(f"injected fetch failure reading {ssp} from offset {start}")
         return self._inner.read(ssp, start, end, max_records)
 
+    def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
+        return self._inner.skipped_through(ssp)
+
     def close(self) -> None:
         self._inner.close()
 

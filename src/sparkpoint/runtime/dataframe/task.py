@@ -180,6 +180,10 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
             while admin.offset_comparator(offset, end) < 0:
                 columns = consumer.read_columns(ssp, offset, end, READ_CHUNK)
                 if not len(columns):
+                    skipped = consumer.skipped_through(ssp)
+                    if skipped is not None:  # offsets that hold no record (Kafka markers)
+                        last_processed[ssp] = skipped
+                        next_offsets[ssp] = admin.offset_after(ssp, skipped)
                     break
                 chunk = decoder.decode(columns)
                 yield chunk

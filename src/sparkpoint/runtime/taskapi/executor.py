@@ -456,6 +456,10 @@ class TaskBatch:
             while remaining > 0 and admin.offset_comparator(start, end) < 0:
                 records = consumer.read(ssp, start, end, remaining)
                 if not records:
+                    skipped = consumer.skipped_through(ssp)
+                    if skipped is not None:  # offsets that hold no record (Kafka markers)
+                        self.last_processed[ssp] = skipped
+                        next_offsets[ssp] = admin.offset_after(ssp, skipped)
                     break
                 handle(records)
                 last = records[-1].offset

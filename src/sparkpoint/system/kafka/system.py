@@ -354,6 +354,8 @@ class KafkaConsumer(SystemConsumer):
             )
         self._settings = settings
         self._consumer: Any = None
+        #: per SSP, what :meth:`skipped_through` answers for its last read
+        self._skipped: dict[SystemStreamPartition, str] = {}
 
     def register(self, ssp: SystemStreamPartition, offset: str) -> None:
         int(offset)  # offsets are integers; anything else is a bug upstream
@@ -366,11 +368,31 @@ class KafkaConsumer(SystemConsumer):
     def read(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Sequence[Record]:
+        self._skipped.pop(ssp, None)
         first, stop = int(start), int(end)
         limit = stop - first if max_records is None else min(max_records, stop - first)
         if limit <= 0:
             return []
         max_bytes = None if max_records is None else self.max_bytes
+        out, end_of_data = self._assigned_read(ssp, first, stop, limit, max_bytes)
+        if not out and end_of_data is not None and first < end_of_data <= stop:
+            # nothing but offsets that are no records (transaction markers, aborted records)
+            # before the end of the readable data. Confirmed by a second read of its own
+            # assignment, so no event left from an earlier one can move the reader: the
+            # readable end is the last stable offset, so an open transaction is never passed
+            again, confirmed = self._assigned_read(ssp, first, stop, limit, max_bytes)
+            if again:
+                return again
+            if confirmed == end_of_data:
+                self._skipped[ssp] = str(end_of_data - 1)
+        return out
+
+    def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
+        return self._skipped.get(ssp)
+
+    def _assigned_read(
+        self, ssp: SystemStreamPartition, first: int, stop: int, limit: int, max_bytes: int | None
+    ) -> tuple[list[Record], int | None]:
         consumer = self._client()
         consumer.assign([TopicPartition(ssp.stream, ssp.partition, first)])
         try:
@@ -386,7 +408,10 @@ class KafkaConsumer(SystemConsumer):
         stop: int,
         limit: int,
         max_bytes: int | None,
-    ) -> list[Record]:
+    ) -> tuple[list[Record], int | None]:
+        """The records read, and the end of the readable data when the partition's end was
+        reached (librdkafka's end-of-partition event: the high watermark, or under
+        ``read_committed`` the last stable offset)."""
         out: list[Record] = []
         size = 0  # bytes of keys and values so far, against max_bytes
         expected = first  # records before it are stale prefetches of an earlier assignment
@@ -399,24 +424,24 @@ class KafkaConsumer(SystemConsumer):
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise SparkpointError(f"reading {ssp} from offset {first}: {err.str()}")
                     if m.offset() >= expected:
-                        return out  # nothing more: the rest of the range is gone
+                        return out, m.offset()  # nothing more readable for now
                     continue
                 offset = m.offset()
                 if m.partition() != ssp.partition or m.topic() != ssp.stream or offset < expected:
                     continue
                 if offset >= stop:
-                    return out
+                    return out, None
                 ts_type, ts = m.timestamp()
                 stamp = 0 if ts_type == TIMESTAMP_NOT_AVAILABLE else int(ts)
                 key, value = m.key(), m.value()
                 out.append(Record(str(offset), key, value, stamp))
                 expected = offset + 1
                 if expected == stop or len(out) == limit:
-                    return out
+                    return out, None
                 if max_bytes is not None:
                     size += len(key or b"") + len(value or b"")
                     if size >= max_bytes:
-                        return out
+                        return out, None
             if batch:
                 deadline = time.monotonic() + TIMEOUT_S
             elif time.monotonic() > deadline:
@@ -424,7 +449,7 @@ class KafkaConsumer(SystemConsumer):
                     f"reading {ssp} offsets [{first}, {stop}): no record for {TIMEOUT_S:.0f}s "
                     f"after offset {expected - 1}"
                 )
-        return out
+        return out, None
 
     def close(self) -> None:
         if self._consumer is not None:
