@@ -327,6 +327,12 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
 _FROM_OLDEST = ("earliest", "smallest", "beginning")
 
 
+def _of(message: Any, ssp: SystemStreamPartition) -> bool:
+    """Whether a consumed message or event is of ``ssp`` (not of another partition the pooled
+    consumer was assigned before)."""
+    return bool(message.partition() == ssp.partition and message.topic() == ssp.stream)
+
+
 class KafkaConsumer(SystemConsumer):
     """Reads planned ranges with one librdkafka consumer, assigned per read."""
 
@@ -423,11 +429,11 @@ class KafkaConsumer(SystemConsumer):
                 if err is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise SparkpointError(f"reading {ssp} from offset {first}: {err.str()}")
-                    if m.offset() >= expected:
+                    if m.offset() >= expected and _of(m, ssp):
                         return out, m.offset()  # nothing more readable for now
                     continue
                 offset = m.offset()
-                if m.partition() != ssp.partition or m.topic() != ssp.stream or offset < expected:
+                if not _of(m, ssp) or offset < expected:
                     continue
                 if offset >= stop:
                     return out, None
