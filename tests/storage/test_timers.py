@@ -84,9 +84,14 @@ def test_kinds_parse_and_refuse_anything_else() -> None:
         TimeKind.parse("wall")
 
 
-def test_due_timers_see_the_changes_made_while_they_fire(engine: KeyValueEngine) -> None:
-    """Firing deletes each timer and may register or delete others: a deleted one never comes,
-    one registered behind the scan still does, and chunks resume where they stopped."""
+@pytest.mark.parametrize("deletion", ["at once", "later"])
+def test_due_timers_see_the_changes_made_while_they_fire(
+    engine: KeyValueEngine, deletion: str
+) -> None:
+    """Firing deletes each timer (at once, or held for one write batch as the task's timers
+    do) and may register or delete others: a deleted one never comes, one deleted and
+    registered again does, one registered behind the scan still does, and chunks resume where
+    they stopped."""
     store = TimerStore(engine)
     p = TimeKind.PROCESSING
     for i in range(25):
@@ -94,13 +99,52 @@ def test_due_timers_see_the_changes_made_while_they_fire(engine: KeyValueEngine)
     seen = []
     for timer in store.due(p, 1000, chunk=4):
         seen.append(timer.key)
-        store.delete(p, timer.timestamp_ms, timer.key)
+        if deletion == "later":
+            store.delete_later(timer)
+        else:
+            store.delete(p, timer.timestamp_ms, timer.key)
         if timer.key == b"k03":
             store.delete(p, 110, b"k10")  # deleted before its turn: never given out
+            store.delete(p, 104, b"k04")  # in this chunk, deleted then registered again:
+            store.register(p, 104, b"k04")  # given out
+            store.replace(p, 200, b"k05")  # moved out of this chunk: comes at its new time
             store.register(p, 50, b"early")  # behind the scan: still given out
             store.register(p, 5000, b"later")  # not due
-    assert seen == [b"k%02d" % i for i in range(25) if i != 10] + [b"early"]
+    store.settle()
+    expected = [b"k%02d" % i for i in range(25) if i not in (5, 10)] + [b"k05", b"early"]
+    assert seen == expected
     assert [t.key for t in store.timers(p)] == [b"later"]
+    assert [k for k, _ in engine.all() if k.startswith(b"K")] == [b"Klater"]
+
+
+def test_timers_changed_together_end_as_changed_one_by_one(engine: KeyValueEngine) -> None:
+    """``change_many`` (one write batch) leaves what ``register`` and ``delete`` in the same
+    order leave, repeats and deletions of unknown timers included."""
+    e, p = TimeKind.EVENT, TimeKind.PROCESSING
+    changes = [
+        (True, Timer(5, e, b"a")),
+        (True, Timer(5, e, b"a")),  # again: one timer
+        (True, Timer(7, p, b"a")),
+        (False, Timer(9, e, b"b")),  # none to delete
+        (True, Timer(3, e, b"b")),
+        (False, Timer(5, e, b"a")),
+        (True, Timer(8, e, b"c")),
+        (False, Timer(8, e, b"c")),  # the key's last timer: its index goes too
+    ]
+    store = TimerStore(engine)
+    store.register(e, 1, b"a")
+    store.change_many(changes)
+    together = list(engine.all())
+    for key, _ in together:
+        engine.delete(key)
+    store.register(e, 1, b"a")
+    for register, timer in changes:
+        if register:
+            store.register(timer.kind, timer.timestamp_ms, timer.key)
+        else:
+            store.delete(timer.kind, timer.timestamp_ms, timer.key)
+    assert together == list(engine.all())
+    assert list(store.timers_of(b"a")) == [Timer(1, e, b"a"), Timer(7, p, b"a")]
 
 
 def test_a_keys_timers_are_found_by_its_index_and_leave_with_it(engine: KeyValueEngine) -> None:

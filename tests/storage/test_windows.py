@@ -70,6 +70,27 @@ def test_tumbling_windows_count_and_refuse_a_record_for_a_closed_window(
     assert [w.start for w in state.of(b"a")] == [60]
 
 
+def test_windows_taken_out_are_gone_at_once_and_deleted_together(
+    engine: KeyValueEngine,
+) -> None:
+    """``take`` (how closing windows leave) hides a window from every read at once; its
+    deletion waits for ``settle`` or the next write, which writes it first."""
+    state = WindowState(engine, WindowSpec.tumbling(60), count())
+    for key in (b"a", b"b"):
+        state.add(key, 10, None, None)
+        state.add(key, 70, None, None)
+    assert state.take(b"a", 0) == Open(0, 60, 1)
+    assert state.take(b"a", 0) is None and state.get(b"a", 0) is None
+    assert [w.start for w in state.of(b"a")] == [60]
+    assert engine.get(entry_key(b"a", 0)) is not None  # not deleted yet
+    assert state.add(b"a", 20, None, None) == ([Open(0, 60, 1)], [])  # a new window
+    assert [(w.start, w.acc) for w in state.of(b"a")] == [(0, 1), (60, 1)]
+    assert state.take(b"b", 0) == Open(0, 60, 1)
+    state.settle()
+    assert engine.get(entry_key(b"b", 0)) is None
+    assert [w.start for w in state.of(b"b")] == [60]
+
+
 def test_sessions_grow_and_a_bridging_record_merges_two(engine: KeyValueEngine) -> None:
     state = WindowState(engine, WindowSpec.session(10), collect())
     assert state.add(b"k", 100, "a", None) == ([Open(100, 100, ["a"])], [])

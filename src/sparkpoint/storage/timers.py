@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
@@ -106,9 +106,29 @@ class TimerStore:
 
     def __init__(self, engine: KeyValueEngine) -> None:
         self.engine = engine
+        #: fired timers whose deletion waits (:meth:`delete_later`): written in one batch by
+        #: :meth:`settle`, which every other use of the timers calls first
+        self._later: list[Timer] = []
+        #: the keys of timers deleted since :meth:`due` read its chunk, and not registered
+        #: again: the timers of the chunk that are not there any more
+        self._gone: set[bytes] = set()
 
     # -- timers
+    def delete_later(self, timer: Timer) -> None:
+        """Delete a fired timer with the next ones (:meth:`settle`): reads of the timers see
+        it deleted."""
+        self._later.append(timer)
+        self._gone.add(_timer_key(timer.kind, timer.timestamp_ms, timer.key))
+
+    def settle(self) -> None:
+        """Write the deletions :meth:`delete_later` holds."""
+        if self._later:
+            later, self._later = self._later, []
+            self.change_many([(False, timer) for timer in later])
+
     def register(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        self.settle()
+        self._gone.discard(_timer_key(kind, timestamp_ms, key))
         entries = _decode_index(self.engine.get(_index_key(key)))
         if (kind.tag, timestamp_ms) in entries:
             return
@@ -120,6 +140,8 @@ class TimerStore:
     def replace(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
         """Make this the key's one timer of ``kind`` (its others of ``kind`` are deleted): one
         read and one write, whatever the key had."""
+        self.settle()
+        self._gone.discard(_timer_key(kind, timestamp_ms, key))
         entries = _decode_index(self.engine.get(_index_key(key)))
         tag = kind.tag
         writes: list[tuple[bytes, bytes | None]] = [
@@ -127,6 +149,7 @@ class TimerStore:
             for t, when in entries
             if t == tag and when != timestamp_ms
         ]
+        self._gone.update(k for k, _ in writes)
         if (tag, timestamp_ms) not in entries:
             writes.append((_timer_key(kind, timestamp_ms, key), b""))
         if not writes:
@@ -136,17 +159,50 @@ class TimerStore:
         self.engine.write_batch(writes)
 
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        self.settle()
         entries = _decode_index(self.engine.get(_index_key(key)))
         if (kind.tag, timestamp_ms) not in entries:
             return
+        self._gone.add(_timer_key(kind, timestamp_ms, key))
         entries.remove((kind.tag, timestamp_ms))
         self.engine.write_batch(
             [(_timer_key(kind, timestamp_ms, key), None), (_index_key(key), _encode_index(entries))]
         )
 
+    def change_many(self, changes: Sequence[tuple[bool, Timer]]) -> None:
+        """Register (``True``) or delete (``False``) each timer, in order: what
+        :meth:`register` and :meth:`delete` do one by one, with one read of the keys' indexes
+        and one write batch for them all."""
+        if not changes:
+            return
+        self.settle()  # (a no-op when called by it: it empties its list first)
+        keys = list(dict.fromkeys(timer.key for _, timer in changes))
+        found = self.engine.get_many([_index_key(k) for k in keys])
+        index = {k: _decode_index(raw) for k, raw in zip(keys, found, strict=True)}
+        writes: dict[bytes, bytes | None] = {}
+        touched: set[bytes] = set()
+        for register, timer in changes:
+            entries, entry = index[timer.key], (timer.kind.tag, timer.timestamp_ms)
+            if register == (entry in entries):
+                continue  # registered already, or no such timer to delete
+            timer_key = _timer_key(timer.kind, timer.timestamp_ms, timer.key)
+            if register:
+                entries.append(entry)
+                self._gone.discard(timer_key)
+            else:
+                entries.remove(entry)
+                self._gone.add(timer_key)
+            writes[timer_key] = b"" if register else None
+            touched.add(timer.key)
+        for key in touched:
+            writes[_index_key(key)] = _encode_index(index[key])
+        if writes:
+            self.engine.write_batch(list(writes.items()))
+
     def timers_of(self, key: bytes) -> Iterator[Timer]:
         """The timers of ``key`` (event time first, then processing time, each by time): one
         point read of its index."""
+        self.settle()
         for tag, when in _decode_index(self.engine.get(_index_key(key))):
             yield Timer(when, TimeKind.EVENT if tag == b"e" else TimeKind.PROCESSING, key)
 
@@ -156,6 +212,7 @@ class TimerStore:
         """The timers of ``kind`` due at or before ``upto_ms``, in firing order (only those
         after ``after``, when given: a scan that resumes skips the tombstones of the timers
         fired before it, which RocksDB would otherwise step over on every seek)."""
+        self.settle()
         prefix = _prefix(kind)
         start = prefix if after is None else _timer_key(kind, after.timestamp_ms, after.key) + b"\0"
         end = prefix + TIME.pack(upto_ms + 1) if upto_ms < MAX_TIME else prefix + b"\xff" * 9
@@ -164,6 +221,7 @@ class TimerStore:
             yield Timer(when, kind, raw[len(prefix) + TIME.size :])
 
     def exists(self, timer: Timer) -> bool:
+        self.settle()
         return self.engine.get(_timer_key(timer.kind, timer.timestamp_ms, timer.key)) is not None
 
     def due(self, kind: TimeKind, upto_ms: int, chunk: int = 10_000) -> Iterator[Timer]:
@@ -171,13 +229,17 @@ class TimerStore:
         caller deletes them and registers or deletes others*: read in chunks, each checked to
         be there still before it is given out. After a pass, one more from the start finds
         timers registered behind it meanwhile; it ends when a whole pass finds none new (a
-        timer given out and registered again comes in the next call)."""
+        timer given out and registered again comes in the next call). A timer of the chunk
+        is there still unless it was deleted since the chunk was read and not registered
+        again: no read per timer."""
         given: set[Timer] = set()
         while True:
             new, after = False, None
             while found := list(islice(self.timers(kind, upto_ms, after), chunk)):
+                self._gone = set()
                 for timer in found:
-                    if timer not in given and self.exists(timer):
+                    gone = _timer_key(timer.kind, timer.timestamp_ms, timer.key) in self._gone
+                    if timer not in given and not gone:
                         given.add(timer)
                         new = True
                         yield timer

@@ -227,6 +227,15 @@ class WindowState:
         self.engine = engine
         self.spec = spec
         self.aggregate = aggregate
+        #: the engine keys of windows taken out (:meth:`take`) whose deletion waits for
+        #: :meth:`settle` (one write batch); reads skip them, writes settle first
+        self._taken: set[bytes] = set()
+
+    def settle(self) -> None:
+        """Delete the windows :meth:`take` took out."""
+        if self._taken:
+            taken, self._taken = self._taken, set()
+            self.engine.write_batch([(raw, None) for raw in sorted(taken)])
 
     def _load(self, raw: bytes, value: bytes) -> Open:
         try:
@@ -246,6 +255,8 @@ class WindowState:
 
     def get(self, key: bytes, start: int) -> Open | None:
         raw = entry_key(key, start)
+        if raw in self._taken:
+            return None
         value = self.engine.get(raw)
         return None if value is None else self._load(raw, value)
 
@@ -253,7 +264,7 @@ class WindowState:
         """``key``'s open windows, by start."""
         prefix = _prefix(key)
         for raw, value in self.engine.range(prefix, prefix + b"\xff" * 9):
-            if len(raw) == len(prefix) + TIME.size:
+            if len(raw) == len(prefix) + TIME.size and raw not in self._taken:
                 yield self._load(raw, value)
 
     def fold(
@@ -291,16 +302,27 @@ class WindowState:
         rest = [w for w in windows if w not in near]
         return sorted([*rest, Open(start, end, acc)], key=lambda w: w.start)
 
-    def write(self, key: bytes, before: list[Open], after: list[Open]) -> None:
-        """Store ``key``'s windows as ``after`` where they were ``before`` (one write batch)."""
+    def changes(
+        self, key: bytes, before: list[Open], after: list[Open]
+    ) -> list[tuple[bytes, bytes | None]]:
+        """The engine writes that store ``key``'s windows as ``after`` where they were
+        ``before`` (:meth:`write_changes` writes them; many keys' in one batch)."""
         old = {w.start: w for w in before}
         starts = {w.start for w in after}
         writes: list[tuple[bytes, bytes | None]] = [
             (entry_key(key, s), None) for s in old if s not in starts
         ]
         writes += [(entry_key(key, w.start), self._dump(w)) for w in after if old.get(w.start) != w]
+        return writes
+
+    def write_changes(self, writes: list[tuple[bytes, bytes | None]]) -> None:
+        self.settle()
         if writes:
             self.engine.write_batch(writes)
+
+    def write(self, key: bytes, before: list[Open], after: list[Open]) -> None:
+        """Store ``key``'s windows as ``after`` where they were ``before`` (one write batch)."""
+        self.write_changes(self.changes(key, before, after))
 
     def add(
         self, key: bytes, time_ms: int, value: Any, closed_upto: int | None
@@ -316,13 +338,23 @@ class WindowState:
 
     def mark_fired(self, key: bytes, window: Open) -> None:
         """Keep ``window`` after its on-time emission, for its allowed lateness."""
+        self.settle()
         self.engine.put(entry_key(key, window.start), self._dump(replace(window, fired=True)))
 
     def close(self, key: bytes, start: int) -> Open | None:
         """Take the window out of the store (``None``: not there, e.g. merged away)."""
         window = self.get(key, start)
         if window is not None:
+            self.settle()
             self.engine.delete(entry_key(key, start))
+        return window
+
+    def take(self, key: bytes, start: int) -> Open | None:
+        """:meth:`close`, with the deletion held for :meth:`settle` (many windows closed at
+        once go in one write batch)."""
+        window = self.get(key, start)
+        if window is not None:
+            self._taken.add(entry_key(key, start))
         return window
 
 

@@ -35,7 +35,7 @@ from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
 from sparkpoint.storage.tables import Tables
-from sparkpoint.storage.timers import TimeKind, TimerStore
+from sparkpoint.storage.timers import TimeKind, Timer, TimerStore
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
@@ -218,6 +218,17 @@ class TaskTimers:
     def delete_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
         self._timers().delete(kind, timestamp_ms, self._owned_key(owner, raw))
 
+    def change_owned(
+        self, owner: str, kind: TimeKind, changes: Iterable[tuple[bool, int, bytes]]
+    ) -> None:
+        """:meth:`register_owned` (``True``) or :meth:`delete_owned` (``False``) for each
+        ``(register, timestamp_ms, raw key)``, in order, in one write batch."""
+        timers = [
+            (register, Timer(when, kind, self._owned_key(owner, raw)))
+            for register, when, raw in changes
+        ]
+        self._timers().change_many(timers)
+
     def fire_owned(self, timer: OwnedTimer, timestamp_ms: int, collector: MessageCollector) -> None:
         handler = self._owners.get(timer.owner)
         if handler is None:
@@ -256,24 +267,34 @@ class TaskTimers:
         A helper's timer comes as an :class:`OwnedTimer` key (:meth:`fire_owned`)."""
         store = self._timers()
         assert self._keys is not None
-        for kind, upto in ((TimeKind.EVENT, self.watermark_ms), (TimeKind.PROCESSING, now_ms())):
-            if upto is None:
-                continue
-            for timer in store.due(kind, upto):
-                if self.fired >= MAX_FIRED_PER_BATCH:
-                    log.warning(
-                        "task %s: %d timers fired in one batch; the rest fire in the next",
-                        self.task,
-                        self.fired,
-                    )
-                    return
-                store.delete(kind, timer.timestamp_ms, timer.key)
-                self.fired += 1
-                if timer.key.startswith(OWNED):
-                    owner, _, raw = timer.key[len(OWNED) :].partition(b"\x00")
-                    yield kind, OwnedTimer(owner.decode(), raw), timer.timestamp_ms
+        try:
+            for kind, upto in (
+                (TimeKind.EVENT, self.watermark_ms),
+                (TimeKind.PROCESSING, now_ms()),
+            ):
+                if upto is None:
                     continue
-                yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
+                for timer in store.due(kind, upto):
+                    if self.fired >= MAX_FIRED_PER_BATCH:
+                        log.warning(
+                            "task %s: %d timers fired in one batch; the rest fire in the next",
+                            self.task,
+                            self.fired,
+                        )
+                        return
+                    # deleted with the next ones in one write batch: before any use of the
+                    # timers, and before a user's timer goes out (its code may stop here)
+                    store.delete_later(timer)
+                    self.fired += 1
+                    if timer.key.startswith(OWNED):
+                        owner, _, raw = timer.key[len(OWNED) :].partition(b"\x00")
+                        yield kind, OwnedTimer(owner.decode(), raw), timer.timestamp_ms
+                        continue
+                    store.settle()
+                    yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
+        finally:
+            store.settle()
+            self.flush_owned()  # the window stores delete the windows that closed
 
     def end_of_batch(
         self, task: StreamTask, collector: MessageCollector, coordinator: TaskCoordinator

@@ -179,16 +179,21 @@ class WindowedStore:
 
     def flush(self) -> None:
         """Write the batch's changed windows back, and move their timers (a window's close
-        that is new gets a timer; one that is no more loses its own)."""
+        that is new gets a timer; one that is no more loses its own); and delete the windows
+        that closed."""
         pending, self._pending = self._pending, {}
+        writes: list[tuple[bytes, bytes | None]] = []
+        timers: list[tuple[bool, int, bytes]] = []  # (register, when, timer key)
+        closes_at = self.spec.closes_at
         for raw, (before, after) in pending.items():
-            self.state.write(raw, before, after)
+            writes += self.state.changes(raw, before, after)
             opened, gone = timer_changes(before, after)
-            for window in gone:
-                self._timer(raw, window, register=False)
-            for window in opened:
-                self._timer(raw, window, register=True)
-            if self.triggers.updates:
+            timers += [(False, closes_at(w.end), entry_key(raw, w.start)) for w in gone]
+            timers += [(True, closes_at(w.end), entry_key(raw, w.start)) for w in opened]
+        self.state.write_changes(writes)
+        self.timers.change_owned(self.name, self.time, timers)
+        if self.triggers.updates:
+            for raw, (before, after) in pending.items():
                 self._updates(raw, before, after)
 
     def _updates(self, raw: bytes, before: list[Open], after: list[Open]) -> None:
@@ -211,14 +216,6 @@ class WindowedStore:
             emission = "late" if window.fired else "early"
             self.emit(Window(key, window.start, window.end, value, emission), self._collector)
 
-    def _timer(self, raw: bytes, window: Open, *, register: bool) -> None:
-        when = self.spec.closes_at(window.end)
-        timer_key = entry_key(raw, window.start)
-        if register:
-            self.timers.register_owned(self.name, self.time, when, timer_key)
-        else:
-            self.timers.delete_owned(self.name, self.time, when, timer_key)
-
     def windows(self, key: Any) -> list[Window]:
         """``key``'s open windows, by start, with their current values."""
         raw = self.keys.to_bytes(key)
@@ -229,7 +226,8 @@ class WindowedStore:
 
     def _fire(self, timer_key: bytes, timestamp_ms: int, collector: MessageCollector) -> None:
         raw, start = split_entry_key(timer_key)
-        self.flush()  # (a no-op at the end of a batch: the timers flushed every window store)
+        if self._pending:  # none at the end of a batch: the timers flushed every window store
+            self.flush()
         lateness = self.triggers.allowed_lateness_ms
         if lateness:
             kept = self.state.get(raw, start)
@@ -242,7 +240,7 @@ class WindowedStore:
                 self.timers.register_owned(self.name, self.time, when, timer_key)
             window = kept
         else:
-            window = self.state.close(raw, start)
+            window = self.state.take(raw, start)  # deleted with the others (flush)
         if window is None:
             raise TaskError(
                 f"task {self.timers.task}: window store {self.name!r}: a window's timer "
