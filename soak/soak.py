@@ -14,6 +14,8 @@ Variants (kills are spread over them, round robin):
   store with a TTL and event-time timers in a timer store;
 * ``windows``: the windows example (``examples/windows``: minute counts and sessions per user),
   each round's views later in event time than the last round's;
+* ``windows-df``: the same windows from the example's DataFrame pipeline
+  (``windows_pipeline.py``), on the same stores and streams;
 * ``exactly``: the example with ``job.processing.guarantee: exactly-once``: its duplicate bound
   is 0 (each user's counts 1..N go out once, whatever is killed when).
 
@@ -144,10 +146,21 @@ class Variant:
     generated: int = 0
     seeds: list[int] = field(default_factory=list)
     kinds: Counter[str] = field(default_factory=Counter)
+    #: a DataFrame pipeline's module:attribute to run instead of the job file's task class
+    pipeline: str | None = None
 
     @property
     def job(self) -> Path:
         return self.root / "job.yaml"
+
+    @property
+    def windows(self) -> bool:
+        return self.name.startswith("windows")
+
+    @property
+    def target(self) -> str:
+        """What ``sparkpoint run`` runs: the job file, or the pipeline."""
+        return self.pipeline or str(self.job)
 
     @property
     def config(self) -> Config:
@@ -207,6 +220,13 @@ def prepare(variant: Variant) -> None:
     values = {**read_job_file(variant.base), **variant.overrides}
     values["job.data.dir"] = str(variant.root / "data")
     variant.job.write_text(json.dumps(values, indent=1) + "\n")  # JSON is YAML
+    if variant.pipeline is not None:  # the example's pipeline, on the variant's job file
+        module = variant.root / f"{variant.pipeline.partition(':')[0]}.py"
+        module.write_text(
+            "from windows_pipeline import build\n\nfrom sparkpoint import Pipeline\n\n"
+            f"job = Pipeline(build, config={str(variant.job)!r}, "
+            'value_schema="user STRING, page STRING, ts LONG")\n'
+        )
     sp(variant, "stream", "create", str(variant.job), "pageviews", "--partitions", str(TASKS))
 
 
@@ -227,7 +247,7 @@ def round_views(variant: Variant, n: int, seed: int, round_: int) -> list[dict[s
     user's views are minutes apart, so sessions end within a round), each round later than
     the last."""
     views = list(events(n, seed, USERS))
-    if variant.name != "windows":
+    if not variant.windows:
         return views
     first = int(str(views[0]["ts"])) if views else 0
     return [{**e, "ts": round_ * ROUND_MS + (int(str(e["ts"])) - first) * 100} for e in views]
@@ -253,10 +273,13 @@ def run(
 ) -> None:
     """One run: to the end of the input, or killed with ``kill`` at a random moment while it
     reads its ``pending`` views."""
-    args = [SPARKPOINT, "run", str(variant.job), "--until-caught-up"]
+    args = [SPARKPOINT, "run", variant.target, "--until-caught-up"]
     if variant.master:
         args += ["--master", variant.master]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    if variant.pipeline is not None:  # its module, and the example's pipeline it imports
+        path = [str(variant.root), str(WINDOWS), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     with log.open("ab") as out:
         driver = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, cwd=variant.root / "cwd", env=env
@@ -305,7 +328,7 @@ def verify(variant: Variant) -> dict[str, int]:
     config = variant.reader
     rounds = zip(variant.seeds, _sizes(variant), strict=True)
     views = [e for i, (s, n) in enumerate(rounds) for e in round_views(variant, n, s, i)]
-    if variant.name == "windows":
+    if variant.windows:
         return _verify_windows(variant, config, views)
     by_user = Counter(str(e["user"]) for e in views)
     by_page = Counter(str(e["page"]) for e in views)
@@ -441,6 +464,8 @@ def _leaked_blobs(config: Config) -> int:
 def _outside(variant: Variant) -> int:
     """Files the job wrote outside its directories (its data dir; logs and inputs are ours)."""
     allowed = {"data", "cwd", "job.yaml", "sizes", "run.log", *(m.name for m in MODULES)}
+    if variant.pipeline is not None:
+        allowed.add(f"{variant.pipeline.partition(':')[0]}.py")
     extra = [p for p in variant.root.iterdir() if p.name not in allowed and p.name != "__pycache__"]
     # executors of a cluster keep private state in their working dirs ({cwd}/state): allowed
     extra += [p for p in (variant.root / "cwd").iterdir() if p.name != "state"]
@@ -469,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"dual": DUAL, "cluster": DUAL, "time": TIME, "exactly": EXACTLY}.get(name, {})
         overrides = {**BASE, **extra}
         variant = Variant(name, top / name, overrides)
-        if name == "windows":  # the example's own stores (window stores with changelogs)
+        if variant.windows:  # the example's own stores (window stores with changelogs)
             variant.base = WINDOWS / "job.yaml"
             variant.overrides = {k: v for k, v in BASE.items() if not k.startswith("stores.")}
+        if name == "windows-df":
+            variant.pipeline = "soak_windows_pipeline:job"
         if name == "cluster":
             cluster = StandaloneCluster(top / "spark-cluster", workers=2).start()
             variant.master = cluster.master_url

@@ -232,15 +232,15 @@ class TimerStore:
         timer given out and registered again comes in the next call). A timer of the chunk
         is there still unless it was deleted since the chunk was read and not registered
         again: no read per timer."""
-        given: set[Timer] = set()
+        given: set[bytes] = set()  # their engine keys
         while True:
             new, after = False, None
             while found := list(islice(self.timers(kind, upto_ms, after), chunk)):
                 self._gone = set()
                 for timer in found:
-                    gone = _timer_key(timer.kind, timer.timestamp_ms, timer.key) in self._gone
-                    if timer not in given and not gone:
-                        given.add(timer)
+                    raw = _timer_key(kind, timer.timestamp_ms, timer.key)
+                    if raw not in given and raw not in self._gone:
+                        given.add(raw)
                         new = True
                         yield timer
                 after = found[-1]
