@@ -1,7 +1,7 @@
 """A short soak in CI (issue 11): SIGKILLs of drivers and Python workers over the example job
-with exactly-once output, a dual-commit job with a flaky blob store, and the windows example; no
-mismatch, no lost view, no dangling or leaked blob, no duplicate of exactly-once output and the
-others' duplicates within their bound. `make soak` runs the long one (100 kills,
+with exactly-once output, a dual-commit job with a flaky blob store, and the windows example in
+both APIs; no mismatch, no lost view, no dangling or leaked blob, no duplicate of exactly-once
+output and the others' duplicates within their bound. `make soak` runs the long one (100 kills,
 and the dual job on a standalone cluster, whose worker kills CI covers in tests/e2e/test_cluster.py
 and tests/e2e/test_host_affinity.py)."""
 
@@ -25,12 +25,13 @@ def test_short_soak(tmp_path: Path) -> None:
             sys.executable,
             str(ROOT / "soak" / "soak.py"),
             "--kills",
-            "3",
+            "4",
             "--variants",
             # exactly is the example with exactly-once output (no duplicate allowed); windows
-            # covers timers and event time (the time variant's machinery) too; the cluster
-            # variant (a cluster of its own, 100 s here) is left to `make soak`
-            "exactly,dual,windows",
+            # covers timers and event time (the time variant's machinery) too, and windows-df
+            # the same windows from the DataFrame pipeline; the cluster variant (a cluster of
+            # its own, 100 s here) is left to `make soak`
+            "exactly,dual,windows,windows-df",
             "--seed",
             "3",
             "--events",
