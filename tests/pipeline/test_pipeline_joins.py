@@ -3,7 +3,8 @@
 job moves between the APIs keeping its table, and a crash in the batch changes no view's
 enrichment. ``batch.join_window``: the task API's windowed join
 (``tests/runtime/taskapi/test_stream_join.py``) gives the reference's pairs, bounded buffers,
-keeps the task API's buffers, and stays exact across a crash."""
+keeps the task API's buffers, and stays exact across a crash. Both joins run on filelog and on
+Kafka (Tansu)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ def frame_run(spark: Any, fn: Any = build) -> Any:
     return run
 
 
-def test_the_pipeline_joins_as_the_task_does(tmp_path: Path, spark: Any) -> None:
-    two_rounds(job(tmp_path), frame_run(spark))
+def test_the_pipeline_joins_as_the_task_does(
+    tmp_path: Path, spark: Any, log_system: dict[str, str]
+) -> None:
+    two_rounds(job(tmp_path, log_system), frame_run(spark))
 
 
 def test_a_job_moves_from_the_task_api_to_the_pipeline_keeping_its_table(
@@ -94,10 +97,12 @@ def test_joining_a_store_that_is_not_a_table_names_the_fix(tmp_path: Path, spark
         frame_run(spark, _not_a_table)(config)
 
 
-def test_the_pipeline_joins_streams_as_the_task_does(tmp_path: Path, spark: Any) -> None:
+def test_the_pipeline_joins_streams_as_the_task_does(
+    tmp_path: Path, spark: Any, log_system: dict[str, str]
+) -> None:
     """Round one in the task API, round two in the pipeline on the buffers it left."""
     apis = ("task", "frame")
-    config = joins.job(tmp_path)
+    config = joins.job(tmp_path, log_system)
     sent: joins.Events = []
     for round_, api in enumerate(apis):
         more = joins.events(seed=70 + round_, n=400, start=sent[-1][2] if sent else 0)
