@@ -32,7 +32,7 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 
 PIPELINE = "pageviews_pipeline:job"
-N = 30_000
+N = 16_000
 
 
 def _views(path: Path) -> Counter[tuple[str, int]]:
@@ -47,7 +47,7 @@ def test_kill_9_mid_run_then_restart_exact_state_and_output_once(tmp_path: Path)
     sets = [
         f"job.data.dir={tmp_path / 'data'}",
         "task.commit.ms=1500",
-        "task.batch.max.messages=1000",
+        "task.batch.max.messages=500",
         "job.processing.guarantee=exactly-once",
     ]
     set_args = [a for s in sets for a in ("--set", s)]
