@@ -270,3 +270,52 @@ def test_allowed_lateness_is_refused_for_sessions(tmp_path: Path) -> None:
         TaskWindows(TaskName("t"), Config({}), {}, None).open(  # type: ignore[arg-type]
             "w", WindowSpec.session(100), aggregate=count(), emit=print, allowed_lateness_ms=5
         )
+
+
+def test_a_users_timer_finds_the_windows_closed_before_it_gone(tmp_path: Path) -> None:
+    """Closed windows leave the store in one write batch, and before a user's timer due after
+    them goes out: its ``on_timer`` finds them gone from the store itself, not only from the
+    window store's reads."""
+    from sparkpoint.config import load_config
+    from sparkpoint.model import SystemStreamPartition, TaskName
+    from sparkpoint.runtime.taskapi.timers import TaskTimers
+    from sparkpoint.runtime.taskapi.windows import WindowedStore
+    from sparkpoint.serde import JsonSerde, StringSerde
+    from sparkpoint.storage.kv.factory import open_engine
+    from sparkpoint.storage.kv.store import SerializedKeyValueStore
+    from sparkpoint.storage.timers import TimeKind
+    from sparkpoint.storage.windows import WindowSpec, count
+
+    def store(name: str) -> SerializedKeyValueStore[Any, Any]:
+        engine = open_engine(name, "in-memory", tmp_path / name)
+        return SerializedKeyValueStore(name, engine, StringSerde(), JsonSerde())
+
+    ssp = SystemStreamPartition("log", "in", 0)
+    config = load_config(None, {"job.name": "t", "task.watermark.lateness.ms": "0"})
+    timers = TaskTimers(TaskName("Partition 0"), config, store("timers"), frozenset({ssp}))
+    minutes = store("minutes")
+    emitted: list[tuple[str, int]] = []
+    windows = WindowedStore(
+        "minutes",
+        minutes,
+        timers,
+        WindowSpec.tumbling(10),
+        count(),
+        lambda window, _collector: emitted.append((window.key, window.start)),
+        TimeKind.EVENT,
+        None,
+    )
+    for key, at in (("a", 5), ("b", 5), ("a", 15)):
+        windows.add(key, at)
+    timers.register("user", 12, "event")  # due after [0, 10) closed, before [10, 20) does
+    seen: list[list[bytes]] = []
+
+    class Task:
+        def on_timer(self, key: Any, timestamp_ms: int, collector: Any, coordinator: Any) -> None:
+            seen.append([k for k, _ in minutes.engine.all()])
+
+    timers.seen(ssp, 12)
+    timers.end_of_batch(Task(), None, None)  # type: ignore[arg-type]
+    assert emitted == [("a", 0), ("b", 0)]
+    assert len(seen) == 1 and len(seen[0]) == 1  # only a's [10, 20) is left
+    assert [w.start for w in windows.windows("a")] == [10]

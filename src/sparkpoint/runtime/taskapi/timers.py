@@ -291,6 +291,7 @@ class TaskTimers:
                         yield kind, OwnedTimer(owner.decode(), raw), timer.timestamp_ms
                         continue
                     store.settle()
+                    self.flush_owned()  # its code sees the closed windows gone
                     yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
         finally:
             store.settle()
