@@ -111,6 +111,18 @@ def test_sessions_grow_and_a_bridging_record_merges_two(engine: KeyValueEngine) 
     )
 
 
+def test_a_record_that_would_join_a_closed_session_is_late(engine: KeyValueEngine) -> None:
+    """A session closed by the watermark whose timer has not fired yet (more timers due than a
+    batch fires) takes no record: one within its gap is late, and the session stays as it
+    went out."""
+    state = WindowState(engine, WindowSpec.session(10), count())
+    assert state.add(b"k", 100, None, None) == ([Open(100, 100, 1)], [])
+    assert state.add(b"k", 105, None, 120) is None  # [100, 100] closes at 111 <= 120
+    assert state.add(b"k", 95, None, 120) is None
+    assert list(state.of(b"k")) == [Open(100, 100, 1)]
+    assert state.add(b"k", 200, None, 120) == ([Open(200, 200, 1)], [])  # far from it: its own
+
+
 def test_aggregates_fold_and_merge() -> None:
     for aggregate, values, want in [
         (count(), [5, 6, 7], 3),

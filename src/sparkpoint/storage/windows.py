@@ -292,8 +292,11 @@ class WindowState:
     ) -> list[Open] | None:
         gap, agg = self.spec.gap_ms, self.aggregate
         near = [w for w in windows if w.start - gap <= time_ms <= w.end + gap]
-        if not near and closed_upto is not None and self.spec.closes_at(time_ms) <= closed_upto:
-            return None  # its own session would have closed already
+        if closed_upto is not None:
+            if not near and self.spec.closes_at(time_ms) <= closed_upto:
+                return None  # its own session would have closed already
+            if any(self.spec.closes_at(w.end) <= closed_upto for w in near):
+                return None  # it would join a session that closed (its timer not fired yet)
         acc = agg.add(agg.init(), value)
         for w in near:  # at most one before the record and one after it (or one around it)
             acc = agg.merge(w.acc, acc) if w.start <= time_ms else agg.merge(acc, w.acc)
