@@ -19,8 +19,8 @@ are its first and last record's times; records at most ``gap`` apart are in one 
 record that bridges two sessions merges them), as in Flink, Kafka Streams and Spark.
 
 A record is *late* when every window it would join has closed (its end is at or below the
-watermark; a session's end + gap below it): it changes nothing, and the caller routes it
-elsewhere.
+watermark; a session's end + gap below it), or when it would join a session that has closed
+(whose timer has not fired yet): it changes nothing, and the caller routes it elsewhere.
 """
 
 from __future__ import annotations
