@@ -158,6 +158,13 @@ class Variant:
         return self.name.startswith("windows")
 
     @property
+    def pipeline_file(self) -> Path | None:
+        """The module the pipeline variant writes beside its job file."""
+        if self.pipeline is None:
+            return None
+        return self.root / f"{self.pipeline.partition(':')[0]}.py"
+
+    @property
     def target(self) -> str:
         """What ``sparkpoint run`` runs: the job file, or the pipeline."""
         return self.pipeline or str(self.job)
@@ -220,9 +227,8 @@ def prepare(variant: Variant) -> None:
     values = {**read_job_file(variant.base), **variant.overrides}
     values["job.data.dir"] = str(variant.root / "data")
     variant.job.write_text(json.dumps(values, indent=1) + "\n")  # JSON is YAML
-    if variant.pipeline is not None:  # the example's pipeline, on the variant's job file
-        module = variant.root / f"{variant.pipeline.partition(':')[0]}.py"
-        module.write_text(
+    if variant.pipeline_file is not None:  # the example's pipeline, on the variant's job file
+        variant.pipeline_file.write_text(
             "from windows_pipeline import build\n\nfrom sparkpoint import Pipeline\n\n"
             f"job = Pipeline(build, config={str(variant.job)!r}, "
             'value_schema="user STRING, page STRING, ts LONG")\n'
@@ -464,8 +470,8 @@ def _leaked_blobs(config: Config) -> int:
 def _outside(variant: Variant) -> int:
     """Files the job wrote outside its directories (its data dir; logs and inputs are ours)."""
     allowed = {"data", "cwd", "job.yaml", "sizes", "run.log", *(m.name for m in MODULES)}
-    if variant.pipeline is not None:
-        allowed.add(f"{variant.pipeline.partition(':')[0]}.py")
+    if variant.pipeline_file is not None:
+        allowed.add(variant.pipeline_file.name)
     extra = [p for p in variant.root.iterdir() if p.name not in allowed and p.name != "__pycache__"]
     # executors of a cluster keep private state in their working dirs ({cwd}/state): allowed
     extra += [p for p in (variant.root / "cwd").iterdir() if p.name != "state"]

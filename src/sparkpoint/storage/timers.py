@@ -206,23 +206,24 @@ class TimerStore:
         for tag, when in _decode_index(self.engine.get(_index_key(key))):
             yield Timer(when, TimeKind.EVENT if tag == b"e" else TimeKind.PROCESSING, key)
 
-    def timers(
-        self, kind: TimeKind, upto_ms: int = MAX_TIME, after: Timer | None = None
-    ) -> Iterator[Timer]:
-        """The timers of ``kind`` due at or before ``upto_ms``, in firing order (only those
-        after ``after``, when given: a scan that resumes skips the tombstones of the timers
-        fired before it, which RocksDB would otherwise step over on every seek)."""
+    def timers(self, kind: TimeKind, upto_ms: int = MAX_TIME) -> Iterator[Timer]:
+        """The timers of ``kind`` due at or before ``upto_ms``, in firing order."""
+        for _, timer in self._scan(kind, upto_ms):
+            yield timer
+
+    def _scan(
+        self, kind: TimeKind, upto_ms: int, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, Timer]]:
+        """:meth:`timers` with their engine keys; only those after the engine key ``after``,
+        when given (a scan that resumes skips the tombstones of the timers fired before it,
+        which RocksDB would otherwise step over on every seek)."""
         self.settle()
         prefix = _prefix(kind)
-        start = prefix if after is None else _timer_key(kind, after.timestamp_ms, after.key) + b"\0"
+        start = prefix if after is None else after + b"\0"
         end = prefix + TIME.pack(upto_ms + 1) if upto_ms < MAX_TIME else prefix + b"\xff" * 9
         for raw, _ in self.engine.range(start, end):
             (when,) = TIME.unpack_from(raw, len(prefix))
-            yield Timer(when, kind, raw[len(prefix) + TIME.size :])
-
-    def exists(self, timer: Timer) -> bool:
-        self.settle()
-        return self.engine.get(_timer_key(timer.kind, timer.timestamp_ms, timer.key)) is not None
+            yield raw, Timer(when, kind, raw[len(prefix) + TIME.size :])
 
     def due(self, kind: TimeKind, upto_ms: int, chunk: int = 10_000) -> Iterator[Timer]:
         """Every timer of ``kind`` due by ``upto_ms``, in firing order, each once, *while the
@@ -235,15 +236,14 @@ class TimerStore:
         given: set[bytes] = set()  # their engine keys
         while True:
             new, after = False, None
-            while found := list(islice(self.timers(kind, upto_ms, after), chunk)):
+            while found := list(islice(self._scan(kind, upto_ms, after), chunk)):
                 self._gone = set()
-                for timer in found:
-                    raw = _timer_key(kind, timer.timestamp_ms, timer.key)
+                for raw, timer in found:
                     if raw not in given and raw not in self._gone:
                         given.add(raw)
                         new = True
                         yield timer
-                after = found[-1]
+                after = found[-1][0]
             if not new:
                 return
 
