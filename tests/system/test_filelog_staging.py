@@ -1,6 +1,7 @@
-"""Exactly-once output on the filelog (issue 34): staged records are invisible until their
-commit is published; a publish happens once and whole, also when its publisher dies half-way
-(readers never see part of it, and the next one to take the partition's lock finishes it)."""
+"""Exactly-once output on the filelog (issue 34), where it goes beyond the staging contract
+(tests/system/test_staging.py, run on every system): a publisher that dies half-way is finished
+by the next one to take the partition's lock, a damaged part publishes nothing, staged bytes
+are renumbered, not decoded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.errors import CorruptRecordError, UserError
+from sparkpoint.errors import CorruptRecordError
 from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import Record, StreamSpec
@@ -54,38 +55,18 @@ def stage(admin: FileLogAdmin, owner: str, part: str, *vals: str, partition: int
     return part
 
 
-def test_staged_records_are_invisible_until_published_then_in_order_once(
+def test_an_older_commit_of_an_owner_is_never_published_after_a_newer_one(
     admin: FileLogAdmin,
 ) -> None:
+    """The filelog orders an owner's publishes by commit key (``PUBLISHED``); Kafka by staging
+    offset, which orders them the same way for every part a commit can name."""
     staging = staging_of(admin)
-    stage(admin, "job-1.Partition_0", "r1-1-a", "a", "b")
-    stage(admin, "job-1.Partition_0", "r1-2-b", "c")
-    assert values(admin) == []  # staged: nobody reads it
-    assert [(p.part, p.records) for p in staging.staged("out")] == [("r1-1-a", 2), ("r1-2-b", 1)]
-    n = staging.publish("out", 0, "job-1.Partition_0", 10, ["r1-1-a", "r1-2-b"])
-    assert n == 3
-    assert values(admin) == ["a", "b", "c"]
-    assert staging.staged("out") == []  # published parts are deleted
-    assert staging.published_key("out", 0, "job-1.Partition_0") == 10
-    # again (a restarted task, the driver's start): already done, nothing twice
-    assert staging.publish("out", 0, "job-1.Partition_0", 10, ["r1-1-a", "r1-2-b"]) == 0
-    assert values(admin) == ["a", "b", "c"]
-
-
-def test_owners_are_independent_and_plain_appends_interleave(admin: FileLogAdmin) -> None:
-    staging = staging_of(admin)
-    producer = FileLogSystemFactory().get_producer("fl", {"systems.fl.path": str(root(admin))})
     stage(admin, "t0", "p1", "t0-a")
-    stage(admin, "t1", "p1", "t1-a")
-    producer.send("out", 0, Record("", None, b"plain", 5))
-    producer.flush()
-    assert staging.publish("out", 0, "t1", 7, ["p1"]) == 1
-    assert staging.publish("out", 0, "t0", 3, ["p1"]) == 1  # keys are per owner
-    assert values(admin) == ["plain", "t1-a", "t0-a"]
-    # an older commit of an owner is never published after a newer one
+    assert staging.publish("out", 0, "t0", 3, ["p1"]) == 1
+    assert staging.published_key("out", 0, "t0") == 3
     stage(admin, "t0", "p0", "stale")
     assert staging.publish("out", 0, "t0", 2, ["p0"]) == 0
-    assert values(admin) == ["plain", "t1-a", "t0-a"]
+    assert values(admin) == ["t0-a"]
 
 
 @pytest.mark.parametrize("point", PUBLISH_POINTS)
@@ -143,30 +124,6 @@ def test_a_part_that_is_never_staged_leaves_nothing(admin: FileLogAdmin) -> None
     assert list((root(admin) / "out").rglob("*.tmp")) == []
 
 
-def test_a_part_flushed_many_times_is_one_part_in_send_order(admin: FileLogAdmin) -> None:
-    staging = staging_of(admin)
-    producer = staging.producer("t0", "p1")
-    for i in range(10):
-        producer.send_many("out", 1, [Record("", b"k", f"{i}-{j}".encode(), 1) for j in range(3)])
-        producer.flush()
-    assert producer.stage() == {("out", 1): "p1"}
-    assert staging.publish("out", 1, "t0", 1, ["p1"]) == 30
-    assert values(admin, 1) == [f"{i}-{j}" for i in range(10) for j in range(3)]
-
-
-def test_a_missing_staged_part_is_an_error_naming_it(admin: FileLogAdmin) -> None:
-    with pytest.raises(CorruptRecordError, match=r"staged output t0/gone is missing"):
-        staging_of(admin).publish("out", 0, "t0", 1, ["gone"])
-    assert values(admin) == []
-
-
-def test_bad_owner_and_part_names_are_refused(admin: FileLogAdmin) -> None:
-    with pytest.raises(UserError, match="invalid staged output owner"):
-        staging_of(admin).producer("a/b", "p")
-    with pytest.raises(UserError, match="invalid staged output part"):
-        staging_of(admin).producer("a", "../p")
-
-
 def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
     admin: FileLogAdmin,
 ) -> None:
@@ -180,20 +137,6 @@ def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
     stage(admin, "t1", "p2", "c")
     staging_of(admin).publish("out", 0, "t1", 1, ["p2"])  # the partition goes on
     assert values(admin) == ["c"]
-
-
-def test_a_sweep_deletes_one_owner_or_every_owner_under_a_job_but_what_it_keeps(
-    admin: FileLogAdmin,
-) -> None:
-    staging = staging_of(admin)
-    stage(admin, "job-1.Partition_0", "a", "x")
-    stage(admin, "job-1-batches", "b", "x")
-    stage(admin, "job-1-batches", "c", "x")
-    stage(admin, "job-1-batches-x", "d", "x")  # another job whose label starts the same
-    assert staging.sweep("out", "job-1-batches", keep={"c"}) == 1  # that owner alone: b
-    assert sorted(p.part for p in staging.staged("out")) == ["a", "c", "d"]
-    assert staging.sweep("out", "job-1.") == 1  # every task of job-1: a
-    assert sorted(p.part for p in staging.staged("out")) == ["c", "d"]
 
 
 def test_renumbering_staged_bytes_makes_what_encoding_the_records_makes() -> None:

@@ -7,16 +7,35 @@ reader sees it; the parts it staged are named in the task's next checkpoint, and
 discarded. How a system keeps staged output is its own: the filelog stages it beside each
 partition (:mod:`sparkpoint.system.filelog.staging`).
 
-Owns these interfaces only; imports nothing of sparkpoint's but the system base.
+Owns these interfaces, and the rules every system shares: what may name an owner or a part
+(:func:`check_name`), and which owners a sweep names (:func:`swept_by`); imports nothing of
+sparkpoint's but the errors and the system base.
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from sparkpoint.errors import UserError
 from sparkpoint.system.base import Record, SystemProducer
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """``name`` if it can name a staged owner or part (a file name), else :class:`UserError`."""
+    if not _NAME.match(name):
+        raise UserError(f"invalid staged output {kind} {name!r}: use letters, digits, _ . -")
+    return name
+
+
+def swept_by(owner: str, owner_prefix: str) -> bool:
+    """Whether a sweep of ``owner_prefix`` names ``owner``: a prefix ending in ``.`` names
+    every owner under it (a job's tasks), any other name that one owner."""
+    return owner.startswith(owner_prefix) if owner_prefix.endswith(".") else owner == owner_prefix
 
 
 @dataclass(frozen=True)
@@ -68,10 +87,6 @@ class OutputStaging(ABC):
     @abstractmethod
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         """The records of a staged part, in order (offsets from 0: none is assigned yet)."""
-
-    @abstractmethod
-    def published_key(self, stream: str, partition: int, owner: str) -> int | None:
-        """The key of ``owner``'s last commit published to this partition, if any."""
 
     @abstractmethod
     def publishers(self, stream: str, partition: int) -> list[str]:

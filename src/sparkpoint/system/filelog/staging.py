@@ -34,20 +34,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkpoint.errors import CorruptRecordError, UserError
+from sparkpoint.errors import CorruptRecordError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.system.base import Record
 from sparkpoint.system.filelog import format as fmt
 from sparkpoint.system.filelog.partition import PUBLISHING, PartitionLog
-from sparkpoint.system.staging import StagedPart, StagingProducer
+from sparkpoint.system.staging import StagedPart, StagingProducer, check_name, swept_by
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,14 +55,6 @@ log = logging.getLogger(__name__)
 
 PUBLISHED = "PUBLISHED"
 STAGED = "staged"
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-def check_name(kind: str, name: str) -> str:
-    """``name`` if it can name a staged owner or part (a file name), else :class:`UserError`."""
-    if not _NAME.match(name):
-        raise UserError(f"invalid staged output {kind} {name!r}: use letters, digits, _ . -")
-    return name
 
 
 def _staged_dir(plog: PartitionLog, owner: str) -> Path:
@@ -264,11 +255,7 @@ def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> 
         return 0
     parts = 0
     for owner_dir in root.iterdir():
-        name = owner_dir.name
-        named = (
-            name.startswith(owner_prefix) if owner_prefix.endswith(".") else name == owner_prefix
-        )
-        if not named or not owner_dir.is_dir():
+        if not swept_by(owner_dir.name, owner_prefix) or not owner_dir.is_dir():
             continue
         for f in owner_dir.iterdir():
             if f.suffix == ".log" and f.stem in keep:

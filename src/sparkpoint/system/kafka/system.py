@@ -33,6 +33,7 @@ from typing import Any
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Producer,
@@ -57,6 +58,12 @@ from sparkpoint.system.base import (
     read_max_bytes,
 )
 from sparkpoint.system.kafka.partitioner import kafka_partition
+from sparkpoint.system.kafka.staging import (
+    STAGED_PREFIX,
+    STAGING_RETENTION,
+    KafkaStaging,
+    close_publishers,
+)
 
 TIMEOUT_S = 30.0
 #: Kafka's own topics (sparkpoint's checkpoint and coordinator topics start with "__" as well)
@@ -127,8 +134,10 @@ class _Pool:
 
 
 def close_idle_clients(bootstrap: str | None = None) -> None:
-    """Close this process's idle Kafka clients (of ``bootstrap``, or all)."""
+    """Close this process's idle Kafka clients (of ``bootstrap``, or all), and its publishers
+    of exactly-once output."""
     _POOL.close_idle(bootstrap)
+    close_publishers(bootstrap)
 
 
 _POOL = worker.slot("kafka-clients", _Pool)
@@ -151,6 +160,43 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         self._admin = _client(AdminClient, dict(self._settings), system, "consumer")
         self._partitions: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._config = dict(config)
+        self._staging: KafkaStaging | None = None
+
+    def output_staging(self) -> KafkaStaging:
+        with self._lock:
+            if self._staging is None:
+                self._staging = KafkaStaging(self, self._config)
+            return self._staging
+
+    def group_offsets(
+        self, group: str, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """The offsets consumer group ``group`` committed for ``partitions`` (absent: none),
+        waiting for a transaction committing some to end (``require_stable``)."""
+        request = [
+            ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])
+        ]
+        try:
+            futures = self._admin.list_consumer_group_offsets(
+                request, require_stable=True, request_timeout=TIMEOUT_S
+            )
+            (answer,) = (f.result() for f in futures.values())
+        except KafkaException as exc:
+            raise self._fail(f"reading the offsets of consumer group {group}", exc) from exc
+        return {
+            (tp.topic, tp.partition): int(tp.offset)
+            for tp in answer.topic_partitions
+            if tp.offset >= 0 and tp.error is None
+        }
+
+    def groups(self, prefix: str) -> list[str]:
+        """The consumer groups whose id starts with ``prefix``, sorted."""
+        try:
+            listed = self._admin.list_consumer_groups(request_timeout=TIMEOUT_S).result()
+        except KafkaException as exc:
+            raise self._fail("listing consumer groups", exc) from exc
+        return sorted(g.group_id for g in listed.valid if g.group_id.startswith(prefix))
 
     def _fail(self, what: str, exc: BaseException) -> SparkpointError:
         return SparkpointError(f"kafka system {self.system}: {what} failed: {exc}")
@@ -247,7 +293,9 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
             topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
         except KafkaException as exc:
             raise self._fail("listing topics", exc) from exc
-        return sorted(t for t in topics if t not in _KAFKA_INTERNAL)
+        return sorted(
+            t for t in topics if t not in _KAFKA_INTERNAL and not t.startswith(STAGED_PREFIX)
+        )
 
     def partition_count(self, stream: str) -> int:
         with self._lock:
@@ -396,6 +444,47 @@ class KafkaConsumer(SystemConsumer):
     def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
         return self._skipped.get(ssp)
 
+    def messages(self, stream: str, partition: int, first: int, stop: int) -> list[Any]:
+        """librdkafka's messages of offsets ``[first, stop)`` (headers included), for ranges
+        that end at or before the partition's end: the staging of exactly-once output."""
+        consumer = self._client()
+        consumer.assign([TopicPartition(stream, partition, first)])
+        out: list[Any] = []
+        expected = first
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while expected < stop:
+                batch = consumer.consume(10_000, timeout=0.2)
+                for m in batch:
+                    if m.topic() != stream or m.partition() != partition:
+                        continue
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise SparkpointError(
+                                f"reading {stream} partition {partition} from offset {first}: "
+                                f"{err.str()}"
+                            )
+                        if m.offset() >= expected:
+                            return out
+                        continue
+                    if m.offset() < expected:
+                        continue
+                    if m.offset() >= stop:
+                        return out
+                    out.append(m)
+                    expected = m.offset() + 1
+                if batch:
+                    deadline = time.monotonic() + TIMEOUT_S
+                elif time.monotonic() > deadline:
+                    raise SparkpointError(
+                        f"reading {stream} partition {partition} offsets [{first}, {stop}): "
+                        f"nothing for {TIMEOUT_S:.0f}s after offset {expected - 1}"
+                    )
+        finally:
+            consumer.unassign()
+        return out
+
     def _assigned_read(
         self, ssp: SystemStreamPartition, first: int, stop: int, limit: int, max_bytes: int | None
     ) -> tuple[list[Record], int | None]:
@@ -511,8 +600,25 @@ class KafkaProducer(SystemProducer):
             )
 
     def send(self, stream: str, partition: int, record: Record) -> None:
+        self.produce(stream, partition, record)
+
+    def produce(
+        self,
+        stream: str,
+        partition: int,
+        record: Record,
+        headers: list[tuple[str, bytes]] | None = None,
+        on_delivery: Any = None,
+    ) -> None:
+        """:meth:`send`, with Kafka record headers and a delivery callback of its own
+        (``on_delivery(err, msg)``: the staging of exactly-once output uses both)."""
         self._check(stream, partition)
         producer = self._producer
+        extra: dict[str, Any] = {}
+        if headers:
+            extra["headers"] = headers
+        if on_delivery is not None:
+            extra["on_delivery"] = on_delivery
         while True:
             try:
                 producer.produce(
@@ -521,6 +627,7 @@ class KafkaProducer(SystemProducer):
                     key=record.key,
                     partition=partition,
                     timestamp=record.timestamp or 0,
+                    **extra,
                 )
                 break
             except BufferError:  # the local queue is full: let deliveries drain
@@ -588,6 +695,7 @@ class KafkaSystemFactory(SystemFactory):
             "kafka: replication of the topics sparkpoint creates (default: the broker's)",
         ),
         READ_MAX_BYTES,
+        STAGING_RETENTION,
     )
 
     def get_admin(self, system: str, config: Mapping[str, str]) -> KafkaAdmin:
