@@ -229,3 +229,43 @@ def test_output_to_a_system_that_cannot_stage_is_refused_naming_it(
     with pytest.raises(ConfigError, match=r"system 'log' cannot stage output"):
         run_until_caught_up(_coordinator(spark, config, pipeline))
     assert committed_counts(config) == {}  # nothing committed
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_driver_crash_publishes_each_batch_once(
+    tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The example pipeline with every stream on Kafka (a Tansu broker): the batch's stream
+    output is staged in ``__sparkpoint-staged.user-counts`` and published in a Kafka
+    transaction once every task's checkpoint covers the batch; the driver crashes between two
+    tasks' checkpoint writes of batch 2, and the restart replays it and publishes once."""
+    from sparkpoint.testing.services import TansuKafka
+
+    caplog.set_level(logging.INFO, logger="sparkpoint")
+    with TansuKafka(tmp_path / "tansu") as broker:
+        flag = tmp_path / "crash.flag"
+        flag.write_text("5")
+        values = pageviews_config(
+            tmp_path,
+            broker.config("log"),
+            **{
+                "task.batch.max.messages": "300",
+                "task.commit.ms": "0",
+                "job.processing.guarantee": "exactly-once",
+                "testing.crash.at": "after-checkpoint-write",
+                "testing.crash.flag": str(flag),
+            },
+        )
+        config = load_config(None, values)
+        Systems(config).admin("log").create_stream(StreamSpec("pageviews", 4))
+        expected = generate(config, tmp_path / "a.yaml", 2400, seed=84, users=20)
+        with pytest.raises(InjectedCrash):
+            _run(spark, config)
+        caplog.clear()
+        _run(spark, config)
+        assert "replaying batches" in caplog.text
+        assert committed_counts(config) == dict(expected)
+        assert_exactly_once(config, expected)
+        assert _views(config) == _want(2400, 84, 20)
+        staging = Systems(config).admin("log").output_staging()
+        assert staging is not None and staging.staged("user-counts") == []

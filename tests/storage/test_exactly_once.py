@@ -308,9 +308,7 @@ def kafka_log(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(
-    "point", ["after-snapshot", "after-checkpoint-write", "during-cleanup", "publish-after-intent"]
-)
+@pytest.mark.parametrize("point", ["after-checkpoint-write", "publish-after-intent"])
 def test_on_kafka_a_crash_at_a_failpoint_publishes_each_output_once(
     tmp_path: Path, kafka_log: dict[str, str], point: str
 ) -> None:

@@ -325,3 +325,41 @@ def test_growing_an_intermediate_stream_or_resharding_a_job_of_stages_is_refused
         systems.close()
     with pytest.raises(UserError, match="re-keys through intermediate stream"):
         reshard(config)
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_crash_counts_each_view_once_and_another_job_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The re-key example with every stream on Kafka (a Tansu broker): the intermediate stream
+    is staged in ``__sparkpoint-staged.pageviews-by-user`` and published in Kafka transactions;
+    the publishers of a partition are the consumer groups of the transactions."""
+    from sparkpoint.testing.services import TansuKafka
+
+    with TansuKafka(tmp_path / "tansu") as broker:
+        flag = tmp_path / "crash.flag"
+        values = pageviews_config(
+            tmp_path,
+            broker.config("log"),
+            job=REKEY_DIR / "job.yaml",
+            **{
+                "task.batch.max.messages": "100",
+                "task.commit.ms": "0",
+                "testing.crash.at": "after-checkpoint-write",
+                "testing.crash.flag": str(flag),
+            },
+        )
+        values["task.inputs"] = "log.pageviews-by-page, log.pageviews-by-user"
+        config = load_config(None, values)
+        Systems(config).admin("log").create_stream(StreamSpec("pageviews-by-page", 4))
+        expected = crash_runs(config, tmp_path, flag)
+        assert committed_counts(config) == per_user(expected)
+        rows = read_json_lines(config, Systems(config), SystemStream("log", BY_USER.stream))
+        got = Counter(
+            (str(v["user"]), str(v["page"]), int(v["ts"]))
+            for v in (dict(r["value"]) for r in rows)  # type: ignore[call-overload]
+        )
+        assert got == expected  # no view re-sent into the stream, none missing
+        other = load_config(None, {**dict(config.items()), "job.id": "2"})
+        with pytest.raises(ConfigError, match=r"'rekey-1\.Partition_\d' wrote to it too"):
+            run(other, until_caught_up=True)

@@ -214,3 +214,46 @@ def test_a_sweep_discards_one_owner_or_every_owner_under_a_job_but_what_it_keeps
     # the kept part is still published whole
     assert env.staging.publish(env.stream, 0, f"{job}-batches", 1, [c]) == 1
     assert env.values() == ["x"]
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_publisher_fenced_by_another_process_writes_nothing_twice(
+    tansu: Any, tmp_path: Path
+) -> None:
+    """Kafka's publishers are fenced by ``transactional.id``: a publisher of the same owner in
+    another process (a task attempt elsewhere, the driver's start) fences this process's. This
+    one then finds that commit published, and for the next commit starts a new producer."""
+    import json
+    import subprocess
+    import sys
+
+    from sparkpoint.system.kafka import KafkaSystemFactory
+
+    factory, config = KafkaSystemFactory(), tansu.config("kafka")
+    stream = f"out-{next(_streams)}"
+    admin = factory.get_admin("kafka", config)
+    admin.create_stream(StreamSpec(stream, 1))
+    env = Env("kafka", "kafka", factory, config, admin, stream)
+    owner = f"t0-{stream}"
+    assert env.staging.publish(stream, 0, owner, 1, [env.stage(owner, "p1", "a")]) == 1
+    second = env.stage(owner, "p2", "b")
+    script = (
+        "import json, sys\n"
+        "from sparkpoint.system.kafka import KafkaSystemFactory\n"
+        "config, stream, owner, part = json.loads(sys.argv[1]), *sys.argv[2:]\n"
+        "staging = KafkaSystemFactory().get_admin('kafka', config).output_staging()\n"
+        "print(staging.publish(stream, 0, owner, 2, [part]))\n"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(config), stream, owner, second],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert other.stdout.split() == ["1"]
+    assert env.values() == ["a", "b"]
+    # this process's publisher is fenced: the commit is done, nothing is written again
+    assert env.staging.publish(stream, 0, owner, 2, [second]) == 0
+    # the next commit: the fenced producer fails, a new one (fencing the other) publishes it
+    assert env.staging.publish(stream, 0, owner, 3, [env.stage(owner, "p3", "c")]) == 1
+    assert env.values() == ["a", "b", "c"]

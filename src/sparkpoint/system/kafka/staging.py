@@ -45,13 +45,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import CorruptRecordError, SparkpointError, StreamNotFound
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.staging import (
     OutputStaging,
     StagedPart,
@@ -72,6 +73,11 @@ PUBLISHER_PREFIX = "sparkpoint-publish."
 _OWNER, _PART, _END, _SWEEP, _KEEP = "sp.owner", "sp.part", "sp.end", "sp.sweep", "sp.keep"
 _NAME = re.compile(r"^(?P<part>.+)@(?P<first>\d+)-(?P<end>\d+)$")
 _TIMEOUT_S = 30.0
+#: errors that say another publisher of the same owner fenced this one (librdkafka reports
+#: some as fatal, and a fenced offset commit as the broker's error only)
+_FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 
 STAGING_RETENTION = ConfigKey(
     "systems.<s>.staging.retention.ms",
@@ -113,6 +119,12 @@ class PartName:
 
     def __str__(self) -> str:
         return f"{self.part}@{self.first}-{self.end}"
+
+
+def _fenced(exc: KafkaException) -> bool:
+    """Whether another publisher of the same owner fenced the one that raised ``exc``."""
+    err = exc.args[0]
+    return bool(err.fatal() or err.code() in _FENCED)
 
 
 def _headers(message: Any) -> dict[str, str]:
@@ -408,8 +420,9 @@ class KafkaStaging(OutputStaging):
                 except KafkaException as exc:
                     err = exc.args[0]
                     self._drop(owner, publisher)
-                    if attempt == 1 and err.fatal():  # fenced: a newer publisher of the owner
-                        continue  # starts again, after its own fence, and checks again
+                    if attempt == 1 and _fenced(exc):
+                        continue  # a newer publisher of the owner fenced this one: start a
+                        # new one (fencing that one in turn), and check again what went out
                     raise SparkpointError(
                         f"kafka system {self.system}: publishing {owner}'s commit {key} to "
                         f"{stream} partition {partition} failed: {err.str()} (nothing of it "
@@ -444,7 +457,7 @@ class KafkaStaging(OutputStaging):
         try:
             maybe_crash(failpoints, "publish-after-intent")
             for r in records:
-                _produce(producer, stream, partition, r)
+                produce(producer, stream, partition, r)
             offsets = [TopicPartition(topic, partition, last + 1)]
             producer.send_offsets_to_transaction(offsets, publisher.group, _TIMEOUT_S)
             producer.flush(_TIMEOUT_S)
@@ -455,8 +468,11 @@ class KafkaStaging(OutputStaging):
         except InjectedCrash:
             self._drop(owner, publisher)  # as if the process died: the next one fences it
             raise
-        except BaseException:
+        except BaseException as exc:
             publisher.failures.clear()
+            if isinstance(exc, KafkaException) and _fenced(exc):
+                self._drop(owner, publisher)  # its transaction is the newer publisher's to end
+                raise
             try:
                 producer.abort_transaction(_TIMEOUT_S)
             except KafkaException:
@@ -498,18 +514,3 @@ class KafkaStaging(OutputStaging):
         finally:
             producer.close()
         return swept
-
-
-def _produce(producer: Any, stream: str, partition: int, record: Record) -> None:
-    while True:
-        try:
-            producer.produce(
-                stream,
-                value=record.value,
-                key=record.key,
-                partition=partition,
-                timestamp=record.timestamp or 0,
-            )
-            return
-        except BufferError:  # the local queue is full: let deliveries drain
-            producer.poll(0.05)

@@ -58,6 +58,7 @@ from sparkpoint.system.base import (
     read_max_bytes,
 )
 from sparkpoint.system.kafka.partitioner import kafka_partition
+from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.kafka.staging import (
     STAGED_PREFIX,
     STAGING_RETENTION,
@@ -613,26 +614,19 @@ class KafkaProducer(SystemProducer):
         """:meth:`send`, with Kafka record headers and a delivery callback of its own
         (``on_delivery(err, msg)``: the staging of exactly-once output uses both)."""
         self._check(stream, partition)
-        producer = self._producer
         extra: dict[str, Any] = {}
         if headers:
             extra["headers"] = headers
-        if on_delivery is not None:
-            extra["on_delivery"] = on_delivery
-        while True:
-            try:
-                producer.produce(
-                    stream,
-                    value=record.value,
-                    key=record.key,
-                    partition=partition,
-                    timestamp=record.timestamp or 0,
-                    **extra,
-                )
-                break
-            except BufferError:  # the local queue is full: let deliveries drain
-                producer.poll(0.05)
-        producer.poll(0)
+        if on_delivery is not None:  # replaces the client's: failures are still counted
+            client = self._client
+            assert client is not None  # self._producer raised otherwise
+
+            def delivered(err: KafkaError | None, msg: Any) -> None:
+                client._delivered(err, msg)
+                on_delivery(err, msg)
+
+            extra["on_delivery"] = delivered
+        produce(self._producer, stream, partition, record, **extra)
 
     def flush(self) -> None:
         if self._client is None:
