@@ -242,7 +242,7 @@ def discard_staged(
         staging = admin.output_staging()
         if staging is None:
             continue
-        for stream in admin.list_streams():
+        for stream in staging.streams():
             discarded += staging.sweep(stream, owner_prefix, keep)
     return discarded
 

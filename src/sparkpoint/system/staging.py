@@ -81,6 +81,10 @@ class OutputStaging(ABC):
         already (returns 0). Returns the records published."""
 
     @abstractmethod
+    def streams(self) -> list[str]:
+        """The streams that may have staged output (every stream a sweep must visit)."""
+
+    @abstractmethod
     def staged(self, stream: str) -> list[StagedPart]:
         """Every staged part of ``stream`` still waiting (or never to be published)."""
 

@@ -312,6 +312,9 @@ class FileLogStaging(OutputStaging):
     ) -> int:
         return staging.publish(self._s.log(stream, partition), owner, key, parts, failpoints)
 
+    def streams(self) -> list[str]:
+        return self._s.list()
+
     def staged(self, stream: str) -> list[StagedPart]:
         return [
             p

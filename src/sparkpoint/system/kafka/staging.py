@@ -8,31 +8,37 @@ staged instead, like the filelog's (:mod:`sparkpoint.system.staging`):
 
 * **stage**: a task attempt's batch output for partition ``p`` of ``<stream>`` goes to
   partition ``p`` of ``__sparkpoint-staged.<stream>`` (created on first use, with the stream's
-  partition count and ``retention.ms`` from ``systems.<s>.staging.retention.ms``), each record
-  with headers naming its owner and part, then one *end* record. The part's name says where it
-  is: ``<part>@<first>-<end>`` (the offsets of its first record and of its end record), so a
-  publish reads only that range. A part without an end record (an attempt that failed) is
-  never named, never listed and never published. No reader of ``<stream>`` sees any of it.
+  partition count, ``message.timestamp.type=LogAppendTime`` so retention runs from staging,
+  and ``retention.ms`` from ``systems.<s>.staging.retention.ms``), each record with headers
+  naming its owner, its part and its own timestamp, then one *end* record. The part's name
+  says where it is: ``<part>@<first>-<end>`` (the offsets of its first record and of its end
+  record), so a publish reads only that range. A part without an end record (an attempt that
+  failed) is never named, never listed and never published. No reader of ``<stream>`` sees it.
 * **publish**: one transactional producer per owner (``transactional.id`` is
   ``sparkpoint-publish.<owner>``, so a newer publisher fences an older one, and starting it
-  aborts the older one's open transaction). In one transaction it appends the parts' records to
-  ``<stream>`` partition ``p`` and commits, as the offset of consumer group
-  ``sparkpoint-publish.<owner>`` on the staging partition, the offset after the last part
-  published (*published through*). Readers of ``<stream>`` read committed (librdkafka's
-  default): they see the whole publish or nothing of it. A publish whose parts end below the
-  owner's published-through went out already and does nothing (after a crash, from a
-  restarted task, from the driver's start): an owner's parts are staged in the order of its
-  commits, so the staging offset orders them as the commit keys do.
-* **sweep** (a job's start): appends a *sweep* record naming the owners and the parts kept;
+  ends the older one's transaction). In one transaction it appends the parts' records to
+  ``<stream>`` partition ``p`` and writes, to the compacted control topic
+  ``__sparkpoint-published``, the staging offset after the last part (*published through*,
+  key ``published/<stream>/<p>/<owner>``). Readers read committed (librdkafka's default): they
+  see the whole publish or nothing of it. A publish whose parts end below the owner's
+  published-through went out already and does nothing (after a crash, from a restarted task,
+  from the driver's start): an owner's parts are staged in the order of its commits, so the
+  staging offset orders them as the commit keys do. The control topic is read committed to its
+  end each time (each process keeps its place in it), after the publisher's own fence, so it
+  holds every earlier publish of the owner; an open transaction of another owner is waited for.
+* **sweep** (a job's start, a DataFrame batch's publish): writes a mark to the control topic
+  (``swept/<stream>/<p>/<owner prefix>``: the staging offset it reaches and the parts it keeps);
   parts of those owners before it are discarded (never published, no longer listed). Their
   records stay until the staging topic's retention deletes them.
 
-Tansu (the test broker) returns aborted records to read-committed readers, so there a publish
-that died after appending shows its records, and the publish that finishes it shows them again;
-``tests/system/test_staging.py`` names that by a strict xfail.
+Tansu (the test broker) returns aborted records to read-committed readers. A publish that died
+after appending its records and its mark is then visible whole there (records and mark alike),
+and the next publish finds it done; one that died between its first record and its mark would
+show a part of its records, and the next publish would append them all again.
 
-Owns the staging topics, their headers and the publishers' transactions; imports the system
-interfaces, the failpoints and (at run time, for its clients) the Kafka system module.
+Owns the staging topics, the control topic, their headers and the publishers' transactions;
+imports the system interfaces, the failpoints and (at run time, for its clients) the Kafka
+system module.
 """
 
 from __future__ import annotations
@@ -41,14 +47,15 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from sparkpoint.config import ConfigKey
-from sparkpoint.errors import CorruptRecordError, SparkpointError, StreamNotFound
+from sparkpoint.errors import CorruptRecordError, SparkpointError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import Record, StreamSpec
@@ -68,16 +75,19 @@ log = logging.getLogger(__name__)
 
 #: the staging topic of ``<stream>`` is ``STAGED_PREFIX + stream`` (hidden from stream lists)
 STAGED_PREFIX = "__sparkpoint-staged."
-#: the transactional id and consumer group of an owner's publishes: this, then the owner
+#: the compacted topic of every owner's published-through offsets and every sweep's mark
+CONTROL_TOPIC = "__sparkpoint-published"
+#: the transactional id of an owner's publishes: this, then the owner
 PUBLISHER_PREFIX = "sparkpoint-publish."
-_OWNER, _PART, _END, _SWEEP, _KEEP = "sp.owner", "sp.part", "sp.end", "sp.sweep", "sp.keep"
+_OWNER, _PART, _END, _TS = "sp.owner", "sp.part", "sp.end", "sp.ts"
 _NAME = re.compile(r"^(?P<part>.+)@(?P<first>\d+)-(?P<end>\d+)$")
 _TIMEOUT_S = 30.0
-#: errors that say another publisher of the same owner fenced this one (librdkafka reports
-#: some as fatal, and a fenced offset commit as the broker's error only)
-_FENCED = frozenset(
-    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-)
+#: how long a read of the control topic waits for another publisher's open transaction (more
+#: than librdkafka's default ``transaction.timeout.ms``, after which the broker aborts it)
+_CONTROL_WAIT_S = 90.0
+#: a sweep that discards nothing still moves its mark after this many staging offsets, so the
+#: next one reads only what came since
+_SWEEP_MOVE = 10_000
 
 STAGING_RETENTION = ConfigKey(
     "systems.<s>.staging.retention.ms",
@@ -95,8 +105,16 @@ def staging_topic(stream: str) -> str:
 
 
 def publisher_id(owner: str) -> str:
-    """The transactional id (and consumer group) of ``owner``'s publishes."""
+    """The transactional id of ``owner``'s publishes."""
     return f"{PUBLISHER_PREFIX}{owner}"
+
+
+def _published_key(stream: str, partition: int, owner: str) -> str:
+    return f"published/{stream}/{partition}/{owner}"
+
+
+def _swept_key(stream: str, partition: int, prefix: str) -> str:
+    return f"swept/{stream}/{partition}/{prefix}"
 
 
 @dataclass(frozen=True)
@@ -121,65 +139,85 @@ class PartName:
         return f"{self.part}@{self.first}-{self.end}"
 
 
+@dataclass(frozen=True)
+class _Swept:
+    """A sweep's mark: parts of its owners ending before ``at`` are discarded, but ``keep``."""
+
+    at: int
+    keep: frozenset[str]
+
+
+@dataclass
+class _Control:
+    """One partition of the control topic as a map, as far as this process has read it."""
+
+    position: int = 0
+    values: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def published_through(self, stream: str, partition: int, owner: str) -> int:
+        return int(self.values.get(_published_key(stream, partition, owner), "0"))
+
+    def swept(self, stream: str, partition: int) -> dict[str, _Swept]:
+        """The last sweep mark per owner prefix of a staging partition."""
+        prefix = f"swept/{stream}/{partition}/"
+        out = {}
+        for key, value in self.values.items():
+            if key.startswith(prefix):
+                mark = json.loads(value)
+                out[key[len(prefix) :]] = _Swept(int(mark["at"]), frozenset(mark["keep"]))
+        return out
+
+
 def _fenced(exc: KafkaException) -> bool:
-    """Whether another publisher of the same owner fenced the one that raised ``exc``."""
+    """Whether another publisher of the same owner fenced the one that raised ``exc`` (then
+    its transaction is the newer publisher's to end: no abort is waited for)."""
     err = exc.args[0]
     return bool(err.fatal() or err.code() in _FENCED)
+
+
+_FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 
 
 def _headers(message: Any) -> dict[str, str]:
     return {k: (v or b"").decode() for k, v in message.headers() or ()}
 
 
-@dataclass
-class _Scanned:
-    """One staging partition, read whole: its ended parts and its sweeps."""
-
-    parts: dict[tuple[str, str], tuple[PartName, int]] = field(default_factory=dict)
-    sweeps: list[tuple[int, str, frozenset[str]]] = field(default_factory=list)
-
-
 class _Publisher:
-    """A transactional producer of one owner in this process, and its group's metadata."""
+    """A transactional producer of one owner in this process. It has no delivery callback: a
+    record not written makes ``commit_transaction`` fail (and a callback would run while a
+    fatal error is being raised)."""
 
     def __init__(self, settings: dict[str, Any], owner: str) -> None:
-        from confluent_kafka import Consumer
-
         self.lock = threading.Lock()
-        self.failures: list[str] = []
-        tid = publisher_id(owner)
-        self.producer = Producer(
-            {**settings, "transactional.id": tid, "on_delivery": self._delivered}
-        )
+        self.producer = Producer({**settings, "transactional.id": publisher_id(owner)})
         self.producer.init_transactions(_TIMEOUT_S)  # fences the last one, ends its transaction
-        group = Consumer({**_connection(settings), "group.id": tid})
-        try:
-            self.group = group.consumer_group_metadata()
-        finally:
-            group.close()
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.failures.append(f"{msg.topic()} partition {msg.partition()}: {err.str()}")
 
 
-def _connection(settings: Mapping[str, Any]) -> dict[str, Any]:
-    shared = ("bootstrap.servers", "client.id", "security.", "sasl.", "ssl.", "socket.")
-    return {k: v for k, v in settings.items() if k.startswith(shared)}
-
-
-_PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], str], _Publisher] = {}
+_Settings = tuple[tuple[str, str], ...]
+_PUBLISHERS: dict[tuple[_Settings, str], _Publisher] = {}
+_CONTROLS: dict[_Settings, _Control] = {}
 _PUBLISHERS_LOCK = threading.Lock()
 
 
+def _plain(settings: Mapping[str, Any]) -> _Settings:
+    return tuple(sorted((k, str(v)) for k, v in settings.items() if not callable(v)))
+
+
 def close_publishers(bootstrap: str | None = None) -> None:
-    """Drop this process's publishers (of the brokers ``bootstrap``, or all): a client of a
-    broker that is gone would keep reconnecting, and logging it."""
+    """Drop this process's publishers and control views (of the brokers ``bootstrap``, or
+    all): a client of a broker that is gone would keep reconnecting, and logging it."""
     with _PUBLISHERS_LOCK:
         for key in [
             k for k in _PUBLISHERS if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
         ]:
             del _PUBLISHERS[key]
+        for settings in [
+            k for k in _CONTROLS if bootstrap in (None, dict(k).get("bootstrap.servers"))
+        ]:
+            del _CONTROLS[settings]
 
 
 class KafkaStagingProducer(StagingProducer):
@@ -189,9 +227,9 @@ class KafkaStagingProducer(StagingProducer):
         self._staging = staging
         self.owner = check_name("owner", owner)
         self.part = check_name("part", part)
-        self._headers = [(_OWNER, owner.encode()), (_PART, part.encode())]
+        self._header = [(_OWNER, owner.encode()), (_PART, part.encode())]
         self._producer: KafkaProducer = staging.new_producer()
-        #: per (stream, partition): the first and last offsets written, and records delivered
+        #: per (stream, partition): the first and last offsets written
         self._spans: dict[tuple[str, int], list[int]] = {}
         self._sent: set[tuple[str, int]] = set()
 
@@ -207,7 +245,8 @@ class KafkaStagingProducer(StagingProducer):
 
     def send(self, stream: str, partition: int, record: Record) -> None:
         topic = self._staging.ensure(stream)
-        self._producer.produce(topic, partition, record, self._headers, self._delivered)
+        headers = [*self._header, (_TS, str(record.timestamp or 0).encode())]
+        self._producer.produce(topic, partition, record, headers, self._delivered)
         self._sent.add((stream, partition))
 
     def flush(self) -> None:
@@ -234,6 +273,13 @@ class KafkaStagingProducer(StagingProducer):
         self._producer.close()
 
 
+@dataclass
+class _Scanned:
+    """A staging partition read from some offset: its ended parts, with their record counts."""
+
+    parts: dict[tuple[str, str], tuple[PartName, int]] = field(default_factory=dict)
+
+
 class KafkaStaging(OutputStaging):
     """Exactly-once output of one Kafka system (see the module docstring)."""
 
@@ -247,10 +293,20 @@ class KafkaStaging(OutputStaging):
             "enable.idempotence": True,
             **client_config(admin.system, config, "producer"),
         }
+        self._control_settings: dict[str, Any] = {
+            **client_config(admin.system, config, "consumer"),
+            "group.id": f"sparkpoint-{admin.system}-control",  # never joined
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
+        }
         self._retention = config.get(
             f"systems.{admin.system}.staging.retention.ms", STAGING_RETENTION.default or ""
         )
         self._ensured: set[str] = set()
+        self._control_ready = False
         self._lock = threading.Lock()
 
     # clients
@@ -266,8 +322,7 @@ class KafkaStaging(OutputStaging):
         return KafkaConsumer(self.system, self._config)
 
     def _publisher(self, owner: str, fresh: bool = False) -> _Publisher:
-        plain = tuple(sorted((k, str(v)) for k, v in self._producer_settings.items()))
-        key = (plain, owner)
+        key = (_plain(self._producer_settings), owner)
         with _PUBLISHERS_LOCK:
             publisher = None if fresh else _PUBLISHERS.get(key)
             if publisher is None:
@@ -290,20 +345,68 @@ class KafkaStaging(OutputStaging):
             return topic
         with self._lock:
             wanted = self._admin.partition_count(stream)
-            spec = StreamSpec(topic, wanted, properties={"retention.ms": self._retention})
+            props = {"retention.ms": self._retention, "message.timestamp.type": "LogAppendTime"}
+            spec = StreamSpec(topic, wanted, properties=props)
             if not self._admin.create_stream(spec) and self._partitions(topic) < wanted:
                 self._admin.add_partitions(topic, wanted)
             self._ensured.add(stream)
         return topic
 
     def _partitions(self, topic: str) -> int:
-        try:
-            return self._admin.partition_count(topic)
-        except StreamNotFound:
-            return 0
+        """A topic's partition count, 0 if there is none (one metadata request)."""
+        return self._admin.topics().get(topic, 0)
 
-    def _scan(self, stream: str, partition: int) -> _Scanned:
-        """Every ended part and every sweep of a staging partition, read whole."""
+    def _control(self) -> _Control:
+        """This process's view of the control topic, read committed to its end now: after the
+        high watermark of this call, waiting while another publisher's transaction is open."""
+        if not self._control_ready:
+            self._admin.create_stream(StreamSpec(CONTROL_TOPIC, 1, compacted=True))
+            self._control_ready = True
+        key = _plain(self._control_settings)
+        with _PUBLISHERS_LOCK:
+            control = _CONTROLS.setdefault(key, _Control())
+        ssp = SystemStreamPartition(self.system, CONTROL_TOPIC, 0)
+        with control.lock:
+            high = int(self._admin.get_metadata([ssp])[ssp].upcoming)
+            deadline = time.monotonic() + _CONTROL_WAIT_S
+            while control.position < high:
+                self._read_control(control, high)
+                if control.position >= high:
+                    break
+                if time.monotonic() > deadline:
+                    raise SparkpointError(
+                        f"kafka system {self.system}: {CONTROL_TOPIC} is not readable past "
+                        f"offset {control.position} (below {high}) after "
+                        f"{_CONTROL_WAIT_S:.0f}s: a transaction of a publisher of exactly-once "
+                        f"output is open (it ends by transaction.timeout.ms at the latest)"
+                    )
+                time.sleep(0.05)
+        return control
+
+    def _read_control(self, control: _Control, high: int) -> None:
+        consumer = Consumer(self._control_settings)
+        try:
+            consumer.assign([TopicPartition(CONTROL_TOPIC, 0, control.position)])
+            idle = time.monotonic() + 2.0
+            while control.position < high and time.monotonic() < idle:
+                for m in consumer.consume(1000, timeout=0.2):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise SparkpointError(f"reading {CONTROL_TOPIC}: {err.str()}")
+                        control.position = max(control.position, m.offset())  # the LSO
+                        return
+                    if m.offset() < control.position:
+                        continue
+                    if m.key() is not None:
+                        control.values[m.key().decode()] = (m.value() or b"").decode()
+                    control.position = m.offset() + 1
+                    idle = time.monotonic() + 2.0
+        finally:
+            consumer.close()
+
+    def _scan(self, stream: str, partition: int, start: int = 0) -> _Scanned:
+        """Every ended part of a staging partition from offset ``start`` (or its oldest)."""
         topic = staging_topic(stream)
         ssp = SystemStreamPartition(self.system, topic, partition)
         meta = self._admin.get_metadata([ssp])[ssp]
@@ -311,45 +414,37 @@ class KafkaStaging(OutputStaging):
         firsts: dict[tuple[str, str], tuple[int, int]] = {}  # first offset, records so far
         reader = self._reader()
         try:
-            messages = reader.messages(topic, partition, int(meta.oldest), int(meta.upcoming))
+            first = max(int(meta.oldest), start)
+            messages = reader.messages(topic, partition, first, int(meta.upcoming))
         finally:
             reader.close()
         for m in messages:
             h = _headers(m)
             owner = h.get(_OWNER)
-            if _SWEEP in h:
-                keep = frozenset(json.loads(h.get(_KEEP) or "[]"))
-                out.sweeps.append((m.offset(), h[_SWEEP], keep))
-            elif owner is not None and _PART in h:
-                first, n = firsts.get((owner, h[_PART]), (m.offset(), 0))
-                firsts[(owner, h[_PART])] = (first, n + 1)
-            elif owner is not None and _END in h and (owner, h[_END]) in firsts:
-                first, n = firsts.pop((owner, h[_END]))
-                name = PartName(h[_END], first, m.offset())
+            if owner is None:
+                continue
+            if _PART in h:
+                begun, n = firsts.get((owner, h[_PART]), (m.offset(), 0))
+                firsts[(owner, h[_PART])] = (begun, n + 1)
+            elif _END in h and (owner, h[_END]) in firsts:
+                begun, n = firsts.pop((owner, h[_END]))
+                name = PartName(h[_END], begun, m.offset())
                 out.parts[(owner, str(name))] = (name, n)
         return out
 
-    def _published_through(
-        self, owners: Collection[str], topic: str, partition: int
-    ) -> dict[str, int]:
-        return {
-            o: self._admin.group_offsets(publisher_id(o), [(topic, partition)]).get(
-                (topic, partition), 0
-            )
-            for o in owners
-        }
-
-    def _waiting(self, stream: str, partition: int) -> list[StagedPart]:
-        scanned = self._scan(stream, partition)
-        owners = {owner for owner, _ in scanned.parts}
-        through = self._published_through(owners, staging_topic(stream), partition)
+    def _waiting(
+        self, stream: str, partition: int, control: _Control, start: int = 0
+    ) -> list[StagedPart]:
+        swept = control.swept(stream, partition)
         out = []
-        for (owner, text), (name, records) in sorted(scanned.parts.items()):
-            if name.end < through[owner]:
-                continue  # published
+        for (owner, text), (name, records) in sorted(
+            self._scan(stream, partition, start).parts.items()
+        ):
+            if name.end < control.published_through(stream, partition, owner):
+                continue  # published (or an attempt that lost, below what was)
             if any(
-                at > name.end and swept_by(owner, prefix) and text not in keep
-                for at, prefix, keep in scanned.sweeps
+                name.end < mark.at and swept_by(owner, prefix) and text not in mark.keep
+                for prefix, mark in swept.items()
             ):
                 continue  # discarded
             out.append(StagedPart(stream, partition, owner, text, records))
@@ -360,9 +455,17 @@ class KafkaStaging(OutputStaging):
     def producer(self, owner: str, part: str) -> KafkaStagingProducer:
         return KafkaStagingProducer(self, owner, part)
 
+    def streams(self) -> list[str]:
+        return sorted(
+            t[len(STAGED_PREFIX) :] for t in self._admin.topics() if t.startswith(STAGED_PREFIX)
+        )
+
     def staged(self, stream: str) -> list[StagedPart]:
-        topic = staging_topic(stream)
-        return [p for i in range(self._partitions(topic)) for p in self._waiting(stream, i)]
+        partitions = self._partitions(staging_topic(stream))
+        if not partitions:
+            return []
+        control = self._control()
+        return [p for i in range(partitions) for p in self._waiting(stream, i, control)]
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         name = PartName.parse(part)
@@ -384,17 +487,18 @@ class KafkaStaging(OutputStaging):
         finally:
             reader.close()
         records: list[Record] = []
-        ended = False
+        ended = whole = False
         for m in messages:
             h = _headers(m)
             if h.get(_OWNER) != owner:
                 continue
             if h.get(_PART) == name.part:
-                _, stamp = m.timestamp()
-                records.append(Record(str(len(records)), m.key(), m.value(), max(0, stamp)))
+                whole = whole or (not records and m.offset() == name.first)
+                stamp = int(h.get(_TS) or 0)
+                records.append(Record(str(len(records)), m.key(), m.value(), stamp))
             elif h.get(_END) == name.part and m.offset() == name.end:
                 ended = True
-        if not ended:
+        if not (ended and whole):  # (its head deleted by retention while it was read)
             raise missing
         return records
 
@@ -418,15 +522,13 @@ class KafkaStaging(OutputStaging):
                         publisher, stream, partition, owner, key, names, failpoints or {}
                     )
                 except KafkaException as exc:
-                    err = exc.args[0]
                     self._drop(owner, publisher)
-                    if attempt == 1 and _fenced(exc):
-                        continue  # a newer publisher of the owner fenced this one: start a
-                        # new one (fencing that one in turn), and check again what went out
+                    if attempt == 1:  # a cached producer: fenced by another publisher of the
+                        continue  # owner, or broken; a new one fences in turn, checks again
                     raise SparkpointError(
                         f"kafka system {self.system}: publishing {owner}'s commit {key} to "
-                        f"{stream} partition {partition} failed: {err.str()} (nothing of it "
-                        f"is visible; the next commit or start publishes it)"
+                        f"{stream} partition {partition} failed: {exc.args[0].str()} (nothing "
+                        f"of it is visible; the next commit or start publishes it)"
                     ) from exc
         raise AssertionError("unreachable")
 
@@ -440,8 +542,7 @@ class KafkaStaging(OutputStaging):
         names: list[PartName],
         failpoints: Mapping[str, str],
     ) -> int:
-        topic = staging_topic(stream)
-        through = self._published_through([owner], topic, partition)[owner]
+        through = self._control().published_through(stream, partition, owner)
         last = max(n.end for n in names)
         if last < through:
             return 0  # published already
@@ -458,20 +559,19 @@ class KafkaStaging(OutputStaging):
             maybe_crash(failpoints, "publish-after-intent")
             for r in records:
                 produce(producer, stream, partition, r)
-            offsets = [TopicPartition(topic, partition, last + 1)]
-            producer.send_offsets_to_transaction(offsets, publisher.group, _TIMEOUT_S)
+            mark = Record(
+                "", _published_key(stream, partition, owner).encode(), str(last + 1).encode(), 0
+            )
+            produce(producer, CONTROL_TOPIC, 0, mark)
             producer.flush(_TIMEOUT_S)
-            if publisher.failures:
-                raise SparkpointError(f"records not written: {publisher.failures[0]}")
             maybe_crash(failpoints, "publish-after-append")
             producer.commit_transaction(_TIMEOUT_S)
         except InjectedCrash:
             self._drop(owner, publisher)  # as if the process died: the next one fences it
             raise
         except BaseException as exc:
-            publisher.failures.clear()
             if isinstance(exc, KafkaException) and _fenced(exc):
-                self._drop(owner, publisher)  # its transaction is the newer publisher's to end
+                self._drop(owner, publisher)
                 raise
             try:
                 producer.abort_transaction(_TIMEOUT_S)
@@ -481,35 +581,32 @@ class KafkaStaging(OutputStaging):
         return len(records)
 
     def publishers(self, stream: str, partition: int) -> list[str]:
-        topic = staging_topic(stream)
-        if self._partitions(topic) <= partition:
-            return []
-        return [
-            group[len(PUBLISHER_PREFIX) :]
-            for group in self._admin.groups(PUBLISHER_PREFIX)
-            if self._admin.group_offsets(group, [(topic, partition)])
-        ]
+        prefix = f"published/{stream}/{partition}/"
+        return sorted(k[len(prefix) :] for k in self._control().values if k.startswith(prefix))
 
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         topic = staging_topic(stream)
         partitions = self._partitions(topic)
         if not partitions:
             return 0
+        control = self._control()
         swept = 0
         producer = self.new_producer()
         try:
             for partition in range(partitions):
+                last = control.swept(stream, partition).get(owner_prefix)
+                since = 0 if last is None else last.at  # earlier parts: swept then
+                ssp = SystemStreamPartition(self.system, topic, partition)
+                high = int(self._admin.get_metadata([ssp])[ssp].upcoming)
                 doomed = [
                     p
-                    for p in self._waiting(stream, partition)
+                    for p in self._waiting(stream, partition, control, since)
                     if swept_by(p.owner, owner_prefix) and p.part not in keep
                 ]
-                if doomed:
-                    headers = [
-                        (_SWEEP, owner_prefix.encode()),
-                        (_KEEP, json.dumps(sorted(keep)).encode()),
-                    ]
-                    producer.produce(topic, partition, Record("", None, None, 0), headers)
+                if doomed or high - since >= _SWEEP_MOVE:
+                    mark = json.dumps({"at": high, "keep": sorted(keep)})
+                    key = _swept_key(stream, partition, owner_prefix).encode()
+                    producer.produce(CONTROL_TOPIC, 0, Record("", key, mark.encode(), 0))
                     swept += len(doomed)
         finally:
             producer.close()

@@ -33,7 +33,6 @@ from typing import Any
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Producer,
@@ -170,34 +169,13 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
                 self._staging = KafkaStaging(self, self._config)
             return self._staging
 
-    def group_offsets(
-        self, group: str, partitions: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
-        """The offsets consumer group ``group`` committed for ``partitions`` (absent: none),
-        waiting for a transaction committing some to end (``require_stable``)."""
-        request = [
-            ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])
-        ]
+    def topics(self) -> dict[str, int]:
+        """Every topic, with its partition count (one metadata request; staging topics too)."""
         try:
-            futures = self._admin.list_consumer_group_offsets(
-                request, require_stable=True, request_timeout=TIMEOUT_S
-            )
-            (answer,) = (f.result() for f in futures.values())
+            topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
         except KafkaException as exc:
-            raise self._fail(f"reading the offsets of consumer group {group}", exc) from exc
-        return {
-            (tp.topic, tp.partition): int(tp.offset)
-            for tp in answer.topic_partitions
-            if tp.offset >= 0 and tp.error is None
-        }
-
-    def groups(self, prefix: str) -> list[str]:
-        """The consumer groups whose id starts with ``prefix``, sorted."""
-        try:
-            listed = self._admin.list_consumer_groups(request_timeout=TIMEOUT_S).result()
-        except KafkaException as exc:
-            raise self._fail("listing consumer groups", exc) from exc
-        return sorted(g.group_id for g in listed.valid if g.group_id.startswith(prefix))
+            raise self._fail("listing topics", exc) from exc
+        return {t: len(m.partitions) for t, m in topics.items() if m.error is None}
 
     def _fail(self, what: str, exc: BaseException) -> SparkpointError:
         return SparkpointError(f"kafka system {self.system}: {what} failed: {exc}")
