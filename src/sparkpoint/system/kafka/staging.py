@@ -17,26 +17,29 @@ staged instead, like the filelog's (:mod:`sparkpoint.system.staging`):
 * **publish**: one transactional producer per owner (``transactional.id`` is
   ``sparkpoint-publish.<owner>``, so a newer publisher fences an older one, and starting it
   ends the older one's transaction). In one transaction it appends the parts' records to
-  ``<stream>`` partition ``p`` and writes, to the compacted control topic
-  ``__sparkpoint-published``, the staging offset after the last part (*published through*,
-  key ``published/<stream>/<p>/<owner>``). Readers read committed (librdkafka's default): they
-  see the whole publish or nothing of it. A publish whose parts end below the owner's
-  published-through went out already and does nothing (after a crash, from a restarted task,
-  from the driver's start): an owner's parts are staged in the order of its commits, so the
-  staging offset orders them as the commit keys do. The control topic is read committed to its
-  end each time (each process keeps its place in it), after the publisher's own fence, so it
-  holds every earlier publish of the owner; an open transaction of another owner is waited for.
-* **sweep** (a job's start, a DataFrame batch's publish): writes a mark to the control topic
-  (``swept/<stream>/<p>/<owner prefix>``: the staging offset it reaches and the parts it keeps);
-  parts of those owners before it are discarded (never published, no longer listed). Their
-  records stay until the staging topic's retention deletes them.
+  ``<stream>`` partition ``p`` and writes the staging offset after the last part
+  (*published through*, key ``<stream>/<p>``) to the owner's compacted topic
+  ``__sparkpoint-published.<owner>``. Readers read committed (librdkafka's default): they see
+  the whole publish or nothing of it. A publish whose parts end below published-through went
+  out already and does nothing (after a crash, from a restarted task, from the driver's
+  start): an owner's parts are staged in the order of its commits, so the staging offset
+  orders them as the commit keys do. Before it checks, the publisher reads its owner's topic
+  committed to its end (each process keeps its place): every earlier publish of the owner
+  there is committed, since any publisher that committed after this one started fenced it
+  (and this one's next transaction fails: a new producer, which fences in turn, checks
+  again). Only the owner's own transactions write there, so only a dead publisher of the
+  owner can hold the read back, and a new producer ends its transaction at once.
+* **sweep** (a job's start, a DataFrame batch's publish): writes a mark to
+  ``__sparkpoint-swept`` (``<stream>/<p>/<owner prefix>``: the staging offset it reaches and
+  the parts it keeps); parts of those owners before it are discarded (never published, no
+  longer listed). Their records stay until the staging topic's retention deletes them.
 
 Tansu (the test broker) returns aborted records to read-committed readers. A publish that died
 after appending its records and its mark is then visible whole there (records and mark alike),
 and the next publish finds it done; one that died between its first record and its mark would
 show a part of its records, and the next publish would append them all again.
 
-Owns the staging topics, the control topic, their headers and the publishers' transactions;
+Owns the staging, published and swept topics, their headers and the publishers' transactions;
 imports the system interfaces, the failpoints and (at run time, for its clients) the Kafka
 system module.
 """
@@ -75,16 +78,26 @@ log = logging.getLogger(__name__)
 
 #: the staging topic of ``<stream>`` is ``STAGED_PREFIX + stream`` (hidden from stream lists)
 STAGED_PREFIX = "__sparkpoint-staged."
-#: the compacted topic of every owner's published-through offsets and every sweep's mark
-CONTROL_TOPIC = "__sparkpoint-published"
+#: an owner's published-through offsets: ``PUBLISHED_PREFIX + owner``, one compacted partition
+#: written only by that owner's publish transactions (so only its own, which its next publisher
+#: ends, can hold a reader back)
+PUBLISHED_PREFIX = "__sparkpoint-published."
+#: every sweep's marks (written without transactions: never held back)
+SWEPT_TOPIC = "__sparkpoint-swept"
+#: sparkpoint's own topics of exactly-once output, hidden from stream lists
+INTERNAL_PREFIXES = (STAGED_PREFIX, PUBLISHED_PREFIX, SWEPT_TOPIC)
 #: the transactional id of an owner's publishes: this, then the owner
 PUBLISHER_PREFIX = "sparkpoint-publish."
 _OWNER, _PART, _END, _TS = "sp.owner", "sp.part", "sp.end", "sp.ts"
 _NAME = re.compile(r"^(?P<part>.+)@(?P<first>\d+)-(?P<end>\d+)$")
 _TIMEOUT_S = 30.0
-#: how long a read of the control topic waits for another publisher's open transaction (more
-#: than librdkafka's default ``transaction.timeout.ms``, after which the broker aborts it)
-_CONTROL_WAIT_S = 90.0
+#: the publishers' ``transaction.timeout.ms`` unless configured: a publisher that died leaves
+#: its transaction open that long at most (its owner's next publisher ends it at once)
+_TXN_TIMEOUT_MS = "15000"
+#: how long a read of an owner's published topic waits for an open transaction: with a cached
+#: publisher briefly (a new one ends the transaction, if it is the owner's own zombie), else
+#: past the transaction timeout
+_SHORT_WAIT_S, _LONG_WAIT_S = 3.0, 45.0
 #: a sweep that discards nothing still moves its mark after this many staging offsets, so the
 #: next one reads only what came since
 _SWEEP_MOVE = 10_000
@@ -109,12 +122,13 @@ def publisher_id(owner: str) -> str:
     return f"{PUBLISHER_PREFIX}{owner}"
 
 
-def _published_key(stream: str, partition: int, owner: str) -> str:
-    return f"published/{stream}/{partition}/{owner}"
+def published_topic(owner: str) -> str:
+    """The topic of ``owner``'s published-through offsets."""
+    return f"{PUBLISHED_PREFIX}{owner}"
 
 
 def _swept_key(stream: str, partition: int, prefix: str) -> str:
-    return f"swept/{stream}/{partition}/{prefix}"
+    return f"{stream}/{partition}/{prefix}"
 
 
 @dataclass(frozen=True)
@@ -147,20 +161,26 @@ class _Swept:
     keep: frozenset[str]
 
 
+class _Blocked(SparkpointError):
+    """A read of a published topic waited out its limit: a transaction is open there."""
+
+
 @dataclass
 class _Control:
-    """One partition of the control topic as a map, as far as this process has read it."""
+    """A compacted one-partition topic as a map, as far as this process has read it (an
+    owner's published topic: ``<stream>/<partition>`` -> published-through; the sweeps' topic:
+    ``<stream>/<partition>/<owner prefix>`` -> mark)."""
 
     position: int = 0
     values: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def published_through(self, stream: str, partition: int, owner: str) -> int:
-        return int(self.values.get(_published_key(stream, partition, owner), "0"))
+    def published_through(self, stream: str, partition: int) -> int:
+        return int(self.values.get(f"{stream}/{partition}", "0"))
 
     def swept(self, stream: str, partition: int) -> dict[str, _Swept]:
         """The last sweep mark per owner prefix of a staging partition."""
-        prefix = f"swept/{stream}/{partition}/"
+        prefix = f"{stream}/{partition}/"
         out = {}
         for key, value in self.values.items():
             if key.startswith(prefix):
@@ -198,7 +218,7 @@ class _Publisher:
 
 _Settings = tuple[tuple[str, str], ...]
 _PUBLISHERS: dict[tuple[_Settings, str], _Publisher] = {}
-_CONTROLS: dict[_Settings, _Control] = {}
+_CONTROLS: dict[tuple[_Settings, str], _Control] = {}
 _PUBLISHERS_LOCK = threading.Lock()
 
 
@@ -214,10 +234,10 @@ def close_publishers(bootstrap: str | None = None) -> None:
             k for k in _PUBLISHERS if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
         ]:
             del _PUBLISHERS[key]
-        for settings in [
-            k for k in _CONTROLS if bootstrap in (None, dict(k).get("bootstrap.servers"))
+        for key in [
+            k for k in _CONTROLS if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
         ]:
-            del _CONTROLS[settings]
+            del _CONTROLS[key]
 
 
 class KafkaStagingProducer(StagingProducer):
@@ -293,6 +313,10 @@ class KafkaStaging(OutputStaging):
             "enable.idempotence": True,
             **client_config(admin.system, config, "producer"),
         }
+        self._publisher_settings = {"transaction.timeout.ms": _TXN_TIMEOUT_MS}
+        self._publisher_settings.update(self._producer_settings)
+        replication = config.get(f"systems.{admin.system}.default.stream.replication.factor")
+        self._replication = {} if replication is None else {"replication.factor": replication}
         self._control_settings: dict[str, Any] = {
             **client_config(admin.system, config, "consumer"),
             "group.id": f"sparkpoint-{admin.system}-control",  # never joined
@@ -306,7 +330,7 @@ class KafkaStaging(OutputStaging):
             f"systems.{admin.system}.staging.retention.ms", STAGING_RETENTION.default or ""
         )
         self._ensured: set[str] = set()
-        self._control_ready = False
+        self._created: set[str] = set()  # published topics and the sweeps' topic, by name
         self._lock = threading.Lock()
 
     # clients
@@ -322,12 +346,15 @@ class KafkaStaging(OutputStaging):
         return KafkaConsumer(self.system, self._config)
 
     def _publisher(self, owner: str, fresh: bool = False) -> _Publisher:
-        key = (_plain(self._producer_settings), owner)
+        key = (_plain(self._publisher_settings), owner)
         with _PUBLISHERS_LOCK:
-            publisher = None if fresh else _PUBLISHERS.get(key)
-            if publisher is None:
-                publisher = _PUBLISHERS[key] = _Publisher(self._producer_settings, owner)
-            return publisher
+            cached = None if fresh else _PUBLISHERS.get(key)
+        if cached is not None:
+            return cached
+        publisher = _Publisher(self._publisher_settings, owner)  # its init may take a while
+        with _PUBLISHERS_LOCK:
+            _PUBLISHERS[key] = publisher
+        return publisher
 
     @staticmethod
     def _drop(owner: str, publisher: _Publisher) -> None:
@@ -345,7 +372,11 @@ class KafkaStaging(OutputStaging):
             return topic
         with self._lock:
             wanted = self._admin.partition_count(stream)
-            props = {"retention.ms": self._retention, "message.timestamp.type": "LogAppendTime"}
+            props = {
+                "retention.ms": self._retention,
+                "message.timestamp.type": "LogAppendTime",
+                **self._replication,
+            }
             spec = StreamSpec(topic, wanted, properties=props)
             if not self._admin.create_stream(spec) and self._partitions(topic) < wanted:
                 self._admin.add_partitions(topic, wanted)
@@ -356,52 +387,63 @@ class KafkaStaging(OutputStaging):
         """A topic's partition count, 0 if there is none (one metadata request)."""
         return self._admin.topics().get(topic, 0)
 
-    def _control(self) -> _Control:
-        """This process's view of the control topic, read committed to its end now: after the
-        high watermark of this call, waiting while another publisher's transaction is open."""
-        if not self._control_ready:
-            self._admin.create_stream(StreamSpec(CONTROL_TOPIC, 1, compacted=True))
-            self._control_ready = True
-        key = _plain(self._control_settings)
+    def _create(self, topic: str) -> None:
+        """A compacted one-partition topic of this module (an owner's published topic, the
+        sweeps' topic), created once."""
+        if topic not in self._created:
+            spec = StreamSpec(topic, 1, compacted=True, properties=self._replication)
+            if not self._admin.create_stream(spec):
+                self._admin.validate_stream(spec)
+            self._created.add(topic)
+
+    def _view(self, topic: str, wait_s: float = _LONG_WAIT_S) -> _Control:
+        """A copy of ``topic`` as a map, read committed to its end now (the high watermark at
+        this call), waiting while a transaction there is open (:class:`_Blocked` after
+        ``wait_s``); empty if there is no such topic."""
+        if topic not in self._created and topic not in self._admin.topics():
+            return _Control()
+        self._created.add(topic)
+        key = (_plain(self._control_settings), topic)
         with _PUBLISHERS_LOCK:
             control = _CONTROLS.setdefault(key, _Control())
-        ssp = SystemStreamPartition(self.system, CONTROL_TOPIC, 0)
+        ssp = SystemStreamPartition(self.system, topic, 0)
         with control.lock:
             high = int(self._admin.get_metadata([ssp])[ssp].upcoming)
-            deadline = time.monotonic() + _CONTROL_WAIT_S
+            deadline = time.monotonic() + wait_s
             while control.position < high:
-                self._read_control(control, high)
+                self._read_control(topic, control, high)
                 if control.position >= high:
                     break
                 if time.monotonic() > deadline:
-                    raise SparkpointError(
-                        f"kafka system {self.system}: {CONTROL_TOPIC} is not readable past "
-                        f"offset {control.position} (below {high}) after "
-                        f"{_CONTROL_WAIT_S:.0f}s: a transaction of a publisher of exactly-once "
-                        f"output is open (it ends by transaction.timeout.ms at the latest)"
+                    raise _Blocked(
+                        f"kafka system {self.system}: {topic} is not readable past offset "
+                        f"{control.position} (below {high}) after {wait_s:.0f}s: a publish "
+                        f"transaction is open there (it ends by transaction.timeout.ms)"
                     )
                 time.sleep(0.05)
-        return control
+            return _Control(control.position, dict(control.values))
 
-    def _read_control(self, control: _Control, high: int) -> None:
+    def _read_control(self, topic: str, control: _Control, high: int) -> None:
         consumer = Consumer(self._control_settings)
         try:
-            consumer.assign([TopicPartition(CONTROL_TOPIC, 0, control.position)])
-            idle = time.monotonic() + 2.0
+            consumer.assign([TopicPartition(topic, 0, control.position)])
+            idle = time.monotonic() + 5.0
             while control.position < high and time.monotonic() < idle:
                 for m in consumer.consume(1000, timeout=0.2):
                     err = m.error()
                     if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            raise SparkpointError(f"reading {CONTROL_TOPIC}: {err.str()}")
-                        control.position = max(control.position, m.offset())  # the LSO
-                        return
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            control.position = max(control.position, m.offset())  # the LSO
+                            return
+                        if err.fatal():
+                            raise SparkpointError(f"reading {topic}: {err.str()}")
+                        continue  # a transient error (a broker reconnecting): read on
                     if m.offset() < control.position:
                         continue
                     if m.key() is not None:
                         control.values[m.key().decode()] = (m.value() or b"").decode()
                     control.position = m.offset() + 1
-                    idle = time.monotonic() + 2.0
+                    idle = time.monotonic() + 5.0
         finally:
             consumer.close()
 
@@ -433,14 +475,18 @@ class KafkaStaging(OutputStaging):
         return out
 
     def _waiting(
-        self, stream: str, partition: int, control: _Control, start: int = 0
+        self, stream: str, partition: int, sweeps: _Control, start: int = 0
     ) -> list[StagedPart]:
-        swept = control.swept(stream, partition)
+        swept = sweeps.swept(stream, partition)
+        through: dict[str, int] = {}
         out = []
         for (owner, text), (name, records) in sorted(
             self._scan(stream, partition, start).parts.items()
         ):
-            if name.end < control.published_through(stream, partition, owner):
+            if owner not in through:
+                view = self._view(published_topic(owner))
+                through[owner] = view.published_through(stream, partition)
+            if name.end < through[owner]:
                 continue  # published (or an attempt that lost, below what was)
             if any(
                 name.end < mark.at and swept_by(owner, prefix) and text not in mark.keep
@@ -464,8 +510,8 @@ class KafkaStaging(OutputStaging):
         partitions = self._partitions(staging_topic(stream))
         if not partitions:
             return []
-        control = self._control()
-        return [p for i in range(partitions) for p in self._waiting(stream, i, control)]
+        sweeps = self._view(SWEPT_TOPIC)
+        return [p for i in range(partitions) for p in self._waiting(stream, i, sweeps)]
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         name = PartName.parse(part)
@@ -515,20 +561,37 @@ class KafkaStaging(OutputStaging):
         if not names:
             return 0
         for attempt in (1, 2):
-            publisher = self._publisher(owner, fresh=attempt == 2)
+            try:
+                publisher = self._publisher(owner, fresh=attempt == 2)
+            except KafkaException as exc:
+                raise SparkpointError(
+                    f"kafka system {self.system}: starting the publisher of {owner} "
+                    f"(transactional.id {publisher_id(owner)}) failed: {exc.args[0].str()}"
+                ) from exc
             with publisher.lock:
                 try:
                     return self._publish(
-                        publisher, stream, partition, owner, key, names, failpoints or {}
+                        publisher,
+                        stream,
+                        partition,
+                        owner,
+                        key,
+                        names,
+                        failpoints or {},
+                        _SHORT_WAIT_S if attempt == 1 else _LONG_WAIT_S,
                     )
-                except KafkaException as exc:
+                except (KafkaException, _Blocked) as exc:
+                    # a cached producer fenced by another publisher of the owner, or broken, or
+                    # the owner's published topic held back by a zombie's transaction: a new
+                    # producer fences in turn (ending that transaction) and checks again
                     self._drop(owner, publisher)
-                    if attempt == 1:  # a cached producer: fenced by another publisher of the
-                        continue  # owner, or broken; a new one fences in turn, checks again
+                    if attempt == 1:
+                        continue
+                    why = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
                     raise SparkpointError(
                         f"kafka system {self.system}: publishing {owner}'s commit {key} to "
-                        f"{stream} partition {partition} failed: {exc.args[0].str()} (nothing "
-                        f"of it is visible; the next commit or start publishes it)"
+                        f"{stream} partition {partition} failed: {why} (nothing of it is "
+                        f"visible; the next commit or start publishes it)"
                     ) from exc
         raise AssertionError("unreachable")
 
@@ -541,8 +604,11 @@ class KafkaStaging(OutputStaging):
         key: int,
         names: list[PartName],
         failpoints: Mapping[str, str],
+        wait_s: float,
     ) -> int:
-        through = self._control().published_through(stream, partition, owner)
+        topic = published_topic(owner)
+        self._create(topic)
+        through = self._view(topic, wait_s).published_through(stream, partition)
         last = max(n.end for n in names)
         if last < through:
             return 0  # published already
@@ -559,10 +625,8 @@ class KafkaStaging(OutputStaging):
             maybe_crash(failpoints, "publish-after-intent")
             for r in records:
                 produce(producer, stream, partition, r)
-            mark = Record(
-                "", _published_key(stream, partition, owner).encode(), str(last + 1).encode(), 0
-            )
-            produce(producer, CONTROL_TOPIC, 0, mark)
+            mark = Record("", f"{stream}/{partition}".encode(), str(last + 1).encode(), 0)
+            produce(producer, topic, 0, mark)
             producer.flush(_TIMEOUT_S)
             maybe_crash(failpoints, "publish-after-append")
             producer.commit_transaction(_TIMEOUT_S)
@@ -581,32 +645,42 @@ class KafkaStaging(OutputStaging):
         return len(records)
 
     def publishers(self, stream: str, partition: int) -> list[str]:
-        prefix = f"published/{stream}/{partition}/"
-        return sorted(k[len(prefix) :] for k in self._control().values if k.startswith(prefix))
+        owners = [
+            t[len(PUBLISHED_PREFIX) :]
+            for t in self._admin.topics()
+            if t.startswith(PUBLISHED_PREFIX)
+        ]
+        return sorted(
+            o for o in owners if self._view(published_topic(o)).published_through(stream, partition)
+        )
 
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
         topic = staging_topic(stream)
         partitions = self._partitions(topic)
         if not partitions:
             return 0
-        control = self._control()
+        self._create(SWEPT_TOPIC)
+        sweeps = self._view(SWEPT_TOPIC)
         swept = 0
         producer = self.new_producer()
         try:
             for partition in range(partitions):
-                last = control.swept(stream, partition).get(owner_prefix)
+                last = sweeps.swept(stream, partition).get(owner_prefix)
                 since = 0 if last is None else last.at  # earlier parts: swept then
                 ssp = SystemStreamPartition(self.system, topic, partition)
                 high = int(self._admin.get_metadata([ssp])[ssp].upcoming)
+                waiting = self._waiting(stream, partition, sweeps, since)
                 doomed = [
-                    p
-                    for p in self._waiting(stream, partition, control, since)
-                    if swept_by(p.owner, owner_prefix) and p.part not in keep
+                    p for p in waiting if swept_by(p.owner, owner_prefix) and p.part not in keep
                 ]
-                if doomed or high - since >= _SWEEP_MOVE:
-                    mark = json.dumps({"at": high, "keep": sorted(keep)})
+                # the kept parts of this partition: seen now, or kept by the last mark
+                held = {p.part for p in waiting} | (set() if last is None else set(last.keep))
+                kept = sorted(held & set(keep))
+                moved = high - since >= _SWEEP_MOVE
+                if doomed or moved or last is None or kept != sorted(last.keep):
+                    mark = json.dumps({"at": high, "keep": kept})
                     key = _swept_key(stream, partition, owner_prefix).encode()
-                    producer.produce(CONTROL_TOPIC, 0, Record("", key, mark.encode(), 0))
+                    producer.produce(SWEPT_TOPIC, 0, Record("", key, mark.encode(), 0))
                     swept += len(doomed)
         finally:
             producer.close()

@@ -59,7 +59,7 @@ from sparkpoint.system.base import (
 from sparkpoint.system.kafka.partitioner import kafka_partition
 from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.kafka.staging import (
-    STAGED_PREFIX,
+    INTERNAL_PREFIXES,
     STAGING_RETENTION,
     KafkaStaging,
     close_publishers,
@@ -273,7 +273,7 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         except KafkaException as exc:
             raise self._fail("listing topics", exc) from exc
         return sorted(
-            t for t in topics if t not in _KAFKA_INTERNAL and not t.startswith(STAGED_PREFIX)
+            t for t in topics if t not in _KAFKA_INTERNAL and not t.startswith(INTERNAL_PREFIXES)
         )
 
     def partition_count(self, stream: str) -> int:
