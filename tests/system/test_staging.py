@@ -107,6 +107,15 @@ def test_staged_records_are_invisible_until_published_then_in_order_once(env: En
         (owner, second, 1),
     ]
     assert env.staging.read_part(env.stream, 0, owner, second)[0].value == b"c"
+    if env.kind == "kafka":  # kept by this process, which staged it; the same read back
+        from sparkpoint.system.kafka import staging as kafka_staging
+
+        kept = env.staging.read_part(env.stream, 0, owner, first)
+        with kafka_staging._KEPT.lock:
+            kafka_staging._KEPT.parts.clear()
+            kafka_staging._KEPT.size = 0
+        assert env.staging.read_part(env.stream, 0, owner, first) == kept
+        assert [r.value for r in kept] == [b"a", b"b"] and kept[0].timestamp == 1_000
     assert env.staging.publish(env.stream, 0, owner, 10, [first, second]) == 3
     assert env.values() == ["a", "b", "c"]
     assert env.staging.staged(env.stream) == []  # published parts are no longer waiting
@@ -211,6 +220,21 @@ def test_a_sweep_discards_one_owner_or_every_owner_under_a_job_but_what_it_keeps
     assert env.values() == ["x"]
 
 
+def _published_once(tansu: Any) -> tuple[Env, str, str]:
+    """A one-partition stream on Kafka with owner ``t0-<stream>``'s commit 1 ("a") published
+    by this process (its publisher cached) and commit 2's part ("b") staged: (env, owner, part)."""
+    from sparkpoint.system.kafka import KafkaSystemFactory
+
+    factory, config = KafkaSystemFactory(), tansu.config("kafka")
+    stream = f"out-{next(_streams)}"
+    admin = factory.get_admin("kafka", config)
+    admin.create_stream(StreamSpec(stream, 1))
+    env = Env("kafka", "kafka", factory, config, admin, stream)
+    owner = f"t0-{stream}"
+    assert env.staging.publish(stream, 0, owner, 1, [env.stage(owner, "p1", "a")]) == 1
+    return env, owner, env.stage(owner, "p2", "b")
+
+
 @pytest.mark.kafka
 def test_on_kafka_a_publisher_fenced_by_another_process_writes_nothing_twice(
     tansu: Any, tmp_path: Path
@@ -222,16 +246,8 @@ def test_on_kafka_a_publisher_fenced_by_another_process_writes_nothing_twice(
     import subprocess
     import sys
 
-    from sparkpoint.system.kafka import KafkaSystemFactory
-
-    factory, config = KafkaSystemFactory(), tansu.config("kafka")
-    stream = f"out-{next(_streams)}"
-    admin = factory.get_admin("kafka", config)
-    admin.create_stream(StreamSpec(stream, 1))
-    env = Env("kafka", "kafka", factory, config, admin, stream)
-    owner = f"t0-{stream}"
-    assert env.staging.publish(stream, 0, owner, 1, [env.stage(owner, "p1", "a")]) == 1
-    second = env.stage(owner, "p2", "b")
+    env, owner, second = _published_once(tansu)
+    config, stream = env.config, env.stream
     script = (
         "import json, sys\n"
         "from sparkpoint.system.kafka import KafkaSystemFactory\n"
@@ -266,16 +282,8 @@ def test_on_kafka_a_publisher_killed_in_its_transaction_does_not_hold_the_owner_
     import subprocess
     import sys
 
-    from sparkpoint.system.kafka import KafkaSystemFactory
-
-    factory, config = KafkaSystemFactory(), tansu.config("kafka")
-    stream = f"out-{next(_streams)}"
-    admin = factory.get_admin("kafka", config)
-    admin.create_stream(StreamSpec(stream, 1))
-    env = Env("kafka", "kafka", factory, config, admin, stream)
-    owner = f"t0-{stream}"
-    assert env.staging.publish(stream, 0, owner, 1, [env.stage(owner, "p1", "a")]) == 1
-    second = env.stage(owner, "p2", "b")
+    env, owner, second = _published_once(tansu)
+    config, stream = env.config, env.stream
     flag = tmp_path / "flag"
     flag.write_text("0")
     script = (

@@ -216,6 +216,42 @@ class _Publisher:
         self.producer.init_transactions(_TIMEOUT_S)  # fences the last one, ends its transaction
 
 
+#: records of parts this process staged, kept until published (their publish is then no read of
+#: the staging topic): at most this many bytes, oldest dropped first
+_KEPT_BYTES = 64 << 20
+_Kept = tuple[str, str, int, str, str]  # brokers, stream, partition, owner, part name
+
+
+class _KeptParts:
+    """The records of parts staged by this process, by part, oldest first out."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parts: dict[_Kept, tuple[list[Record], int]] = {}
+        self.size = 0
+
+    def put(self, key: _Kept, records: list[Record], size: int) -> None:
+        with self.lock:
+            self.parts[key] = (records, size)
+            self.size += size
+            while self.size > _KEPT_BYTES and self.parts:
+                _, dropped = self.parts.pop(next(iter(self.parts)))  # the oldest
+                self.size -= dropped
+
+    def get(self, key: _Kept) -> list[Record] | None:
+        with self.lock:
+            held = self.parts.get(key)
+            return None if held is None else list(held[0])
+
+    def drop(self, key: _Kept) -> None:
+        with self.lock:
+            held = self.parts.pop(key, None)
+            if held is not None:
+                self.size -= held[1]
+
+
+_KEPT = _KeptParts()
+
 _Settings = tuple[tuple[str, str], ...]
 _PUBLISHERS: dict[tuple[_Settings, str], _Publisher] = {}
 _CONTROLS: dict[tuple[_Settings, str], _Control] = {}
@@ -252,6 +288,9 @@ class KafkaStagingProducer(StagingProducer):
         #: per (stream, partition): the first and last offsets written
         self._spans: dict[tuple[str, int], list[int]] = {}
         self._sent: set[tuple[str, int]] = set()
+        #: what was sent, renumbered from 0, per (stream, partition), while it fits in memory
+        self._held: dict[tuple[str, int], list[Record]] | None = {}
+        self._held_bytes = 0
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -268,6 +307,12 @@ class KafkaStagingProducer(StagingProducer):
         headers = [*self._header, (_TS, str(record.timestamp or 0).encode())]
         self._producer.produce(topic, partition, record, headers, self._delivered)
         self._sent.add((stream, partition))
+        if self._held is not None:
+            held = self._held.setdefault((stream, partition), [])
+            held.append(Record(str(len(held)), record.key, record.value, record.timestamp or 0))
+            self._held_bytes += len(record.key or b"") + len(record.value or b"") + 64
+            if self._held_bytes > _KEPT_BYTES // 4:
+                self._held = None  # too big to keep: its publish reads the staging topic
 
     def flush(self) -> None:
         self._producer.flush()
@@ -284,12 +329,17 @@ class KafkaStagingProducer(StagingProducer):
         for key in sorted(self._sent):
             first, last = self._spans[key]
             staged[key] = str(PartName(self.part, first, last))
-        self._sent, self._spans = set(), {}
+            if self._held is not None:
+                kept = (self._staging.brokers, key[0], key[1], self.owner, staged[key])
+                records = self._held.get(key, [])
+                size = sum(len(r.key or b"") + len(r.value or b"") + 64 for r in records)
+                _KEPT.put(kept, records, size)
+        self._sent, self._spans, self._held, self._held_bytes = set(), {}, {}, 0
         return staged
 
     def close(self) -> None:
         """Release the client; a part never staged has no end record and is never listed."""
-        self._sent, self._spans = set(), {}
+        self._sent, self._spans, self._held = set(), {}, {}
         self._producer.close()
 
 
@@ -309,6 +359,8 @@ class KafkaStaging(OutputStaging):
         self._admin = admin
         self._config = dict(config)
         self.system = admin.system
+        #: the brokers (the key of the parts this process keeps)
+        self.brokers = client_config(admin.system, config, "consumer")["bootstrap.servers"]
         self._producer_settings: dict[str, Any] = {
             "enable.idempotence": True,
             **client_config(admin.system, config, "producer"),
@@ -515,6 +567,9 @@ class KafkaStaging(OutputStaging):
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         name = PartName.parse(part)
+        kept = _KEPT.get((self.brokers, stream, partition, owner, part))
+        if kept is not None:  # staged by this process: the same records, in the same order
+            return kept
         topic = staging_topic(stream)
         missing = CorruptRecordError(
             f"{self.system}.{topic} partition {partition}: staged output {owner}/{part} is "
@@ -611,6 +666,8 @@ class KafkaStaging(OutputStaging):
         through = self._view(topic, wait_s).published_through(stream, partition)
         last = max(n.end for n in names)
         if last < through:
+            for n in names:
+                _KEPT.drop((self.brokers, stream, partition, owner, str(n)))
             return 0  # published already
         if any(n.first < through for n in names):
             raise CorruptRecordError(
@@ -630,6 +687,8 @@ class KafkaStaging(OutputStaging):
             producer.flush(_TIMEOUT_S)
             maybe_crash(failpoints, "publish-after-append")
             producer.commit_transaction(_TIMEOUT_S)
+            for n in names:
+                _KEPT.drop((self.brokers, stream, partition, owner, str(n)))
         except InjectedCrash:
             self._drop(owner, publisher)  # as if the process died: the next one fences it
             raise
