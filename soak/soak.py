@@ -20,9 +20,10 @@ Variants (kills are spread over them, round robin):
   is 0 (each user's counts 1..N go out once, whatever is killed when);
 * ``exactly-kafka``: ``exactly`` with every stream on Kafka (a Tansu broker the soak starts on
   loopback): output staged in a topic, published in Kafka transactions. Tansu takes one record
-  per produce request, so give it smaller rounds (``--events``). Its one deviation (aborted
-  records visible to read-committed readers) can show as duplicates only if a kill lands
-  inside a publish's transaction, between its appends and its commit.
+  per produce request, and a fetch from far into a partition stalls there (docs/kafka.md), so
+  give it small rounds (``--events 1000,2000``). Its aborted records, visible to
+  read-committed readers, can show as duplicates only if a kill lands inside a publish, between
+  its first record and its published-through mark.
 
 Each kill is a SIGKILL of the driver, of a Python worker (Spark retries its task) or, on the
 cluster, of a worker (its executors go; the job goes on elsewhere), at a random moment; new input
