@@ -258,7 +258,9 @@ _CONTROLS: dict[tuple[_Settings, str], _Control] = {}
 _PUBLISHERS_LOCK = threading.Lock()
 
 
-def _plain(settings: Mapping[str, Any]) -> _Settings:
+def settings_key(settings: Mapping[str, Any]) -> _Settings:
+    """Client settings as a hashable key (callbacks left out): the key of a client cached per
+    settings in this process."""
     return tuple(sorted((k, str(v)) for k, v in settings.items() if not callable(v)))
 
 
@@ -266,14 +268,12 @@ def close_publishers(bootstrap: str | None = None) -> None:
     """Drop this process's publishers and control views (of the brokers ``bootstrap``, or
     all): a client of a broker that is gone would keep reconnecting, and logging it."""
     with _PUBLISHERS_LOCK:
-        for key in [
-            k for k in _PUBLISHERS if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
-        ]:
-            del _PUBLISHERS[key]
-        for key in [
-            k for k in _CONTROLS if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
-        ]:
-            del _CONTROLS[key]
+        cached: list[dict[Any, Any]] = [_PUBLISHERS, _CONTROLS]
+        for held in cached:
+            for key in [
+                k for k in held if bootstrap in (None, dict(k[0]).get("bootstrap.servers"))
+            ]:
+                del held[key]
 
 
 class KafkaStagingProducer(StagingProducer):
@@ -288,9 +288,11 @@ class KafkaStagingProducer(StagingProducer):
         #: per (stream, partition): the first and last offsets written
         self._spans: dict[tuple[str, int], list[int]] = {}
         self._sent: set[tuple[str, int]] = set()
-        #: what was sent, renumbered from 0, per (stream, partition), while it fits in memory
+        #: what was sent, renumbered from 0, per (stream, partition), while it fits in memory,
+        #: and its bytes
         self._held: dict[tuple[str, int], list[Record]] | None = {}
-        self._held_bytes = 0
+        self._held_bytes: dict[tuple[str, int], int] = {}
+        self._held_total = 0
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -308,10 +310,13 @@ class KafkaStagingProducer(StagingProducer):
         self._producer.produce(topic, partition, record, headers, self._delivered)
         self._sent.add((stream, partition))
         if self._held is not None:
-            held = self._held.setdefault((stream, partition), [])
+            key = (stream, partition)
+            held = self._held.setdefault(key, [])
             held.append(Record(str(len(held)), record.key, record.value, record.timestamp or 0))
-            self._held_bytes += len(record.key or b"") + len(record.value or b"") + 64
-            if self._held_bytes > _KEPT_BYTES // 4:
+            size = len(record.key or b"") + len(record.value or b"") + 64
+            self._held_bytes[key] = self._held_bytes.get(key, 0) + size
+            self._held_total += size
+            if self._held_total > _KEPT_BYTES // 4:
                 self._held = None  # too big to keep: its publish reads the staging topic
 
     def flush(self) -> None:
@@ -331,23 +336,21 @@ class KafkaStagingProducer(StagingProducer):
             staged[key] = str(PartName(self.part, first, last))
             if self._held is not None:
                 kept = (self._staging.brokers, key[0], key[1], self.owner, staged[key])
-                records = self._held.get(key, [])
-                size = sum(len(r.key or b"") + len(r.value or b"") + 64 for r in records)
-                _KEPT.put(kept, records, size)
-        self._sent, self._spans, self._held, self._held_bytes = set(), {}, {}, 0
+                _KEPT.put(kept, self._held.get(key, []), self._held_bytes.get(key, 0))
+        self._reset()
         return staged
+
+    def _reset(self) -> None:
+        self._sent = set()
+        self._spans = {}
+        self._held = {}
+        self._held_bytes = {}
+        self._held_total = 0
 
     def close(self) -> None:
         """Release the client; a part never staged has no end record and is never listed."""
-        self._sent, self._spans, self._held = set(), {}, {}
+        self._reset()
         self._producer.close()
-
-
-@dataclass
-class _Scanned:
-    """A staging partition read from some offset: its ended parts, with their record counts."""
-
-    parts: dict[tuple[str, str], tuple[PartName, int]] = field(default_factory=dict)
 
 
 class KafkaStaging(OutputStaging):
@@ -398,7 +401,7 @@ class KafkaStaging(OutputStaging):
         return KafkaConsumer(self.system, self._config)
 
     def _publisher(self, owner: str, fresh: bool = False) -> _Publisher:
-        key = (_plain(self._publisher_settings), owner)
+        key = (settings_key(self._publisher_settings), owner)
         with _PUBLISHERS_LOCK:
             cached = None if fresh else _PUBLISHERS.get(key)
         if cached is not None:
@@ -455,7 +458,7 @@ class KafkaStaging(OutputStaging):
         if topic not in self._created and topic not in self._admin.topics():
             return _Control()
         self._created.add(topic)
-        key = (_plain(self._control_settings), topic)
+        key = (settings_key(self._control_settings), topic)
         with _PUBLISHERS_LOCK:
             control = _CONTROLS.setdefault(key, _Control())
         ssp = SystemStreamPartition(self.system, topic, 0)
@@ -499,20 +502,27 @@ class KafkaStaging(OutputStaging):
         finally:
             consumer.close()
 
-    def _scan(self, stream: str, partition: int, start: int = 0) -> _Scanned:
-        """Every ended part of a staging partition from offset ``start`` (or its oldest)."""
-        topic = staging_topic(stream)
+    def _bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """The oldest offset of a partition and the offset after its last."""
         ssp = SystemStreamPartition(self.system, topic, partition)
         meta = self._admin.get_metadata([ssp])[ssp]
-        out = _Scanned()
-        firsts: dict[tuple[str, str], tuple[int, int]] = {}  # first offset, records so far
+        return int(meta.oldest), int(meta.upcoming)
+
+    def _messages(self, topic: str, partition: int, first: int, stop: int) -> list[Any]:
         reader = self._reader()
         try:
-            first = max(int(meta.oldest), start)
-            messages = reader.messages(topic, partition, first, int(meta.upcoming))
+            return reader.messages(topic, partition, first, stop)
         finally:
             reader.close()
-        for m in messages:
+
+    def _scan(
+        self, stream: str, partition: int, first: int, stop: int
+    ) -> dict[tuple[str, str], tuple[PartName, int]]:
+        """Every part of a staging partition that ends in offsets ``[first, stop)``, by owner
+        and name, with its record count."""
+        out = {}
+        firsts: dict[tuple[str, str], tuple[int, int]] = {}  # first offset, records so far
+        for m in self._messages(staging_topic(stream), partition, first, stop):
             h = _headers(m)
             owner = h.get(_OWNER)
             if owner is None:
@@ -523,17 +533,19 @@ class KafkaStaging(OutputStaging):
             elif _END in h and (owner, h[_END]) in firsts:
                 begun, n = firsts.pop((owner, h[_END]))
                 name = PartName(h[_END], begun, m.offset())
-                out.parts[(owner, str(name))] = (name, n)
+                out[(owner, str(name))] = (name, n)
         return out
 
     def _waiting(
-        self, stream: str, partition: int, sweeps: _Control, start: int = 0
+        self, stream: str, partition: int, sweeps: _Control, first: int, stop: int
     ) -> list[StagedPart]:
+        """The parts ending in offsets ``[first, stop)`` of a staging partition that are
+        neither published nor discarded."""
         swept = sweeps.swept(stream, partition)
         through: dict[str, int] = {}
         out = []
         for (owner, text), (name, records) in sorted(
-            self._scan(stream, partition, start).parts.items()
+            self._scan(stream, partition, first, stop).items()
         ):
             if owner not in through:
                 view = self._view(published_topic(owner))
@@ -563,7 +575,12 @@ class KafkaStaging(OutputStaging):
         if not partitions:
             return []
         sweeps = self._view(SWEPT_TOPIC)
-        return [p for i in range(partitions) for p in self._waiting(stream, i, sweeps)]
+        topic = staging_topic(stream)
+        return [
+            p
+            for i in range(partitions)
+            for p in self._waiting(stream, i, sweeps, *self._bounds(topic, i))
+        ]
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         name = PartName.parse(part)
@@ -578,18 +595,12 @@ class KafkaStaging(OutputStaging):
         )
         if self._partitions(topic) <= partition:
             raise missing
-        ssp = SystemStreamPartition(self.system, topic, partition)
-        meta = self._admin.get_metadata([ssp])[ssp]
-        if name.first < int(meta.oldest) or name.end >= int(meta.upcoming):
+        oldest, upcoming = self._bounds(topic, partition)
+        if name.first < oldest or name.end >= upcoming:
             raise missing
-        reader = self._reader()
-        try:
-            messages = reader.messages(topic, partition, name.first, name.end + 1)
-        finally:
-            reader.close()
         records: list[Record] = []
         ended = whole = False
-        for m in messages:
+        for m in self._messages(topic, partition, name.first, name.end + 1):
             h = _headers(m)
             if h.get(_OWNER) != owner:
                 continue
@@ -726,9 +737,8 @@ class KafkaStaging(OutputStaging):
             for partition in range(partitions):
                 last = sweeps.swept(stream, partition).get(owner_prefix)
                 since = 0 if last is None else last.at  # earlier parts: swept then
-                ssp = SystemStreamPartition(self.system, topic, partition)
-                high = int(self._admin.get_metadata([ssp])[ssp].upcoming)
-                waiting = self._waiting(stream, partition, sweeps, since)
+                oldest, high = self._bounds(topic, partition)
+                waiting = self._waiting(stream, partition, sweeps, max(oldest, since), high)
                 doomed = [
                     p for p in waiting if swept_by(p.owner, owner_prefix) and p.part not in keep
                 ]

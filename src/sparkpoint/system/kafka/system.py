@@ -63,6 +63,7 @@ from sparkpoint.system.kafka.staging import (
     STAGING_RETENTION,
     KafkaStaging,
     close_publishers,
+    settings_key,
 )
 
 TIMEOUT_S = 30.0
@@ -100,8 +101,7 @@ class _Pool:
 
     @staticmethod
     def _key(kind: type[Any], settings: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
-        plain = {k: str(v) for k, v in settings.items() if not callable(v)}
-        return kind.__name__, tuple(sorted(plain.items()))
+        return kind.__name__, settings_key(settings)
 
     def take(self, kind: type[Any], settings: dict[str, Any], system: str, role: str) -> Any:
         with self._lock:
@@ -169,13 +169,15 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
                 self._staging = KafkaStaging(self, self._config)
             return self._staging
 
-    def topics(self) -> dict[str, int]:
-        """Every topic, with its partition count (one metadata request; staging topics too)."""
+    def _topic_metadata(self) -> dict[str, Any]:
         try:
-            topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
+            return dict(self._admin.list_topics(timeout=TIMEOUT_S).topics)
         except KafkaException as exc:
             raise self._fail("listing topics", exc) from exc
-        return {t: len(m.partitions) for t, m in topics.items() if m.error is None}
+
+    def topics(self) -> dict[str, int]:
+        """Every topic, with its partition count (one metadata request; staging topics too)."""
+        return {t: len(m.partitions) for t, m in self._topic_metadata().items() if m.error is None}
 
     def _fail(self, what: str, exc: BaseException) -> SparkpointError:
         return SparkpointError(f"kafka system {self.system}: {what} failed: {exc}")
@@ -268,12 +270,10 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
             time.sleep(0.05)
 
     def list_streams(self) -> list[str]:
-        try:
-            topics = self._admin.list_topics(timeout=TIMEOUT_S).topics
-        except KafkaException as exc:
-            raise self._fail("listing topics", exc) from exc
         return sorted(
-            t for t in topics if t not in _KAFKA_INTERNAL and not t.startswith(INTERNAL_PREFIXES)
+            t
+            for t in self._topic_metadata()
+            if t not in _KAFKA_INTERNAL and not t.startswith(INTERNAL_PREFIXES)
         )
 
     def partition_count(self, stream: str) -> int:
