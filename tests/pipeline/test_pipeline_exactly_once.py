@@ -22,6 +22,7 @@ from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.storage.outputs import batch_owner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
@@ -110,8 +111,12 @@ def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
         assert coordinator.batch_log is not None
         assert batch in coordinator.batch_log.outputs
         assert list((_sink_dir(config) / "_sparkpoint" / "staged").iterdir())
-        coordinator.run_batch(end, commit=True, wait=True)  # every task's checkpoint covers it
+        assert report.transactions == Transactions(open=1)  # the batch's output: one
+        report, _ = coordinator.run_batch(end, commit=True, wait=True)  # checkpoints cover it
         assert batch not in coordinator.batch_log.entries
+        # both published at this batch's end: batch 1's, and this one's (no input, but its
+        # parquet sink staged an empty batch)
+        assert report.transactions == Transactions(committed=2, open=0)
     finally:
         coordinator.close()
     assert_exactly_once(config, expected)

@@ -22,6 +22,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.driver.metrics import JobMetrics
+from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.outputs import OUTPUTS, committed_parts
 from sparkpoint.system.filelog import FileLogSystemFactory
@@ -80,13 +81,20 @@ def test_output_is_visible_only_once_the_checkpoint_covering_it_is_written(
     assert all(ts.pending_outputs for ts in coordinator.tasks.values())
     assert total(metrics, "task_output_parts_staged_total") == staged_parts(config)
     assert total(metrics, "task_output_parts_open") == staged_parts(config)
+    tasks = len(coordinator.tasks)  # one open transaction each: its output since its commit
+    assert total(metrics, "transactions_open") == tasks
+    assert total(metrics, "transactions_committed_total") == 0
     metrics.record(coordinator.run_batch(end, commit=True, wait=True)[0])  # written ...
     checkpoint = next(iter(coordinator.tasks.values())).last_checkpoint
     assert checkpoint is not None and OUTPUTS in checkpoint.state_checkpoint_markers
     assert all(not ts.pending_outputs for ts in coordinator.tasks.values())
     assert total(metrics, "task_output_parts_open") == 0
+    assert total(metrics, "transactions_committed_total") == tasks
+    assert total(metrics, "transactions_open") == 0
     assert visible(config) == 0  # ... and its clean-up, at the next batch, publishes
     metrics.record(coordinator.run_batch(end, commit=False)[0])
+    holding = sum(1 for ts in coordinator.tasks.values() if ts.pending_outputs)
+    assert total(metrics, "transactions_open") == holding > 0  # the next ones of tasks with input
     coordinator.close()
     assert total(metrics, "task_output_records_published_total") == visible(config) > 0
     # what went out is exactly what the written checkpoint covers; the last batch's output
@@ -106,6 +114,8 @@ def test_output_is_visible_only_once_the_checkpoint_covering_it_is_written(
     metrics.record(restart.run_batch(end, commit=False)[0])  # reports it
     restart.close()
     assert total(metrics, "output_parts_discarded_total") == left
+    assert total(metrics, "transactions_aborted_total") == holding  # the open ones
+    assert total(metrics, "transactions_committed_total") == tasks
     run(config, until_caught_up=True)
     assert_exactly_once(config, expected)
     assert staged_parts(config) == 0
@@ -284,12 +294,15 @@ def test_a_commit_of_a_lineage_the_task_left_is_never_written(
     config = job(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 400, seed=77, users=8)
     coordinator, end = started(config)
-    coordinator.run_batch(end, commit=True)  # A: still uploading when the batch returns
+    first, _ = coordinator.run_batch(end, commit=True)  # A: uploading when the batch returns
+    holding = sum(1 for ts in coordinator.tasks.values() if ts.pending_outputs)
+    assert first.transactions == Transactions(open=holding) and holding > 0
     time.sleep(1.0)  # A finished, unwritten
     for ts in coordinator.tasks.values():  # "it ran elsewhere": this local state is stale
         LocalTaskState(config.store_base_dir, ts.model.name).clear_marker()
-    coordinator.run_batch(end, commit=False)  # restores, stages the input's output again
+    again, _ = coordinator.run_batch(end, commit=False)  # restores, stages that output again
     assert all(ts.last_checkpoint is None for ts in coordinator.tasks.values())  # A: never
+    assert again.transactions == Transactions(aborted=holding, open=holding)  # new ones
     coordinator.run_batch(end, commit=True, wait=True)
     coordinator.run_batch(end, commit=False)
     coordinator.close()

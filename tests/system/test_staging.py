@@ -209,11 +209,12 @@ def test_a_sweep_discards_one_owner_or_every_owner_under_a_job_but_what_it_keeps
     b = env.stage(f"{job}-batches", "b", "x")
     c = env.stage(f"{job}-batches", "c", "x")
     d = env.stage(f"{job}-batches-x", "d", "x")  # another job whose label starts the same
-    assert env.staging.sweep(env.stream, f"{job}-batches", keep={c}) == 1  # that owner: b
+    swept = env.staging.sweep(env.stream, f"{job}-batches", keep={c})
+    assert swept == {f"{job}-batches": 1}  # that owner: b
     assert sorted(p.part for p in env.staging.staged(env.stream)) == sorted([a, c, d])
-    assert env.staging.sweep(env.stream, f"{job}.") == 1  # every task of the job: a
+    assert env.staging.sweep(env.stream, f"{job}.") == {f"{job}.Partition_0": 1}  # every task: a
     assert sorted(p.part for p in env.staging.staged(env.stream)) == sorted([c, d])
-    assert env.staging.sweep(env.stream, f"{job}.") == 0  # nothing left to discard
+    assert env.staging.sweep(env.stream, f"{job}.") == {}  # nothing left to discard
     assert b not in {p.part for p in env.staging.staged(env.stream)}
     # the kept part is still published whole
     assert env.staging.publish(env.stream, 0, f"{job}-batches", 1, [c]) == 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -233,17 +234,17 @@ def publish_parts(
 
 def discard_staged(
     config: Config, systems: Systems, owner_prefix: str, keep: Collection[str] = ()
-) -> int:
+) -> Counter[str]:
     """Delete every staged part of the owners named ``owner_prefix...`` in every stream of the
-    job's systems, but those in ``keep``; returns the parts deleted."""
-    discarded = 0
+    job's systems, but those in ``keep``; returns the parts deleted, by owner."""
+    discarded: Counter[str] = Counter()
     for system in sorted(config.systems):
         admin = systems.admin(system)
         staging = admin.output_staging()
         if staging is None:
             continue
         for stream in staging.streams():
-            discarded += staging.sweep(stream, owner_prefix, keep)
+            discarded.update(staging.sweep(stream, owner_prefix, keep))
     return discarded
 
 
@@ -269,6 +270,7 @@ class Settled:
 
     published: int = 0  # records of written checkpoints a crash left unpublished
     discarded: int = 0  # staged parts no checkpoint names
+    aborted: int = 0  # the owners (tasks) of those parts: their open transactions, aborted
 
 
 def settle(config: Config, systems: Systems, checkpoints: Mapping[TaskName, Checkpoint]) -> Settled:
@@ -280,12 +282,14 @@ def settle(config: Config, systems: Systems, checkpoints: Mapping[TaskName, Chec
     for task, checkpoint in sorted(checkpoints.items()):
         done.published += publish(config, systems, task, checkpoint)
     prefix = owner_of(config, TaskName(""))  # "<job.name>-<job.id>.": every task's owner
-    done.discarded = discard_staged(config, systems, prefix)
+    discarded = discard_staged(config, systems, prefix)
+    done.discarded, done.aborted = discarded.total(), len(discarded)
     if done.published or done.discarded:
         log.info(
             "exactly-once output: published %d records of written checkpoints, discarded %d "
-            "staged parts no checkpoint names",
+            "staged parts no checkpoint names (the open transactions of %d tasks, aborted)",
             done.published,
             done.discarded,
+            done.aborted,
         )
     return done

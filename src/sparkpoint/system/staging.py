@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -97,8 +98,8 @@ class OutputStaging(ABC):
         """Every owner that published to this partition (the jobs' tasks writing it)."""
 
     @abstractmethod
-    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
+    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> Counter[str]:
         """Delete every staged part (and part being written) of the owners ``owner_prefix``
         names (a name ending in ``.``: every owner whose name starts with it; otherwise that
         one owner), but the parts named in ``keep``: at a job's start, once what its
-        checkpoints name is published. Returns the parts deleted."""
+        checkpoints name is published. Returns the parts deleted, by owner."""

@@ -56,11 +56,11 @@ def record(
     batch: int,
     staged: BatchOutputs | None,
     results: Sequence[TaskBatchResult],
-) -> None:
-    """Keep what batch ``batch`` staged in its log entry (before its checkpoints are written).
-    With exactly-once, a task that dropped its progress raises :class:`BatchOutputsLost`,
-    whatever the batch staged: the task reads again input whose output some recorded batch,
-    or this one, already holds."""
+) -> bool:
+    """Keep what batch ``batch`` staged in its log entry (before its checkpoints are written);
+    whether it was kept (``False``: discarded, or nothing staged). With exactly-once, a task
+    that dropped its progress raises :class:`BatchOutputsLost`, whatever the batch staged: the
+    task reads again input whose output some recorded batch, or this one, already holds."""
     dropped = sorted(r.task for r in results if r.dropped)
     if dropped and stages_output(config):
         if staged:
@@ -75,7 +75,7 @@ def record(
             "batch's checkpoints is written"
         )
     if not staged:
-        return
+        return False
     if batch in batch_log.outputs:
         log.info(
             "batch %d replayed: its output is the one its first run staged; the replay's "
@@ -85,8 +85,9 @@ def record(
             len(staged.sinks),
         )
         discard(config, systems, batch_log, batch, staged)
-        return
+        return False
     batch_log.set_outputs(batch, staged)
+    return True
 
 
 def publish(
@@ -129,8 +130,10 @@ def discard(
 
 
 def sweep(config: Config, systems: Systems, batch_log: BatchLog) -> int:
-    """At the job's start: delete the batch owner's staged parts no log entry names."""
-    return discard_staged(config, systems, batch_owner(config), keep=batch_log.staged_parts())
+    """Delete the batch owner's staged parts no log entry names (a failed batch's, a zombie
+    attempt's); returns how many."""
+    owner = batch_owner(config)
+    return discard_staged(config, systems, owner, keep=batch_log.staged_parts()).total()
 
 
 def _sink(pickled: bytes, name: str) -> StagingSink:

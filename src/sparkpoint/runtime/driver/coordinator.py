@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
@@ -50,7 +50,13 @@ from sparkpoint.runtime.driver import batch_outputs
 from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.driver.metrics import MetricsReporters
-from sparkpoint.runtime.driver.reports import BatchReport, BatchRunner, Listener, RunSummary
+from sparkpoint.runtime.driver.reports import (
+    BatchReport,
+    BatchRunner,
+    Listener,
+    RunSummary,
+    Transactions,
+)
 from sparkpoint.runtime.plan import (
     BatchOutputs,
     Commits,
@@ -125,6 +131,10 @@ def _lag(admin_cmp: Callable[[str, str], int], nxt: str, upcoming: str) -> int:
         return max(0, int(upcoming) - int(nxt))
     except ValueError:
         return 1 if admin_cmp(nxt, upcoming) < 0 else 0
+
+
+def _parts(pending: Mapping[str, Sequence[str]]) -> set[str]:
+    return {p for parts in pending.values() for p in parts}
 
 
 def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
@@ -244,6 +254,7 @@ class JobCoordinator:
         #: staged parts named by the checkpoints written since the last batch began (its
         #: clean-ups publish them)
         self._to_publish = 0
+        self._tx = Transactions()  # committed and aborted since the last batch report
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
@@ -345,7 +356,9 @@ class JobCoordinator:
         # exactly-once output a crash left: published, or discarded (reported with batch 1)
         # (from the V2 checkpoints: only they name staged output, whatever the reads prefer)
         written = self.checkpoints.read_version(2)
-        self._discarded = settle(self.config, self.systems, written).discarded
+        settled = settle(self.config, self.systems, written)
+        self._discarded = settled.discarded
+        self._tx.aborted += settled.aborted
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
@@ -484,6 +497,7 @@ class JobCoordinator:
                     batch,
                 )
                 batch_outputs.publish(self.config, self.systems, self.batch_log, batch, rest)
+                self._tx.committed += 1
             self.batch_log.set_outputs(batch, inner if inner and intermediate == "keep" else None)
 
     def _record_outputs(
@@ -500,10 +514,11 @@ class JobCoordinator:
                 "what its batches staged (BatchRunner.staged)"
             )
         try:
-            batch_outputs.record(
+            kept = batch_outputs.record(
                 self.config, self.systems, self.batch_log, self._batch, staged, results
             )
         except batch_outputs.BatchOutputsLost as exc:
+            self._tx.aborted += bool(staged)
             self._rewinds += 1
             if self._rewinds > MAX_REWINDS:
                 raise batch_outputs.BatchOutputsLost(
@@ -513,6 +528,7 @@ class JobCoordinator:
             log.warning("%s; every task starts again from its last checkpoint", exc)
             self._rewind()
             return []
+        self._tx.aborted += bool(staged) and not kept  # a replay's output, discarded
         self._rewinds = 0  # a batch that kept its output
         return results
 
@@ -522,6 +538,7 @@ class JobCoordinator:
         DataFrame phases of a replayed batch id start afresh), the offsets of the checkpoints,
         and the batch log's uncovered batches replayed under their own ids."""
         self.lineage = f"{self.run_id}-r{self._rewinds}"
+        self._tx.aborted += sum(1 for ts in self.tasks.values() if ts.pending_outputs)
         for ts in self.tasks.values():
             ts.expected_state_id = CleanStart(self.lineage)
             ts.resume = dict(ts.from_checkpoint)
@@ -550,8 +567,11 @@ class JobCoordinator:
             published.append(batch)
 
         self.batch_log.prune(self._checkpointed(), self._cmp, publish)
+        self._tx.committed += len(published)
         if published or sweep:  # parts no entry names: a failed batch's, a zombie attempt's
-            batch_outputs.sweep(self.config, self.systems, self.batch_log)
+            # (counted as one aborted transaction: the output of one failed batch, or of a
+            # crash's last one)
+            self._tx.aborted += batch_outputs.sweep(self.config, self.systems, self.batch_log) > 0
 
     def _compact_metadata_streams(self) -> None:
         """Compact the coordinator and checkpoint streams at start, so that bootstrapping them
@@ -649,6 +669,8 @@ class JobCoordinator:
         ts.resume = dict(result.next_offsets)
         ts.last_processed = dict(result.last_processed)
         ts.processed += result.processed
+        # parts it held that the task no longer does: it restored, and that output is gone
+        self._tx.aborted += bool(_parts(ts.pending_outputs) - _parts(result.staged_outputs))
         ts.pending_outputs = dict(result.staged_outputs)
         for info in result.restored:
             log.info(
@@ -694,13 +716,22 @@ class JobCoordinator:
                 )
                 continue
             self._write_checkpoint(ts, checkpoint)
+            held = _parts(ts.pending_outputs)
             ts.pending_outputs = uncovered(ts.pending_outputs, checkpoint)
+            self._tx.committed += held != _parts(ts.pending_outputs)
             # its parts go out with the task's next clean-up (the next batch's step 0)
             self._to_publish += len(committed_parts(checkpoint))
             written = True
             if self.affinity is not None:
                 self.affinity.committed(result, str(checkpoint.checkpoint_id))
         return written
+
+    def _transactions(self) -> Transactions:
+        """The transactions committed and aborted since the last report, and those open."""
+        done, self._tx = self._tx, Transactions()
+        done.open = sum(1 for ts in self.tasks.values() if ts.pending_outputs)
+        done.open += 0 if self.batch_log is None else len(self.batch_log.outputs)
+        return done
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
         """Step 4 of the commit (docs/architecture.md): one message per configured version;
@@ -780,6 +811,7 @@ class JobCoordinator:
                 for name, ts in self.tasks.items()
             },
             parts_to_publish=self._to_publish,
+            transactions=self._transactions(),
         )
         self._discarded = 0
         for r in results:

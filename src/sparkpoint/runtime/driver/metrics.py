@@ -82,6 +82,27 @@ class JobMetrics:
             "Exactly-once: staged parts a start discarded (aborted: no checkpoint named them)",
             (),
         )
+        self.tx_committed = task(
+            Counter,
+            "transactions_committed",
+            "Staged output's transactions committed (a task's output between two commits, "
+            "named by a written checkpoint; a DataFrame batch's, published)",
+            (),
+        )
+        self.tx_aborted = task(
+            Counter,
+            "transactions_aborted",
+            "Staged output's transactions aborted (dropped by a restore or a rewind, or "
+            "discarded at a start)",
+            (),
+        )
+        self.tx_open = task(
+            Gauge,
+            "transactions_open",
+            "Staged output's transactions open (tasks with output no written checkpoint names "
+            "yet, DataFrame batches not published yet)",
+            (),
+        )
         self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
         self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
         self.commits = task(Counter, "task_commits", "Commits started")
@@ -140,6 +161,10 @@ class JobMetrics:
             self.parts_open.labels(job, task).set(parts)
         if report.parts_discarded:
             self.discarded.labels(job).inc(report.parts_discarded)
+        tx = report.transactions
+        self.tx_committed.labels(job).inc(tx.committed)
+        self.tx_aborted.labels(job).inc(tx.aborted)
+        self.tx_open.labels(job).set(tx.open)
         for task, lag in report.lag.items():
             self.lag.labels(job, task).set(lag)
         for move in report.away:

@@ -30,6 +30,21 @@ class BatchRunner(Protocol):
 
 
 @dataclass
+class Transactions:
+    """Staged output's transactions (exactly-once, intermediate streams) in one batch. A task's
+    transaction is its output between two of its commits: committed when a written checkpoint
+    names it, aborted when the task drops it (a restore, a rewind) or a start discards it. A
+    DataFrame pipeline's is one batch's output: committed when the batch is published, aborted
+    when discarded."""
+
+    committed: int = 0
+    aborted: int = 0
+    #: open after the batch: tasks with output no written checkpoint names yet, and batches
+    #: recorded in the batch log and not published yet
+    open: int = 0
+
+
+@dataclass
 class BatchReport:
     """One batch as the progress display and logs see it."""
 
@@ -52,6 +67,7 @@ class BatchReport:
     parts_open: dict[str, int] = field(default_factory=dict)
     #: staged parts the batch's written checkpoints name: the next batch publishes them
     parts_to_publish: int = 0
+    transactions: Transactions = field(default_factory=Transactions)
     #: a job of stages (intermediate streams): (role, stream, lag) of each input stream, the
     #: job's own inputs (role ``input``) first, then its ``intermediate`` streams
     stages: list[tuple[str, str, int]] = field(default_factory=list)

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,21 +247,22 @@ def staged_parts(plog: PartitionLog, stream: str, partition: int) -> list[Staged
     return out
 
 
-def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> int:
+def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> Counter[str]:
     """Delete the staged parts and temporary files of the owners ``owner_prefix`` names
     (``job.``: every owner under it; otherwise that one), but the parts named in ``keep``;
-    returns the parts deleted."""
+    returns the parts deleted, by owner."""
     root = plog.path / STAGED
+    parts: Counter[str] = Counter()
     if not root.is_dir():
-        return 0
-    parts = 0
+        return parts
     for owner_dir in root.iterdir():
         if not swept_by(owner_dir.name, owner_prefix) or not owner_dir.is_dir():
             continue
         for f in owner_dir.iterdir():
             if f.suffix == ".log" and f.stem in keep:
                 continue
-            parts += f.suffix == ".log"
+            if f.suffix == ".log":
+                parts[owner_dir.name] += 1
             f.unlink(missing_ok=True)
     return parts
 

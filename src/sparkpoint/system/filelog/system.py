@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -331,11 +332,11 @@ class FileLogStaging(OutputStaging):
     def publishers(self, stream: str, partition: int) -> list[str]:
         return staging.publishers(self._s.log(stream, partition))
 
-    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
-        return sum(
-            staging.sweep(self._s.log(stream, partition), owner_prefix, keep)
-            for partition in range(self._s.partitions(stream))
-        )
+    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> Counter[str]:
+        swept: Counter[str] = Counter()
+        for partition in range(self._s.partitions(stream)):
+            swept.update(staging.sweep(self._s.log(stream, partition), owner_prefix, keep))
+        return swept
 
 
 class FileLogSystemFactory(SystemFactory):

@@ -51,6 +51,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -724,14 +725,14 @@ class KafkaStaging(OutputStaging):
             o for o in owners if self._view(published_topic(o)).published_through(stream, partition)
         )
 
-    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> int:
+    def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> Counter[str]:
         topic = staging_topic(stream)
         partitions = self._partitions(topic)
+        swept: Counter[str] = Counter()
         if not partitions:
-            return 0
+            return swept
         self._create(SWEPT_TOPIC)
         sweeps = self._view(SWEPT_TOPIC)
-        swept = 0
         producer = self.new_producer()
         try:
             for partition in range(partitions):
@@ -750,7 +751,7 @@ class KafkaStaging(OutputStaging):
                     mark = json.dumps({"at": high, "keep": kept})
                     key = _swept_key(stream, partition, owner_prefix).encode()
                     producer.produce(SWEPT_TOPIC, 0, Record("", key, mark.encode(), 0))
-                    swept += len(doomed)
+                    swept.update(p.owner for p in doomed)
         finally:
             producer.close()
         return swept
