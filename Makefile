@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -95,6 +95,11 @@ bench-rekey: setup
 
 bench-reshard: setup
 	@.venv/bin/python bench/reshard.py
+
+# 4, 16, 64 and 256 tasks on the same 1M views, local[2] and a 2-worker cluster (target: 256 at
+# >= 0.8x of 4)
+bench-scale: setup
+	@.venv/bin/python bench/scale.py --plot bench/out/scale.png
 
 # sparkpoint vs Spark Structured Streaming, PyFlink, Bytewax and Quix Streams (each installed into
 # its own venv under bench/out/venvs): throughput, recovery, checkpoint cost; about 40 minutes

@@ -41,12 +41,13 @@ def cluster_sets(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def prepared(
-    tmp_path: Path, sets: list[str], events: int, seed: int
+    tmp_path: Path, sets: list[str], events: int, seed: int, tasks: int = 4
 ) -> tuple[Config, list[str], Counter[str]]:
-    """The job's config and --set arguments, with ``events`` page views generated."""
+    """The job's config and --set arguments, with ``events`` page views generated in
+    ``tasks`` partitions."""
     set_args = [a for s in sets for a in ("--set", s)]
     config = load_config(JOB, parse_overrides(sets))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *set_args)
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", str(tasks), *set_args)
     return config, set_args, generate(config, tmp_path / "job.yaml", events, seed=seed, users=100)
 
 

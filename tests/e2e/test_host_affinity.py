@@ -75,19 +75,22 @@ def restores_after_first_batch(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("api", "backend", "views"),
-    # a DataFrame batch on the cluster takes about 4-7 s: 6 batches of it, 10 of the task API
-    [("task", "changelog", 3_200), ("dataframe", "blobstore", 1_920)],
+    ("api", "backend", "views", "tasks"),
+    # a DataFrame batch on the cluster takes about 4-7 s: 6 batches of it, 10 of the task API.
+    # The task API's 8 tasks on 2 executors of 1 core run in 2 Spark partitions per executor
+    # (SparkRunner): grouped tasks keep their executor too
+    [("task", "changelog", 6_400, 8), ("dataframe", "blobstore", 1_920, 4)],
 )
 def test_a_steady_run_restores_each_task_once(
-    tmp_path: Path, cluster: StandaloneCluster, api: str, backend: str, views: int
+    tmp_path: Path, cluster: StandaloneCluster, api: str, backend: str, views: int, tasks: int
 ) -> None:
     sets = affinity_sets(tmp_path, backend=backend)
-    config, set_args, expected = prepared(tmp_path, sets, views, 31)
+    config, set_args, expected = prepared(tmp_path, sets, views, 31, tasks)
     job = str(JOB) if api == "task" else "pageviews_pipeline:job"
-    result = sp("run", job, "--until-caught-up", "--master", cluster.master_url, *set_args)
+    run = ["run", job, "--until-caught-up", "--master", cluster.master_url, "-v"]
+    result = sp(*run, *set_args)
     batches, restores, away = summary(result.stderr)
-    assert batches >= views // 320  # 80 views per task per batch
+    assert batches >= views // (80 * tasks)  # 80 views per task per batch
     assert restores == 0, result.stderr[-4000:]  # a new job: no task ever restored state
     assert away == 0
     assert restores_after_first_batch(result.stderr) == []
@@ -97,6 +100,8 @@ def test_a_steady_run_restores_each_task_once(
     executors = {t["executor"] for t in shown["tasks"]}
     assert len(executors) == 2, shown  # balanced over both executors
     assert all(t["state-current"] and t["state-bytes"]["user-counts"] > 0 for t in shown["tasks"])
+    if tasks > 4:
+        assert f"{tasks} tasks run in 4 Spark partitions" in result.stderr, result.stderr[-4000:]
 
 
 def wait_for_line(

@@ -1,14 +1,16 @@
-"""Many tasks on few cores (issue 35): a local batch runs its tasks in at most two Spark
-partitions per core, several tasks one after the other in each, with the same state."""
+"""Many tasks on few cores (issue 35): a batch runs its tasks in at most two Spark partitions
+per core (of the executor they are placed on, on a cluster), several tasks one after the other
+in each, with the same state."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkpoint.config import load_config
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
-from sparkpoint.runtime.spark.session import SparkRunner, task_groups
+from sparkpoint.runtime.spark.session import SparkRunner, cluster_groups, task_groups
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
@@ -19,6 +21,23 @@ def test_plans_are_dealt_round_robin() -> None:
     plans: list[Any] = list(range(10))
     assert task_groups(plans, 2) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
     assert task_groups(plans[:3], 2) == [[0], [1], [2]]  # no fewer tasks than partitions
+
+
+@dataclass
+class Plan:
+    name: int
+    location: str | None
+
+
+def test_on_a_cluster_an_executors_tasks_are_grouped_by_its_cores() -> None:
+    a = [Plan(i, "executor_h1_0") for i in range(6)]
+    grouped = cluster_groups(a, {"executor_h1_0": 1, "executor_h2_1": 4})  # type: ignore[arg-type]
+    assert [[p.name for p in g] for g in grouped] == [[0, 2, 4], [1, 3, 5]]  # 2 per core
+    # placed nowhere (a first batch): every executor's cores together, 10 partitions
+    free = [Plan(i, None) for i in range(12)]
+    assert len(cluster_groups(free, {"executor_h1_0": 1, "executor_h2_1": 4})) == 10  # type: ignore[arg-type]
+    # an executor whose cores are not known (just lost, or not listed): a partition per task
+    assert len(cluster_groups(a, {})) == 6  # type: ignore[arg-type]
 
 
 def test_twelve_tasks_run_in_four_spark_partitions_with_exact_state(

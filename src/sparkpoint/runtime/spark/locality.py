@@ -77,6 +77,21 @@ def live_executors(sc: Any) -> list[Executor]:
         return []
 
 
+def executor_cores(sc: Any) -> dict[str, int]:
+    """The cores of each active executor other than the driver, by its location string
+    (:meth:`Executor.location`); empty in local mode or if unknown."""
+    try:
+        summaries = _converters(sc).asJava(sc._jsc.sc().statusStore().executorList(True))
+        return {
+            Executor(str(s.id()), str(s.hostPort()).rsplit(":", 1)[0]).location: int(s.totalCores())
+            for s in summaries
+            if s.id() != "driver" and s.isActive()
+        }
+    except Exception as exc:
+        _warn_once("reading the executors' cores", exc)
+        return {}
+
+
 def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Executor]:
     """Partition index -> the executor its successful task ran on, in the last stage of the
     last job of job group ``group`` that has ``partitions`` tasks (one per sparkpoint task: the

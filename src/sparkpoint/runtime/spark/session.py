@@ -1,16 +1,19 @@
-"""Running micro-batches on Spark: the session, and a runner with one Spark partition per task.
+"""Running micro-batches on Spark: the session, and a runner of task batches.
 
-The driver (this process) is the job coordinator. Each batch is one Spark job over an RDD of the
-task plans with exactly one partition per task; the executor side is
-:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`. Python workers use this interpreter
+The driver (this process) is the job coordinator. Each batch is one Spark job (one per executor
+with host affinity) over an RDD of the task plans, dealt into groups of tasks, one Spark
+partition per group (:class:`SparkRunner`); the executor side is
+:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`, once per task of the group. Python workers use this interpreter
 (``PYSPARK_PYTHON``), so they import the same sparkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from importlib import resources
 from typing import Any
@@ -31,7 +34,12 @@ from sparkpoint.metadata.locality import Executor
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import jvm_archive
 from sparkpoint.runtime.spark.gateway import start_gateway
-from sparkpoint.runtime.spark.locality import executors_of_group, live_executors, located_rdd
+from sparkpoint.runtime.spark.locality import (
+    executor_cores,
+    executors_of_group,
+    live_executors,
+    located_rdd,
+)
 from sparkpoint.runtime.taskapi.executor import run_task_batch
 
 _ERRORS: dict[str, type[SparkpointError]] = {
@@ -46,6 +54,8 @@ _ERRORS: dict[str, type[SparkpointError]] = {
     "RestoreError": RestoreError,
     "CommitError": CommitError,
 }
+
+log = logging.getLogger(__name__)
 
 
 #: local mode with up to 4 attempts per task (``local[N,F]``): a task whose Python worker dies
@@ -183,10 +193,13 @@ def task_failure_from(exc: BaseException, batch: int) -> SparkpointError | None:
 
 
 class SparkRunner:
-    """Runs a batch as Spark jobs. In local mode the tasks are dealt into at most
-    :data:`GROUPS_PER_CORE` partitions per core (:func:`task_groups`), each running its tasks
-    one after the other; on a cluster each task is a partition, preferring its task's executor
-    (host affinity) when the plans name one.
+    """Runs a batch as Spark jobs. The tasks are dealt into at most :data:`GROUPS_PER_CORE`
+    Spark partitions per core (:func:`task_groups`), each running its tasks one after the
+    other (Samza's container: a group of tasks), so that Spark's scheduling and a Python
+    worker's hand-off are paid per group, not per task. On a cluster, the tasks of each
+    executor (host affinity: the executor the plans name) are grouped by that executor's
+    cores, and each group's partition prefers it; tasks without one are grouped by every
+    executor's cores together.
 
     With host affinity, the batch is one Spark job **per executor** (the tasks placed there),
     submitted together from a thread each, not one job for all: a task waits for its own
@@ -203,19 +216,21 @@ class SparkRunner:
         self.sc = getattr(spark, "sparkContext", spark)
         # kept across batches: each Python thread is a py4j connection and a JVM thread
         self._pool = ThreadPoolExecutor(thread_name_prefix="sparkpoint-batch-job")
+        self._grouping: tuple[int, int] | None = None  # (tasks, partitions) last logged
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
         return cluster_executors(self.sc)
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        if str(self.sc.master).startswith("local"):  # no placement: tasks are grouped
+        if str(self.sc.master).startswith("local"):  # one executor: no placement
             groups = task_groups(plans, self.sc.defaultParallelism)
-            if len(groups) < len(plans):
-                return self._run_groups(batch, groups)
-        parts = by_location(plans)
+            return self._run(batch, groups, batch_job_group(self.sc, batch))
+        cores = executor_cores(self.sc)
+        parts = [cluster_groups(part, cores) for part in by_location(plans)]
+        self._log_grouping(plans, parts)
         if len(parts) == 1:
-            return self._run(batch, plans, batch_job_group(self.sc, batch))
+            return self._run(batch, parts[0], batch_job_group(self.sc, batch))
         futures = [
             self._pool.submit(self._run_part, batch, i, part) for i, part in enumerate(parts)
         ]
@@ -224,19 +239,32 @@ class SparkRunner:
             future.result()
         return [r for future in futures for r in future.result()]
 
-    def _run_part(self, batch: int, part: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        return self._run(batch, plans, batch_job_group(self.sc, batch, part))
+    def _run_part(
+        self, batch: int, part: int, groups: list[list[TaskBatchPlan]]
+    ) -> list[TaskBatchResult]:
+        return self._run(batch, groups, batch_job_group(self.sc, batch, part))
 
-    def _run_groups(self, batch: int, groups: list[list[TaskBatchPlan]]) -> list[TaskBatchResult]:
-        batch_job_group(self.sc, batch)
-        return collect_batch(
-            batch, self.sc.parallelize(groups, len(groups)).flatMap(run_task_group)
-        )
-
-    def _run(self, batch: int, plans: list[TaskBatchPlan], group: str) -> list[TaskBatchResult]:
-        results = collect_batch(batch, task_rdd(self.sc, plans).map(run_task_batch))
-        record_executors(self.sc, group, plans, results)
+    def _run(
+        self, batch: int, groups: list[list[TaskBatchPlan]], group: str
+    ) -> list[TaskBatchResult]:
+        """One Spark job: a partition per group of tasks, preferring its executor."""
+        rdd = task_rdd(self.sc, [g[0] for g in groups], groups).flatMap(run_task_group)
+        results = collect_batch(batch, rdd)
+        record_group_executors(self.sc, group, groups, results)
         return results
+
+    def _log_grouping(
+        self, plans: list[TaskBatchPlan], parts: list[list[list[TaskBatchPlan]]]
+    ) -> None:
+        partitions = sum(len(groups) for groups in parts)
+        shape = (len(plans), partitions)
+        if partitions < len(plans) and shape != self._grouping:
+            log.info(
+                "%d tasks run in %d Spark partitions (up to %d per core of their executor)",
+                *shape,
+                GROUPS_PER_CORE,
+            )
+        self._grouping = shape
 
 
 def collect_batch(batch: int, rdd: Any) -> list[TaskBatchResult]:
@@ -261,6 +289,17 @@ def task_groups(plans: list[TaskBatchPlan], cores: int) -> list[list[TaskBatchPl
     """The plans dealt round-robin into at most :data:`GROUPS_PER_CORE` groups per core."""
     n = max(1, min(len(plans), GROUPS_PER_CORE * cores))
     return [plans[i::n] for i in range(n)]
+
+
+def cluster_groups(
+    plans: list[TaskBatchPlan], cores: Mapping[str, int]
+) -> list[list[TaskBatchPlan]]:
+    """The plans of one executor (or those placed nowhere) dealt into groups by the cores of
+    that executor (of every executor together); one group per plan when the cores are not
+    known."""
+    location = plans[0].location
+    n = cores.get(location, 0) if location else sum(cores.values())
+    return task_groups(plans, n) if n else [[p] for p in plans]
 
 
 def run_task_group(plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
@@ -330,10 +369,17 @@ def record_executors(
     sc: Any, group: str, plans: list[TaskBatchPlan], results: list[TaskBatchResult]
 ) -> None:
     """Fill in each result's ``ran_on``: the executor its task's partition last ran on."""
+    record_group_executors(sc, group, [[p] for p in plans], results)
+
+
+def record_group_executors(
+    sc: Any, group: str, groups: list[list[TaskBatchPlan]], results: list[TaskBatchResult]
+) -> None:
+    """:func:`record_executors` for partitions of ``groups`` of tasks."""
     if str(sc.master).startswith("local"):
         return
-    where = executors_of_group(sc, group, len(plans))
-    index = {p.task.name.name: i for i, p in enumerate(plans)}
+    where = executors_of_group(sc, group, len(groups))
+    index = {p.task.name.name: i for i, g in enumerate(groups) for p in g}
     for r in results:
         i = index.get(r.task)
         if i is not None and i in where:
