@@ -54,7 +54,7 @@ def prepared(
 def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneCluster) -> None:
     # without a state backend both workers keep state on one path of this machine
     sets = cluster_sets(tmp_path)
-    config, set_args, expected = prepared(tmp_path, sets, 12_000, 21)
+    config, set_args, expected = prepared(tmp_path, sets, 6_000, 21)
     result = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert "done (caught up)" in result.stderr, result.stderr
     assert cluster.alive_workers() == 2

@@ -76,10 +76,10 @@ def restores_after_first_batch(text: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("api", "backend", "views", "tasks"),
-    # a DataFrame batch on the cluster takes about 4-7 s: 6 batches of it, 5 of the task API.
+    # a DataFrame batch on the cluster takes about 4-7 s: 4 batches of it, 5 of the task API.
     # The task API's 8 tasks on 2 executors of 1 core run in 2 Spark partitions per executor
     # (SparkRunner): grouped tasks keep their executor too
-    [("task", "changelog", 3_200, 8), ("dataframe", "blobstore", 1_920, 4)],
+    [("task", "changelog", 3_200, 8), ("dataframe", "blobstore", 1_280, 4)],
 )
 def test_a_steady_run_restores_each_task_once(
     tmp_path: Path, cluster: StandaloneCluster, api: str, backend: str, views: int, tasks: int
