@@ -5,7 +5,6 @@ Private store directories with a changelog, for both APIs, are in test_host_affi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,6 @@ from tests.helpers import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    with StandaloneCluster(tmp_path_factory.mktemp("cluster"), workers=2, cores=1) as c:
-        yield c
 
 
 def cluster_sets(tmp_path: Path, *extra: str) -> list[str]:

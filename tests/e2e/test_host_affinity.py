@@ -10,7 +10,6 @@ import re
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,12 +30,6 @@ from tests.helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 TASKS = 4
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    with StandaloneCluster(tmp_path_factory.mktemp("affinity"), workers=2, cores=1) as c:
-        yield c
 
 
 BACKENDS = {
