@@ -47,7 +47,7 @@ typecheck: setup
 # standalone cluster), a job with time in its state, the windows example and the example with
 # exactly-once output; prints kills=K mismatches=M lost=L duplicates=D dangling=X
 soak: setup
-	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time,windows,windows-df,exactly
+	@.venv/bin/python soak/soak.py --kills $${KILLS:-100} --variants example,dual,cluster,time,windows,windows-df,exactly,joins
 
 bench: setup
 	@.venv/bin/python bench/run.py

@@ -18,6 +18,10 @@ Variants (kills are spread over them, round robin):
   (``windows_pipeline.py``), on the same stores and streams;
 * ``exactly``: the example with ``job.processing.guarantee: exactly-once``: its duplicate bound
   is 0 (each user's counts 1..N go out once, whatever is killed when);
+* ``joins``: both joins (``soak_task.JoiningViews``), with exactly-once output: each view
+  enriched from a table of profiles (a compacted stream read first), and pairs of one user's
+  views at most 2 s apart from a windowed stream-stream join; each round later in event time
+  than the last. Every view and every pair of the reference must go out once, none else;
 * ``exactly-kafka``: ``exactly`` with every stream on Kafka (a Tansu broker the soak starts on
   loopback): output staged in a topic, published in Kafka transactions. Tansu takes one record
   per produce request, and a fetch from far into a partition stalls there (docs/kafka.md), so
@@ -59,6 +63,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +114,27 @@ DUAL = {
 }
 
 EXACTLY = {"job.processing.guarantee": "exactly-once"}
+
+JOINS = {
+    **EXACTLY,
+    "task.class": "soak_task:JoiningViews",
+    "task.timers.store": "timers",
+    "stores.profiles.side.inputs": "filelog.profiles",
+    **{
+        f"stores.{store}.{key}": value
+        for store in ("profiles", "left-buffer", "right-buffer", "timers")
+        for key, value in (
+            ("factory", "rocksdb"),
+            ("changelog", f"filelog.{store}-changelog"),
+        )
+    },
+    "stores.profiles.key.serde": "string",
+    "stores.profiles.msg.serde": "json",
+    "stores.timers.key.serde": "string",
+    "stores.timers.msg.serde": "string",
+}
+#: the ``joins`` variant's table: each user's country
+COUNTRIES = ("fr", "de", "us", "jp", "br", "in", "ng")
 
 DAY_MS = 24 * 3600 * 1000
 TIME = {
@@ -165,6 +192,10 @@ class Variant:
     @property
     def windows(self) -> bool:
         return self.name.startswith("windows")
+
+    @property
+    def joins(self) -> bool:
+        return self.name.startswith("joins")
 
     @property
     def pipeline_file(self) -> Path | None:
@@ -250,6 +281,16 @@ def prepare(variant: Variant) -> None:
             'value_schema="user STRING, page STRING, ts LONG")\n'
         )
     sp(variant, "stream", "create", str(variant.job), "pageviews", "--partitions", str(TASKS))
+    if variant.joins:  # the table, written once: each user's profile
+        job = str(variant.job)
+        sp(variant, "stream", "create", job, "profiles", "--partitions", str(TASKS), "--compacted")
+        profiles = [{"user": u, "country": c, "ts": 0} for u, c in _countries().items()]
+        write(job, len(profiles), 0, USERS, stream="profiles", source=profiles)
+
+
+def _countries() -> dict[str, str]:
+    """The ``joins`` variant's table: a country per user (``generate.events``' names)."""
+    return {f"user-{i:05d}": COUNTRIES[i % len(COUNTRIES)] for i in range(USERS)}
 
 
 #: the task modules a variant's job may name (copied next to its job file)
@@ -269,10 +310,11 @@ def round_views(variant: Variant, n: int, seed: int, round_: int) -> list[dict[s
     user's views are minutes apart, so sessions end within a round), each round later than
     the last."""
     views = list(events(n, seed, USERS))
-    if not variant.windows:
+    if not variant.windows and not variant.joins:
         return views
     first = int(str(views[0]["ts"])) if views else 0
-    return [{**e, "ts": round_ * ROUND_MS + (int(str(e["ts"])) - first) * 100} for e in views]
+    stretch = 100 if variant.windows else 1  # joins: a user's views seconds apart, some pairs
+    return [{**e, "ts": round_ * ROUND_MS + (int(str(e["ts"])) - first) * stretch} for e in views]
 
 
 def append_input(variant: Variant, n: int, seed: int) -> None:
@@ -352,6 +394,8 @@ def verify(variant: Variant) -> dict[str, int]:
     views = [e for i, (s, n) in enumerate(rounds) for e in round_views(variant, n, s, i)]
     if variant.windows:
         return _verify_windows(variant, config, views)
+    if variant.joins:
+        return _verify_joins(variant, config, views)
     by_user = Counter(str(e["user"]) for e in views)
     by_page = Counter(str(e["page"]) for e in views)
     mismatches = _diff(dict(by_user), _store(config, "user-counts"))
@@ -389,30 +433,88 @@ def _verify_windows(
         [(str(e["user"]), int(str(e["ts"]))) for e in views],
         lambda user: admin.partition_for_key(user.encode(), TASKS),
     )
-    fields = {
-        "user-minute-counts": ("user", "window_start", "window_end", "count"),
-        "user-sessions": ("user", "session_start", "session_end", "views"),
-    }
-    mismatches = lost = duplicates = 0
-    streams = admin.list_streams()
-    for stream, want in (("user-minute-counts", minutes), ("user-sessions", sessions)):
-        rows = []  # a stream the job never sent to does not exist
-        if stream in streams:
-            rows = list(read_json_lines(config, systems, SystemStream("filelog", stream)))
-        got = Counter(tuple(r["value"][f] for f in fields[stream]) for r in rows)
-        mismatches += len(set(got) - want)
-        lost += len(want - set(got))
-        duplicates += sum(got.values()) - len(got)
     systems.close()
     if not minutes or not sessions:
         print("windows: the input closed no window", file=sys.stderr)
-        mismatches += 1
+    return _against(
+        variant,
+        config,
+        [
+            ("user-minute-counts", ("user", "window_start", "window_end", "count"), once(minutes)),
+            ("user-sessions", ("user", "session_start", "session_end", "views"), once(sessions)),
+        ],
+        empty=not minutes or not sessions,
+    )
+
+
+Wanted = tuple[str, tuple[str, ...], Mapping[tuple[object, ...], int]]
+
+
+def once(wanted: AbstractSet[tuple[object, ...]]) -> Counter[tuple[object, ...]]:
+    return Counter(wanted)
+
+
+def _against(variant: Variant, config: Config, wanted: list[Wanted], empty: bool) -> dict[str, int]:
+    """The messages of each output stream (their ``fields``) against what a reference wants,
+    each as many times as it wants it (two views of one user at the same time and page are
+    two messages alike): none missing (``lost``), none else (``mismatches``), and
+    ``duplicates``, the messages beyond those; ``empty``: the reference wants nothing, which
+    the input was made to avoid (a mismatch)."""
+    systems = Systems(config)
+    streams = systems.admin("filelog").list_streams()
+    mismatches, lost, duplicates = int(empty), 0, 0
+    for stream, fields, want in wanted:
+        rows = []  # a stream the job never sent to does not exist
+        if stream in streams:
+            rows = list(read_json_lines(config, systems, SystemStream("filelog", stream)))
+        got = Counter(tuple(r["value"][f] for f in fields) for r in rows)
+        mismatches += sum(n for k, n in got.items() if k not in want)
+        lost += sum(max(0, n - got[k]) for k, n in want.items())
+        duplicates += sum(max(0, n - want[k]) for k, n in got.items() if k in want)
+    systems.close()
     return {
         "mismatches": mismatches,
         "lost": lost,
         "duplicates": duplicates,
         "dangling": _outside(variant),
     }
+
+
+def _verify_joins(
+    variant: Variant, config: Config, views: list[dict[str, object]]
+) -> dict[str, int]:
+    """What the joins sent against the reference: every view once with its user's country
+    (``enriched-views``), and every pair of one user's left and right views at most
+    ``JOIN_MS`` apart once (``joined-views``); nothing else."""
+    from soak_task import JOIN_MS, LEFT_PAGES
+
+    countries = _countries()
+    enriched: Counter[tuple[object, ...]] = Counter(
+        (str(e["user"]), int(str(e["ts"])), str(e["page"]), countries[str(e["user"])])
+        for e in views
+    )
+    by_user: dict[str, tuple[list[int], list[int]]] = {}
+    for e in views:
+        left, right = by_user.setdefault(str(e["user"]), ([], []))
+        (left if e["page"] in LEFT_PAGES else right).append(int(str(e["ts"])))
+    pairs: Counter[tuple[object, ...]] = Counter(
+        (user, lt, rt)
+        for user, (left, right) in by_user.items()
+        for lt in left
+        for rt in right
+        if abs(lt - rt) <= JOIN_MS
+    )
+    if not pairs:
+        print("joins: the input made no pair", file=sys.stderr)
+    return _against(
+        variant,
+        config,
+        [
+            ("enriched-views", ("user", "ts", "page", "country"), enriched),
+            ("joined-views", ("user", "left_ts", "right_ts"), pairs),
+        ],
+        empty=not pairs,
+    )
 
 
 def _time_mismatches(config: Config, views: list[dict[str, object]]) -> int:
@@ -464,7 +566,7 @@ def _store(config: Config, store: str) -> dict[str, int]:
     return dict(out)
 
 
-def _diff(expected: dict[str, int], got: dict[str, int]) -> int:
+def _diff(expected: Mapping[str, object], got: Mapping[str, object]) -> int:
     return sum(1 for k in set(expected) | set(got) if expected.get(k) != got.get(k))
 
 
@@ -515,9 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     services = contextlib.ExitStack()
     variants = []
     for name in args.variants.split(","):
-        extra = {"dual": DUAL, "cluster": DUAL, "time": TIME, "exactly": EXACTLY}.get(
-            name.removesuffix("-kafka"), {}
-        )
+        extra = {
+            "dual": DUAL,
+            "cluster": DUAL,
+            "time": TIME,
+            "exactly": EXACTLY,
+            "joins": JOINS,
+        }.get(name.removesuffix("-kafka"), {})
         overrides = {**BASE, **extra}
         variant = Variant(name, top / name, overrides)
         if variant.windows:  # the example's own stores (window stores with changelogs)
