@@ -3,8 +3,8 @@
 The driver (this process) is the job coordinator. Each batch is one Spark job (one per executor
 with host affinity) over an RDD of the task plans, dealt into groups of tasks, one Spark
 partition per group (:class:`SparkRunner`); the executor side is
-:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`, once per task of the group. Python workers use this interpreter
-(``PYSPARK_PYTHON``), so they import the same sparkpoint.
+:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`, once per task of the group. Python
+workers use this interpreter (``PYSPARK_PYTHON``), so they import the same sparkpoint.
 """
 
 from __future__ import annotations
