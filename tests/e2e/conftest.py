@@ -18,10 +18,13 @@ def _shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standa
 
 @pytest.fixture(scope="module")
 def cluster(_shared_cluster: StandaloneCluster) -> StandaloneCluster:
-    """The shared cluster with its first two workers alive: those an earlier module killed
-    are started again (on their work directories); workers it added stay. Starting a cluster
-    took about 13 s here, so the modules share one."""
+    """The shared cluster with exactly its first two workers alive, whatever an earlier
+    module did: those it killed are started again (on their work directories), those it
+    added are stopped. Starting a cluster took about 13 s here, so the modules share one."""
     c = _shared_cluster
+    for index, proc in enumerate(c.worker_procs):
+        if index >= 2 and proc.poll() is None:
+            c.kill_worker(index)
     for index in (0, 1):
         if c.worker_procs[index].poll() is not None:
             c.restart_worker(index)

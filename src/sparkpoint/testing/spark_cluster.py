@@ -136,10 +136,10 @@ class StandaloneCluster:
 
     def restart_worker(self, index: int, timeout: float = 90.0) -> None:
         """Start worker ``index`` again (same work directory, so its disk is kept) and wait
-        until every worker is registered."""
+        until every running worker is registered."""
         self.worker_procs[index] = self._spawn_worker(index)
         deadline = time.monotonic() + timeout
-        while self.alive_workers() < self.workers:
+        while self.alive_workers() < sum(p.poll() is None for p in self.worker_procs):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {index} did not register again in {timeout}s")
             time.sleep(0.2)

@@ -254,7 +254,9 @@ class JobCoordinator:
         #: staged parts named by the checkpoints written since the last batch began (its
         #: clean-ups publish them)
         self._to_publish = 0
-        self._tx = Transactions()  # committed and aborted since the last batch report
+        #: transactions committed and aborted since the driver started (every report carries
+        #: the totals, so a report nobody forwards to the metrics loses no count)
+        self._tx = Transactions()
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
         self._last_commit = time.monotonic()
@@ -357,8 +359,9 @@ class JobCoordinator:
         # (from the V2 checkpoints: only they name staged output, whatever the reads prefer)
         written = self.checkpoints.read_version(2)
         settled = settle(self.config, self.systems, written)
+        # (not counted as aborted transactions: the run that staged them may have counted
+        # them already, when its task restored; a crash's open ones were open in its metrics)
         self._discarded = settled.discarded
-        self._tx.aborted += settled.aborted
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
@@ -727,8 +730,8 @@ class JobCoordinator:
         return written
 
     def _transactions(self) -> Transactions:
-        """The transactions committed and aborted since the last report, and those open."""
-        done, self._tx = self._tx, Transactions()
+        """The transactions committed and aborted since the driver started, and those open."""
+        done = Transactions(self._tx.committed, self._tx.aborted)
         done.open = sum(1 for ts in self.tasks.values() if ts.pending_outputs)
         done.open += 0 if self.batch_log is None else len(self.batch_log.outputs)
         return done

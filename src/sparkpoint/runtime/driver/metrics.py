@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, start_
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
+from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.runtime.driver.supervise import RESTARTS_ENV
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
@@ -92,8 +93,8 @@ class JobMetrics:
         self.tx_aborted = task(
             Counter,
             "transactions_aborted",
-            "Staged output's transactions aborted (dropped by a restore or a rewind, or "
-            "discarded at a start)",
+            "Staged output's transactions aborted (dropped by a restore or a rewind; a "
+            "DataFrame batch's output discarded)",
             (),
         )
         self.tx_open = task(
@@ -103,6 +104,7 @@ class JobMetrics:
             "yet, DataFrame batches not published yet)",
             (),
         )
+        self._tx_seen = Transactions()  # the totals the counters hold (report.transactions)
         self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
         self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
         self.commits = task(Counter, "task_commits", "Commits started")
@@ -161,10 +163,13 @@ class JobMetrics:
             self.parts_open.labels(job, task).set(parts)
         if report.parts_discarded:
             self.discarded.labels(job).inc(report.parts_discarded)
-        tx = report.transactions
-        self.tx_committed.labels(job).inc(tx.committed)
-        self.tx_aborted.labels(job).inc(tx.aborted)
+        tx, seen = report.transactions, self._tx_seen
+        if tx.committed < seen.committed or tx.aborted < seen.aborted:
+            seen = Transactions()  # the totals of another driver (a new coordinator)
+        self.tx_committed.labels(job).inc(tx.committed - seen.committed)
+        self.tx_aborted.labels(job).inc(tx.aborted - seen.aborted)
         self.tx_open.labels(job).set(tx.open)
+        self._tx_seen = Transactions(tx.committed, tx.aborted)
         for task, lag in report.lag.items():
             self.lag.labels(job, task).set(lag)
         for move in report.away:

@@ -31,12 +31,13 @@ class BatchRunner(Protocol):
 
 @dataclass
 class Transactions:
-    """Staged output's transactions (exactly-once, intermediate streams) in one batch. A task's
-    transaction is its output between two of its commits: committed when a written checkpoint
-    names it, aborted when the task drops it (a restore, a rewind) or a start discards it. A
+    """Staged output's transactions (exactly-once, intermediate streams), as a batch report
+    sees them. A task's transaction is its output between two of its commits: committed when
+    a written checkpoint names it, aborted when the task drops it (a restore, a rewind). A
     DataFrame pipeline's is one batch's output: committed when the batch is published, aborted
-    when discarded."""
+    when discarded (and a failed attempt's, when a sweep deletes it)."""
 
+    #: since the driver started (totals: a report the metrics never see loses no count)
     committed: int = 0
     aborted: int = 0
     #: open after the batch: tasks with output no written checkpoint names yet, and batches

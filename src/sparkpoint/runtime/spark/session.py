@@ -223,6 +223,8 @@ class SparkRunner:
         return cluster_executors(self.sc)
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        if not plans:
+            return []
         if str(self.sc.master).startswith("local"):  # one executor: no placement
             groups = task_groups(plans, self.sc.defaultParallelism)
             return self._run(batch, groups, batch_job_group(self.sc, batch))
