@@ -64,7 +64,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -440,18 +439,18 @@ def _verify_windows(
         variant,
         config,
         [
-            ("user-minute-counts", ("user", "window_start", "window_end", "count"), once(minutes)),
-            ("user-sessions", ("user", "session_start", "session_end", "views"), once(sessions)),
+            (
+                "user-minute-counts",
+                ("user", "window_start", "window_end", "count"),
+                Counter(minutes),
+            ),
+            ("user-sessions", ("user", "session_start", "session_end", "views"), Counter(sessions)),
         ],
         empty=not minutes or not sessions,
     )
 
 
 Wanted = tuple[str, tuple[str, ...], Mapping[tuple[object, ...], int]]
-
-
-def once(wanted: AbstractSet[tuple[object, ...]]) -> Counter[tuple[object, ...]]:
-    return Counter(wanted)
 
 
 def _against(variant: Variant, config: Config, wanted: list[Wanted], empty: bool) -> dict[str, int]:

@@ -63,33 +63,30 @@ def located_rdd(sc: Any, items: Sequence[Any], locations: Sequence[Sequence[str]
         return sc.parallelize(list(items), max(1, len(items)))
 
 
-def live_executors(sc: Any) -> list[Executor]:
-    """The active executors other than the driver (empty in local mode or if unknown)."""
+def _active_executors(sc: Any) -> list[tuple[Executor, int]]:
+    """Each active executor other than the driver, with its cores (empty in local mode or if
+    unknown)."""
     try:
         summaries = _converters(sc).asJava(sc._jsc.sc().statusStore().executorList(True))
-        out = []
-        for s in summaries:
-            if s.id() != "driver" and s.isActive():
-                out.append(Executor(str(s.id()), str(s.hostPort()).rsplit(":", 1)[0]))
-        return sorted(out)
+        return [
+            (Executor(str(s.id()), str(s.hostPort()).rsplit(":", 1)[0]), int(s.totalCores()))
+            for s in summaries
+            if s.id() != "driver" and s.isActive()
+        ]
     except Exception as exc:
         _warn_once("listing the live executors", exc)
         return []
 
 
+def live_executors(sc: Any) -> list[Executor]:
+    """The active executors other than the driver (empty in local mode or if unknown)."""
+    return sorted(executor for executor, _ in _active_executors(sc))
+
+
 def executor_cores(sc: Any) -> dict[str, int]:
     """The cores of each active executor other than the driver, by its location string
     (:meth:`Executor.location`); empty in local mode or if unknown."""
-    try:
-        summaries = _converters(sc).asJava(sc._jsc.sc().statusStore().executorList(True))
-        return {
-            Executor(str(s.id()), str(s.hostPort()).rsplit(":", 1)[0]).location: int(s.totalCores())
-            for s in summaries
-            if s.id() != "driver" and s.isActive()
-        }
-    except Exception as exc:
-        _warn_once("reading the executors' cores", exc)
-        return {}
+    return {executor.location: cores for executor, cores in _active_executors(sc)}
 
 
 def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Executor]:
