@@ -86,6 +86,8 @@ def live_counts(config: Config) -> dict[str, int]:
 
     out: dict[str, int] = {}
     for task_dir in sorted(config.store_base_dir.iterdir()):
+        if task_dir.name.startswith("."):
+            continue  # not a task's directory (standby copies)
         engine = RocksDBEngine("user-counts", task_dir / "user-counts")
         out.update({k.decode(): int.from_bytes(v, "big", signed=True) for k, v in engine.all()})
         engine.close()

@@ -108,6 +108,15 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey(
+        "job.standbytasks.replication.factor",
+        "1",
+        "an integer >= 1",
+        "copies of each task's changelogged stores: the active one and N-1 standbys kept on "
+        "other executors (other hosts first), caught up to each checkpoint, promoted when the "
+        "active's executor is lost (Samza's key; 1 = no standby; needs a cluster)",
+        _int(1),
+    ),
+    ConfigKey(
         "job.host-affinity.rebalance",
         "false",
         "true | false",

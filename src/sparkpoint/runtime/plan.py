@@ -48,6 +48,9 @@ class StartState:
     checkpoint: str | None
     from_checkpoint: dict[SystemStreamPartition, str]
     checkpoint_last_processed: dict[SystemStreamPartition, str]
+    #: ``(executor id, checkpoint id)``: the standby copy the task may promote if it restores
+    #: on this executor (the driver saw it reach that checkpoint)
+    standby: tuple[str, str] | None = None
 
     @property
     def checkpoint_id(self) -> str | None:
@@ -179,3 +182,45 @@ class BatchOutputs:
             {str(k): [str(p) for p in v] for k, v in streams.items()},
             [StagedSink(base64.b64decode(s["sink"]), s["name"], s["token"]) for s in sinks],
         )
+
+
+@dataclass(frozen=True)
+class StandbyTarget:
+    """One standby copy to bring to its task's last written checkpoint (``checkpoint``, JSON);
+    ``at``: the checkpoint the driver saw it reach (None: seed it)."""
+
+    task: TaskModel
+    checkpoint: str
+    at: str | None
+
+
+@dataclass(frozen=True)
+class StandbyPlan:
+    """The standby work of one executor (by id): the copies it keeps, each to catch up; and
+    the live executors' ids (copies kept here for any other, gone, executor are deleted)."""
+
+    config: dict[str, str]
+    executor: Executor
+    copies: list[StandbyTarget]
+    live: list[str]
+
+    @property
+    def location(self) -> str:
+        return self.executor.location
+
+
+@dataclass
+class StandbyResult:
+    """What catching one standby copy up did (:class:`~sparkpoint.storage.standby.CaughtUp`,
+    flattened), and where it ran (``ran_on``, filled in by the runner)."""
+
+    task: str
+    executor: str  # the executor the copy is kept for
+    checkpoint: str
+    seeded: bool
+    source: str
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    offsets: dict[str, str | None] = field(default_factory=dict)  # per store, its changelog's
+    ran_on: Executor | None = None

@@ -13,6 +13,8 @@ Layout under ``job.logged.store.base.dir``::
     <task>/COMMIT-FAILURES             successive failed or timed-out commits, while skipped
     <task>/COMMITS-ABANDONED           ``<run> <ms>``: commits made before the last restore
     <task>/CLEANED                     the checkpoint whose clean-up finished (``<run>:<id>``)
+    .standby/<executor>/<task>/        a standby copy of the task's stores kept on this executor
+                                       (:class:`StandbyCopy`): ``<store>/`` and ``POSITION``
 
 The marker is removed before a batch changes any store and written back, atomically, only after
 every store is flushed and closed; so after a crash at any point the marker is either absent or
@@ -37,6 +39,8 @@ from sparkpoint.storage.state_id import StateId
 log = logging.getLogger(__name__)
 
 MARKER = "STATE"
+STANDBY_DIR = ".standby"
+POSITION = "POSITION"
 CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
@@ -47,7 +51,12 @@ PHASE_NOTE_PREFIX = "FRAME-"
 
 
 def task_dir_name(task: TaskName) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", task.name)
+    return task_dir_name_of(task.name)
+
+
+def task_dir_name_of(name: str) -> str:
+    """``name`` as a directory name (anything but letters, digits, ``_.-`` becomes ``_``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -246,3 +255,60 @@ class LocalTaskState:
         for child in parent.iterdir():
             if child.name not in keep:
                 shutil.rmtree(child, ignore_errors=True)
+
+
+class StandbyCopy(LocalTaskState):
+    """A standby copy of a task's stores (:mod:`sparkpoint.storage.standby`), kept by one
+    executor under ``.standby/<executor id>/<task>``: per executor, so that executors sharing
+    one base directory never share a copy. ``POSITION`` names the checkpoint the copy is at and
+    each store's changelog offset then (``None``: nothing of the store in its changelog)."""
+
+    def __init__(self, base_dir: Path, executor: str, task: TaskName) -> None:
+        super().__init__(base_dir / STANDBY_DIR / task_dir_name_of(executor), task)
+
+    def position(self) -> tuple[str, dict[str, str | None]] | None:
+        """``(checkpoint id, {store: changelog offset})`` of the copy; None when there is none
+        (or it is unreadable: the copy is then seeded again)."""
+        data = self.read_note(POSITION)
+        if data is None:
+            return None
+        offsets = data.get("offsets")
+        if not isinstance(data.get("checkpoint"), str) or not isinstance(offsets, dict):
+            return None
+        return str(data["checkpoint"]), {str(k): v for k, v in offsets.items()}
+
+    def write_position(self, checkpoint_id: str, offsets: dict[str, str | None]) -> None:
+        """Record the copy's position; written after every store of it is flushed and closed."""
+        self.write_note(POSITION, {"checkpoint": checkpoint_id, "offsets": offsets})
+
+    def forget_store(self, store: str) -> None:
+        """The store left the copy (promoted into the task's live state): drop it from the
+        position, and the whole copy once no store is left."""
+        held = self.position()
+        if held is None:
+            return
+        checkpoint_id, offsets = held
+        offsets.pop(store, None)
+        if offsets:
+            self.write_position(checkpoint_id, offsets)
+        else:
+            self.remove()
+
+    def remove(self) -> None:
+        self.remove_dir(self.dir)
+
+    @staticmethod
+    def remove_dir(path: Path) -> None:
+        """Delete one standby copy's directory (a copy this executor no longer keeps)."""
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def standby_executors(base_dir: Path) -> list[str]:
+    """The executor directories of every standby copy kept under ``base_dir``."""
+    root = base_dir / STANDBY_DIR
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:
+    """Delete the standby copies of one executor directory (an executor that is gone)."""
+    shutil.rmtree(base_dir / STANDBY_DIR / executor_dir, ignore_errors=True)

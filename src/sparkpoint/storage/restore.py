@@ -8,11 +8,16 @@ For each store, in order of cost:
    written only after every upload of the commit finished), once each restore backend agrees it
    holds what the checkpoint names (the blob store compares it with the snapshot's files): hard-
    link it into place. ``stores.<s>.clean.on.container.start`` skips this at every job start;
-2. otherwise the backends of ``stores.<s>.restore.factories`` that have a marker for the store
+2. a standby copy of the store on this executor that the driver vouches for (it caught up to a
+   checkpoint of this run: :mod:`sparkpoint.storage.standby`): *promoted*, moved into place and
+   brought to the checkpoint by replaying only the changelog after the copy's offset (then
+   trimmed as a changelog restore is). If that fails, the copy is dropped with an ERROR and the
+   store restores from its backends as below;
+3. otherwise the backends of ``stores.<s>.restore.factories`` that have a marker for the store
    in the checkpoint, in that order: the store directory is emptied and the first one rebuilds
    it; if it fails (a missing or corrupt blob, an unreadable changelog) the next one is tried,
    with an ERROR saying so, and when none is left the job stops with a :class:`RestoreError`;
-3. with no marker for the store in any restore backend:
+4. with no marker for the store in any restore backend:
 
    * no checkpoint at all, or a V2 checkpoint with no marker for the store from any backend
      (the store is new to the job): the first restore backend starts it fresh (the changelog
@@ -37,6 +42,7 @@ newest entry and nothing is discarded. Everything is written inside the task's o
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -54,15 +60,19 @@ from sparkpoint.storage.backend import (
     backend_factory,
     store_backends,
 )
+from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
+from sparkpoint.storage.changelog.backend import ChangelogRestoreManager
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.factory import open_engine
-from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.local import LocalTaskState, StandbyCopy
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
 LOCAL = "local-checkpoint"
 EMPTY = "empty"
+#: a store whose standby copy was promoted (its stats count the changelog tail replayed)
+PROMOTED = "standby"
 
 
 def _files_and_bytes(directory: Path) -> tuple[int, int]:
@@ -159,8 +169,12 @@ class TaskRestore:
         *,
         stores: list[str] | None = None,
         read_only: bool = False,
+        standby: StandbyCopy | None = None,
     ) -> None:
+        """``standby``: a standby copy on this executor the driver vouches for (it is at a
+        checkpoint of this run's lineage), promoted for the stores it holds."""
         self.config = config
+        self.standby = standby
         self.stores = list(config.stores) if stores is None else stores
         self.read_only = read_only
         self.systems = systems
@@ -190,6 +204,8 @@ class TaskRestore:
                 files, size = _files_and_bytes(self.local.store_dir(store))
                 stats = RestoreStats(store, LOCAL, files, size, unit="files")
                 self._opened(store, LOCAL, stats, start)
+                continue
+            if self._promote(store, start):
                 continue
             self.local.clear_store(store)
             candidates = restore_candidates(self.config, store, self.task, self.checkpoint)
@@ -251,6 +267,58 @@ class TaskRestore:
                 )
                 self.local.clean_checkpoints(store, keep=set())
                 return False
+        return True
+
+    def _promote(self, store: str, start: float) -> bool:
+        """Promote the standby copy of ``store`` (see the module docstring); whether it was."""
+        copy = self.standby
+        held = None if copy is None else copy.position()
+        if copy is None or held is None or store not in held[1] or not copy.store_present(store):
+            return False
+        self.local.clear_store(store)
+        self.local.dir.mkdir(parents=True, exist_ok=True)
+        os.replace(copy.store_dir(store), self.local.store_dir(store))
+        copy.forget_store(store)
+        context = self._context([store])
+        manager = ChangelogRestoreManager(context)
+        try:
+            manager.init(self.checkpoint)
+            stats = manager.restore_after(store, held[1][store])
+        except InjectedCrash:
+            raise
+        except Exception as exc:
+            engine = context.engines.pop(store, None)
+            if engine is not None:
+                engine.close()
+            self.local.clear_store(store)
+            log.error(
+                "task %s store %s: cannot promote its standby copy at checkpoint %s (%s: %s); "
+                "restoring it from its backends instead",
+                self.task.name,
+                store,
+                held[0],
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        finally:
+            manager.close()
+        self.engines[store] = context.engine(store)
+        stats.source = PROMOTED
+        stats.seconds = time.monotonic() - start
+        self.stats.append(stats)
+        self.restored_by[store] = CHANGELOG  # trimmed by the replay: nothing else to discard
+        log.info(
+            "task %s store %s: promoted its standby copy from checkpoint %s to %s: replayed "
+            "%d changelog records (%d bytes) in %.2fs",
+            self.task.name,
+            store,
+            held[0],
+            self.checkpoint_id,
+            stats.entries,
+            stats.bytes,
+            stats.seconds,
+        )
         return True
 
     def _opened(self, store: str, source: str, stats: RestoreStats, start: float) -> None:

@@ -54,7 +54,7 @@ from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
-from sparkpoint.storage.local import LocalTaskState
+from sparkpoint.storage.local import LocalTaskState, StandbyCopy
 from sparkpoint.storage.outputs import TaskOutputs, publish
 from sparkpoint.storage.restore import TaskRestore
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
@@ -166,12 +166,14 @@ class TaskStorage:
 
     # -- open: keep the live stores, or restore the last checkpoint
 
-    def open(self, expected_state_id: StateId) -> bool:
+    def open(self, expected_state_id: StateId, standby: tuple[str, str] | None = None) -> bool:
         """Open every store at the state the driver expects: the live stores when the local
         marker names ``expected_state_id`` (returns ``True``), else the last checkpoint
         restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
         :attr:`restored` saying what each store's restore did). The marker is cleared either
-        way: the stores are about to change."""
+        way: the stores are about to change. ``standby``: ``(executor id, checkpoint id)`` of
+        a standby copy of the task the driver saw reach that checkpoint on this executor; a
+        restore promotes it if it is still there, at that checkpoint."""
         self._release_held()
         marker = self.local.read_marker()
         missing = self._missing_stores()
@@ -209,9 +211,33 @@ class TaskStorage:
             _MEMORY.pop((self.task.name.name, store), None)
         openers = {s: self._opener(s) for s in self.config.stores}
         self.engines, self.restored = TaskRestore(
-            self.config, self.systems, self.task, self.local, self.last_checkpoint, openers
+            self.config,
+            self.systems,
+            self.task,
+            self.local,
+            self.last_checkpoint,
+            openers,
+            standby=self._vouched(standby),
         ).run()
         return False
+
+    def _vouched(self, standby: tuple[str, str] | None) -> StandbyCopy | None:
+        """The standby copy the driver offers, if it is on this disk at the offered checkpoint."""
+        if standby is None:
+            return None
+        executor, checkpoint_id = standby
+        copy = StandbyCopy(self.config.store_base_dir, executor, self.task.name)
+        held = copy.position()
+        if held is None or held[0] != checkpoint_id:
+            log.warning(
+                "task %s: no standby copy at checkpoint %s for executor %s here (%s); restoring",
+                self.task.name,
+                checkpoint_id,
+                executor,
+                "none" if held is None else f"one at {held[0]}",
+            )
+            return None
+        return copy
 
     def is_current(self, expected_state_id: StateId) -> bool:
         """Whether :meth:`open` would keep the live stores: the local marker names

@@ -85,9 +85,17 @@ from sparkpoint.runtime.dataframe.udfs import (
 )
 from sparkpoint.runtime.dataframe.windows import SCHEMA as WINDOW_SCHEMA
 from sparkpoint.runtime.dataframe.windows import WindowDef, WindowStep, window_defs
-from sparkpoint.runtime.plan import BatchOutputs, StagedSink, TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import (
+    BatchOutputs,
+    StagedSink,
+    StandbyPlan,
+    StandbyResult,
+    TaskBatchPlan,
+    TaskBatchResult,
+)
 from sparkpoint.runtime.spark.session import (
     batch_job_group,
+    catch_up_standbys,
     cluster_executors,
     record_executors,
     user_error_from,
@@ -635,6 +643,10 @@ class DataFrameRunner:
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
         return cluster_executors(self.spark.sparkContext)
+
+    def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
+        """Catch the standby copies up, as the task API's runner does."""
+        return catch_up_standbys(self.spark.sparkContext, plans)
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         from pyspark import StorageLevel

@@ -14,7 +14,7 @@ job show`` prints it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +53,19 @@ class HostAffinity:
         self._live: set[Executor] | None = None
         self._away: list[Move] = []  # the last batch's tasks that ran away from their executor
 
-    def place(self, live: Sequence[Executor] | None) -> dict[str, str]:
-        """Before a batch: (re)assign tasks to ``live`` executors; each task's location."""
+    def place(
+        self, live: Sequence[Executor] | None, standbys: Mapping[str, Executor] | None = None
+    ) -> dict[str, str]:
+        """Before a batch: (re)assign tasks to ``live`` executors (a task whose executor is
+        gone to its entry in ``standbys``, if any); each task's location."""
         self._moved = []
         if not self.enabled or live is None:
             return {}
         alive = set(live)
         self._log_changes(alive)
-        self._moved = self.placement.place(self.tasks, live, rebalance=self.rebalance)
+        self._moved = self.placement.place(
+            self.tasks, live, rebalance=self.rebalance, standbys=standbys
+        )
         for move in self._moved:
             level = logging.INFO if move.reason == "new task" else logging.WARNING
             log.log(level, "host affinity: %s", move)

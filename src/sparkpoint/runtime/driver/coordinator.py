@@ -37,6 +37,7 @@ from sparkpoint.metadata.job_state import (
     check_input_partitions,
     store_config,
 )
+from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import (
     JobModel,
     SystemStream,
@@ -55,8 +56,10 @@ from sparkpoint.runtime.driver.reports import (
     BatchRunner,
     Listener,
     RunSummary,
+    StandbyReport,
     Transactions,
 )
+from sparkpoint.runtime.driver.standby import Standbys
 from sparkpoint.runtime.plan import (
     BatchOutputs,
     Commits,
@@ -88,6 +91,7 @@ from sparkpoint.storage.outputs import (
     uncovered,
 )
 from sparkpoint.storage.reshard import finish_pending
+from sparkpoint.storage.standby import FACTOR
 from sparkpoint.storage.state_id import (
     EMPTY,
     CleanStart,
@@ -248,6 +252,9 @@ class JobCoordinator:
         self.startpoints: StartpointManager | None = None
         self.tasks: dict[str, TaskState] = {}
         self.affinity: HostAffinity | None = None
+        self.standbys: Standbys | None = None
+        self._live: list[Executor] = []  # the live executors the last placement saw
+        self._offers: dict[str, tuple[str, str]] = {}  # this batch's standby copies to promote
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
         self._discarded = 0  # staged parts the start discarded, for the first batch report
@@ -409,6 +416,9 @@ class JobCoordinator:
         if self.config.get_list("metrics.reporters") and self.reporters is None:
             self.reporters = MetricsReporters(self.config, self.systems)
         self.affinity = HostAffinity(self.config, self._metadata(), sorted(self.tasks))
+        self.standbys = Standbys(
+            self.config, self._metadata(), {n: ts.model for n, ts in self.tasks.items()}
+        )
         if self.exact_batches:
             self._open_batch_log(startpoints)
 
@@ -655,6 +665,7 @@ class JobCoordinator:
                         checkpoint=ts.last_checkpoint.dumps() if ts.last_checkpoint else None,
                         from_checkpoint=dict(ts.from_checkpoint),
                         checkpoint_last_processed=dict(ts.checkpoint_last_processed),
+                        standby=self._offers.get(ts.model.name.name),
                     ),
                     commits=Commits(due=commit, window=window, wait_for_uploads=wait),
                     task_count=len(self.tasks),
@@ -791,6 +802,7 @@ class JobCoordinator:
             committed = self._apply(result) or committed
         if committed:
             self._prune_batch_log()
+        standby = self._catch_up_standbys()
         if commit or committed:
             self._last_commit = time.monotonic()
         if window:
@@ -815,6 +827,7 @@ class JobCoordinator:
             },
             parts_to_publish=self._to_publish,
             transactions=self._transactions(),
+            standby=standby,
         )
         self._discarded = 0
         for r in results:
@@ -827,11 +840,68 @@ class JobCoordinator:
 
     def _place(self) -> dict[str, str]:
         """Host affinity: each task's preferred executor for the next batch (none unless the
-        runner runs on a Spark cluster and ``job.host-affinity.enabled``)."""
+        runner runs on a Spark cluster and ``job.host-affinity.enabled``); standby copies
+        placed, and those to promote offered to their tasks' plans."""
         executors = getattr(self.runner, "executors", None)
+        self._offers = {}
         if self.affinity is None or executors is None:
+            self._no_standbys("the runner has no executors to place them on")
             return {}
-        return self.affinity.place(executors())
+        live = executors()
+        if live is None:
+            self._no_standbys("the job runs in local mode: one executor")
+        self._live = list(live or [])
+        promotion = self.standbys.promotion(self._live) if self.standbys else {}
+        locations = self.affinity.place(live, promotion)
+        if self.standbys is not None:
+            assignment = self.affinity.placement.assignment
+            self._offers = self.standbys.offers(assignment)
+            self.standbys.place(self._live, assignment)
+        return locations
+
+    def _no_standbys(self, why: str) -> None:
+        """Say once that standbys were asked for but cannot be kept, and why."""
+        if self.standbys is not None and self.standbys.enabled:
+            log.warning(
+                "%s=%d: no standby can be placed (%s); tasks restore from their backends",
+                FACTOR,
+                self.standbys.factor,
+                why,
+            )
+            self.standbys.enabled = False
+
+    def _catch_up_standbys(self) -> StandbyReport:
+        """After a batch: bring every standby copy to its task's last written checkpoint (one
+        Spark job, when any is behind). A failed catch-up loses no state: its copies are
+        seeded again."""
+        report = StandbyReport()
+        catch_up = getattr(self.runner, "catch_up", None)
+        standbys = self.standbys
+        if standbys is None or not standbys.enabled or catch_up is None or self.affinity is None:
+            return report
+        standbys.place(self._live, self.affinity.placement.assignment)  # tasks that ran away
+        checkpoints = {n: ts.last_checkpoint for n, ts in self.tasks.items()}
+        plans = standbys.plans(self.config.to_dict(), checkpoints, self._live)
+        if plans:
+            t0 = time.monotonic()
+            try:
+                results = catch_up(plans)
+            except Exception as exc:
+                log.warning(
+                    "standby catch-up failed (%s: %s); its copies are seeded again next time",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+                standbys.failed(plans)
+                results = []
+            report.seconds = time.monotonic() - t0
+            report.seeded = sum(r.seeded for r in results)
+            report.caught_up = sum(not r.seeded for r in results)
+            report.records = sum(r.records for r in results if not r.seeded)
+            standbys.caught_up(results, checkpoints)
+        report.lags = standbys.lags()
+        report.copies = sum(len(c) for c in standbys.copies.values())
+        return report
 
     def _replay_ends(
         self, logged: Mapping[SystemStreamPartition, str]

@@ -37,7 +37,13 @@ from sparkpoint.runtime.driver.inline import (
     WorkerProcessDied,
 )
 from sparkpoint.runtime.driver.reports import BatchRunner, Listener
-from sparkpoint.runtime.plan import BatchOutputs, TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import (
+    BatchOutputs,
+    StandbyPlan,
+    StandbyResult,
+    TaskBatchPlan,
+    TaskBatchResult,
+)
 from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
 from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
@@ -167,6 +173,10 @@ class DeferredRunner:
     def executors(self) -> Any:
         executors = getattr(self.runner, "executors", None)
         return None if executors is None else executors()
+
+    def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
+        catch_up = getattr(self.runner, "catch_up", None)
+        return [] if catch_up is None else list(catch_up(plans))
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         return self.runner(batch, plans)

@@ -6,6 +6,8 @@ driver gives each task's Spark partition a preferred location, its executor
 (:mod:`sparkpoint.runtime.spark.locality`), and keeps the assignment here:
 
 * a task keeps its executor for as long as that executor lives;
+* a task whose executor is gone goes to the executor of its most current standby copy, if it
+  has one (``job.standbytasks.replication.factor``): it is promoted there;
 * a new task, or one whose executor is gone, goes to the live executor with the fewest tasks
   (then the least state), preferring one on the host it ran on before: a restarted driver whose
   executors have new ids finds each task's state on the host's disk;
@@ -20,10 +22,13 @@ the metadata store (:mod:`sparkpoint.metadata.locality`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sparkpoint.metadata.locality import Executor
+
+#: a move's reason when the task goes to its standby copy's executor (promoted there)
+PROMOTED = "promoted on its standby"
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,21 @@ class Placement:
         return len(tasks), sum(self.sizes.get(t, 0) for t in tasks)
 
     def place(
-        self, tasks: Iterable[str], live: Sequence[Executor], *, rebalance: bool = False
+        self,
+        tasks: Iterable[str],
+        live: Sequence[Executor],
+        *,
+        rebalance: bool = False,
+        standbys: Mapping[str, Executor] | None = None,
     ) -> list[Move]:
         """Assign every task in ``tasks`` to one of the ``live`` executors; the changes made.
-        With no live executor known the assignment is kept as it is (nothing to prefer)."""
+        With no live executor known the assignment is kept as it is (nothing to prefer). A
+        task whose executor is gone goes to its entry in ``standbys`` when it has one (the
+        executor of its most current standby copy: it is promoted there)."""
         if not live:
             return []
         alive = set(live)
+        standbys = standbys or {}
         moves: list[Move] = []
         for task in sorted(tasks):
             old = self.assignment.get(task)
@@ -65,6 +78,10 @@ class Placement:
                 continue
             if old is None:
                 moves.append(self._assign(task, None, self._least_loaded(live), "new task"))
+                continue
+            if standbys.get(task) in alive:
+                promoted = standbys[task]
+                moves.append(self._assign(task, old, promoted, f"{old} is gone; {PROMOTED}"))
                 continue
             same_host = [e for e in live if e.host == old.host]
             if same_host:

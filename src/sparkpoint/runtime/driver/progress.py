@@ -20,7 +20,7 @@ from rich.table import Table
 from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.driver.logs import json_line
 from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
-from sparkpoint.storage.restore import LOCAL
+from sparkpoint.storage.restore import LOCAL, PROMOTED
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,18 @@ class ProgressDisplay:
         self._last = report
         self._rate = report.processed / report.seconds if report.seconds > 0 else 0.0
         for task, info in report.restored:
-            if not info.brought_state:
+            if not info.brought_state and info.source != PROMOTED:
                 continue  # a fresh start: nothing was restored
             how = " hard-linked" if info.source == LOCAL else ""
             line = (
                 f"restore {task} store {info.store}: {info.source}, {info.entries:,} {info.unit}, "
                 f"{info.bytes:,} bytes{how}, {info.seconds:.2f}s"
             )
+            if info.source == PROMOTED:
+                line = (
+                    f"promote {task} store {info.store}: its standby copy, replayed "
+                    f"{info.entries:,} changelog records after it, {info.seconds:.2f}s"
+                )
             self._restores.append(line)
             log.info(line)
             if self._live is None:
@@ -159,10 +164,10 @@ class JsonProgress:
 
     def on_batch(self, report: BatchReport) -> None:
         for task, info in report.restored:
-            if info.brought_state:
+            if info.brought_state or info.source == PROMOTED:
                 self.say(
                     f"restore {task} store {info.store}: {info.source}",
-                    event="restore",
+                    event="promote" if info.source == PROMOTED else "restore",
                     task=task,
                     batch=report.batch,
                     bytes=info.bytes,
@@ -198,9 +203,21 @@ class JsonProgress:
 def placement_note(report: BatchReport) -> str:
     """``; 2 restored (1,024 bytes, 0.31s), 1 away from its state`` (empty when neither)."""
     parts = []
+    if report.promoted_tasks:
+        records, seconds = report.promotion_cost()
+        parts.append(
+            f"{report.promoted_tasks} promoted (replayed {records:,} changelog records, "
+            f"{seconds:.2f}s)"
+        )
     if report.restored_tasks:
         restored_bytes, seconds = report.restore_cost()
         parts.append(f"{report.restored_tasks} restored ({restored_bytes:,} bytes, {seconds:.2f}s)")
+    standby = report.standby
+    if standby.seeded or standby.caught_up:
+        parts.append(
+            f"standbys: {standby.seeded} seeded, {standby.caught_up} caught up "
+            f"({standby.records:,} records, {standby.seconds:.2f}s)"
+        )
     if report.away:
         parts.append(f"{len(report.away)} away from their state")
     return "; " + ", ".join(parts) if parts else ""

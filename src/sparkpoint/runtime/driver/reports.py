@@ -11,7 +11,7 @@ from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.driver.placement import Move
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.backend import RestoreStats
-from sparkpoint.storage.restore import LOCAL
+from sparkpoint.storage.restore import LOCAL, PROMOTED
 
 
 class BatchRunner(Protocol):
@@ -46,6 +46,21 @@ class Transactions:
 
 
 @dataclass
+class StandbyReport:
+    """Standby copies after a batch (``job.standbytasks.replication.factor``): how many are
+    kept, what the batch's catch-up did (copies seeded, copies caught up and the changelog
+    records they replayed, its seconds), and per task the records its most current copy is
+    behind its last written checkpoint."""
+
+    copies: int = 0
+    seeded: int = 0
+    caught_up: int = 0
+    records: int = 0
+    seconds: float = 0.0
+    lags: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class BatchReport:
     """One batch as the progress display and logs see it."""
 
@@ -72,18 +87,33 @@ class BatchReport:
     #: a job of stages (intermediate streams): (role, stream, lag) of each input stream, the
     #: job's own inputs (role ``input``) first, then its ``intermediate`` streams
     stages: list[tuple[str, str, int]] = field(default_factory=list)
+    standby: StandbyReport = field(default_factory=StandbyReport)
 
     @property
     def restored_tasks(self) -> int:
         """Tasks that restored state (from a backend or a local checkpoint); a task that
-        started empty (nothing committed yet) restored nothing."""
-        return len({task for task, i in self.restored if i.brought_state})
+        started empty (nothing committed yet) restored nothing, and a promoted one (its
+        standby copy took over) is counted by :attr:`promoted_tasks`."""
+        return len({task for task, i in self.restored if i.brought_state and i.source != PROMOTED})
+
+    @property
+    def promoted_tasks(self) -> int:
+        """Tasks whose standby copy was promoted (for at least one store)."""
+        return len({task for task, i in self.restored if i.source == PROMOTED})
 
     def restore_cost(self) -> tuple[int, float]:
         """Bytes fetched (from backends; a local checkpoint's files are hard-linked, not
-        copied) and seconds spent restoring, over every store of the batch."""
-        fetched = sum(i.bytes for _, i in self.restored if i.source != LOCAL)
-        return fetched, sum(i.seconds for _, i in self.restored)
+        copied) and seconds spent restoring, over every store of the batch restored (a
+        promotion's tail is :meth:`promotion_cost`)."""
+        restores = [i for _, i in self.restored if i.source != PROMOTED]
+        fetched = sum(i.bytes for i in restores if i.source != LOCAL)
+        return fetched, sum(i.seconds for i in restores)
+
+    def promotion_cost(self) -> tuple[int, float]:
+        """Changelog records the promotions replayed (the tail after each standby copy's
+        checkpoint) and their seconds."""
+        promoted = [i for _, i in self.restored if i.source == PROMOTED]
+        return sum(i.entries for i in promoted), sum(i.seconds for i in promoted)
 
 
 @dataclass

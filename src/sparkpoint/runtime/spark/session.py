@@ -31,7 +31,7 @@ from sparkpoint.errors import (
     UserError,
 )
 from sparkpoint.metadata.locality import Executor
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import jvm_archive
 from sparkpoint.runtime.spark.gateway import start_gateway
 from sparkpoint.runtime.spark.locality import (
@@ -41,6 +41,7 @@ from sparkpoint.runtime.spark.locality import (
     located_rdd,
 )
 from sparkpoint.runtime.taskapi.executor import run_task_batch
+from sparkpoint.runtime.taskapi.standby import run_standby
 
 _ERRORS: dict[str, type[SparkpointError]] = {
     "ConfigError": ConfigError,
@@ -241,6 +242,10 @@ class SparkRunner:
             future.result()
         return [r for future in futures for r in future.result()]
 
+    def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
+        """Catch the standby copies up (:func:`catch_up_standbys`)."""
+        return catch_up_standbys(self.sc, plans)
+
     def _run_part(
         self, batch: int, part: int, groups: list[list[TaskBatchPlan]]
     ) -> list[TaskBatchResult]:
@@ -267,6 +272,23 @@ class SparkRunner:
                 GROUPS_PER_CORE,
             )
         self._grouping = shape
+
+
+def catch_up_standbys(sc: Any, plans: list[StandbyPlan]) -> list[StandbyResult]:
+    """One Spark job of a partition per executor's :class:`StandbyPlan`, preferring that
+    executor; each result says where its partition ran (``ran_on``): a copy caught up on
+    another executor than its own (the executor died meanwhile) is not kept by the driver."""
+    if not plans:
+        return []
+    group = f"sparkpoint-{sc.applicationId}-standby"
+    sc.setJobGroup(group, "sparkpoint standby catch-up")
+    rdd = located_rdd(sc, plans, [[p.location] for p in plans]).flatMap(run_standby)
+    results: list[StandbyResult] = rdd.collect()
+    where = executors_of_group(sc, group, len(plans))
+    index = {p.executor.id: i for i, p in enumerate(plans)}
+    for r in results:
+        r.ran_on = where.get(index[r.executor])
+    return results
 
 
 def collect_batch(batch: int, rdd: Any) -> list[TaskBatchResult]:

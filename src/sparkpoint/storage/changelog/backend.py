@@ -304,12 +304,53 @@ class ChangelogRestoreManager(TaskRestoreManager):
             len(stale),
         )
 
-    def _restore_store(self, store: str) -> RestoreStats:
+    def restore_after(self, store: str, after: str | None) -> RestoreStats:
+        """Bring a copy of ``store`` that already holds the changelog up to offset ``after``
+        (``None``: none of it) to the checkpoint, replaying only the records after ``after``
+        (then trimming, as :meth:`restore` does): a standby's catch-up and promotion. A
+        :class:`RestoreError` when that tail cannot be replayed exactly: the changelog does
+        not hold the checkpointed offset (recreated, truncated), or the copy is past the
+        checkpoint."""
+        return self._restore_store(store, after=after, tail=True)
+
+    def _tail_start(
+        self,
+        store: str,
+        ssp: SystemStreamPartition,
+        admin: SystemAdmin,
+        replay: tuple[str, str, bool],
+        after: str | None,
+    ) -> str:
+        """Where :meth:`restore_after` starts replaying ``replay`` (see there)."""
+        start, end, trim = replay
+        if self.transactional and not trim:
+            raise RestoreError(
+                f"task {self.ctx.task.name} store {store}: changelog {ssp} does not hold the "
+                f"checkpointed offset; only a whole restore can rebuild the store"
+            )
+        if after is None:
+            return start
+        # a changelog starting after ``after`` was compacted (the admin creates it compacted):
+        # each record compaction removed is superseded by a later one up to the checkpoint,
+        # which the replay reads
+        first = admin.offset_after(ssp, after)
+        if admin.offset_comparator(first, end) > 0:
+            raise RestoreError(
+                f"task {self.ctx.task.name} store {store}: the copy is at changelog offset "
+                f"{after}, past the checkpoint's (it would serve uncommitted state)"
+            )
+        return first
+
+    def _restore_store(
+        self, store: str, after: str | None = None, tail: bool = False
+    ) -> RestoreStats:
         started = time.monotonic()
         ssp = changelog_ssp(self.ctx.config, store, self.ctx.task.changelog_partition)
         admin = self.ctx.systems.admin(ssp.system)
         engine = self.ctx.engine(store)
-        start, end, trim = self._replay_range(store, ssp, admin)
+        start, end, trim = replay = self._replay_range(store, ssp, admin)
+        if tail:
+            start = self._tail_start(store, ssp, admin, replay, after)
         entries, size = self._replay(ssp, engine, start, end)
         upcoming = admin.get_metadata([ssp])[ssp].upcoming
         if trim and not self.ctx.read_only and admin.offset_comparator(end, upcoming) < 0:

@@ -1,0 +1,260 @@
+"""The driver's side of standby tasks (``job.standbytasks.replication.factor``): where each
+task's standby copies are kept, how far each has caught up, which one a task whose executor
+is lost is promoted on, and what ``sparkpoint job show`` and the metrics say about them.
+
+The rules, applied before every batch (:meth:`Standbys.place`):
+
+* each task of a job with changelogged stores has ``factor - 1`` copies, each on a live
+  executor other than the task's own, on another host than the task's when one exists, the
+  executor with the fewest copies first; a copy whose executor is gone is dropped, and one on
+  the task's own executor (the task was promoted or moved there) is taken by the task;
+* a task whose executor is gone is placed on the executor of its most current copy
+  (:meth:`Standbys.promotion`), where its restore promotes the copy (the plan's
+  ``start.standby``), replaying only the changelog after the copy's checkpoint;
+* after a batch that wrote checkpoints, every copy behind its task's last written checkpoint
+  is caught up by one Spark job (:meth:`Standbys.plans`, then :meth:`Standbys.caught_up`).
+  A copy is only vouched for at the checkpoint this driver saw it reach: after a restart
+  every copy is seeded again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.config import Config
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.metadata.locality import Executor
+from sparkpoint.model import TaskModel
+from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, StandbyTarget
+from sparkpoint.storage.changelog.backend import changelog_ssp, marker_for
+from sparkpoint.storage.standby import FACTOR, replication_factor, standby_stores
+
+log = logging.getLogger(__name__)
+
+#: the metadata namespace of each task's standby copies (``sparkpoint job show``)
+TASK_STANDBYS = "task-standbys"
+
+
+@dataclass
+class Copy:
+    """One standby copy: its executor, the checkpoint it reached (None: not yet seeded), its
+    stores' changelog offsets then, and how many changelog records it is behind."""
+
+    executor: Executor
+    at: str | None = None
+    offsets: dict[str, str | None] = field(default_factory=dict)
+    lag: int | None = None
+
+
+def records_behind(
+    checkpoint: Mapping[str, str | None], copy: Mapping[str, str | None]
+) -> int | None:
+    """Changelog records between a copy's offsets and a checkpoint's, summed over stores;
+    None when an offset is not a number (a system whose offsets are not counts)."""
+    total = 0
+    for store, offset in checkpoint.items():
+        try:
+            end = -1 if offset is None else int(offset)
+            start = -1 if copy.get(store) is None else int(str(copy.get(store)))
+        except ValueError:
+            return None
+        total += max(0, end - start)
+    return total
+
+
+class Standbys:
+    """The standby copies of one run (see the module docstring)."""
+
+    def __init__(
+        self, config: Config, store: MetadataStore, tasks: Mapping[str, TaskModel]
+    ) -> None:
+        self.config = config
+        self.factor = replication_factor(config)
+        self.stores = standby_stores(config)
+        self.enabled = self.factor > 1 and bool(self.stores)
+        if self.factor > 1 and not self.stores:
+            log.warning(
+                "%s=%d: no store writes a changelog, so no standby can be kept current; "
+                "tasks restore from their backends instead",
+                FACTOR,
+                self.factor,
+            )
+        self.store = store
+        self.tasks = dict(tasks)
+        self.copies: dict[str, list[Copy]] = {t: [] for t in self.tasks}
+        self._short: int | None = None  # the fewest standbys a task had, when short (logged)
+
+    # -- placement
+    def promotion(self, live: Sequence[Executor]) -> dict[str, Executor]:
+        """Per task, the executor of its most current live copy (the one it is promoted on if
+        its own executor is gone)."""
+        alive = set(live)
+        out = {}
+        for task, copies in self.copies.items():
+            ready = [c for c in copies if c.executor in alive and c.at is not None]
+            if ready:
+                out[task] = max(ready, key=lambda c: (str(c.at), c.executor)).executor
+        return out
+
+    def offers(self, assignment: Mapping[str, Executor]) -> dict[str, tuple[str, str]]:
+        """Per task placed on an executor holding a caught-up copy of it: ``(executor id,
+        checkpoint)``, for its plan (a restore there promotes that copy)."""
+        out = {}
+        for task, copies in self.copies.items():
+            own = assignment.get(task)
+            for c in copies:
+                if c.executor == own and c.at is not None:
+                    out[task] = (c.executor.id, c.at)
+        return out
+
+    def place(self, live: Sequence[Executor], assignment: Mapping[str, Executor]) -> None:
+        """Drop copies on gone executors and on their task's own; add copies up to the
+        factor (see the module docstring)."""
+        if not self.enabled or not live:
+            return
+        alive = set(live)
+        shortest = self.factor - 1
+        for task in sorted(self.tasks):
+            own = assignment.get(task)
+            copies = [c for c in self.copies[task] if c.executor in alive and c.executor != own]
+            taken = {c.executor for c in copies}
+            while len(copies) < self.factor - 1:
+                free = [e for e in live if e != own and e not in taken]
+                if not free:
+                    break
+                pick = min(
+                    free,
+                    key=lambda e: (own is not None and e.host == own.host, self._load(e), e),
+                )
+                copies.append(Copy(pick))
+                taken.add(pick)
+            self.copies[task] = copies
+            shortest = min(shortest, len(copies))
+        if shortest < self.factor - 1 and shortest != self._short:
+            log.warning(
+                "%s=%d: %d live executor(s) can keep only %d standby(s) per task, not %d; "
+                "the standbys cannot be placed until more executors join",
+                FACTOR,
+                self.factor,
+                len(live),
+                shortest,
+                self.factor - 1,
+            )
+        self._short = shortest if shortest < self.factor - 1 else None
+
+    def _load(self, executor: Executor) -> int:
+        return sum(c.executor == executor for copies in self.copies.values() for c in copies)
+
+    # -- catching up
+    def plans(
+        self,
+        values: dict[str, str],
+        checkpoints: Mapping[str, Checkpoint | None],
+        live: Sequence[Executor],
+    ) -> list[StandbyPlan]:
+        """One plan per executor keeping a copy that is behind its task's last written
+        checkpoint; it lists every copy the executor keeps (the others are deleted there)."""
+        if not self.enabled:
+            return []
+        kept: dict[Executor, list[StandbyTarget]] = {}
+        behind: set[Executor] = set()
+        for task, copies in sorted(self.copies.items()):
+            checkpoint = checkpoints.get(task)
+            if checkpoint is None:
+                continue
+            cid = str(checkpoint.checkpoint_id)
+            for c in copies:
+                kept.setdefault(c.executor, []).append(
+                    StandbyTarget(self.tasks[task], checkpoint.dumps(), c.at)
+                )
+                if c.at != cid:
+                    behind.add(c.executor)
+        ids = [e.id for e in live]
+        return [StandbyPlan(values, e, kept[e], ids) for e in sorted(behind)]
+
+    def caught_up(
+        self, results: Sequence[StandbyResult], checkpoints: Mapping[str, Checkpoint | None]
+    ) -> None:
+        """Record where each copy is now; a copy caught up on another executor than its own
+        (Spark ran it elsewhere) is seeded again where it belongs next time."""
+        for r in results:
+            for c in self.copies.get(r.task, []):
+                if c.executor.id != r.executor:
+                    continue
+                if r.ran_on is not None and r.ran_on.id != r.executor:
+                    c.at, c.offsets = None, {}
+                else:
+                    c.at, c.offsets = r.checkpoint, dict(r.offsets)
+        self.measure(checkpoints)
+
+    def failed(self, plans: Sequence[StandbyPlan]) -> None:
+        """A catch-up job failed: its copies are in an unknown state (seeded again)."""
+        for plan in plans:
+            for target in plan.copies:
+                for c in self.copies.get(target.task.name.name, []):
+                    if c.executor == plan.executor:
+                        c.at, c.offsets = None, {}
+
+    def measure(self, checkpoints: Mapping[str, Checkpoint | None]) -> None:
+        """Each copy's lag behind its task's last written checkpoint, recorded for ``sparkpoint
+        job show`` (changed records only)."""
+        records: dict[str, str] = {}
+        for task, copies in sorted(self.copies.items()):
+            ends = self._offsets(task, checkpoints.get(task))
+            for c in copies:
+                c.lag = None if c.at is None else records_behind(ends, c.offsets)
+            records[task] = json.dumps(self.describe(task), sort_keys=True)
+        old = self.store.all(TASK_STANDBYS)
+        changed = {t: v for t, v in records.items() if old.get(t) != v}
+        if changed:
+            self.store.put_all(TASK_STANDBYS, changed)
+            self.store.flush()
+
+    def _offsets(self, task: str, checkpoint: Checkpoint | None) -> dict[str, str | None]:
+        model = self.tasks[task]
+        out: dict[str, str | None] = {}
+        for store in self.stores:
+            ssp = changelog_ssp(self.config, store, model.changelog_partition)
+            marker = marker_for(self.config, checkpoint, store, ssp)
+            out[store] = None if marker is None else marker.offset
+        return out
+
+    def describe(self, task: str) -> list[dict[str, Any]]:
+        """The task's copies as ``job show`` prints them."""
+        return [
+            {
+                "executor": c.executor.id,
+                "host": c.executor.host,
+                "checkpoint": c.at,
+                "lag": c.lag,
+            }
+            for c in self.copies.get(task, [])
+        ]
+
+    def lags(self) -> dict[str, int]:
+        """Per task, the changelog records its most current copy is behind (tasks with a
+        caught-up copy whose lag is known)."""
+        out = {}
+        for task, copies in self.copies.items():
+            known = [c.lag for c in copies if c.lag is not None]
+            if known:
+                out[task] = min(known)
+        return out
+
+
+def stored_standbys(store: MetadataStore) -> dict[str, list[dict[str, Any]]]:
+    """Each task's standby copies as the last run recorded them."""
+    out = {}
+    for task, text in store.all(TASK_STANDBYS).items():
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, list):
+            out[task] = data
+    return out

@@ -1,0 +1,57 @@
+"""The executor side of standby tasks: one executor's catch-up of the standby copies it keeps
+(:func:`run_standby`, called inside a Spark Python worker), around
+:func:`sparkpoint.storage.standby.catch_up`."""
+
+from __future__ import annotations
+
+import logging
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, parse_checkpoint
+from sparkpoint.runtime.taskapi.executor import setup_worker_logging, worker_config
+from sparkpoint.storage.local import (
+    StandbyCopy,
+    remove_standby_executor,
+    standby_executors,
+    task_dir_name_of,
+)
+from sparkpoint.storage.standby import catch_up
+
+log = logging.getLogger(__name__)
+
+
+def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
+    """Catch up every copy ``plan`` names, after deleting the copies kept in this state
+    directory for executors that are gone and this executor's copies of other tasks."""
+    setup_worker_logging(plan.config)
+    config, systems = worker_config(plan.config)
+    base = config.store_base_dir
+    live = {task_dir_name_of(e) for e in plan.live}
+    for name in standby_executors(base):
+        if name not in live:
+            remove_standby_executor(base, name)
+    executor = plan.executor.id
+    keep = {StandbyCopy(base, executor, c.task.name).dir for c in plan.copies}
+    mine = StandbyCopy(base, executor, plan.copies[0].task.name).dir.parent if plan.copies else None
+    if mine is not None and mine.is_dir():
+        for stale in mine.iterdir():
+            if stale not in keep:
+                StandbyCopy.remove_dir(stale)
+    results = []
+    for copy in plan.copies:
+        checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
+        done = catch_up(config, systems, copy.task, executor, checkpoint, copy.at)
+        results.append(
+            StandbyResult(
+                done.task,
+                executor,
+                done.checkpoint,
+                done.seeded,
+                done.source,
+                done.records,
+                done.bytes,
+                done.seconds,
+                done.offsets,
+            )
+        )
+    return results

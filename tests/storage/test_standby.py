@@ -1,0 +1,178 @@
+"""Standby copies (issue 35): caught up to the last written checkpoint and never past it, then
+promoted by a restore that replays only the changelog after the copy's checkpoint and trims
+what came after the checkpoint, as a changelog restore does."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.checkpoint.manager import CheckpointManager
+from sparkpoint.config import Config
+from sparkpoint.errors import ConfigError
+from sparkpoint.model import TaskModel
+from sparkpoint.runtime.driver.coordinator import JobCoordinator
+from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+from sparkpoint.storage.local import LocalTaskState, StandbyCopy
+from sparkpoint.storage.restore import PROMOTED
+from sparkpoint.storage.standby import catch_up, replication_factor
+from sparkpoint.storage.state_id import EMPTY
+from sparkpoint.storage.task_storage import TaskStorage
+from sparkpoint.system.registry import Systems
+from tests.helpers import changelog_view, counts_at_offsets, generate, live_counts
+from tests.storage.test_state_backends import make
+
+EXECUTOR = "7"
+
+
+def commit_all(config: Config) -> tuple[dict[str, TaskModel], dict[str, Checkpoint]]:
+    """Run the job over everything there is, committing; its tasks and checkpoints."""
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        coordinator.run(until_caught_up=True)
+        tasks = {n: ts.model for n, ts in coordinator.tasks.items()}
+    finally:
+        coordinator.close()
+    return tasks, {t.name: c for t, c in CheckpointManager(config).read_all().items()}
+
+
+def uncommitted_batch(config: Config) -> None:
+    """A batch whose writes reach the changelog but no checkpoint (then the driver dies)."""
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    meta = coordinator.metadata([s for t in coordinator.tasks.values() for s in t.model.ssps])
+    coordinator.run_batch({s: m.upcoming for s, m in meta.items()}, commit=False)
+    coordinator.close()
+
+
+def copy_counts(config: Config, task: TaskModel, *, live: bool = False) -> dict[str, int]:
+    """The counts in the task's standby copy (``live``: in its live store)."""
+    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    local = LocalTaskState(config.store_base_dir, task.name) if live else copy
+    engine = RocksDBEngine("user-counts", local.store_dir("user-counts"))
+    try:
+        return {k.decode(): int.from_bytes(v, "big", signed=True) for k, v in engine.all()}
+    finally:
+        engine.close()
+
+
+def at(config: Config, checkpoints: dict[str, Checkpoint], task: str) -> dict[str, int]:
+    """The task's committed counts, counted from the input up to its checkpoint."""
+    return dict(counts_at_offsets(config, dict(checkpoints[task].input_offsets)))
+
+
+def test_a_standby_catches_up_to_the_checkpoint_and_is_promoted_with_only_the_tail(
+    tmp_path: Path,
+) -> None:
+    config = make(tmp_path)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 1500, seed=91)
+    tasks, first = commit_all(config)
+    seeded = {n: catch_up(config, systems, t, EXECUTOR, first[n], None) for n, t in tasks.items()}
+    assert all(s.seeded and s.source == "changelog" for s in seeded.values())
+    for name, task in tasks.items():
+        assert copy_counts(config, task) == at(config, first, name)
+
+    generate(config, tmp_path / "b.yaml", 900, seed=92)
+    tasks, second = commit_all(config)
+    caught = {
+        n: catch_up(config, systems, t, EXECUTOR, second[n], str(first[n].checkpoint_id))
+        for n, t in tasks.items()
+    }
+    assert not any(c.seeded for c in caught.values())
+    assert sum(c.records for c in caught.values()) > 0  # only the tail since the first
+    for name, task in tasks.items():
+        assert copy_counts(config, task) == at(config, second, name)
+
+    # the job goes on: a third checkpoint the copies never see, then writes no checkpoint
+    # covers (in the changelog only); then the executor with the live state is lost
+    generate(config, tmp_path / "c.yaml", 600, seed=93)
+    tasks, third = commit_all(config)
+    generate(config, tmp_path / "d.yaml", 600, seed=94)
+    uncommitted_batch(config)
+    committed = {n: at(config, third, n) for n in tasks}
+    assert changelog_view(config) != {k: v for c in committed.values() for k, v in c.items()}
+    for name in tasks:
+        shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))
+
+    promoted = []
+    for name, task in tasks.items():
+        storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=third[name])
+        assert not storage.open(EMPTY, (EXECUTOR, str(second[name].checkpoint_id)))
+        promoted += [(name, s) for s in storage.restored]
+        storage.close(EMPTY)
+    assert {s.source for _, s in promoted} == {PROMOTED}
+    assert sum(s.entries for _, s in promoted) > 0  # the third checkpoint's tail, no more
+    everything = {k: v for c in committed.values() for k, v in c.items()}
+    assert live_counts(config) == everything  # exactly the committed state
+    assert changelog_view(config) == everything  # the uncommitted writes were trimmed
+    for task in tasks.values():  # each copy was taken by its task
+        assert not StandbyCopy(config.store_base_dir, EXECUTOR, task.name).dir.exists()
+
+
+def test_a_copy_at_another_checkpoint_than_offered_is_not_promoted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make(tmp_path)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 800, seed=95)
+    tasks, first = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    catch_up(config, systems, task, EXECUTOR, first[name], None)
+    shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))
+    storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=first[name])
+    assert not storage.open(EMPTY, (EXECUTOR, "1-2-3-4"))  # the driver saw another position
+    storage.close(EMPTY)
+    assert [s.source for s in storage.restored] == ["changelog"]
+    assert "no standby copy at checkpoint 1-2-3-4" in caplog.text
+    assert copy_counts(config, task, live=True) == at(config, first, name)
+
+
+def test_a_copy_past_the_checkpoint_is_seeded_again(tmp_path: Path) -> None:
+    """A copy whose position is past the checkpoint it is asked to reach (a checkpoint set
+    back by a tool) would serve state the checkpoint does not hold: it is seeded again."""
+    config = make(tmp_path)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 800, seed=96)
+    tasks, first = commit_all(config)
+    generate(config, tmp_path / "b.yaml", 400, seed=97)
+    tasks, second = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    catch_up(config, systems, task, EXECUTOR, second[name], None)
+    later = str(second[name].checkpoint_id)
+    done = catch_up(config, systems, task, EXECUTOR, first[name], later)
+    assert done.seeded
+    assert copy_counts(config, task) == at(config, first, name)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"job.standbytasks.replication.factor": "0"}, "counts the active copy"),
+        (
+            {
+                "job.standbytasks.replication.factor": "2",
+                "task.transactional.state.checkpoint.enabled": "false",
+            },
+            "needs task.transactional.state.checkpoint.enabled=true",
+        ),
+        (
+            {"job.standbytasks.replication.factor": "2", "job.host-affinity.enabled": "false"},
+            "needs job.host-affinity.enabled=true",
+        ),
+    ],
+)
+def test_standbys_that_cannot_be_exact_are_refused(
+    tmp_path: Path, settings: dict[str, str], message: str
+) -> None:
+    config = make(tmp_path, **settings) if "0" not in settings.values() else None
+    if config is None:
+        with pytest.raises(ConfigError, match="job.standbytasks.replication.factor"):
+            make(tmp_path, **settings)
+        return
+    with pytest.raises(ConfigError, match=message):
+        replication_factor(config)
