@@ -19,11 +19,16 @@ step's output chunk was taken), ``after-output-flush`` (executor, a stream outpu
 task not finished). Points of a publish of exactly-once output (:data:`PUBLISH_POINTS`):
 ``publish-after-intent`` and ``publish-after-append`` (whoever publishes a commit's staged
 output: before and after its records are appended).
+
+A *pause* point holds the process instead, for a test to act at a known moment:
+``testing.pause.at=before-batch`` (the driver, between two batches) with ``testing.pause.file``
+a path: while that file exists the process waits there, with ``<file>.paused`` written.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 
 POINTS = (
@@ -73,3 +78,21 @@ def maybe_crash(config: Mapping[str, str], point: str) -> None:
     if config.get("testing.crash.mode", "raise") == "exit":
         os._exit(137)
     raise InjectedCrash(f"injected crash at {point}")
+
+
+def maybe_pause(config: Mapping[str, str], point: str) -> None:
+    """Wait here while ``testing.pause.file`` exists, if ``testing.pause.at`` names this
+    point (see the module docstring)."""
+    if config.get("testing.pause.at") != point or not config.get("testing.pause.file"):
+        return
+    flag = config["testing.pause.file"]
+    paused = f"{flag}.paused"
+    if not os.path.exists(flag):
+        return
+    with open(paused, "w") as f:
+        f.write(point)
+    try:
+        while os.path.exists(flag):
+            time.sleep(0.05)
+    finally:
+        os.unlink(paused)

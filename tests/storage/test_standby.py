@@ -102,7 +102,7 @@ def test_a_standby_catches_up_to_the_checkpoint_and_is_promoted_with_only_the_ta
     promoted = []
     for name, task in tasks.items():
         storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=third[name])
-        assert not storage.open(EMPTY, (EXECUTOR, str(second[name].checkpoint_id)))
+        assert not storage.open(EMPTY, [(EXECUTOR, str(second[name].checkpoint_id))])
         promoted += [(name, s) for s in storage.restored]
         storage.close(EMPTY)
     assert {s.source for _, s in promoted} == {PROMOTED}
@@ -125,10 +125,10 @@ def test_a_copy_at_another_checkpoint_than_offered_is_not_promoted(
     catch_up(config, systems, task, EXECUTOR, first[name], None)
     shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))
     storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=first[name])
-    assert not storage.open(EMPTY, (EXECUTOR, "1-2-3-4"))  # the driver saw another position
+    assert not storage.open(EMPTY, [(EXECUTOR, "1-2-3-4")])  # the driver saw another position
     storage.close(EMPTY)
     assert [s.source for s in storage.restored] == ["changelog"]
-    assert "no standby copy at checkpoint 1-2-3-4" in caplog.text
+    assert "not 1-2-3-4 as the driver saw" in caplog.text
     assert copy_counts(config, task, live=True) == at(config, first, name)
 
 

@@ -48,9 +48,9 @@ class StartState:
     checkpoint: str | None
     from_checkpoint: dict[SystemStreamPartition, str]
     checkpoint_last_processed: dict[SystemStreamPartition, str]
-    #: ``(executor id, checkpoint id)``: the standby copy the task may promote if it restores
-    #: on this executor (the driver saw it reach that checkpoint)
-    standby: tuple[str, str] | None = None
+    #: ``(executor id, checkpoint id)`` of each standby copy of the task the driver saw reach
+    #: that checkpoint: a restore promotes the one on its own disk (if any)
+    standbys: tuple[tuple[str, str], ...] = ()
 
     @property
     def checkpoint_id(self) -> str | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,14 +166,14 @@ class TaskStorage:
 
     # -- open: keep the live stores, or restore the last checkpoint
 
-    def open(self, expected_state_id: StateId, standby: tuple[str, str] | None = None) -> bool:
+    def open(self, expected_state_id: StateId, standbys: Sequence[tuple[str, str]] = ()) -> bool:
         """Open every store at the state the driver expects: the live stores when the local
         marker names ``expected_state_id`` (returns ``True``), else the last checkpoint
         restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
         :attr:`restored` saying what each store's restore did). The marker is cleared either
-        way: the stores are about to change. ``standby``: ``(executor id, checkpoint id)`` of
-        a standby copy of the task the driver saw reach that checkpoint on this executor; a
-        restore promotes it if it is still there, at that checkpoint."""
+        way: the stores are about to change. ``standbys``: ``(executor id, checkpoint id)`` of
+        each standby copy of the task the driver saw reach that checkpoint; a restore promotes
+        the first one on this disk, at that checkpoint."""
         self._release_held()
         marker = self.local.read_marker()
         missing = self._missing_stores()
@@ -217,27 +217,28 @@ class TaskStorage:
             self.local,
             self.last_checkpoint,
             openers,
-            standby=self._vouched(standby),
+            standby=self._vouched(standbys),
         ).run()
         return False
 
-    def _vouched(self, standby: tuple[str, str] | None) -> StandbyCopy | None:
-        """The standby copy the driver offers, if it is on this disk at the offered checkpoint."""
-        if standby is None:
-            return None
-        executor, checkpoint_id = standby
-        copy = StandbyCopy(self.config.store_base_dir, executor, self.task.name)
-        held = copy.position()
-        if held is None or held[0] != checkpoint_id:
-            log.warning(
-                "task %s: no standby copy at checkpoint %s for executor %s here (%s); restoring",
-                self.task.name,
-                checkpoint_id,
-                executor,
-                "none" if held is None else f"one at {held[0]}",
-            )
-            return None
-        return copy
+    def _vouched(self, standbys: Sequence[tuple[str, str]]) -> StandbyCopy | None:
+        """The first standby copy the driver offers that is on this disk at the checkpoint
+        the driver saw it reach."""
+        for executor, checkpoint_id in standbys:
+            copy = StandbyCopy(self.config.store_base_dir, executor, self.task.name)
+            held = copy.position()
+            if held is not None and held[0] == checkpoint_id:
+                return copy
+            if held is not None:
+                log.warning(
+                    "task %s: its standby copy for executor %s is at checkpoint %s, not %s as "
+                    "the driver saw; not promoting it",
+                    self.task.name,
+                    executor,
+                    held[0],
+                    checkpoint_id,
+                )
+        return None
 
     def is_current(self, expected_state_id: StateId) -> bool:
         """Whether :meth:`open` would keep the live stores: the local marker names

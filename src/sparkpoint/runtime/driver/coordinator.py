@@ -25,7 +25,7 @@ from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_n
 from sparkpoint.checkpoint.offsets import OffsetManager, check_in_range
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError
-from sparkpoint.failpoints import maybe_crash
+from sparkpoint.failpoints import maybe_crash, maybe_pause
 from sparkpoint.metadata.coordinator_stream import (
     CoordinatorStreamStore,
     coordinator_stream_name,
@@ -254,7 +254,8 @@ class JobCoordinator:
         self.affinity: HostAffinity | None = None
         self.standbys: Standbys | None = None
         self._live: list[Executor] = []  # the live executors the last placement saw
-        self._offers: dict[str, tuple[str, str]] = {}  # this batch's standby copies to promote
+        #: this batch's standby copies a restoring task may promote (Standbys.offers)
+        self._offers: dict[str, tuple[tuple[str, str], ...]] = {}
         self._batch = 0
         self.exact_batches = bool(getattr(runner, "exact_batches", False))
         self._discarded = 0  # staged parts the start discarded, for the first batch report
@@ -665,7 +666,7 @@ class JobCoordinator:
                         checkpoint=ts.last_checkpoint.dumps() if ts.last_checkpoint else None,
                         from_checkpoint=dict(ts.from_checkpoint),
                         checkpoint_last_processed=dict(ts.checkpoint_last_processed),
-                        standby=self._offers.get(ts.model.name.name),
+                        standbys=self._offers.get(ts.model.name.name, ()),
                     ),
                     commits=Commits(due=commit, window=window, wait_for_uploads=wait),
                     task_count=len(self.tasks),
@@ -855,7 +856,7 @@ class JobCoordinator:
         locations = self.affinity.place(live, promotion)
         if self.standbys is not None:
             assignment = self.affinity.placement.assignment
-            self._offers = self.standbys.offers(assignment)
+            self._offers = self.standbys.offers()
             self.standbys.place(self._live, assignment)
         return locations
 
@@ -1041,6 +1042,7 @@ class JobCoordinator:
             if not pending and not commit_due and not window_due:
                 self.stop_event.wait(poll)
                 continue
+            maybe_pause(self.config, "before-batch")
             report, results = self.run_batch(
                 end, commit=commit_due, window=window_due, batch_id=replay_id
             )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,14 @@ def records_behind(
     return total
 
 
+def most_current_first(copies: Iterable[Copy]) -> list[Copy]:
+    """The caught-up copies among ``copies``, the most current first: the fewest records
+    behind (a known lag before an unknown one), then the newest checkpoint."""
+    ready = sorted((c for c in copies if c.at is not None), key=lambda c: str(c.at), reverse=True)
+    ready.sort(key=lambda c: (c.lag is None, c.lag or 0))
+    return ready
+
+
 class Standbys:
     """The standby copies of one run (see the module docstring)."""
 
@@ -96,20 +104,20 @@ class Standbys:
         alive = set(live)
         out = {}
         for task, copies in self.copies.items():
-            ready = [c for c in copies if c.executor in alive and c.at is not None]
+            ready = most_current_first(c for c in copies if c.executor in alive)
             if ready:
-                out[task] = max(ready, key=lambda c: (str(c.at), c.executor)).executor
+                out[task] = ready[0].executor
         return out
 
-    def offers(self, assignment: Mapping[str, Executor]) -> dict[str, tuple[str, str]]:
-        """Per task placed on an executor holding a caught-up copy of it: ``(executor id,
-        checkpoint)``, for its plan (a restore there promotes that copy)."""
+    def offers(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """Per task, ``(executor id, checkpoint)`` of each caught-up copy, most current first:
+        for its plan (a restore promotes the one on its own disk: the executor the driver
+        placed it on, or the one Spark re-ran it on after an executor was lost mid-batch)."""
         out = {}
         for task, copies in self.copies.items():
-            own = assignment.get(task)
-            for c in copies:
-                if c.executor == own and c.at is not None:
-                    out[task] = (c.executor.id, c.at)
+            ready = most_current_first(copies)
+            if ready:
+                out[task] = tuple((c.executor.id, str(c.at)) for c in ready)
         return out
 
     def place(self, live: Sequence[Executor], assignment: Mapping[str, Executor]) -> None:

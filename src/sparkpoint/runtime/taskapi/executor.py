@@ -225,7 +225,7 @@ class TaskBatch:
     def begin(self) -> dict[SystemStreamPartition, str]:
         """First, establish state (keep the live stores or restore the last checkpoint); the
         next offset to read per SSP, matching the state."""
-        self.kept = self.storage.open(self.plan.start.expected, self.plan.start.standby)
+        self.kept = self.storage.open(self.plan.start.expected, self.plan.start.standbys)
         if self.kept:
             self.last_processed = dict(self.plan.reads.last_processed)
             return dict(self.plan.reads.resume)

@@ -1,0 +1,129 @@
+"""Where standby copies are kept and which one a task is promoted on (no Spark): the driver's
+rules of :mod:`sparkpoint.runtime.driver.standby` and host affinity's promotion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.id import CheckpointId
+from sparkpoint.config import Config, load_config
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.locality import Executor
+from sparkpoint.model import TaskModel, TaskName
+from sparkpoint.runtime.driver.placement import PROMOTED, Placement
+from sparkpoint.runtime.driver.standby import Standbys, records_behind, stored_standbys
+from sparkpoint.runtime.plan import StandbyResult
+from sparkpoint.storage.changelog.backend import changelog_ssp
+from sparkpoint.storage.changelog.marker import ChangelogMarker
+from tests.conftest import pageviews_config
+
+A1, A2 = Executor("0", "host-a"), Executor("3", "host-a")
+B, C = Executor("1", "host-b"), Executor("2", "host-c")
+TASKS = [f"Partition {i}" for i in range(4)]
+
+
+def config_of(tmp_path: Path, factor: int = 2) -> Config:
+    return load_config(
+        None,
+        base=pageviews_config(
+            tmp_path,
+            **{
+                "stores.user-counts.changelog": "filelog.user-counts-changelog",
+                "job.standbytasks.replication.factor": str(factor),
+            },
+        ),
+    )
+
+
+def standbys_of(config: Config) -> Standbys:
+    tasks = {t: TaskModel(TaskName(t), frozenset(), i) for i, t in enumerate(TASKS)}
+    return Standbys(config, CoordinatorStreamStore(config), tasks)
+
+
+def checkpoint(config: Config, task: int, offset: int) -> CheckpointV2:
+    ssp = changelog_ssp(config, "user-counts", task)
+    marker = ChangelogMarker(ssp, str(offset)).dumps()
+    return CheckpointV2(CheckpointId.create(), {}, {"changelog": {"user-counts": marker}})
+
+
+def test_copies_go_to_other_hosts_first_and_are_spread(tmp_path: Path) -> None:
+    s = standbys_of(config_of(tmp_path))
+    assignment = {"Partition 0": A1, "Partition 1": A1, "Partition 2": B, "Partition 3": C}
+    s.place([A1, A2, B, C], assignment)
+    for task, own in assignment.items():
+        (copy,) = s.copies[task]
+        assert copy.executor != own and copy.executor.host != own.host
+    assert s.copies["Partition 0"][0].executor != s.copies["Partition 1"][0].executor
+
+
+def test_one_executor_cannot_keep_standbys_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = standbys_of(config_of(tmp_path))
+    s.place([A1], dict.fromkeys(TASKS, A1))
+    assert all(not c for c in s.copies.values())
+    assert "1 live executor(s) can keep only 0 standby(s) per task, not 1" in caplog.text
+    assert "cannot be placed" in caplog.text
+
+
+def test_a_lost_executor_promotes_its_tasks_on_their_most_current_copy(tmp_path: Path) -> None:
+    config = config_of(tmp_path, factor=3)
+    s = standbys_of(config)
+    placement = Placement({t: A1 for t in TASKS})
+    s.place([A1, B, C], placement.assignment)
+    # every copy on B reached the checkpoint; those on C are one checkpoint behind
+    older = {t: checkpoint(config, i, 10) for i, t in enumerate(TASKS)}
+    cps = {t: checkpoint(config, i, 40 + i) for i, t in enumerate(TASKS)}
+    results = [
+        StandbyResult(t, e.id, str((cps if e == B else older)[t].checkpoint_id), False, "x")
+        for t in TASKS
+        for e in (B, C)
+    ]
+    for r in results:
+        r.offsets = {"user-counts": "10" if r.executor == C.id else str(40 + TASKS.index(r.task))}
+    s.caught_up(results, cps)
+    assert s.lags() == dict.fromkeys(TASKS, 0)
+    assert {t: [c.lag for c in s.copies[t]] for t in TASKS} == {
+        t: [0, 30 + i] for i, t in enumerate(TASKS)
+    }
+    live = [B, C]  # A1 is lost
+    moves = placement.place(TASKS, live, standbys=s.promotion(live))
+    assert {m.new for m in moves} == {B}
+    assert all(PROMOTED in m.reason for m in moves)
+    offers = s.offers()
+    assert offers["Partition 0"][0] == (B.id, str(cps["Partition 0"].checkpoint_id))
+    s.place(live, placement.assignment)  # the copies on B were taken by their tasks
+    assert {t: [c.executor for c in s.copies[t]] for t in TASKS} == {t: [C] for t in TASKS}
+    shown = stored_standbys(s.store)
+    assert shown["Partition 1"][0]["lag"] == 0
+
+
+def test_a_copy_run_elsewhere_or_in_a_failed_job_is_seeded_again(tmp_path: Path) -> None:
+    config = config_of(tmp_path)
+    s = standbys_of(config)
+    s.place([A1, B], dict.fromkeys(TASKS, A1))
+    cps = {t: checkpoint(config, i, 5) for i, t in enumerate(TASKS)}
+    plans = s.plans(config.to_dict(), cps, [A1, B])
+    assert [p.executor for p in plans] == [B]
+    assert all(t.at is None for t in plans[0].copies)
+    ran = [StandbyResult(t, B.id, str(cps[t].checkpoint_id), True, "changelog") for t in TASKS]
+    ran[0].ran_on = A1  # Spark ran the catch-up elsewhere
+    s.caught_up(ran, cps)
+    assert [c.at for c in s.copies["Partition 0"]] == [None]
+    assert s.copies["Partition 1"][0].at == str(cps["Partition 1"].checkpoint_id)
+    again = s.plans(config.to_dict(), cps, [A1, B])
+    assert [(t.task.name.name, t.at) for t in again[0].copies][:2] == [
+        ("Partition 0", None),
+        ("Partition 1", str(cps["Partition 1"].checkpoint_id)),
+    ]
+    s.failed(again)
+    assert all(c.at is None for copies in s.copies.values() for c in copies)
+
+
+def test_records_behind_counts_changelog_offsets() -> None:
+    assert records_behind({"a": "10", "b": None}, {"a": "4", "b": None}) == 6
+    assert records_behind({"a": "3"}, {"a": None}) == 4  # a copy with nothing yet
+    assert records_behind({"a": "x"}, {"a": "1"}) is None
