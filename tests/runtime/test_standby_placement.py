@@ -11,10 +11,10 @@ from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config, load_config
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
-from sparkpoint.metadata.locality import Executor
+from sparkpoint.metadata.locality import Executor, task_standbys
 from sparkpoint.model import TaskModel, TaskName
 from sparkpoint.runtime.driver.placement import PROMOTED, Placement
-from sparkpoint.runtime.driver.standby import Standbys, records_behind, stored_standbys
+from sparkpoint.runtime.driver.standby import Standbys, records_behind
 from sparkpoint.runtime.plan import StandbyResult
 from sparkpoint.storage.changelog.backend import changelog_ssp
 from sparkpoint.storage.changelog.marker import ChangelogMarker
@@ -97,7 +97,7 @@ def test_a_lost_executor_promotes_its_tasks_on_their_most_current_copy(tmp_path:
     assert offers["Partition 0"][0] == (B.id, str(cps["Partition 0"].checkpoint_id))
     s.place(live, placement.assignment)  # the copies on B were taken by their tasks
     assert {t: [c.executor for c in s.copies[t]] for t in TASKS} == {t: [C] for t in TASKS}
-    shown = stored_standbys(s.store)
+    shown = task_standbys(s.store)
     assert shown["Partition 1"][0]["lag"] == 0
 
 

@@ -6,7 +6,9 @@ the assignment, with a Spark executor in the role of a container:
 * ``set-task-container-assignment``: task -> executor id;
 * ``set-container-host-assignment``: executor id -> host;
 * ``task-locality`` (sparkpoint's own): task -> JSON of where it last committed, which
-  checkpoint, and its stores' size on disk then.
+  checkpoint, and its stores' size on disk then;
+* ``task-standbys`` (sparkpoint's own): task -> JSON list of its standby copies as the running
+  driver last saw them (executor, host, the checkpoint each reached, changelog records behind).
 
 The assignment rules live in :mod:`sparkpoint.runtime.driver.placement`.
 """
@@ -23,6 +25,7 @@ from sparkpoint.metadata.base import MetadataStore
 TASK_EXECUTOR = "set-task-container-assignment"
 EXECUTOR_HOST = "set-container-host-assignment"
 TASK_LOCALITY = "task-locality"
+TASK_STANDBYS = "task-standbys"
 
 
 @dataclass(frozen=True, order=True)
@@ -74,5 +77,28 @@ def task_locality(store: MetadataStore) -> dict[str, dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(data, dict):
+            out[task] = data
+    return out
+
+
+def store_task_standbys(store: MetadataStore, copies: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Record each task's standby copies (only those that changed since the last record)."""
+    old = store.all(TASK_STANDBYS)
+    texts = {t: json.dumps(c, sort_keys=True) for t, c in copies.items()}
+    changed: dict[str, str | None] = {t: v for t, v in texts.items() if old.get(t) != v}
+    if changed:
+        store.put_all(TASK_STANDBYS, changed)
+        store.flush()
+
+
+def task_standbys(store: MetadataStore) -> dict[str, list[dict[str, Any]]]:
+    """Each task's standby copies as the last run recorded them."""
+    out = {}
+    for task, text in store.all(TASK_STANDBYS).items():
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, list):
             out[task] = data
     return out

@@ -19,7 +19,7 @@ from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
-from sparkpoint.metadata.locality import stored_assignment, task_locality
+from sparkpoint.metadata.locality import stored_assignment, task_locality, task_standbys
 from sparkpoint.model import TaskName
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.outputs import GUARANTEE, waiting_parts
@@ -58,6 +58,7 @@ def job_overview(config: Config) -> dict[str, Any]:
     names = [t.name.name for t in model.sorted_tasks()]
     assignment = stored_assignment(store, names)
     committed = task_locality(store)
+    standbys = task_standbys(store)
     checkpoints = {t.name: c for t, c in CheckpointManager(config, systems).read_all().items()}
     tasks = []
     for name in names:
@@ -77,6 +78,7 @@ def job_overview(config: Config) -> dict[str, Any]:
                 "state-bytes": record.get("state-bytes", {}),
                 "state-current": last is not None and record.get("checkpoint") == last,
                 "local": _local_directory(config, name),
+                "standbys": standbys.get(name, []),
             }
         )
     beat = is_running(store)
@@ -161,6 +163,13 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
             f"  {t['task']}: {where}; last checkpoint {last}; local state {state}"
             + (f"; {sizes}" if sizes else "")
         )
+        for copy in t.get("standbys", []):
+            if copy["checkpoint"] is None:
+                at = "being seeded"
+            else:
+                behind = "" if copy["lag"] is None else f", {copy['lag']:,} records behind"
+                at = f"at checkpoint {copy['checkpoint']}{behind}"
+            lines.append(f"    standby on executor {copy['executor']} on {copy['host']}: {at}")
         local = t.get("local")
         if local is not None:
             records = ", ".join(local["commit-records"]) or "none"

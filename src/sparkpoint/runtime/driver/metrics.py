@@ -31,6 +31,7 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.runtime.driver.supervise import RESTARTS_ENV
+from sparkpoint.storage.restore import PROMOTED
 from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import ensure_stream
@@ -124,6 +125,17 @@ class JobMetrics:
         self.away = task(
             Counter, "task_away", "Batches Spark ran the task away from its state's executor"
         )
+        self.promotions = task(
+            Counter, "task_promotions", "Batches that promoted a standby copy of the task"
+        )
+        self.standby_lag = task(
+            Gauge,
+            "task_standby_lag_records",
+            "Changelog records the task's most current standby copy is behind its checkpoint",
+        )
+        self.standby_seconds = task(
+            Counter, "standby_catch_up_seconds", "Time spent catching standby copies up", ()
+        )
         self.state_bytes = task(
             Gauge, "task_state_bytes", "A persistent store's size on disk", ("task", "store")
         )
@@ -153,10 +165,13 @@ class JobMetrics:
                 self.uploaded.labels(*labels).inc(done.get("bytes-uploaded", 0))
                 if "bytes-retained" in done:
                     self.retained.labels(*labels).set(done["bytes-retained"])
-            if r.restored:
+            restored = [s for s in r.restored if s.source != PROMOTED]
+            if restored:
                 self.restores.labels(*labels).inc()
-                self.restore_time.labels(*labels).inc(sum(s.seconds for s in r.restored))
-                self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in r.restored))
+                self.restore_time.labels(*labels).inc(sum(s.seconds for s in restored))
+                self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in restored))
+            if len(restored) < len(r.restored):
+                self.promotions.labels(*labels).inc()
             for store, size in r.state_bytes.items():
                 self.state_bytes.labels(job, r.task, store).set(size)
         for task, parts in report.parts_open.items():
@@ -174,6 +189,9 @@ class JobMetrics:
             self.lag.labels(job, task).set(lag)
         for move in report.away:
             self.away.labels(job, move.task).inc()
+        for task, lag in report.standby.lags.items():
+            self.standby_lag.labels(job, task).set(lag)
+        self.standby_seconds.labels(job).inc(report.standby.seconds)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """Samza's ``metrics`` part: groups (``sparkpoint.job``, ``sparkpoint.task.<task>``)

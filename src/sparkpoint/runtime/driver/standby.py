@@ -19,7 +19,6 @@ The rules, applied before every batch (:meth:`Standbys.place`):
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,16 +27,13 @@ from typing import Any
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.metadata.base import MetadataStore
-from sparkpoint.metadata.locality import Executor
+from sparkpoint.metadata.locality import Executor, store_task_standbys
 from sparkpoint.model import TaskModel
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, StandbyTarget
 from sparkpoint.storage.changelog.backend import changelog_ssp, marker_for
 from sparkpoint.storage.standby import FACTOR, replication_factor, standby_stores
 
 log = logging.getLogger(__name__)
-
-#: the metadata namespace of each task's standby copies (``sparkpoint job show``)
-TASK_STANDBYS = "task-standbys"
 
 
 @dataclass
@@ -211,17 +207,11 @@ class Standbys:
     def measure(self, checkpoints: Mapping[str, Checkpoint | None]) -> None:
         """Each copy's lag behind its task's last written checkpoint, recorded for ``sparkpoint
         job show`` (changed records only)."""
-        records: dict[str, str] = {}
         for task, copies in sorted(self.copies.items()):
             ends = self._offsets(task, checkpoints.get(task))
             for c in copies:
                 c.lag = None if c.at is None else records_behind(ends, c.offsets)
-            records[task] = json.dumps(self.describe(task), sort_keys=True)
-        old = self.store.all(TASK_STANDBYS)
-        changed = {t: v for t, v in records.items() if old.get(t) != v}
-        if changed:
-            self.store.put_all(TASK_STANDBYS, changed)
-            self.store.flush()
+        store_task_standbys(self.store, {t: self.describe(t) for t in self.copies})
 
     def _offsets(self, task: str, checkpoint: Checkpoint | None) -> dict[str, str | None]:
         model = self.tasks[task]
@@ -253,16 +243,3 @@ class Standbys:
             if known:
                 out[task] = min(known)
         return out
-
-
-def stored_standbys(store: MetadataStore) -> dict[str, list[dict[str, Any]]]:
-    """Each task's standby copies as the last run recorded them."""
-    out = {}
-    for task, text in store.all(TASK_STANDBYS).items():
-        try:
-            data = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(data, list):
-            out[task] = data
-    return out

@@ -1,0 +1,83 @@
+"""Standby tasks on a Spark standalone cluster (issue 35): with
+``job.standbytasks.replication.factor=2`` on three one-core workers with private state
+directories, a worker lost between two batches has its tasks promoted on their standbys'
+executors (no restore from any backend: only the changelog after each copy's checkpoint is
+replayed), the copies it kept are seeded again elsewhere, no batch waits for it, and the state
+is exact."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.testing.spark_cluster import StandaloneCluster
+from tests.e2e.cli import JOB, popen, slowest_batch, sp
+from tests.e2e.test_cluster import prepared
+from tests.e2e.test_host_affinity import affinity_sets, summary, wait_for_line
+from tests.helpers import assert_at_least_once, changelog_view, committed_counts, emitted_counts
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+
+def wait_for(path: Path, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no {path}: " + log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    c = cluster
+    c.add_worker()  # three workers of one core (the module fixture keeps two for the next)
+    pause = tmp_path / "pause"
+    sets = [
+        *affinity_sets(tmp_path, cores=3),
+        "job.standbytasks.replication.factor=2",
+        "spark.scheduler.minRegisteredResourcesRatio=1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
+        "testing.pause.at=before-batch",
+        f"testing.pause.file={pause}",
+    ]
+    config, set_args, expected = prepared(tmp_path, sets, 6_000, 37)
+    log = tmp_path / "run.log"
+    run = ["run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args]
+    driver = popen(*run, log=log)
+    # every task's copy seeded, then caught up by the changelog alone at a later commit
+    wait_for_line(log, r"standbys: 4 seeded", driver)
+    wait_for_line(log, r"standbys: 0 seeded, 4 caught up \([1-9]", driver)
+    pause.touch()
+    wait_for(Path(f"{pause}.paused"), log)  # the driver is between two batches
+    shown = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    assert all(len(t["standbys"]) == 1 for t in shown), shown
+    assert all(t["standbys"][0]["executor"] != t["executor"] for t in shown), shown
+    c.kill_worker(0)  # a lost host: its executor, its tasks' state and its copies are gone
+    time.sleep(5)  # the driver's Spark context sees the executor go
+    before = log.read_text()
+    pause.unlink()
+    assert driver.wait(300) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    after = text[len(before) :]
+    promoted = re.findall(
+        r"host affinity: task (Partition \d) from executor (\S+) .*promoted", after
+    )
+    lost = {old for _, old in promoted}
+    assert len(lost) == 1, after[-4000:]  # the tasks of the lost executor, and only those
+    held = {t["task"] for t in shown if t["executor"] in lost}
+    assert {task for task, _ in promoted} == held, after[-4000:]
+    for task in held:
+        assert re.search(rf"promote {task} store user-counts: its standby copy", after), after
+    _, restores, _ = summary(text)
+    assert restores == 0, text[-4000:]  # nothing restored from any backend
+    assert re.search(r"\d promoted \(replayed [\d,]+ changelog records", after), after[-3000:]
+    # the copies the lost worker kept, and new ones for the promoted tasks, are seeded again
+    assert re.search(r"standbys: [1-9]\d* seeded", after), after[-4000:]
+    assert slowest_batch(text) < 10, text[-4000:]  # no batch waited for the lost executor
+    assert changelog_view(config) == dict(expected)
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
