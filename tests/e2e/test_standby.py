@@ -78,6 +78,10 @@ def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
     # the copies the lost worker kept, and new ones for the promoted tasks, are seeded again
     assert re.search(r"standbys: [1-9]\d* seeded", after), after[-4000:]
     assert slowest_batch(text) < 10, text[-4000:]  # no batch waited for the lost executor
+    final = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    for t in final:  # one copy each again, none on the lost executor nor the task's own
+        assert [c["executor"] for c in t["standbys"]] not in ([], list(lost), [t["executor"]])
+        assert t["standbys"][0]["lag"] == 0, final
     assert changelog_view(config) == dict(expected)
     assert committed_counts(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)

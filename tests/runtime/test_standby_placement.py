@@ -127,3 +127,23 @@ def test_records_behind_counts_changelog_offsets() -> None:
     assert records_behind({"a": "10", "b": None}, {"a": "4", "b": None}) == 6
     assert records_behind({"a": "3"}, {"a": None}) == 4  # a copy with nothing yet
     assert records_behind({"a": "x"}, {"a": "1"}) is None
+
+
+def test_a_rebalance_onto_a_copy_takes_it_and_places_a_new_one(tmp_path: Path) -> None:
+    config = config_of(tmp_path)
+    s = standbys_of(config)
+    placement = Placement({t: A1 for t in TASKS})
+    s.place([A1, B], placement.assignment)
+    cps = {t: checkpoint(config, i, 7) for i, t in enumerate(TASKS)}
+    s.caught_up([StandbyResult(t, B.id, str(cps[t].checkpoint_id), True, "x") for t in TASKS], cps)
+    moves = placement.place(TASKS, [A1, B, C], rebalance=True)  # C joined
+    moved = {m.task: m.new for m in moves}
+    assert moved and set(moved.values()) <= {B, C}
+    offers = s.offers()
+    for task, new in moved.items():
+        if new == B:  # its copy is there: its restore there promotes it
+            assert offers[task] == ((B.id, str(cps[task].checkpoint_id)),)
+    s.place([A1, B, C], placement.assignment)
+    for task in TASKS:
+        (copy,) = s.copies[task]
+        assert copy.executor != placement.assignment[task]

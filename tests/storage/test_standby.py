@@ -149,6 +149,40 @@ def test_a_copy_past_the_checkpoint_is_seeded_again(tmp_path: Path) -> None:
     assert copy_counts(config, task) == at(config, first, name)
 
 
+def test_a_new_copy_is_seeded_from_the_blob_store_and_then_tails_the_changelog(
+    tmp_path: Path,
+) -> None:
+    config = make(
+        tmp_path,
+        **{
+            "stores.user-counts.backup.factories": "blobstore,changelog",
+            "stores.user-counts.restore.factories": "blobstore,changelog",
+        },
+    )
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 800, seed=98)
+    tasks, first = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    seeded = catch_up(config, systems, task, EXECUTOR, first[name], None)
+    assert (seeded.seeded, seeded.source) == (True, "blobstore")
+    generate(config, tmp_path / "b.yaml", 400, seed=99)
+    tasks, second = commit_all(config)
+    caught = catch_up(config, systems, task, EXECUTOR, second[name], seeded.checkpoint)
+    assert (caught.seeded, caught.source) == (False, "changelog")
+    assert caught.records > 0
+    assert copy_counts(config, task) == at(config, second, name)
+
+
+def test_standbys_in_local_mode_say_they_cannot_be_placed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make(tmp_path, **{"job.standbytasks.replication.factor": "2"})
+    generate(config, tmp_path / "a.yaml", 300, seed=100)
+    commit_all(config)
+    assert "job.standbytasks.replication.factor=2: no standby can be placed" in caplog.text
+    assert not (config.store_base_dir / ".standby").exists()
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
