@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -100,6 +100,10 @@ bench-reshard: setup
 # >= 0.8x of 4)
 bench-scale: setup
 	@.venv/bin/python bench/scale.py --plot bench/out/scale.png
+
+# a 1 GB task brought back after a lost executor: standby promotion vs changelog restore
+bench-standby: setup
+	@.venv/bin/python bench/standby.py
 
 # sparkpoint vs Spark Structured Streaming, PyFlink, Bytewax and Quix Streams (each installed into
 # its own venv under bench/out/venvs): throughput, recovery, checkpoint cost; about 40 minutes

@@ -95,6 +95,7 @@ def test_a_steady_run_restores_each_task_once(
     assert all(t["state-current"] and t["state-bytes"]["user-counts"] > 0 for t in shown["tasks"])
     if tasks > 4:
         assert f"{tasks} tasks run in 4 Spark partitions" in result.stderr, result.stderr[-4000:]
+        assert all(len(t["group"]) == 2 for t in shown["tasks"]), shown  # shown by job show
 
 
 def wait_for_line(

@@ -13,6 +13,7 @@ from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.spark.session import SparkRunner, cluster_groups, task_groups
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
+from sparkpoint.tools.jobs import job_overview, overview_lines
 from tests.conftest import pageviews_config
 from tests.helpers import assert_at_least_once, committed_counts, emitted_counts, generate
 
@@ -57,3 +58,7 @@ def test_twelve_tasks_run_in_four_spark_partitions_with_exact_state(
     job = max(tracker.getJobIdsForGroup(group))  # the session's other jobs share the name
     (stage,) = tracker.getJobInfo(job).stageIds
     assert tracker.getStageInfo(stage).numTasks == 4  # 12 tasks, local[2]: 2 per core
+    shown = job_overview(config)
+    assert all(len(t["group"]) == 3 and t["task"] in t["group"] for t in shown["tasks"])
+    line = next(x for x in overview_lines(shown) if x.startswith("  Partition 0: "))
+    assert "runs in one Spark partition with Partition 4, Partition 8" in line, line

@@ -126,6 +126,9 @@ class TaskBatchResult:
     total_seconds: float = 0.0
     executor: str = ""  # host:pid of the Python worker
     ran_on: Executor | None = None  # the Spark executor, filled in by the runner on a cluster
+    #: the tasks that ran in the same Spark partition, this one included (a group of tasks,
+    #: :class:`~sparkpoint.runtime.spark.session.SparkRunner`), filled in by the runner
+    group: list[str] = field(default_factory=list)
     state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk
     late: int = 0  # records behind the task's watermark (event time)
     timers_fired: int = 0

@@ -76,6 +76,8 @@ def job_overview(config: Config) -> dict[str, Any]:
                     k: record[k] for k in ("executor", "host", "worker") if k in record
                 },
                 "state-bytes": record.get("state-bytes", {}),
+                # the tasks of its Spark partition at its last commit (a group of tasks)
+                "group": record.get("group", []),
                 "state-current": last is not None and record.get("checkpoint") == last,
                 "local": _local_directory(config, name),
                 "standbys": standbys.get(name, []),
@@ -159,9 +161,11 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
         sizes = ", ".join(f"{s} {n:,} bytes" for s, n in sorted(t["state-bytes"].items()))
         state = "current" if t["state-current"] else "not current (restores at its next run)"
         last = t["last-checkpoint"] or "none"
+        others = [g for g in t.get("group", []) if g != t["task"]]
         lines.append(
             f"  {t['task']}: {where}; last checkpoint {last}; local state {state}"
             + (f"; {sizes}" if sizes else "")
+            + (f"; runs in one Spark partition with {', '.join(others)}" if others else "")
         )
         for copy in t.get("standbys", []):
             if copy["checkpoint"] is None:

@@ -120,6 +120,7 @@ class HostAffinity:
             "checkpoint": checkpoint_id,
             "worker": result.executor,
             "state-bytes": result.state_bytes,
+            "group": result.group,
         }
         if result.ran_on is not None:
             record["executor"] = result.ran_on.id

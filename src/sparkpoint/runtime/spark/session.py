@@ -399,11 +399,17 @@ def record_executors(
 def record_group_executors(
     sc: Any, group: str, groups: list[list[TaskBatchPlan]], results: list[TaskBatchResult]
 ) -> None:
-    """:func:`record_executors` for partitions of ``groups`` of tasks."""
+    """:func:`record_executors` for partitions of ``groups`` of tasks; each result's
+    ``group`` names the tasks of its partition."""
+    index = {p.task.name.name: i for i, g in enumerate(groups) for p in g}
+    names = [sorted(p.task.name.name for p in g) for g in groups]
+    for r in results:
+        i = index.get(r.task)
+        if i is not None:
+            r.group = names[i]
     if str(sc.master).startswith("local"):
         return
     where = executors_of_group(sc, group, len(groups))
-    index = {p.task.name.name: i for i, g in enumerate(groups) for p in g}
     for r in results:
         i = index.get(r.task)
         if i is not None and i in where:
