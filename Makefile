@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -104,6 +104,10 @@ bench-scale: setup
 # a 1 GB task brought back after a lost executor: standby promotion vs changelog restore
 bench-standby: setup
 	@.venv/bin/python bench/standby.py
+
+# 30 minutes of the example on a steady feed (not in CI): RSS, open files and disk every minute
+bench-long: setup
+	@.venv/bin/python bench/long.py
 
 # sparkpoint vs Spark Structured Streaming, PyFlink, Bytewax and Quix Streams (each installed into
 # its own venv under bench/out/venvs): throughput, recovery, checkpoint cost; about 40 minutes

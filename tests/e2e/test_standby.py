@@ -44,7 +44,7 @@ def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
         "testing.pause.at=before-batch",
         f"testing.pause.file={pause}",
     ]
-    config, set_args, expected = prepared(tmp_path, sets, 6_000, 37)
+    config, set_args, expected = prepared(tmp_path, sets, 4_000, 37)
     log = tmp_path / "run.log"
     run = ["run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args]
     driver = popen(*run, log=log)
