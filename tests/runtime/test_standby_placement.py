@@ -119,8 +119,47 @@ def test_a_copy_run_elsewhere_or_in_a_failed_job_is_seeded_again(tmp_path: Path)
         ("Partition 0", None),
         ("Partition 1", str(cps["Partition 1"].checkpoint_id)),
     ]
-    s.failed(again)
-    assert all(c.at is None for copies in s.copies.values() for c in copies)
+    known = {t: [c.at for c in s.copies[t]] for t in TASKS}
+    s.failed(again, "ExecutorLost")  # each copy's POSITION says if it changed: kept as known
+    assert {t: [c.at for c in s.copies[t]] for t in TASKS} == known
+    s.failed(again, "ExecutorLost")
+    s.failed(again, "ExecutorLost")  # the third in a row: no more standbys in this run
+    assert not s.enabled and all(not c for c in s.copies.values())
+
+
+def test_a_copy_that_keeps_failing_is_given_up_with_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_of(tmp_path)
+    s = standbys_of(config)
+    s.place([A1, B], dict.fromkeys(TASKS, A1))
+    cps = {t: checkpoint(config, i, 5) for i, t in enumerate(TASKS)}
+    for attempt in range(3):
+        results = [StandbyResult(t, B.id, str(cps[t].checkpoint_id), True, "x") for t in TASKS]
+        results[0] = StandbyResult("Partition 0", B.id, "", False, "", error="RestoreError: x")
+        s.caught_up(results, cps)
+        s.place([A1, B], dict.fromkeys(TASKS, A1))
+        assert bool(s.copies["Partition 0"]) == (attempt < 2)
+    assert "failed 3 catch-ups in a row (last: RestoreError: x)" in caplog.text
+    assert s.given_up == {"Partition 0"} and s.copies["Partition 1"][0].at is not None
+
+
+def test_a_promoted_copy_is_no_longer_kept(tmp_path: Path) -> None:
+    config = config_of(tmp_path, factor=3)
+    s = standbys_of(config)
+    s.place([A1, B, C], dict.fromkeys(TASKS, A1))
+    s.taken("Partition 2", C.id)  # its restore took the copy kept for C (a shared directory)
+    assert [c.executor for c in s.copies["Partition 2"]] == [B]
+
+
+def test_with_state_per_host_a_lost_executor_stays_on_its_host(tmp_path: Path) -> None:
+    placement = Placement({t: A1 for t in TASKS})
+    standby = dict.fromkeys(TASKS, B)
+    moves = placement.place(TASKS, [A2, B], standbys=standby, state_per_host=True)
+    assert {m.new for m in moves} == {A2}  # its live state is on host-a's shared directory
+    placement = Placement({t: A1 for t in TASKS})
+    moves = placement.place(TASKS, [A2, B], standbys=standby)
+    assert {m.new for m in moves} == {B}  # a directory per executor: promoted on its standby
 
 
 def test_records_behind_counts_changelog_offsets() -> None:

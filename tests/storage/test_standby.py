@@ -27,6 +27,15 @@ from tests.helpers import changelog_view, counts_at_offsets, generate, live_coun
 from tests.storage.test_state_backends import make
 
 EXECUTOR = "7"
+#: the jobs here keep standbys (those run by the tests' inline runner place none themselves)
+STANDBYS = {"job.standbytasks.replication.factor": "2"}
+
+
+class LocalMode(InlineRunner):
+    """A runner that says what SparkRunner says in local mode: one executor, none to list."""
+
+    def executors(self) -> None:
+        return None
 
 
 def commit_all(config: Config) -> tuple[dict[str, TaskModel], dict[str, Checkpoint]]:
@@ -68,7 +77,7 @@ def at(config: Config, checkpoints: dict[str, Checkpoint], task: str) -> dict[st
 def test_a_standby_catches_up_to_the_checkpoint_and_is_promoted_with_only_the_tail(
     tmp_path: Path,
 ) -> None:
-    config = make(tmp_path)
+    config = make(tmp_path, **STANDBYS)
     systems = Systems(config)
     generate(config, tmp_path / "a.yaml", 1500, seed=91)
     tasks, first = commit_all(config)
@@ -117,7 +126,7 @@ def test_a_standby_catches_up_to_the_checkpoint_and_is_promoted_with_only_the_ta
 def test_a_copy_at_another_checkpoint_than_offered_is_not_promoted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = make(tmp_path)
+    config = make(tmp_path, **STANDBYS)
     systems = Systems(config)
     generate(config, tmp_path / "a.yaml", 800, seed=95)
     tasks, first = commit_all(config)
@@ -135,7 +144,7 @@ def test_a_copy_at_another_checkpoint_than_offered_is_not_promoted(
 def test_a_copy_past_the_checkpoint_is_seeded_again(tmp_path: Path) -> None:
     """A copy whose position is past the checkpoint it is asked to reach (a checkpoint set
     back by a tool) would serve state the checkpoint does not hold: it is seeded again."""
-    config = make(tmp_path)
+    config = make(tmp_path, **STANDBYS)
     systems = Systems(config)
     generate(config, tmp_path / "a.yaml", 800, seed=96)
     tasks, first = commit_all(config)
@@ -157,6 +166,7 @@ def test_a_new_copy_is_seeded_from_the_blob_store_and_then_tails_the_changelog(
         **{
             "stores.user-counts.backup.factories": "blobstore,changelog",
             "stores.user-counts.restore.factories": "blobstore,changelog",
+            **STANDBYS,
         },
     )
     systems = Systems(config)
@@ -178,9 +188,25 @@ def test_standbys_in_local_mode_say_they_cannot_be_placed(
 ) -> None:
     config = make(tmp_path, **{"job.standbytasks.replication.factor": "2"})
     generate(config, tmp_path / "a.yaml", 300, seed=100)
-    commit_all(config)
+    coordinator = JobCoordinator(config, LocalMode())
+    try:
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
     assert "job.standbytasks.replication.factor=2: no standby can be placed" in caplog.text
     assert not (config.store_base_dir / ".standby").exists()
+
+
+def test_copies_an_earlier_run_kept_go_when_standbys_are_off(tmp_path: Path) -> None:
+    config = make(tmp_path, **STANDBYS)
+    generate(config, tmp_path / "a.yaml", 300, seed=101)
+    tasks, first = commit_all(config)
+    for name, task in tasks.items():
+        catch_up(config, Systems(config), task, EXECUTOR, first[name], None)
+    off = make(tmp_path)  # the default: no standby
+    generate(off, tmp_path / "b.yaml", 100, seed=102)
+    commit_all(off)
+    assert list((off.store_base_dir / ".standby" / EXECUTOR).iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,8 @@ class TaskBatchResult:
     total_seconds: float = 0.0
     executor: str = ""  # host:pid of the Python worker
     ran_on: Executor | None = None  # the Spark executor, filled in by the runner on a cluster
+    #: the executor whose standby copy of the task its restore promoted (the copy is gone)
+    promoted_copy: str | None = None
     #: the tasks that ran in the same Spark partition, this one included (a group of tasks,
     #: :class:`~sparkpoint.runtime.spark.session.SparkRunner`), filled in by the runner
     group: list[str] = field(default_factory=list)
@@ -227,3 +229,4 @@ class StandbyResult:
     seconds: float = 0.0
     offsets: dict[str, str | None] = field(default_factory=dict)  # per store, its changelog's
     ran_on: Executor | None = None
+    error: str | None = None  # the catch-up failed (the copy was deleted)

@@ -265,6 +265,7 @@ class StandbyCopy(LocalTaskState):
 
     def __init__(self, base_dir: Path, executor: str, task: TaskName) -> None:
         super().__init__(base_dir / STANDBY_DIR / task_dir_name_of(executor), task)
+        self.executor = executor
 
     def position(self) -> tuple[str, dict[str, str | None]] | None:
         """``(checkpoint id, {store: changelog offset})`` of the copy; None when there is none
@@ -307,6 +308,16 @@ def standby_executors(base_dir: Path) -> list[str]:
     """The executor directories of every standby copy kept under ``base_dir``."""
     root = base_dir / STANDBY_DIR
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
+    """Delete every standby copy of ``task`` under ``base_dir`` (standbys are off: a
+    copy an earlier run kept would only take disk)."""
+    root = base_dir / STANDBY_DIR
+    if not root.is_dir():
+        return
+    for executor in root.iterdir():
+        StandbyCopy.remove_dir(executor / task_dir_name(task))
 
 
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:

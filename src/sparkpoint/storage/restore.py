@@ -277,11 +277,11 @@ class TaskRestore:
             return False
         self.local.clear_store(store)
         self.local.dir.mkdir(parents=True, exist_ok=True)
-        os.replace(copy.store_dir(store), self.local.store_dir(store))
-        copy.forget_store(store)
         context = self._context([store])
         manager = ChangelogRestoreManager(context)
         try:
+            os.replace(copy.store_dir(store), self.local.store_dir(store))
+            copy.forget_store(store)
             manager.init(self.checkpoint)
             stats = manager.restore_after(store, held[1][store])
         except InjectedCrash:

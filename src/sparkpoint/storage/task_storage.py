@@ -54,9 +54,10 @@ from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
-from sparkpoint.storage.local import LocalTaskState, StandbyCopy
+from sparkpoint.storage.local import LocalTaskState, StandbyCopy, remove_standby_copies
 from sparkpoint.storage.outputs import TaskOutputs, publish
-from sparkpoint.storage.restore import TaskRestore
+from sparkpoint.storage.restore import PROMOTED, TaskRestore
+from sparkpoint.storage.standby import FACTOR
 from sparkpoint.storage.state_id import EMPTY, CommittedState, StateId
 from sparkpoint.system.registry import Systems
 
@@ -158,6 +159,8 @@ class TaskStorage:
         #: exactly-once output staged since the last written checkpoint; its commits name it
         self.outputs: TaskOutputs | None = None
         self.published = 0  # staged records published by this batch's clean-up
+        #: the executor whose standby copy :meth:`open` promoted (the copy is gone now)
+        self.promoted_copy: str | None = None
 
     @property
     def last_checkpoint_id(self) -> str | None:
@@ -175,6 +178,8 @@ class TaskStorage:
         each standby copy of the task the driver saw reach that checkpoint; a restore promotes
         the first one on this disk, at that checkpoint."""
         self._release_held()
+        if not standbys and self.config.get_int(FACTOR) == 1:
+            remove_standby_copies(self.config.store_base_dir, self.task.name)
         marker = self.local.read_marker()
         missing = self._missing_stores()
         if self.is_current(expected_state_id):
@@ -210,6 +215,7 @@ class TaskStorage:
         for store in self.config.stores:
             _MEMORY.pop((self.task.name.name, store), None)
         openers = {s: self._opener(s) for s in self.config.stores}
+        copy = self._vouched(standbys)
         self.engines, self.restored = TaskRestore(
             self.config,
             self.systems,
@@ -217,8 +223,10 @@ class TaskStorage:
             self.local,
             self.last_checkpoint,
             openers,
-            standby=self._vouched(standbys),
+            standby=copy,
         ).run()
+        if copy is not None and any(s.source == PROMOTED for s in self.restored):
+            self.promoted_copy = copy.executor
         return False
 
     def _vouched(self, standbys: Sequence[tuple[str, str]]) -> StandbyCopy | None:

@@ -46,6 +46,8 @@ class HostAffinity:
     def __init__(self, config: Config, store: MetadataStore, tasks: Sequence[str]) -> None:
         self.enabled = config.get_bool("job.host-affinity.enabled")
         self.rebalance = config.get_bool("job.host-affinity.rebalance")
+        #: the executors of a host share its state directory (no ``{cwd}`` in its path)
+        self.state_per_host = "{cwd}" not in (config.get_str("job.logged.store.base.dir") or "")
         self.store = store
         self.tasks = list(tasks)
         self.placement = Placement(stored_assignment(store, tasks) if self.enabled else {})
@@ -64,7 +66,11 @@ class HostAffinity:
         alive = set(live)
         self._log_changes(alive)
         self._moved = self.placement.place(
-            self.tasks, live, rebalance=self.rebalance, standbys=standbys
+            self.tasks,
+            live,
+            rebalance=self.rebalance,
+            standbys=standbys,
+            state_per_host=self.state_per_host,
         )
         for move in self._moved:
             level = logging.INFO if move.reason == "new task" else logging.WARNING

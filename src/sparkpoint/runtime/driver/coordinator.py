@@ -798,6 +798,9 @@ class JobCoordinator:
         if self.batch_log is not None and logged:
             results = self._record_outputs(results, clean_up_only=clean_up_only)
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
+        for r in results:
+            if r.promoted_copy is not None and self.standbys is not None:
+                self.standbys.taken(r.task, r.promoted_copy)
         committed = False
         for result in sorted(results, key=lambda r: r.task):
             committed = self._apply(result) or committed
@@ -846,8 +849,7 @@ class JobCoordinator:
         executors = getattr(self.runner, "executors", None)
         self._offers = {}
         if self.affinity is None or executors is None:
-            self._no_standbys("the runner has no executors to place them on")
-            return {}
+            return {}  # a runner of the driver's own (the restore ahead, the last pass)
         live = executors()
         if live is None:
             self._no_standbys("the job runs in local mode: one executor")
@@ -887,18 +889,15 @@ class JobCoordinator:
             t0 = time.monotonic()
             try:
                 results = catch_up(plans)
-            except Exception as exc:
-                log.warning(
-                    "standby catch-up failed (%s: %s); its copies are seeded again next time",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
-                )
-                standbys.failed(plans)
+            except Exception as exc:  # an executor lost during it: the copies say what changed
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                standbys.failed(plans, f"{type(exc).__name__}: {first}")
                 results = []
             report.seconds = time.monotonic() - t0
-            report.seeded = sum(r.seeded for r in results)
-            report.caught_up = sum(not r.seeded for r in results)
-            report.records = sum(r.records for r in results if not r.seeded)
+            done = [r for r in results if r.error is None]
+            report.seeded = sum(r.seeded for r in done)
+            report.caught_up = sum(not r.seeded for r in done)
+            report.records = sum(r.records for r in done if not r.seeded)
             standbys.caught_up(results, checkpoints)
         report.lags = standbys.lags()
         report.copies = sum(len(c) for c in standbys.copies.values())

@@ -7,7 +7,9 @@ driver gives each task's Spark partition a preferred location, its executor
 
 * a task keeps its executor for as long as that executor lives;
 * a task whose executor is gone goes to the executor of its most current standby copy, if it
-  has one (``job.standbytasks.replication.factor``): it is promoted there;
+  has one (``job.standbytasks.replication.factor``): it is promoted there. Not when the
+  executors of a host share one state directory and one on the task's host lives: its live
+  state is there;
 * a new task, or one whose executor is gone, goes to the live executor with the fewest tasks
   (then the least state), preferring one on the host it ran on before: a restarted driver whose
   executors have new ids finds each task's state on the host's disk;
@@ -62,11 +64,14 @@ class Placement:
         *,
         rebalance: bool = False,
         standbys: Mapping[str, Executor] | None = None,
+        state_per_host: bool = False,
     ) -> list[Move]:
         """Assign every task in ``tasks`` to one of the ``live`` executors; the changes made.
         With no live executor known the assignment is kept as it is (nothing to prefer). A
         task whose executor is gone goes to its entry in ``standbys`` when it has one (the
-        executor of its most current standby copy: it is promoted there)."""
+        executor of its most current standby copy: it is promoted there), unless
+        ``state_per_host`` (executors of a host share one state directory) and an executor on
+        its old host lives: its live state is there."""
         if not live:
             return []
         alive = set(live)
@@ -79,11 +84,11 @@ class Placement:
             if old is None:
                 moves.append(self._assign(task, None, self._least_loaded(live), "new task"))
                 continue
-            if standbys.get(task) in alive:
+            same_host = [e for e in live if e.host == old.host]
+            if standbys.get(task) in alive and not (state_per_host and same_host):
                 promoted = standbys[task]
                 moves.append(self._assign(task, old, promoted, f"{old} is gone; {PROMOTED}"))
                 continue
-            same_host = [e for e in live if e.host == old.host]
             if same_host:
                 new, reason = self._least_loaded(same_host), f"{old} is gone; same host"
             else:

@@ -35,6 +35,10 @@ from sparkpoint.storage.standby import FACTOR, replication_factor, standby_store
 
 log = logging.getLogger(__name__)
 
+#: catch-ups of one copy (or catch-up jobs) that may fail in a row before the driver stops
+#: keeping it (them), with an ERROR
+MAX_FAILURES = 3
+
 
 @dataclass
 class Copy:
@@ -45,6 +49,7 @@ class Copy:
     at: str | None = None
     offsets: dict[str, str | None] = field(default_factory=dict)
     lag: int | None = None
+    failures: int = 0  # catch-ups that failed in a row
 
 
 def records_behind(
@@ -92,6 +97,11 @@ class Standbys:
         self.tasks = dict(tasks)
         self.copies: dict[str, list[Copy]] = {t: [] for t in self.tasks}
         self._short: int | None = None  # the fewest standbys a task had, when short (logged)
+        self._failed_jobs = 0  # catch-up jobs that failed in a row
+        #: tasks whose copies failed :data:`MAX_FAILURES` catch-ups in a row: none kept now
+        self.given_up: set[str] = set()
+        # the last run's copies are not this run's (none is vouched for): not shown any more
+        store_task_standbys(self.store, {t: [] for t in self.tasks})
 
     # -- placement
     def promotion(self, live: Sequence[Executor]) -> dict[str, Executor]:
@@ -123,7 +133,7 @@ class Standbys:
             return
         alive = set(live)
         shortest = self.factor - 1
-        for task in sorted(self.tasks):
+        for task in sorted(set(self.tasks) - self.given_up):
             own = assignment.get(task)
             copies = [c for c in self.copies[task] if c.executor in alive and c.executor != own]
             taken = {c.executor for c in copies}
@@ -186,23 +196,65 @@ class Standbys:
     ) -> None:
         """Record where each copy is now; a copy caught up on another executor than its own
         (Spark ran it elsewhere) is seeded again where it belongs next time."""
+        self._failed_jobs = 0
         for r in results:
             for c in self.copies.get(r.task, []):
                 if c.executor.id != r.executor:
                     continue
-                if r.ran_on is not None and r.ran_on.id != r.executor:
+                if r.error is not None:
+                    c.at, c.offsets = None, {}
+                    c.failures += 1
+                    self._failing(r.task, c, r.error)
+                elif r.ran_on is not None and r.ran_on.id != r.executor:
                     c.at, c.offsets = None, {}
                 else:
-                    c.at, c.offsets = r.checkpoint, dict(r.offsets)
+                    c.at, c.offsets, c.failures = r.checkpoint, dict(r.offsets), 0
         self.measure(checkpoints)
 
-    def failed(self, plans: Sequence[StandbyPlan]) -> None:
-        """A catch-up job failed: its copies are in an unknown state (seeded again)."""
-        for plan in plans:
-            for target in plan.copies:
-                for c in self.copies.get(target.task.name.name, []):
-                    if c.executor == plan.executor:
-                        c.at, c.offsets = None, {}
+    def _failing(self, task: str, copy: Copy, error: str) -> None:
+        if copy.failures < MAX_FAILURES:
+            log.warning(
+                "task %s: its standby copy on %s failed to catch up (%s); seeding it again",
+                task,
+                copy.executor,
+                error,
+            )
+            return
+        log.error(
+            "task %s: its standby copy on %s failed %d catch-ups in a row (last: %s); the task "
+            "keeps no standby for the rest of this run, and restores from its backends if its "
+            "executor is lost. Fix the cause (the error names it) and restart the job",
+            task,
+            copy.executor,
+            copy.failures,
+            error,
+        )
+        self.given_up.add(task)
+        self.copies[task] = []
+
+    def failed(self, plans: Sequence[StandbyPlan], error: str) -> None:
+        """A catch-up job failed as a whole (an executor lost during it): each copy's own
+        ``POSITION`` says whether it changed (the next catch-up there seeds it, a restore does
+        not promote it), so the driver keeps what it knows. After :data:`MAX_FAILURES` in a row
+        no more are run in this run."""
+        self._failed_jobs += 1
+        if self._failed_jobs < MAX_FAILURES:
+            log.warning("standby catch-up failed (%s); it runs again after the next batch", error)
+            return
+        log.error(
+            "standby catch-up failed %d times in a row (last: %s); no standby is kept for the "
+            "rest of this run: tasks restore from their backends if their executor is lost. "
+            "Fix the cause and restart the job",
+            self._failed_jobs,
+            error,
+        )
+        self.enabled = False
+        self.copies = {t: [] for t in self.tasks}
+        self.measure({})
+
+    def taken(self, task: str, executor: str) -> None:
+        """``task``'s restore promoted its copy kept for ``executor``: that copy is gone."""
+        self.copies[task] = [c for c in self.copies.get(task, []) if c.executor.id != executor]
 
     def measure(self, checkpoints: Mapping[str, Checkpoint | None]) -> None:
         """Each copy's lag behind its task's last written checkpoint, recorded for ``sparkpoint

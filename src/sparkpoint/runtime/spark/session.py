@@ -9,6 +9,7 @@ workers use this interpreter (``PYSPARK_PYTHON``), so they import the same spark
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -274,13 +275,16 @@ class SparkRunner:
         self._grouping = shape
 
 
+_CATCH_UPS = itertools.count(1)  # numbers each catch-up job's group (where its tasks ran)
+
+
 def catch_up_standbys(sc: Any, plans: list[StandbyPlan]) -> list[StandbyResult]:
     """One Spark job of a partition per executor's :class:`StandbyPlan`, preferring that
     executor; each result says where its partition ran (``ran_on``): a copy caught up on
     another executor than its own (the executor died meanwhile) is not kept by the driver."""
     if not plans:
         return []
-    group = f"sparkpoint-{sc.applicationId}-standby"
+    group = f"sparkpoint-{sc.applicationId}-standby-{next(_CATCH_UPS)}"
     sc.setJobGroup(group, "sparkpoint standby catch-up")
     rdd = located_rdd(sc, plans, [[p.location] for p in plans]).flatMap(run_standby)
     results: list[StandbyResult] = rdd.collect()

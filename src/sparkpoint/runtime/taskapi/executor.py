@@ -356,6 +356,7 @@ class TaskBatch:
             commit_started=report.outcome.started,
             commit_skipped=report.outcome.skipped,
             restored=self.storage.restored,
+            promoted_copy=self.storage.promoted_copy,
             commit_requested=coordinator.commit_requested,
             shutdown_requested=coordinator.shutdown_requested,
             process_seconds=processed_at - started,

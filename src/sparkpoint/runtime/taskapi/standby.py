@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     """Catch up every copy ``plan`` names, after deleting the copies kept in this state
-    directory for executors that are gone and this executor's copies of other tasks."""
+    directory for executors that are gone and this executor's copies of other tasks. A copy
+    whose catch-up fails is deleted and its result says why (``error``); the others go on."""
     setup_worker_logging(plan.config)
     config, systems = worker_config(plan.config)
     base = config.store_base_dir
@@ -40,7 +41,22 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     results = []
     for copy in plan.copies:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
-        done = catch_up(config, systems, copy.task, executor, checkpoint, copy.at)
+        try:
+            done = catch_up(config, systems, copy.task, executor, checkpoint, copy.at)
+        except Exception as exc:  # this copy only: the executor's other copies go on
+            log.warning("task %s: standby copy catch-up failed: %s", copy.task.name, exc)
+            StandbyCopy(base, executor, copy.task.name).remove()
+            results.append(
+                StandbyResult(
+                    copy.task.name.name,
+                    executor,
+                    "",
+                    False,
+                    "",
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
+            continue
         results.append(
             StandbyResult(
                 done.task,
