@@ -303,6 +303,30 @@ def test_changelogs_are_compacted_up_to_the_checkpoints_at_start(
     assert_committed_state_matches_its_offsets(config)
 
 
+def test_changelogs_are_compacted_during_a_long_run_as_they_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded log has no broker to compact changelogs: a long run compacts each one up to
+    its checkpoint after commits, once it grew by as many records as the last compaction kept
+    (10,000 at least; 40 here), so its disk stays bounded by the state, not the writes."""
+    from sparkpoint.storage.changelog import backend as changelog
+
+    monkeypatch.setattr(changelog, "COMPACT_MIN_GROWTH", 40)
+    config = make(
+        tmp_path,
+        **{"stores.user-counts.write.batch.size": "1", "job.retention.check.ms": "0"},
+    )
+    expected = generate(config, tmp_path / "a.yaml", 3000, seed=46, users=20)
+    run(config, until_caught_up=True)  # one run: 8 batches of 100 views per task
+    assert changelog_records(config) < 3000 / 3  # compacted during the run
+    assert changelog_view(config) == dict(expected)
+    shutil.rmtree(config.store_base_dir)  # restore from the changelog compacted mid-run
+    expected += generate(config, tmp_path / "b.yaml", 400, seed=47, users=20)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_committed_state_matches_its_offsets(config)
+
+
 def test_a_changelog_with_fewer_partitions_than_tasks_stops_the_job(
     tmp_path: Path, log_system: dict[str, str]
 ) -> None:

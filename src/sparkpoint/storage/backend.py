@@ -161,8 +161,12 @@ class StateBackendAdmin(ABC):
     def validate_resources(self) -> None:
         """Raise a clear error if existing resources cannot serve the job."""
 
-    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
-        """Bound the backend's storage by the tasks' last checkpoints (at job start)."""
+    def compact(  # noqa: B027
+        self, checkpoints: Mapping[TaskName, Checkpoint], *, during_run: bool = False
+    ) -> None:
+        """Bound the backend's storage by the tasks' last checkpoints: at job start, and
+        (``during_run``) after commits, where a backend may skip what grew too little to be
+        worth it."""
 
     def lost_committed_state(self, checkpoints: Mapping[TaskName, Checkpoint]) -> set[TaskName]:
         """Tasks whose last checkpoint names state this backend no longer holds (e.g. a

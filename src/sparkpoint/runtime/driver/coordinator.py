@@ -253,6 +253,7 @@ class JobCoordinator:
         self.tasks: dict[str, TaskState] = {}
         self.affinity: HostAffinity | None = None
         self.standbys: Standbys | None = None
+        self._backend_admins: list[StateBackendAdmin] = []  # the state backends' (at start)
         self._live: list[Executor] = []  # the live executors the last placement saw
         #: this batch's standby copies a restoring task may promote (Standbys.offers)
         self._offers: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -355,7 +356,7 @@ class JobCoordinator:
         let each backend bound its storage by them and name the tasks whose committed state it
         lost, and delete state of stores no longer configured. The checkpoints, and the tasks
         that must restore before they process."""
-        admins = self._prepare_backends(model)
+        admins = self._backend_admins = self._prepare_backends(model)
         self.checkpoints.create_resources()
         checkpoints = dict(self.checkpoints.read_all())
         must_restore: set[TaskName] = set()
@@ -1075,7 +1076,9 @@ class JobCoordinator:
     def _apply_retention(self) -> None:
         """After a commit, at most every ``job.retention.check.ms``: the retention of the
         job's input streams, never past the job's committed offsets
-        (:mod:`sparkpoint.system.retention`)."""
+        (:mod:`sparkpoint.system.retention`), and the compaction of its changelogs up to its
+        checkpoints (those that grew enough since the last: the embedded log has no broker
+        that compacts them)."""
         now = time.monotonic()
         if (now - self._last_retention) * 1000 < self.config.get_int("job.retention.check.ms"):
             return
@@ -1088,6 +1091,13 @@ class JobCoordinator:
         except OSError as exc:  # retention only frees disk: the job goes on, and retries
             log.warning("retention: %s; tried again after the next commit", exc)
             return
+        checkpoints = {
+            ts.model.name: ts.last_checkpoint
+            for ts in self.tasks.values()
+            if ts.last_checkpoint is not None
+        }
+        for admin in self._backend_admins:  # the changelogs, which the job alone writes
+            admin.compact(checkpoints, during_run=True)
         for t in trimmed:
             if t.dropped:
                 log.info(

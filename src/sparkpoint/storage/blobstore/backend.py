@@ -349,11 +349,16 @@ class BlobStoreAdmin(StateBackendAdmin):
     def create_resources(self) -> None:
         pass  # a blob store needs nothing created; validate_resources checks it is reachable
 
-    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
-        """Sweep expired uploads (a crash mid-upload), after adopting everything the tasks'
-        last checkpoints use: a checkpoint whose clean-up never ran (the driver died right
-        after writing it) still has TTLs on its new blobs, which must not be swept. A snapshot
-        whose index has no TTL left was adopted whole by its clean-up and is not read again."""
+    def compact(
+        self, checkpoints: Mapping[TaskName, Checkpoint], *, during_run: bool = False
+    ) -> None:
+        """At job start, sweep expired uploads (a crash mid-upload), after adopting everything
+        the tasks' last checkpoints use: a checkpoint whose clean-up never ran (the driver died
+        right after writing it) still has TTLs on its new blobs, which must not be swept. A
+        snapshot whose index has no TTL left was adopted whole by its clean-up and is not read
+        again. Nothing during a run (its tasks' clean-ups delete what they replace)."""
+        if during_run:
+            return
         blobs = blob_manager(self.config)
         for task, checkpoint in sorted(checkpoints.items()):
             for store, index_id in checkpoint.state_checkpoint_markers.get(NAME, {}).items():

@@ -21,6 +21,9 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
@@ -397,13 +400,17 @@ class ChangelogRestoreManager(TaskRestoreManager):
         admin = self.ctx.systems.admin(ssp.system)
         try:
             while admin.offset_comparator(start, end) < 0:
-                chunk = consumer.read(ssp, start, end, READ_CHUNK)
-                if not chunk:
+                # as columns: the embedded log decodes them without a Python object per record
+                chunk = consumer.read_columns(ssp, start, end, READ_CHUNK)
+                if not len(chunk):
                     break
-                engine.write_batch((r.key or b"", r.value) for r in chunk if r.key is not None)
+                keys, values = chunk.keys.to_pylist(), chunk.values.to_pylist()
+                engine.write_batch(
+                    (k, v) for k, v in zip(keys, values, strict=True) if k is not None
+                )
                 entries += len(chunk)
-                size += sum(len(r.key or b"") + len(r.value or b"") for r in chunk)
-                start = admin.offset_after(ssp, chunk[-1].offset)
+                size += _data_bytes(chunk.keys) + _data_bytes(chunk.values)
+                start = admin.offset_after(ssp, chunk.last_offset)
         finally:
             consumer.close()
         return entries, size
@@ -426,8 +433,20 @@ class ChangelogRestoreManager(TaskRestoreManager):
         return len(keys)
 
 
+def _data_bytes(column: pa.Array) -> int:
+    """The bytes of a binary column's values (nulls count none)."""
+    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+
+
+#: the fewest records a changelog partition grows by before a compaction during a run
+COMPACT_MIN_GROWTH = 10_000
+
+
 class ChangelogAdmin(StateBackendAdmin):
     def __init__(self, config: Config, model: JobModel, systems: Systems) -> None:
+        #: per partition, its upcoming offset at its last compaction and the records it kept
+        #: (None: the system compacts by itself)
+        self._compacted: dict[SystemStreamPartition, tuple[str, int | None]] = {}
         self.config = config
         self.systems = systems
         self.model = model
@@ -488,6 +507,17 @@ class ChangelogAdmin(StateBackendAdmin):
                 lost.add(task.name)
         return lost
 
+    def _grown(self, ssp: SystemStreamPartition, upcoming: str) -> bool:
+        """Whether ``ssp`` grew enough since its last compaction to compact it again."""
+        at, kept = self._compacted.get(ssp, ("0", 0))  # never: as if empty at offset 0
+        if kept is None:
+            return False  # the system compacts it by itself
+        try:
+            grown = int(upcoming) - int(at)
+        except ValueError:
+            return False  # offsets that are not counts: only at job start
+        return grown >= max(kept, COMPACT_MIN_GROWTH)
+
     def _checkpointed(
         self, checkpoints: Mapping[TaskName, Checkpoint]
     ) -> Iterator[tuple[str, TaskModel, SystemStreamPartition, str]]:
@@ -500,15 +530,25 @@ class ChangelogAdmin(StateBackendAdmin):
                 if marker is not None and marker.offset is not None:
                     yield store, task, ssp, marker.offset
 
-    def compact(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
+    def compact(
+        self, checkpoints: Mapping[TaskName, Checkpoint], *, during_run: bool = False
+    ) -> None:
         """Compact each changelog partition up to its task's checkpointed changelog offset:
-        replaying it to that offset still gives the checkpointed state, and the writes after
-        it (which a transactional restore trims) stay as they are. Partitions of tasks without
-        a checkpoint are left alone."""
+        replaying it to that offset still gives the checkpointed state (a standby copy at an
+        earlier offset too: a record compaction removes is superseded by a later one it
+        keeps), and the writes after it (which a transactional restore trims) stay as they
+        are. Partitions of tasks without a checkpoint are left alone. ``during_run``: only
+        partitions that grew since their last compaction by as many records as it kept (at
+        least :data:`COMPACT_MIN_GROWTH`), so that the work stays proportional to the writes;
+        on a system that compacts by itself (Kafka) nothing is done."""
         for store, _task, ssp, offset in self._checkpointed(checkpoints):
             admin = self.systems.admin(ssp.system)
+            upcoming = admin.get_metadata([ssp])[ssp].upcoming
+            if during_run and not self._grown(ssp, upcoming):
+                continue
             up_to = admin.offset_after(ssp, offset)
             result = admin.compact(ssp.stream, ssp.partition, up_to)
+            self._compacted[ssp] = (upcoming, None if result is None else result[1])
             if result is not None and result[0] != result[1]:
                 log.info(
                     "store %s: compacted changelog %s up to offset %s: %d -> %d records",
