@@ -68,17 +68,22 @@ def store_task_locality(store: MetadataStore, task: str, record: Mapping[str, An
     store.put(TASK_LOCALITY, task, json.dumps(dict(record), sort_keys=True))
 
 
-def task_locality(store: MetadataStore) -> dict[str, dict[str, Any]]:
-    """Each task's ``task-locality`` record (where it last committed)."""
+def _json_records(store: MetadataStore, namespace: str, kind: type[Any]) -> dict[str, Any]:
+    """Each key's JSON value in ``namespace`` that parses to a ``kind`` (others are skipped)."""
     out = {}
-    for task, text in store.all(TASK_LOCALITY).items():
+    for key, text in store.all(namespace).items():
         try:
             data = json.loads(text)
         except ValueError:
             continue
-        if isinstance(data, dict):
-            out[task] = data
+        if isinstance(data, kind):
+            out[key] = data
     return out
+
+
+def task_locality(store: MetadataStore) -> dict[str, dict[str, Any]]:
+    """Each task's ``task-locality`` record (where it last committed)."""
+    return _json_records(store, TASK_LOCALITY, dict)
 
 
 def store_task_standbys(store: MetadataStore, copies: Mapping[str, list[dict[str, Any]]]) -> None:
@@ -93,12 +98,4 @@ def store_task_standbys(store: MetadataStore, copies: Mapping[str, list[dict[str
 
 def task_standbys(store: MetadataStore) -> dict[str, list[dict[str, Any]]]:
     """Each task's standby copies as the last run recorded them."""
-    out = {}
-    for task, text in store.all(TASK_STANDBYS).items():
-        try:
-            data = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(data, list):
-            out[task] = data
-    return out
+    return _json_records(store, TASK_STANDBYS, list)

@@ -16,6 +16,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, Checkpoin
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import RestoreStats
+from sparkpoint.storage.standby import CaughtUp
 from sparkpoint.storage.state_id import StateId, UncommittedState
 
 
@@ -215,18 +216,11 @@ class StandbyPlan:
 
 
 @dataclass
-class StandbyResult:
-    """What catching one standby copy up did (:class:`~sparkpoint.storage.standby.CaughtUp`,
-    flattened), and where it ran (``ran_on``, filled in by the runner)."""
+class StandbyResult(CaughtUp):
+    """What catching one standby copy up did, for the executor it is kept for (``executor``),
+    where it ran (``ran_on``, filled in by the runner), and why it failed (``error``: the copy
+    was deleted)."""
 
-    task: str
-    executor: str  # the executor the copy is kept for
-    checkpoint: str
-    seeded: bool
-    source: str
-    records: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    offsets: dict[str, str | None] = field(default_factory=dict)  # per store, its changelog's
+    executor: str = ""
     ran_on: Executor | None = None
-    error: str | None = None  # the catch-up failed (the copy was deleted)
+    error: str | None = None

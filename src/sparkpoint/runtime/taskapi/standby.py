@@ -46,28 +46,10 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
         except Exception as exc:  # this copy only: the executor's other copies go on
             log.warning("task %s: standby copy catch-up failed: %s", copy.task.name, exc)
             StandbyCopy(base, executor, copy.task.name).remove()
+            error = f"{type(exc).__name__}: {exc}"
             results.append(
-                StandbyResult(
-                    copy.task.name.name,
-                    executor,
-                    "",
-                    False,
-                    "",
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+                StandbyResult(copy.task.name.name, "", False, "", executor=executor, error=error)
             )
             continue
-        results.append(
-            StandbyResult(
-                done.task,
-                executor,
-                done.checkpoint,
-                done.seeded,
-                done.source,
-                done.records,
-                done.bytes,
-                done.seconds,
-                done.offsets,
-            )
-        )
+        results.append(StandbyResult(**vars(done), executor=executor))
     return results
