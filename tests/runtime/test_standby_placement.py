@@ -122,10 +122,9 @@ def test_a_copy_run_elsewhere_or_in_a_failed_job_is_seeded_again(tmp_path: Path)
     assert [c.at for c in s.copies["Partition 0"]] == [None]
     assert s.copies["Partition 1"][0].at == str(cps["Partition 1"].checkpoint_id)
     again = s.plans(config.to_dict(), cps, [A1, B])
-    assert [(t.task.name.name, t.at) for t in again[0].copies][:2] == [
-        ("Partition 0", None),
-        ("Partition 1", str(cps["Partition 1"].checkpoint_id)),
-    ]
+    assert [(t.task.name.name, t.at) for t in again[0].copies] == [("Partition 0", None)]
+    assert again[0].keep == tuple(TASKS)  # B keeps the others' copies: not deleted there
+    assert [len(p.copies) for p in plans[0].split(3)] == [2, 1, 1]  # a partition per core
     known = {t: [c.at for c in s.copies[t]] for t in TASKS}
     s.failed(again, "ExecutorLost")  # each copy's POSITION says if it changed: kept as known
     assert {t: [c.at for c in s.copies[t]] for t in TASKS} == known

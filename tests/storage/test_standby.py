@@ -236,3 +236,44 @@ def test_standbys_that_cannot_be_exact_are_refused(
         return
     with pytest.raises(ConfigError, match=message):
         replication_factor(config)
+
+
+def test_an_executors_catch_up_deletes_what_it_no_longer_keeps_and_goes_on_past_a_failure(
+    tmp_path: Path,
+) -> None:
+    from sparkpoint.checkpoint.checkpoint import CheckpointV2
+    from sparkpoint.checkpoint.id import CheckpointId
+    from sparkpoint.metadata.locality import Executor
+    from sparkpoint.runtime.plan import StandbyPlan, StandbyTarget
+    from sparkpoint.runtime.taskapi.standby import run_standby
+    from sparkpoint.storage.local import standby_tasks
+
+    config = make(tmp_path, **STANDBYS)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 400, seed=103)
+    tasks, cps = commit_all(config)
+    first, second, third = sorted(tasks)[:3]
+    for executor in (EXECUTOR, "8", "9"):  # one state directory shared by three executors
+        for name in (first, second):
+            catch_up(config, systems, tasks[name], executor, cps[name], None)
+    # a checkpoint whose changelog marker names another task's partition: its seed fails
+    foreign = cps[first].state_checkpoint_markers["changelog"]
+    broken = CheckpointV2(CheckpointId.create(), {}, {"changelog": dict(foreign)})
+    plan = StandbyPlan(
+        config.to_dict(),
+        Executor(EXECUTOR, "h"),
+        [
+            StandbyTarget(tasks[third], broken.dumps(), None),
+            StandbyTarget(tasks[first], cps[first].dumps(), None),
+        ],
+        live=[EXECUTOR, "8"],  # 9 is gone
+        keep=(first, third),
+    )
+    failed, done = run_standby(plan)
+    assert failed.error is not None and "changelog" in failed.error
+    assert done.error is None and done.seeded
+    dirs = [p.name for p in standby_tasks(config.store_base_dir, EXECUTOR)]
+    assert dirs == [first.replace(" ", "_")]  # its copy of second went; third's failed seed too
+    assert len(standby_tasks(config.store_base_dir, "8")) == 2  # a live executor's stay
+    assert standby_tasks(config.store_base_dir, "9") == []  # a gone executor's go
+    assert copy_counts(config, tasks[first]) == at(config, cps, first)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.metadata.locality import Executor
@@ -202,17 +202,25 @@ class StandbyTarget:
 
 @dataclass(frozen=True)
 class StandbyPlan:
-    """The standby work of one executor (by id): the copies it keeps, each to catch up; and
-    the live executors' ids (copies kept here for any other, gone, executor are deleted)."""
+    """Standby work on one executor: the copies to catch up; the tasks whose copies it keeps
+    (``keep``: any other copy kept for it is deleted) and the live executors' ids (copies
+    kept in its state directory for any other, gone, executor are deleted)."""
 
     config: dict[str, str]
     executor: Executor
     copies: list[StandbyTarget]
     live: list[str]
+    keep: tuple[str, ...] = ()
 
     @property
     def location(self) -> str:
         return self.executor.location
+
+    def split(self, parts: int) -> list[StandbyPlan]:
+        """The copies dealt into at most ``parts`` plans (one per core of the executor), to
+        catch up side by side; each keeps the same copies."""
+        n = max(1, min(parts, len(self.copies)))
+        return [replace(self, copies=self.copies[i::n]) for i in range(n)]
 
 
 @dataclass

@@ -310,6 +310,12 @@ def standby_executors(base_dir: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+def standby_tasks(base_dir: Path, executor: str) -> list[Path]:
+    """The directories of the standby copies kept under ``base_dir`` for ``executor``."""
+    root = base_dir / STANDBY_DIR / task_dir_name_of(executor)
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
 def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
     """Delete every standby copy of ``task`` under ``base_dir`` (standbys are off: a
     copy an earlier run kept would only take disk)."""

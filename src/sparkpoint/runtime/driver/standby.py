@@ -172,24 +172,24 @@ class Standbys:
         live: Sequence[Executor],
     ) -> list[StandbyPlan]:
         """One plan per executor keeping a copy that is behind its task's last written
-        checkpoint; it lists every copy the executor keeps (the others are deleted there)."""
+        checkpoint: those copies, and every task whose copy it keeps (the others are deleted
+        there)."""
         if not self.enabled:
             return []
-        kept: dict[Executor, list[StandbyTarget]] = {}
-        behind: set[Executor] = set()
+        keep: dict[Executor, list[str]] = {}
+        behind: dict[Executor, list[StandbyTarget]] = {}
         for task, copies in sorted(self.copies.items()):
             checkpoint = checkpoints.get(task)
-            if checkpoint is None:
-                continue
-            cid = str(checkpoint.checkpoint_id)
             for c in copies:
-                kept.setdefault(c.executor, []).append(
-                    StandbyTarget(self.tasks[task], checkpoint.dumps(), c.at)
-                )
-                if c.at != cid:
-                    behind.add(c.executor)
+                keep.setdefault(c.executor, []).append(task)
+                if checkpoint is not None and c.at != str(checkpoint.checkpoint_id):
+                    target = StandbyTarget(self.tasks[task], checkpoint.dumps(), c.at)
+                    behind.setdefault(c.executor, []).append(target)
         ids = [e.id for e in live]
-        return [StandbyPlan(values, e, kept[e], ids) for e in sorted(behind)]
+        return [
+            StandbyPlan(values, e, targets, ids, tuple(keep[e]))
+            for e, targets in sorted(behind.items())
+        ]
 
     def caught_up(
         self, results: Sequence[StandbyResult], checkpoints: Mapping[str, Checkpoint | None]

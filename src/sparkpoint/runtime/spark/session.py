@@ -279,19 +279,22 @@ _CATCH_UPS = itertools.count(1)  # numbers each catch-up job's group (where its 
 
 
 def catch_up_standbys(sc: Any, plans: list[StandbyPlan]) -> list[StandbyResult]:
-    """One Spark job of a partition per executor's :class:`StandbyPlan`, preferring that
-    executor; each result says where its partition ran (``ran_on``): a copy caught up on
+    """One Spark job catching every executor's copies up: each :class:`StandbyPlan` split
+    into a partition per core of its executor (:meth:`StandbyPlan.split`), each preferring
+    that executor. Each result says where its partition ran (``ran_on``): a copy caught up on
     another executor than its own (the executor died meanwhile) is not kept by the driver."""
     if not plans:
         return []
+    cores = executor_cores(sc)
+    parts = [part for p in plans for part in p.split(cores.get(p.location, 1))]
     group = f"sparkpoint-{sc.applicationId}-standby-{next(_CATCH_UPS)}"
     sc.setJobGroup(group, "sparkpoint standby catch-up")
-    rdd = located_rdd(sc, plans, [[p.location] for p in plans]).flatMap(run_standby)
+    rdd = located_rdd(sc, parts, [[p.location] for p in parts]).flatMap(run_standby)
     results: list[StandbyResult] = rdd.collect()
-    where = executors_of_group(sc, group, len(plans))
-    index = {p.executor.id: i for i, p in enumerate(plans)}
+    where = executors_of_group(sc, group, len(parts))
+    index = {(p.executor.id, c.task.name.name): i for i, p in enumerate(parts) for c in p.copies}
     for r in results:
-        r.ran_on = where.get(index[r.executor])
+        r.ran_on = where.get(index[(r.executor, r.task)])
     return results
 
 

@@ -13,6 +13,7 @@ from sparkpoint.storage.local import (
     StandbyCopy,
     remove_standby_executor,
     standby_executors,
+    standby_tasks,
     task_dir_name_of,
 )
 from sparkpoint.storage.standby import catch_up
@@ -32,12 +33,10 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
         if name not in live:
             remove_standby_executor(base, name)
     executor = plan.executor.id
-    keep = {StandbyCopy(base, executor, c.task.name).dir for c in plan.copies}
-    mine = StandbyCopy(base, executor, plan.copies[0].task.name).dir.parent if plan.copies else None
-    if mine is not None and mine.is_dir():
-        for stale in mine.iterdir():
-            if stale not in keep:
-                StandbyCopy.remove_dir(stale)
+    keep = {task_dir_name_of(t) for t in plan.keep}
+    for stale in standby_tasks(base, executor):
+        if stale.name not in keep:
+            StandbyCopy.remove_dir(stale)
     results = []
     for copy in plan.copies:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
