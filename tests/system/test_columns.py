@@ -7,7 +7,12 @@ import pyarrow as pa
 import pytest
 
 from sparkpoint.system.base import Record
-from sparkpoint.system.columns import RecordColumns, binary_array, newline_joined
+from sparkpoint.system.columns import (
+    SPARSE_SLICE_BYTES,
+    RecordColumns,
+    binary_array,
+    newline_joined,
+)
 
 
 def test_binary_array_gathers_slices_with_nulls_and_empties() -> None:
@@ -28,6 +33,21 @@ def test_binary_array_gathers_slices_out_of_order_or_overlapping_too() -> None:
     ):
         got = binary_array(data, np.array(starts), np.array(lengths))
         assert got.to_pylist() == want
+
+
+@pytest.mark.parametrize("gap", [1, SPARSE_SLICE_BYTES * 2], ids=["dense", "sparse"])
+def test_binary_array_gathers_dense_and_sparse_slices_alike(gap: int) -> None:
+    """Slices close together are picked with a byte mask, far apart copied one by one."""
+    rng = np.random.default_rng(7)
+    lengths = np.array([5, -1, 0, 300, 1, 2000, -1, 17])
+    starts = np.cumsum(np.maximum(lengths, 0) + gap) - np.maximum(lengths, 0)
+    data = rng.integers(0, 256, int(starts[-1] + lengths[-1] + gap), np.uint8)
+    got = binary_array(data, starts, lengths)
+    want = [
+        None if n < 0 else data[s : s + n].tobytes() for s, n in zip(starts, lengths, strict=True)
+    ]
+    assert got.to_pylist() == want
+    assert got.null_count == 2
 
 
 def test_newline_joined_follows_each_value_with_a_newline_also_in_a_slice() -> None:

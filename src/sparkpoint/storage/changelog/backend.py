@@ -406,9 +406,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 if not len(chunk):
                     break
                 keys, values = chunk.keys.to_pylist(), chunk.values.to_pylist()
-                engine.write_batch(
-                    (k, v) for k, v in zip(keys, values, strict=True) if k is not None
-                )
+                engine.load((k, v) for k, v in zip(keys, values, strict=True) if k is not None)
                 entries += len(chunk)
                 size += _data_bytes(chunk.keys) + _data_bytes(chunk.values)
                 start = admin.offset_after(ssp, chunk.last_offset)

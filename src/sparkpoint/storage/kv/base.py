@@ -41,6 +41,11 @@ class KeyValueEngine(ABC):
     def write_batch(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Apply puts (value ``None`` = delete) atomically, in order."""
 
+    def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """:meth:`write_batch` for a restore's bulk writes: an engine may skip its write-ahead
+        log for them, so they are durable only after :meth:`flush` (or :meth:`close`)."""
+        self.write_batch(puts)
+
     @abstractmethod
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Entries with ``start <= key < end`` in key order."""

@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import cast
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from sparkpoint.errors import StoreError
 from sparkpoint.storage.kv.base import KeyValueEngine
@@ -72,6 +72,9 @@ class RocksDBEngine(KeyValueEngine):
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+        #: whether writes since the last flush skipped the write-ahead log (:meth:`load`)
+        self._unlogged = False
+
     def _d(self) -> Rdict:
         if self._db is None:
             raise StoreError(f"store {self.name}: used after close")
@@ -97,13 +100,16 @@ class RocksDBEngine(KeyValueEngine):
         del self._d()[key]
 
     def write_batch(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
-        wb = WriteBatch(raw_mode=True)
-        for k, v in puts:
-            if v is None:
-                wb.delete(k)
-            else:
-                wb.put(k, v)
-        self._d().write(wb)
+        self._d().write(_batch(puts))
+
+    def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        # no write-ahead log: a restore wrote every value twice (log, then memtable flush);
+        # flush() flushes the memtables instead (docs/performance.md, "Changelog restore")
+        unlogged = WriteOptions()
+        # a property (rocksdict's stub declares a method)
+        unlogged.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._d().write(_batch(puts), unlogged)
+        self._unlogged = True
 
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._d().iter()
@@ -132,6 +138,9 @@ class RocksDBEngine(KeyValueEngine):
 
     def flush(self) -> None:
         if not self.read_only:
+            if self._unlogged:  # writes without the log are durable once in SST files
+                self._d().flush(True)
+                self._unlogged = False
             self._d().flush_wal(True)
 
     @property
@@ -157,8 +166,18 @@ class RocksDBEngine(KeyValueEngine):
     def close(self) -> None:
         if self._db is not None:
             try:
-                if not self.read_only:
-                    self._db.flush_wal(True)
+                self.flush()
             finally:
                 self._db.close()
                 self._db = None
+
+
+def _batch(puts: Iterable[tuple[bytes, bytes | None]]) -> WriteBatch:
+    """A write batch of puts (value ``None`` = delete), in order."""
+    wb = WriteBatch(raw_mode=True)
+    for k, v in puts:
+        if v is None:
+            wb.delete(k)
+        else:
+            wb.put(k, v)
+    return wb
