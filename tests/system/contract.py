@@ -7,7 +7,7 @@ returning a :class:`SystemUnderTest` (a factory, the system's name and a config)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,7 +21,8 @@ from sparkpoint.startpoint import (
     StartpointTimestamp,
     StartpointUpcoming,
 )
-from sparkpoint.system.base import Record, StreamSpec, SystemFactory
+from sparkpoint.system.base import Entries, Record, StreamSpec, SystemFactory
+from sparkpoint.system.columns import RecordColumns
 
 
 @dataclass
@@ -207,6 +208,10 @@ class SystemContract:
             assert columns.keys.type == pa.binary() and columns.values.type == pa.binary()
             if records:
                 assert columns.last_offset == records[-1].offset
+            entries = consumer.read_entries(ssp, start, end, most)
+            assert entries.keys == [r.key for r in records]
+            assert entries.values == [r.value for r in records]
+            assert entries.last_offset == (records[-1].offset if records else None)
 
     def test_bounded_reads_stop_at_read_max_bytes(self, system: SystemUnderTest) -> None:
         """A read of at most N records returns fewer once they pass read.max.bytes (never
@@ -225,13 +230,13 @@ class SystemContract:
         consumer = system.factory.get_consumer(system.name, config)
         consumer.register(ssp, "0")
         assert len(consumer.read(ssp, "0", "60")) == 60  # no max_records: the whole range
-        for read in (consumer.read, consumer.read_columns):
+        for read in (consumer.read, consumer.read_columns, consumer.read_entries):
             got: list[Record] = []
             sizes = []
             start = "0"
             while int(start) < 60:
                 chunk = read(ssp, start, "60", 1000)
-                records = chunk.records() if not isinstance(chunk, list) else chunk
+                records = as_records(chunk, start)
                 assert records, f"{read.__name__} returned nothing from offset {start}"
                 sizes.append(len(records))
                 got += records
@@ -271,3 +276,13 @@ class SystemContract:
         again.send("d", 0, rec("b", "2", 2))
         again.flush()
         assert [r.offset for r in fresh.read(ssp, "0", "10")] == ["0", "1"]
+
+
+def as_records(chunk: Sequence[Record] | RecordColumns | Entries, start: str) -> list[Record]:
+    """A read's result as records; entries, which have no offsets, numbered from ``start``
+    (their records are consecutive here) and stamped with their offset's number."""
+    if isinstance(chunk, Entries):
+        assert chunk.last_offset == (str(int(start) + len(chunk) - 1) if len(chunk) else None)
+        pairs = zip(chunk.keys, chunk.values, strict=True)
+        return [Record(str(int(start) + i), k, v, int(start) + i) for i, (k, v) in enumerate(pairs)]
+    return chunk.records() if isinstance(chunk, RecordColumns) else list(chunk)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,8 +136,11 @@ def test_corrupt_record_in_the_middle_names_stream_partition_offset(
         consumer.read(SSP, "0", "100")
     with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
         consumer.read_columns(SSP, "0", "100")
+    with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
+        consumer.read_entries(SSP, "0", "100")
     assert len(consumer.read(SSP, "0", "5")) == 5  # records before it still read
     assert len(consumer.read_columns(SSP, "0", "5")) == 5
+    assert len(consumer.read_entries(SSP, "0", "5")) == 5
 
 
 def test_index_is_rebuilt_when_lost(system: SystemUnderTest) -> None:
@@ -244,37 +248,53 @@ def test_a_damaged_index_never_hides_records_from_readers(
     assert admin.get_metadata([SSP])[SSP].upcoming == "41"
 
 
-def test_columnar_decoding_checks_every_byte_as_the_record_decoder_does() -> None:
-    """Each byte of a small log flipped in turn: the columnar decoder returns what the record
-    decoder returns, or fails with the same error for the same offset."""
+def _by_columns(log: bytes, offsets: Any, positions: Any) -> list[Record]:
+    return columnar.decode_columns(log, offsets, positions).records()
+
+
+def _by_entries(log: bytes, offsets: Any, positions: Any) -> list[Record]:
+    """Entries as records: their keys and values, the last offset, the rest blank."""
+    got = columnar.decode_entries(log, offsets, positions)
+    pairs = zip(got.keys, got.values, strict=True)
+    return [Record(got.last_offset or "", k, v, 0) for k, v in pairs]
+
+
+def _comparable(records: list[Record], decoder: Any) -> list[Record]:
+    if decoder is _by_columns:
+        return records
+    return [Record(records[-1].offset, r.key, r.value, 0) for r in records]
+
+
+@pytest.mark.parametrize("decoder", [_by_columns, _by_entries], ids=["columns", "entries"])
+def test_columnar_decoding_checks_every_byte_as_the_record_decoder_does(decoder: Any) -> None:
+    """Each byte of a small log flipped in turn: the columnar decoders (Arrow columns, and
+    a replay's keys and values) return what the record decoder returns, or fail with the same
+    error for the same offset."""
     keyed = [Record("", f"k{i}".encode(), f"value-{i}".encode(), 100 + i) for i in range(4)]
     odd = [Record("", None, b"keyless", 7), Record("", b"k", None, 8), Record("", b"", b"", 9)]
     records = [*keyed, *odd]
     log, index, n = fmt.encode_many(50, records)
     entries = columnar.index_entries(index)
     offsets, positions = entries["offset"], entries["position"]
-    assert columnar.decode_columns(log, offsets, positions).records() == fmt.decode_span(
-        log, offsets.tolist()
-    )
+    want = _comparable(fmt.decode_span(log, offsets.tolist()), decoder)
+    assert decoder(log, offsets, positions) == want
     for at in range(len(log)):
         damaged = bytearray(log)
         damaged[at] ^= 0x5A
         with pytest.raises(fmt.FormatError) as by_record:
             fmt.decode_span(bytes(damaged), offsets.tolist())
         with pytest.raises(fmt.FormatError) as by_column:
-            columnar.decode_columns(bytes(damaged), offsets, positions)
+            decoder(bytes(damaged), offsets, positions)
         assert (by_column.value.offset, by_column.value.reason) == (
             by_record.value.offset,
             by_record.value.reason,
         ), at
     shifted = positions.astype("int64") + 3  # an index whose positions are off: still read
-    assert columnar.decode_columns(log, offsets, shifted).records() == fmt.decode_span(
-        log, offsets.tolist()
-    )
+    assert decoder(log, offsets, shifted) == want
     wrong = offsets.copy()
     wrong[2] += 1
     with pytest.raises(fmt.FormatError, match="record says offset 52"):
-        columnar.decode_columns(log, wrong, positions)
+        decoder(log, wrong, positions)
     assert n == len(records)
 
 

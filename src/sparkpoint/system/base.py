@@ -65,6 +65,19 @@ class OutgoingMessageEnvelope(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Entries:
+    """The keys and values of consecutive records of one SSP (a replay's read: no offsets, no
+    timestamps, no Record per record) and the offset of the last one (``None``: no record)."""
+
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    last_offset: str | None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionMetadata:
     """Offsets of one partition at the time they were read."""
 
@@ -264,6 +277,17 @@ class SystemConsumer(ABC):
         from sparkpoint.system.columns import RecordColumns
 
         return RecordColumns.from_records(self.read(ssp, start, end, max_records))
+
+    def read_entries(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> Entries:
+        """:meth:`read`'s keys and values (what a changelog replay writes into a store). This
+        default takes them from :meth:`read_columns`; the embedded log slices them straight
+        out of its file bytes."""
+        columns = self.read_columns(ssp, start, end, max_records)
+        if not len(columns):
+            return Entries([], [], None)
+        return Entries(columns.keys.to_pylist(), columns.values.to_pylist(), columns.last_offset)
 
     def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
         """After a read of ``ssp`` that returned nothing: the last offset below the end of

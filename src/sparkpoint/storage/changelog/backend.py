@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
@@ -48,9 +47,6 @@ from sparkpoint.system.base import (
 )
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import stream_spec
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -401,14 +397,15 @@ class ChangelogRestoreManager(TaskRestoreManager):
         admin = self.ctx.systems.admin(ssp.system)
         try:
             while admin.offset_comparator(start, end) < 0:
-                # as columns: the embedded log decodes them without a Python object per record
-                chunk = consumer.read_columns(ssp, start, end, READ_CHUNK)
-                if not len(chunk):
+                # keys and values only: the embedded log slices them out of its bytes
+                chunk = consumer.read_entries(ssp, start, end, READ_CHUNK)
+                if chunk.last_offset is None:
                     break
-                keys, values = chunk.keys.to_pylist(), chunk.values.to_pylist()
-                engine.load((k, v) for k, v in zip(keys, values, strict=True) if k is not None)
+                pairs = zip(chunk.keys, chunk.values, strict=True)
+                engine.load((k, v) for k, v in pairs if k is not None)
                 entries += len(chunk)
-                size += _data_bytes(chunk.keys) + _data_bytes(chunk.values)
+                size += sum(map(len, filter(None, chunk.keys)))
+                size += sum(map(len, filter(None, chunk.values)))
                 start = admin.offset_after(ssp, chunk.last_offset)
         finally:
             consumer.close()
@@ -430,13 +427,6 @@ class ChangelogRestoreManager(TaskRestoreManager):
         )
         producer.close()
         return len(keys)
-
-
-def _data_bytes(column: pa.Array) -> int:
-    """The bytes of a binary column's values (nulls count none)."""
-    import pyarrow.compute as pc  # only where a restore runs: about 70 MB of a worker's RSS
-
-    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
 
 
 #: the fewest records a changelog partition grows by before a compaction during a run

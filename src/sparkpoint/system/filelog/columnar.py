@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from sparkpoint.system.base import Entries
 from sparkpoint.system.columns import RecordColumns, binary_array
 from sparkpoint.system.filelog.format import (
     BODY,
@@ -102,6 +103,32 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
         binary_array(data, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64)),
         pa.array(fixed["timestamp"].astype(np.int64)),
     )
+
+
+def decode_entries(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Entries:
+    """:func:`decode_columns`'s keys and values as lists of bytes, each sliced straight out of
+    ``buf`` (one copy; no Arrow array between), with the same checks."""
+    if len(offsets) == 0:
+        return Entries([], [], None)
+    checked = _checked(buf, offsets, positions)
+    if checked is None:
+        records = decode_span(buf, offsets.tolist())
+        return Entries([r.key for r in records], [r.value for r in records], records[-1].offset)
+    fixed, _starts, body, _end = checked
+    klen = fixed["klen"].astype(np.int64)
+    kpos = body + BODY.size
+    keys = _slices(buf, kpos, klen)
+    values = _slices(buf, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64))
+    return Entries(keys, values, str(int(offsets[-1])))
+
+
+def _slices(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes | None]:
+    """``buf[starts[i] : starts[i] + lengths[i]]``, ``None`` where ``lengths[i] < 0``."""
+    ends = starts + np.maximum(lengths, 0)
+    out: list[bytes | None] = list(map(buf.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+    for i in np.flatnonzero(lengths < 0).tolist():
+        out[i] = None
+    return out
 
 
 @dataclass(frozen=True)

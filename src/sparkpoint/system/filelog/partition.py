@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.fsutil import USER_ERRNOS, atomic_write
-from sparkpoint.system.base import PartitionMetadata, Record
+from sparkpoint.system.base import Entries, PartitionMetadata, Record
 from sparkpoint.system.filelog import format as fmt
 
 if TYPE_CHECKING:
@@ -297,6 +297,26 @@ class PartitionLog:
             entries = columnar.index_entries(index.raw(i, j))
             try:
                 return columnar.decode_columns(buf, entries["offset"], entries["position"])
+            except fmt.FormatError as exc:
+                raise self._corrupt(exc.offset, exc.reason) from None
+
+    def read_entries(
+        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+    ) -> Entries:
+        """:meth:`read`'s keys and values, sliced out of the log's bytes (a replay's read)."""
+        from sparkpoint.system.filelog import columnar
+
+        self._report_lost(start, end)
+        with self._snapshot() as (index, log_file):
+            stable = self.publishing_from()
+            end = end if stable is None else min(end, stable)
+            span = self._span(index, log_file, start, end, max_records, max_bytes)
+            if span is None:
+                return Entries([], [], None)
+            buf, i, j = span
+            entries = columnar.index_entries(index.raw(i, j))
+            try:
+                return columnar.decode_entries(buf, entries["offset"], entries["position"])
             except fmt.FormatError as exc:
                 raise self._corrupt(exc.offset, exc.reason) from None
 

@@ -26,6 +26,7 @@ from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
     READ_MAX_BYTES,
+    Entries,
     IntegerOffsets,
     PartitionMetadata,
     Record,
@@ -247,6 +248,12 @@ class FileLogConsumer(SystemConsumer):
     ) -> RecordColumns:
         log = self._s.log(ssp.stream, ssp.partition)
         return log.read_columns(int(start), int(end), max_records, self._bytes(max_records))
+
+    def read_entries(
+        self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
+    ) -> Entries:
+        log = self._s.log(ssp.stream, ssp.partition)
+        return log.read_entries(int(start), int(end), max_records, self._bytes(max_records))
 
     def _bytes(self, max_records: int | None) -> int | None:
         return None if max_records is None else self._max_bytes
