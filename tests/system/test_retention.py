@@ -6,6 +6,8 @@ running job keeps its input bounded while it reads everything it has not committ
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from sparkpoint.system.base import Record, StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.retention import retention_of, trim
 from sparkpoint.tools.streams import trim_stream
-from tests.conftest import pageviews_config
+from tests.conftest import EXAMPLE_DIR, pageviews_config
 from tests.helpers import committed_counts, generate
 
 STREAM = SystemStream("filelog", "events")
@@ -71,6 +73,40 @@ def test_by_bytes_keeps_the_newest_records_as_they_were(tmp_path: Path) -> None:
     assert admin.offset_for_timestamp(SSP, 1_000 + 10 * 99) == "99"
     append(systems, 1)  # an append after the cut takes the next offset
     assert records(systems)[-1].offset == "100"
+
+
+NO_NUMPY = """
+import sys
+from sparkpoint.config import load_config, read_job_file
+from sparkpoint.model import SystemStream
+from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.registry import Systems
+from sparkpoint.system.retention import trim
+
+values = read_job_file(sys.argv[1])
+values.update({"job.data.dir": sys.argv[2], "streams.events.retention.bytes": "2000"})
+config = load_config(None, values)
+systems = Systems(config)
+systems.admin("filelog").create_stream(StreamSpec("events", 1))
+producer = systems.producer("filelog")
+producer.send_many("events", 0, [Record("", b"k", b"v" * 100, i) for i in range(100)])
+producer.flush()
+(t,) = trim(config, systems, [SystemStream("filelog", "events")], {}, job="j")
+assert t.dropped > 0, t
+print(sorted(m for m in ("numpy", "pyarrow") if m in sys.modules))
+"""
+
+
+def test_a_retention_pass_leaves_numpy_and_arrow_unimported(tmp_path: Path) -> None:
+    """The job's driver runs retention: importing numpy there was a one-time RSS step of about
+    23 MB, minutes into a run (docs/performance.md, "A long run")."""
+    out = subprocess.run(
+        [sys.executable, "-c", NO_NUMPY, str(EXAMPLE_DIR / "job.yaml"), str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_by_age_and_everything_expired_never_reuses_offsets(tmp_path: Path) -> None:

@@ -621,7 +621,6 @@ class PartitionLog:
         """Drop every record before ``offset``, as retention does (the oldest offset moves up;
         offsets are kept, and never reused). The records kept are copied as they are, bytes and
         index, without decoding them. Returns how many records were dropped."""
-        import numpy as np
 
         with self._locked():
             log_path, index_path = self._files()
@@ -637,9 +636,7 @@ class PartitionLog:
                     base = index[i][1]
                     log_file.seek(base)
                     data = log_file.read()
-                    kept = np.frombuffer(index.raw(i, n), dtype=">i8").reshape(-1, 3).copy()
-                    kept[:, 1] -= base  # positions in the new log
-                    entries = kept.tobytes()
+                    entries = fmt.rebase_index(index.raw(i, n), base)  # positions in the new log
             self._switch(data, entries, first)
             return i
 
