@@ -456,14 +456,19 @@ def test_a_restore_process_that_dies_is_run_again(
         "testing.crash.mode": "exit",  # os._exit, as a killed process
         "testing.crash.flag": str(flag),
     }
-    coordinator = JobCoordinator(Config({**config.to_dict(), **crashing}), Recording())
+    runner = Recording()
+    coordinator = JobCoordinator(Config({**config.to_dict(), **crashing}), runner)
     keeping = Keeping(launch.RestoreRunner(2))
     with caplog.at_level("WARNING"):
         coordinator.restore_ahead(keeping)
     assert not flag.exists()  # a process did die at the failpoint
     assert "died" in caplog.text and "running them again" in caplog.text
-    assert {r.task for r in keeping.results if r.restored} == set(coordinator.tasks)
+    # every task ran again; one whose restore had ended in the other process before the death
+    # finds its state current and keeps it, so not all of them restore the second time
+    assert {r.task for r in keeping.results} == set(coordinator.tasks)
+    assert any(r.restored for r in keeping.results)
     coordinator.run(until_caught_up=True)
+    assert runner.restored_tasks() == set()  # every task's state was established ahead
     coordinator.close()
     assert committed_counts(config) == expected
 
