@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from typing import cast
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.checkpoint.id import CheckpointId
@@ -401,8 +402,12 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 chunk = consumer.read_entries(ssp, start, end, READ_CHUNK)
                 if chunk.last_offset is None:
                     break
-                pairs = zip(chunk.keys, chunk.values, strict=True)
-                engine.load((k, v) for k, v in pairs if k is not None)
+                keys, values = chunk.keys, chunk.values
+                if None in keys:  # a keyless record changes no entry
+                    pairs = zip(keys, values, strict=True)
+                    engine.load([(k, v) for k, v in pairs if k is not None])
+                else:
+                    engine.load(zip(cast("list[bytes]", keys), values, strict=True))
                 entries += len(chunk)
                 size += sum(map(len, filter(None, chunk.keys)))
                 size += sum(map(len, filter(None, chunk.values)))

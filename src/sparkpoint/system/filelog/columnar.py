@@ -8,7 +8,6 @@ where columns are read.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +22,7 @@ from sparkpoint.system.filelog.format import (
     INDEX_SIZE,
     MAGIC,
     count_records,
+    crc32,
     decode_span,
 )
 
@@ -76,7 +76,7 @@ def _checked(
         and bool((vpos + np.maximum(vlen, 0) == end).all())
     )
     if sound:  # the CRCs: C calls only (a copied slice of bytes checks faster than a view)
-        crcs = map(zlib.crc32, map(buf.__getitem__, map(slice, body.tolist(), end.tolist())))
+        crcs = map(crc32, map(buf.__getitem__, map(slice, body.tolist(), end.tolist())))
         sound = bool((np.fromiter(crcs, np.uint32, n) == fixed["crc"]).all())
     return (fixed, starts, body, end) if sound else None
 
@@ -189,7 +189,7 @@ def renumber(
         data[(body[null] + at)[:, None] + np.arange(4)] = 0xFF
     view = memoryview(out)
     crcs = np.fromiter(
-        map(zlib.crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist()))),
+        map(crc32, map(view.__getitem__, map(slice, body.tolist(), end.tolist()))),
         np.uint32,
         n,
     )
