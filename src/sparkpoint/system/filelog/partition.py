@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.fsutil import USER_ERRNOS, atomic_write
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from sparkpoint.system.filelog.columnar import StagedRecords
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class _Index(Sequence[tuple[int, int, int]]):
@@ -267,18 +268,14 @@ class PartitionLog:
     ) -> list[Record]:
         """Records with ``start <= offset < end`` (at most ``max_records``, and those starting
         within ``max_bytes`` of the first one's start, see :meth:`_span`)."""
-        self._report_lost(start, end)
-        with self._snapshot() as (index, log_file):
-            stable = self.publishing_from()
-            end = end if stable is None else min(end, stable)
-            span = self._span(index, log_file, start, end, max_records, max_bytes)
-            if span is None:
-                return []
-            buf, i, j = span
-            try:
-                return fmt.decode_span(buf, index.offsets(i, j))
-            except fmt.FormatError as exc:
-                raise self._corrupt(exc.offset, exc.reason) from None
+        decoded = self._decoded(
+            start,
+            end,
+            max_records,
+            max_bytes,
+            lambda buf, index, i, j: fmt.decode_span(buf, index.offsets(i, j)),
+        )
+        return [] if decoded is None else decoded
 
     def read_columns(
         self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
@@ -286,19 +283,12 @@ class PartitionLog:
         """:meth:`read` as Arrow columns, decoded without a Python object per record."""
         from sparkpoint.system.filelog import columnar
 
-        self._report_lost(start, end)
-        with self._snapshot() as (index, log_file):
-            stable = self.publishing_from()
-            end = end if stable is None else min(end, stable)
-            span = self._span(index, log_file, start, end, max_records, max_bytes)
-            if span is None:
-                return columnar.RecordColumns.from_records([])
-            buf, i, j = span
+        def decode(buf: bytes, index: _Index, i: int, j: int) -> RecordColumns:
             entries = columnar.index_entries(index.raw(i, j))
-            try:
-                return columnar.decode_columns(buf, entries["offset"], entries["position"])
-            except fmt.FormatError as exc:
-                raise self._corrupt(exc.offset, exc.reason) from None
+            return columnar.decode_columns(buf, entries["offset"], entries["position"])
+
+        decoded = self._decoded(start, end, max_records, max_bytes, decode)
+        return columnar.RecordColumns.from_records([]) if decoded is None else decoded
 
     def read_entries(
         self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
@@ -306,17 +296,35 @@ class PartitionLog:
         """:meth:`read`'s keys and values, sliced out of the log's bytes (a replay's read)."""
         from sparkpoint.system.filelog import columnar
 
+        def decode(buf: bytes, index: _Index, i: int, j: int) -> Entries:
+            entries = columnar.index_entries(index.raw(i, j))
+            return columnar.decode_entries(buf, entries["offset"], entries["position"])
+
+        decoded = self._decoded(start, end, max_records, max_bytes, decode)
+        return Entries([], [], None) if decoded is None else decoded
+
+    def _decoded(
+        self,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        decode: Callable[[bytes, _Index, int, int], _T],
+    ) -> _T | None:
+        """What ``decode(log bytes, index, i, j)`` makes of the records with ``start <= offset
+        < end`` (bounded as :meth:`_span` says; index positions ``i`` to ``j - 1``) that are
+        readable (not being published); ``None`` if there are none. A record that fails its
+        checks raises :class:`CorruptRecordError` naming its offset."""
         self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
             stable = self.publishing_from()
             end = end if stable is None else min(end, stable)
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
-                return Entries([], [], None)
+                return None
             buf, i, j = span
-            entries = columnar.index_entries(index.raw(i, j))
             try:
-                return columnar.decode_entries(buf, entries["offset"], entries["position"])
+                return decode(buf, index, i, j)
             except fmt.FormatError as exc:
                 raise self._corrupt(exc.offset, exc.reason) from None
 
