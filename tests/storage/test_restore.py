@@ -258,6 +258,46 @@ def test_restore_falls_back_to_the_next_backend_when_a_blob_is_missing(
     assert committed_counts(config) == dict(expected)
 
 
+def test_a_failed_replay_falls_back_even_when_its_store_cannot_be_flushed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changelog replay that fails half-way (RocksDB stopped by a background error: it can
+    neither write nor flush) drops the store without flushing it, and the next backend
+    restores it: a flush there raised again and hid the fallback."""
+    from sparkpoint.storage.changelog.backend import ChangelogRestoreManager
+    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+
+    config = make(
+        tmp_path,
+        **{
+            "stores.user-counts.backup.factories": "blobstore,changelog",
+            "stores.user-counts.restore.factories": "changelog,blobstore",
+        },
+    )
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=64, users=20)
+    run(config, until_caught_up=True)
+    shutil.rmtree(config.store_base_dir)
+    replay = ChangelogRestoreManager._replay
+
+    def failing_replay(self: ChangelogRestoreManager, *args: object, **kwargs: object) -> object:
+        replay(self, *args, **kwargs)  # the entries are loaded (unlogged), then it fails
+        raise OSError("injected: RocksDB background error")
+
+    def failing_flush(self: RocksDBEngine) -> None:
+        if self._unlogged:
+            raise OSError("injected: RocksDB background error (flush)")
+        self._d().flush_wal(True)
+
+    monkeypatch.setattr(ChangelogRestoreManager, "_replay", failing_replay)
+    monkeypatch.setattr(RocksDBEngine, "flush", failing_flush)
+    caplog.set_level("INFO")
+    run(config, until_caught_up=True)
+    assert "restore from changelog failed" in caplog.text, caplog.text[-3000:]
+    assert "falling back to blobstore" in caplog.text
+    monkeypatch.undo()
+    assert committed_counts(config) == dict(expected)
+
+
 def test_restore_stops_when_no_backend_can_restore_the_committed_state(tmp_path: Path) -> None:
     """Issue 11: a blob-store-only store whose snapshot is damaged stops the job with an error
     naming task, store, checkpoint and the fix; it never restarts empty."""

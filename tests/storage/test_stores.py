@@ -59,11 +59,25 @@ class TestEngineContract:
         assert engine.get(b"k") == b"2"
         assert engine.get(b"d") is None
 
-    def test_load_applies_in_order_like_write_batch(self, engine: KeyValueEngine) -> None:
-        engine.put(b"gone", b"0")
-        engine.load([(b"k", b"1"), (b"k", b"2"), (b"gone", None)])
+    def test_load_writes_entries_as_stored_in_order(self, engine: KeyValueEngine) -> None:
+        """A restore loads entries as they are stored: a wrapper (TTL) passes them on as they
+        are, not stamped again."""
+        raw = getattr(engine, "inner", engine)
+        engine.write_batch([(b"k", b"2")])
+        stored = raw.get(b"k")
+        assert stored is not None
+        engine.write_batch([(b"k", None), (b"gone", b"0")])
+        engine.load([(b"k", b"overwritten"), (b"k", stored), (b"gone", None)])
         assert engine.get(b"k") == b"2"
         assert engine.get(b"gone") is None
+        assert raw.get(b"k") == stored
+
+    def test_discard_releases_the_store_and_is_idempotent(self, engine: KeyValueEngine) -> None:
+        engine.load([(b"a", b"1")])
+        engine.discard()
+        engine.discard()
+        with pytest.raises(StoreError, match="store s: used after close"):
+            engine.get(b"a")
 
     def test_range_is_half_open_and_ordered(self, engine: KeyValueEngine) -> None:
         engine.write_batch([(bytes([c]), bytes([c])) for c in b"edcba"])
@@ -278,6 +292,17 @@ def test_rocksdb_loaded_writes_skip_the_log_and_are_durable_after_flush(
     # loaded writes survive only once flushed: they never went through the log
     assert len(loaded) == (100 if flushed else 0)
     again.close()
+
+
+def test_rocksdb_discard_releases_the_lock_without_a_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = RocksDBEngine("s", tmp_path / "db")
+    e.load([(b"a", b"1")])
+    monkeypatch.setattr(RocksDBEngine, "flush", lambda self: pytest.fail("flushed"))
+    e.discard()
+    monkeypatch.undo()
+    RocksDBEngine("s", tmp_path / "db", open_timeout=1.0).close()  # not locked any more
 
 
 def test_rocksdb_loaded_writes_are_flushed_by_close(tmp_path: Path) -> None:

@@ -289,7 +289,7 @@ class TaskRestore:
         except Exception as exc:
             engine = context.engines.pop(store, None)
             if engine is not None:
-                engine.close()
+                engine.discard()
             self.local.clear_store(store)
             log.error(
                 "task %s store %s: cannot promote its standby copy at checkpoint %s (%s: %s); "
@@ -368,7 +368,7 @@ class TaskRestore:
         for p in group:
             engine = context.engines.pop(p.store, None)
             if engine is not None:
-                engine.close()
+                engine.discard()
             self.engines.pop(p.store, None)
             self.stats = [s for s in self.stats if s.store != p.store]
             self.local.clear_store(p.store)  # empty it again

@@ -173,6 +173,10 @@ def _replay_tail(
         try:
             manager.init(checkpoint)
             stats = manager.restore_after(store, offsets[store])
+        except BaseException:
+            for engine in context.engines.values():  # the copy is dropped: flush nothing
+                engine.discard()
+            raise
         finally:
             manager.close()
             for engine in context.engines.values():

@@ -70,6 +70,12 @@ class LoggedEngine(KeyValueEngine):
         if len(self._pending) >= self._batch_size:
             self.drain()
 
+    def discard(self) -> None:
+        self.inner.discard()
+
+    def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self.inner.load(puts)  # a restore's entries: in the changelog already
+
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.range(start, end)
 

@@ -42,8 +42,10 @@ class KeyValueEngine(ABC):
         """Apply puts (value ``None`` = delete) atomically, in order."""
 
     def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """:meth:`write_batch` for a restore's bulk writes: an engine may skip its write-ahead
-        log for them, so they are durable only after :meth:`flush` (or :meth:`close`)."""
+        """:meth:`write_batch` for a restore's bulk writes of entries as they are stored (a
+        wrapper passes them on as they are: nothing stamped, nothing logged): an engine may
+        skip its write-ahead log for them, so they are durable only after :meth:`flush` (or
+        :meth:`close`)."""
         self.write_batch(puts)
 
     @abstractmethod
@@ -83,6 +85,12 @@ class KeyValueEngine(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush and release the store. Idempotent."""
+
+    def discard(self) -> None:
+        """Release the store without making its pending writes durable, for a store about to
+        be deleted (a failed restore): a flush there could fail as the restore did, and hide
+        its error. Idempotent."""
+        self.close()
 
 
 class KeyValueStore(ABC, Generic[K, V]):

@@ -171,6 +171,14 @@ class RocksDBEngine(KeyValueEngine):
                 self._db.close()
                 self._db = None
 
+    def discard(self) -> None:
+        if self._db is not None:
+            try:
+                self._db.close()
+            finally:
+                self._db = None
+                self._unlogged = False
+
 
 def _batch(puts: Iterable[tuple[bytes, bytes | None]]) -> WriteBatch:
     """A write batch of puts (value ``None`` = delete), in order."""

@@ -132,6 +132,12 @@ class TtlEngine(KeyValueEngine):
         stamp = HEADER.pack(self.clock())
         self.inner.write_batch((k, None if v is None else stamp + v) for k, v in puts)
 
+    def discard(self) -> None:
+        self.inner.discard()
+
+    def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        self.inner.load(puts)  # stored entries: stamped already
+
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._entries(self.inner.range(start, end))
 
