@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -235,20 +236,27 @@ def test_an_upload_failing_during_the_check_is_reported_by_this_commit(tmp_path:
         manager.commit({}, wait=False)
 
 
+def ran_with_dual_commit(tmp_path: Path, restore: str, seed: int) -> tuple[Config, Counter[str]]:
+    """A job whose store is backed up to the blob store and the changelog (restored from them
+    in the order ``restore`` says), run over 800 views; its config and the counts."""
+    config = make(
+        tmp_path,
+        **{
+            "stores.user-counts.backup.factories": "blobstore,changelog",
+            "stores.user-counts.restore.factories": restore,
+        },
+    )
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=seed, users=20)
+    run(config, until_caught_up=True)
+    return config, expected
+
+
 def test_restore_falls_back_to_the_next_backend_when_a_blob_is_missing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 11 (SEP-28 fallback): dual commit, restore prefers the blob store, a blob of the
     snapshot is gone: the changelog restores the store, with an ERROR saying so."""
-    config = make(
-        tmp_path,
-        **{
-            "stores.user-counts.backup.factories": "blobstore,changelog",
-            "stores.user-counts.restore.factories": "blobstore,changelog",
-        },
-    )
-    expected = generate(config, tmp_path / "a.yaml", 800, seed=63, users=20)
-    run(config, until_caught_up=True)
+    config, expected = ran_with_dual_commit(tmp_path, "blobstore,changelog", seed=63)
     assert delete_data_blobs(config) > 0
     shutil.rmtree(config.store_base_dir)
     caplog.set_level("INFO")
@@ -267,15 +275,7 @@ def test_a_failed_replay_falls_back_even_when_its_store_cannot_be_flushed(
     from sparkpoint.storage.changelog.backend import ChangelogRestoreManager
     from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 
-    config = make(
-        tmp_path,
-        **{
-            "stores.user-counts.backup.factories": "blobstore,changelog",
-            "stores.user-counts.restore.factories": "changelog,blobstore",
-        },
-    )
-    expected = generate(config, tmp_path / "a.yaml", 800, seed=64, users=20)
-    run(config, until_caught_up=True)
+    config, expected = ran_with_dual_commit(tmp_path, "changelog,blobstore", seed=64)
     shutil.rmtree(config.store_base_dir)
     replay = ChangelogRestoreManager._replay
 

@@ -409,8 +409,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 else:
                     engine.load(zip(cast("list[bytes]", keys), values, strict=True))
                 entries += len(chunk)
-                size += sum(map(len, filter(None, chunk.keys)))
-                size += sum(map(len, filter(None, chunk.values)))
+                size += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
                 start = admin.offset_after(ssp, chunk.last_offset)
         finally:
             consumer.close()

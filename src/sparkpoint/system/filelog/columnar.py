@@ -67,9 +67,7 @@ def _checked(
     fixed = windows[starts].view(FIXED).reshape(n)
     body = starts + HEADER_SIZE
     end = body + fixed["length"].astype(np.int64)
-    klen = fixed["klen"].astype(np.int64)
-    vlen = fixed["vlen"].astype(np.int64)
-    vpos = body + BODY.size + np.maximum(klen, 0)
+    _kpos, _klen, vpos, vlen = _key_value_spans(fixed, body)
     sound = (
         bool((fixed["magic"] == MAGIC).all())
         and bool((fixed["length"] >= BODY.size).all())
@@ -98,12 +96,11 @@ def decode_columns(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> Re
         return RecordColumns.from_records(decode_span(buf, offsets.tolist()))
     fixed, _starts, body, _end = checked
     data = np.frombuffer(buf, np.uint8)
-    klen = fixed["klen"].astype(np.int64)
-    kpos = body + BODY.size
+    kpos, klen, vpos, vlen = _key_value_spans(fixed, body)
     return RecordColumns(
         pa.array(fixed["offset"].astype(np.int64)).cast(pa.string()),
         binary_array(data, kpos, klen),
-        binary_array(data, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64)),
+        binary_array(data, vpos, vlen),
         pa.array(fixed["timestamp"].astype(np.int64)),
     )
 
@@ -118,11 +115,18 @@ def decode_entries(buf: bytes, offsets: np.ndarray, positions: np.ndarray) -> En
         records = decode_span(buf, offsets.tolist())
         return Entries([r.key for r in records], [r.value for r in records], records[-1].offset)
     fixed, _starts, body, _end = checked
+    kpos, klen, vpos, vlen = _key_value_spans(fixed, body)
+    return Entries(_slices(buf, kpos, klen), _slices(buf, vpos, vlen), str(int(offsets[-1])))
+
+
+def _key_value_spans(
+    fixed: np.ndarray, body: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where each checked record's key and value start in the buffer, and their lengths (-1
+    for a null)."""
     klen = fixed["klen"].astype(np.int64)
     kpos = body + BODY.size
-    keys = _slices(buf, kpos, klen)
-    values = _slices(buf, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64))
-    return Entries(keys, values, str(int(offsets[-1])))
+    return kpos, klen, kpos + np.maximum(klen, 0), fixed["vlen"].astype(np.int64)
 
 
 def _slices(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes | None]:

@@ -85,11 +85,16 @@ def encode_many(
 
 def index_offsets(raw: bytes | mmap.mmap) -> list[int]:
     """The offsets of whole index entries ``raw``, in one pass in C."""
+    return _index_ints(raw)[0::3].tolist()
+
+
+def _index_ints(raw: bytes | mmap.mmap) -> array.array[int]:
+    """Whole index entries ``raw`` as int64s in this machine's byte order (3 per entry)."""
     entries = array.array("q")
     entries.frombytes(raw)
     if sys.byteorder == "little":
         entries.byteswap()  # the index is big-endian
-    return entries[0::3].tolist()
+    return entries
 
 
 def rebase_index(raw: bytes, base: int) -> bytes:
@@ -97,14 +102,10 @@ def rebase_index(raw: bytes, base: int) -> bytes:
     entries of records kept when the log before ``base`` is cut). The array module rather
     than numpy: a retention pass runs in the driver, where importing numpy cost about 23 MB
     of RSS for the life of the job (docs/performance.md, "A long run")."""
-    entries = array.array("q")
-    entries.frombytes(raw)
-    swap = sys.byteorder == "little"  # the index is big-endian
-    if swap:
-        entries.byteswap()
+    entries = _index_ints(raw)
     entries[1::3] = array.array("q", [position - base for position in entries[1::3]])
-    if swap:
-        entries.byteswap()
+    if sys.byteorder == "little":
+        entries.byteswap()  # back to the index's big-endian
     return entries.tobytes()
 
 

@@ -48,6 +48,8 @@ from sparkpoint.system.base import Entries, PartitionMetadata, Record
 from sparkpoint.system.filelog import format as fmt
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from sparkpoint.system.columns import RecordColumns
     from sparkpoint.system.filelog.columnar import StagedRecords
 
@@ -283,11 +285,9 @@ class PartitionLog:
         """:meth:`read` as Arrow columns, decoded without a Python object per record."""
         from sparkpoint.system.filelog import columnar
 
-        def decode(buf: bytes, index: _Index, i: int, j: int) -> RecordColumns:
-            entries = columnar.index_entries(index.raw(i, j))
-            return columnar.decode_columns(buf, entries["offset"], entries["position"])
-
-        decoded = self._decoded(start, end, max_records, max_bytes, decode)
+        decoded = self._decoded_columnar(
+            start, end, max_records, max_bytes, columnar.decode_columns
+        )
         return columnar.RecordColumns.from_records([]) if decoded is None else decoded
 
     def read_entries(
@@ -296,12 +296,28 @@ class PartitionLog:
         """:meth:`read`'s keys and values, sliced out of the log's bytes (a replay's read)."""
         from sparkpoint.system.filelog import columnar
 
-        def decode(buf: bytes, index: _Index, i: int, j: int) -> Entries:
-            entries = columnar.index_entries(index.raw(i, j))
-            return columnar.decode_entries(buf, entries["offset"], entries["position"])
-
-        decoded = self._decoded(start, end, max_records, max_bytes, decode)
+        decoded = self._decoded_columnar(
+            start, end, max_records, max_bytes, columnar.decode_entries
+        )
         return Entries([], [], None) if decoded is None else decoded
+
+    def _decoded_columnar(
+        self,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        decode: Callable[[bytes, np.ndarray, np.ndarray], _T],
+    ) -> _T | None:
+        """:meth:`_decoded` by a columnar decoder, given the records' offsets and positions
+        from the index."""
+        from sparkpoint.system.filelog import columnar
+
+        def by_index(buf: bytes, index: _Index, i: int, j: int) -> _T:
+            entries = columnar.index_entries(index.raw(i, j))
+            return decode(buf, entries["offset"], entries["position"])
+
+        return self._decoded(start, end, max_records, max_bytes, by_index)
 
     def _decoded(
         self,
@@ -629,7 +645,6 @@ class PartitionLog:
         """Drop every record before ``offset``, as retention does (the oldest offset moves up;
         offsets are kept, and never reused). The records kept are copied as they are, bytes and
         index, without decoding them. Returns how many records were dropped."""
-
         with self._locked():
             log_path, index_path = self._files()
             self._recover(log_path, index_path)
