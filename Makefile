@@ -97,9 +97,11 @@ bench-reshard: setup
 	@.venv/bin/python bench/reshard.py
 
 # 4, 16, 64 and 256 tasks on the same 1M views, local[2] and a 2-worker cluster (target: 256 at
-# >= 0.8x of 4)
+# >= 0.8x of 4); then one task's state of 100 MB, 1 GB and 5 GB: commit pause, uploads, restores
+# from each backend vs a copy, standby promotion (needs about 35 GB free under $TMPDIR)
 bench-scale: setup
 	@.venv/bin/python bench/scale.py --plot bench/out/scale.png
+	@.venv/bin/python bench/state_size.py --plot bench/out/state-size.png
 
 # a 1 GB task brought back after a lost executor: standby promotion vs changelog restore
 bench-standby: setup
