@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,35 @@ def test_changelogs_are_compacted_during_a_long_run_as_they_grow(
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
     assert_committed_state_matches_its_offsets(config)
+
+
+def test_a_compaction_pass_that_fails_beside_the_batches_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changelogs are compacted beside the batches (a thread of the driver): a pass that finds
+    a damaged record is not lost in that thread; the run stops with its error."""
+    from sparkpoint.errors import CorruptRecordError
+    from sparkpoint.storage.changelog import backend as changelog
+
+    monkeypatch.setattr(changelog, "COMPACT_MIN_GROWTH", 40)
+    original = changelog.ChangelogAdmin.compact
+    passes: list[str] = []
+
+    def failing(self: changelog.ChangelogAdmin, checkpoints: object, **kw: bool) -> None:
+        if kw.get("during_run"):
+            passes.append(threading.current_thread().name)
+            raise CorruptRecordError("filelog.user-counts-changelog partition 0 at offset 7: x")
+        original(self, checkpoints, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(changelog.ChangelogAdmin, "compact", failing)
+    config = make(
+        tmp_path,
+        **{"stores.user-counts.write.batch.size": "1", "job.retention.check.ms": "0"},
+    )
+    generate(config, tmp_path / "a.yaml", 3000, seed=46, users=20)
+    with pytest.raises(CorruptRecordError, match="at offset 7"):
+        run(config, until_caught_up=True)
+    assert passes and set(passes) == {"sparkpoint-changelog-compaction"}
 
 
 def test_a_changelog_with_fewer_partitions_than_tasks_stops_the_job(

@@ -215,6 +215,112 @@ def test_compaction_keeps_newest_per_key_with_offsets(system: SystemUnderTest) -
     assert admin.offset_for_timestamp(SSP, 9) == "9"
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_compaction_matches_newest_per_key_and_keeps_every_end_s_state(
+    system: SystemUnderTest, seed: int
+) -> None:
+    """Random keys, tombstones and keyless records, compacted up to a random bound: exactly
+    the newest record per key before the bound (and every keyless one) is left, with every
+    record from the bound on, at its offset, bytes unchanged; replaying to any end at or
+    after the bound gives the same state as before."""
+    import random
+
+    rng = random.Random(seed)
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    n = 3_000
+    for i in range(n):
+        key = None if rng.random() < 0.05 else f"k{rng.randrange(200)}"
+        value = None if rng.random() < 0.1 else f"v{i}" * rng.randrange(1, 40)
+        producer.send("s", 0, rec(key, value, rng.randrange(10**6)))
+    producer.flush()
+    consumer = system.factory.get_consumer("fl", system.config)
+    before = consumer.read(SSP, "0", str(n))
+    bound = rng.randrange(n)
+    newest = {r.key: i for i, r in enumerate(before[:bound]) if r.key is not None}
+    want = [r for i, r in enumerate(before) if i >= bound or r.key is None or newest[r.key] == i]
+
+    def replay(end: int) -> dict[bytes | None, bytes | None]:
+        return {r.key: r.value for r in consumer.read(SSP, "0", str(end)) if r.key is not None}
+
+    states = {end: replay(end) for end in (bound, (bound + n) // 2, n)}
+    assert admin.compact("s", 0, str(bound)) == (n, len(want))
+    assert consumer.read(SSP, "0", str(n)) == want
+    assert {end: replay(end) for end in states} == states
+    assert consumer.read_entries(SSP, "0", str(n)).keys == [r.key for r in want]
+    top, running = -1, []  # the index's timestamps are the kept records' running maximum
+    for r in want:
+        top = max(top, r.timestamp)
+        running.append(top)
+    for ts in rng.sample([r.timestamp for r in want], 5):
+        first = next(r.offset for r, t in zip(want, running, strict=True) if t >= ts)
+        assert admin.offset_for_timestamp(SSP, ts) == first
+
+
+@pytest.mark.parametrize("meanwhile", ["appends", "retention"])
+def test_compaction_works_beside_appends_and_retention(
+    system: SystemUnderTest, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """A compaction reads and judges a snapshot without the appenders' lock (a running job's
+    driver compacts its changelogs while its tasks append): records appended meanwhile are
+    kept after the compacted ones, at their offsets, with their timestamps; a log that
+    changed otherwise meanwhile (here a retention cut) is compacted again under the lock."""
+    from sparkpoint.system.filelog.partition import PartitionLog
+
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(30):  # the first (dropped) is the newest: the maxima kept must be made again
+        producer.send("s", 0, rec(f"k{i % 4}", f"v{i}", 1000 if i == 0 else 100 + i))
+    producer.flush()
+    planned = PartitionLog._compaction
+    calls = []
+
+    def and_then(self: PartitionLog, up_to: int | None) -> object:
+        plan = planned(self, up_to)
+        calls.append(up_to)
+        if len(calls) == 1:  # between the first plan and its switch
+            if meanwhile == "appends":
+                for i in range(30, 35):
+                    producer.send("s", 0, rec(f"k{i % 4}", f"v{i}", 200 + i))
+                producer.flush()
+            else:
+                admin.delete_records_before("s", 0, "2")
+        return plan
+
+    monkeypatch.setattr(PartitionLog, "_compaction", and_then)
+    assert admin.compact("s", 0, "20") == ((30, 14) if meanwhile == "appends" else (28, 14))
+    assert len(calls) == (1 if meanwhile == "appends" else 2)
+    got = system.factory.get_consumer("fl", system.config).read(SSP, "0", "100")
+    kept = [16, 17, 18, 19, *range(20, 30)]  # the newest of each key before 20, all from it on
+    appended = list(range(30, 35)) if meanwhile == "appends" else []
+    assert [int(r.offset) for r in got] == kept + appended
+    assert [r.value for r in got] == [f"v{i}".encode() for i in kept + appended]
+    assert admin.offset_for_timestamp(SSP, 129) == "29"  # running maxima made again
+    assert admin.offset_for_timestamp(SSP, 231) == ("31" if appended else "30")
+    producer.send("s", 0, rec("k9", "after", 200))
+    producer.flush()
+    assert system.factory.get_consumer("fl", system.config).read(SSP, "35", "36") == (
+        [Record("35", b"k9", b"after", 200)] if appended else []
+    )
+
+
+def test_a_damaged_record_stops_compaction_and_changes_nothing(system: SystemUnderTest) -> None:
+    """Compaction never decides what to drop from a record that fails its checks: it raises
+    naming the offset, and the partition is left as it was."""
+    fill(system, 20)
+    log = part_dir(system) / "0.log"
+    raw = bytearray(log.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    log.write_bytes(bytes(raw))
+    admin = system.factory.get_admin("fl", system.config)
+    with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
+        admin.compact("s", 0)
+    assert log.read_bytes() == bytes(raw)
+    assert len(system.factory.get_consumer("fl", system.config).read(SSP, "0", "5")) == 5
+
+
 def test_bad_names_and_partitions_are_refused(system: SystemUnderTest) -> None:
     admin = system.factory.get_admin("fl", system.config)
     with pytest.raises(UserError, match="invalid stream name"):

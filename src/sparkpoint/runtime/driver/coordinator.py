@@ -254,6 +254,9 @@ class JobCoordinator:
         self.affinity: HostAffinity | None = None
         self.standbys: Standbys | None = None
         self._backend_admins: list[StateBackendAdmin] = []  # the state backends' (at start)
+        #: the changelogs' compaction pass running beside the batches, and what it raised
+        self._compaction: threading.Thread | None = None
+        self._compaction_error: BaseException | None = None
         self._live: list[Executor] = []  # the live executors the last placement saw
         #: this batch's standby copies a restoring task may promote (Standbys.offers)
         self._offers: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -356,6 +359,7 @@ class JobCoordinator:
         let each backend bound its storage by them and name the tasks whose committed state it
         lost, and delete state of stores no longer configured. The checkpoints, and the tasks
         that must restore before they process."""
+        self._finish_compaction()  # a pass of the last run: done before the admins change
         admins = self._backend_admins = self._prepare_backends(model)
         self.checkpoints.create_resources()
         checkpoints = dict(self.checkpoints.read_all())
@@ -973,8 +977,12 @@ class JobCoordinator:
         if self.model is None:
             self.start()
         try:
-            return self._run(until_caught_up, max_batches)
+            summary = self._run(until_caught_up, max_batches)
+            self._finish_compaction()
+            return summary
         finally:
+            with contextlib.suppress(Exception):  # an error of its own is raised above
+                self._finish_compaction()
             self._release_the_job()
 
     def _run(self, until_caught_up: bool, max_batches: int | None) -> RunSummary:
@@ -1096,8 +1104,7 @@ class JobCoordinator:
             for ts in self.tasks.values()
             if ts.last_checkpoint is not None
         }
-        for admin in self._backend_admins:  # the changelogs, which the job alone writes
-            admin.compact(checkpoints, during_run=True)
+        self._compact_changelogs(checkpoints)
         for t in trimmed:
             if t.dropped:
                 log.info(
@@ -1111,6 +1118,42 @@ class JobCoordinator:
                     t.held_back,
                     self.config.job_label,
                 )
+
+    def _compact_changelogs(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:
+        """Compact the changelogs (which the job alone writes) up to ``checkpoints``, beside
+        the next batches: a pass reads every record it keeps, and run between batches it
+        cost a windowed job about a third of its throughput (docs/performance.md). One pass at
+        a time; while one runs, the next waits for a later commit. A pass holds a partition's
+        lock while it compacts it, so its task's appends there wait for it meanwhile. What a
+        pass raised (a damaged record) stops the job at the next commit or at the run's end."""
+        self._raise_compaction_error()
+        if self._compaction is not None and self._compaction.is_alive():
+            return
+        admins = list(self._backend_admins)
+
+        def compact() -> None:
+            try:
+                for admin in admins:
+                    admin.compact(checkpoints, during_run=True)
+            except BaseException as exc:  # raised in the driver's thread (above)
+                self._compaction_error = exc
+
+        self._compaction = threading.Thread(
+            target=compact, name="sparkpoint-changelog-compaction", daemon=True
+        )
+        self._compaction.start()
+
+    def _finish_compaction(self) -> None:
+        """Wait for the changelogs' compaction pass, if one runs; raise what it raised."""
+        if self._compaction is not None:
+            self._compaction.join()
+            self._compaction = None
+        self._raise_compaction_error()
+
+    def _raise_compaction_error(self) -> None:
+        error, self._compaction_error = self._compaction_error, None
+        if error is not None:
+            raise error
 
     def _commit_all(self, attempts: int = 3) -> list[BatchReport]:
         """Batches that read nothing and commit every task, waiting for the uploads, until every

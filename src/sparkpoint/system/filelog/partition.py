@@ -39,6 +39,7 @@ import mmap
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
@@ -94,6 +95,21 @@ class _Index(Sequence[tuple[int, int, int]]):
 
 #: the file naming a publish in progress (see :mod:`sparkpoint.system.filelog.staging`)
 PUBLISHING = "PUBLISHING"
+
+
+@dataclass(frozen=True)
+class _Compaction:
+    """A partition's records compacted from a snapshot (:meth:`PartitionLog.compact`): its
+    generation (-1: unknown), index entries and end position, how many records it had, and
+    the log and index bytes of the records kept."""
+
+    gen: int
+    raw: bytes
+    end: int
+    records: int
+    data: bytes
+    entries: bytes
+    kept: int
 
 
 class PartitionLog:
@@ -616,30 +632,58 @@ class PartitionLog:
         before. Returns records before and after. Readers see the old or the new generation,
         never a mix.
         """
+        plan = self._compaction(up_to)  # without the lock: the task's appends go on
+        if plan is None or plan.kept == plan.records:
+            return (0, 0) if plan is None else (plan.records, plan.kept)
         with self._locked():
             log_path, index_path = self._files()
             self._recover(log_path, index_path)
-            meta = self.metadata()
-            if meta.newest is None:
-                return 0, 0
-            records = self.read(int(meta.oldest), int(meta.upcoming), None)
-            bound = (
-                len(records)
-                if up_to is None
-                else bisect.bisect_left(records, up_to, key=lambda r: int(r.offset))
-            )
-            newest: dict[bytes, int] = {}
-            for i, rec in enumerate(records[:bound]):
-                if rec.key is not None:
-                    newest[rec.key] = i
-            keep = [
-                r
-                for i, r in enumerate(records)
-                if i >= bound or r.key is None or newest[r.key] == i
-            ]
-            if len(keep) != len(records):
-                self._rewrite(keep)
-            return len(records), len(keep)
+            if not self._switch_compacted(plan):  # the log moved under it: again, locked
+                plan = self._compaction(up_to)
+                if plan is None or plan.kept == plan.records:
+                    return (0, 0) if plan is None else (plan.records, plan.kept)
+                switched = self._switch_compacted(plan)
+                assert switched, "nothing moves under the lock"
+            return plan.records, plan.kept
+
+    def _compaction(self, up_to: int | None) -> _Compaction | None:
+        """The compacted records of a snapshot of the current generation (None: it is
+        empty), or :class:`CorruptRecordError` naming a damaged record it would judge."""
+        gen = self._gen()
+        with self._snapshot() as (index, log_file):
+            n = len(index)
+            if n == 0:
+                return None
+            raw = index.raw(0, n)
+            base, last = index[0][1], index[n - 1][1]
+            log_file.seek(base)
+            buf = log_file.read()  # to the end of the file: records appended meanwhile too
+        try:
+            end = last - base + fmt.record_size_at(buf, last - base)
+            data, entries, kept = fmt.compacted(buf[:end], raw, up_to)
+        except fmt.FormatError as exc:
+            offset = exc.offset if exc.offset >= 0 else fmt.index_offsets(raw)[-1]
+            raise self._corrupt(offset, exc.reason) from None
+        gen = gen if self._gen() == gen else -1  # switched meanwhile: which one is unknown
+        return _Compaction(gen, raw, base + end, n, data, entries, kept)
+
+    def _switch_compacted(self, plan: _Compaction) -> bool:
+        """Switch to ``plan``'s records, then every record appended after its snapshot, as
+        they are (under the lock); False when the log changed otherwise since the snapshot
+        (another compaction, retention, a repair), which leaves it as it is."""
+        with self._snapshot() as (index, log_file):
+            n = len(index)
+            same = self._gen() == plan.gen and n >= plan.records
+            if not same or index.raw(0, plan.records) != plan.raw:
+                return False
+            tail_index = index.raw(plan.records, n)
+            log_file.seek(plan.end)
+            tail = log_file.read()  # exact: the tail was recovered under this lock
+        last_max = fmt.index_max_timestamp(plan.entries)
+        moved = fmt.moved_index(tail_index, tail, plan.end, len(plan.data), last_max)
+        first = fmt.index_offsets(plan.entries[: fmt.INDEX_SIZE])[0]
+        self._switch(plan.data + tail, plan.entries + moved, first)
+        return True
 
     def delete_before(self, offset: int) -> int:
         """Drop every record before ``offset``, as retention does (the oldest offset moves up;
