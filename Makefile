@@ -82,6 +82,8 @@ bench-ttl: setup
 bench-timers: setup
 	@.venv/bin/python bench/timers.py
 
+# minute counts and sessions on 1M views: both APIs, Spark SS, Bytewax and PyFlink (the peers
+# installed into bench/out/venvs on first use), every window checked
 bench-windows: setup
 	@.venv/bin/python bench/windows.py
 

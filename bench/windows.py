@@ -7,13 +7,25 @@ Spark session on the same events.
 * ``Spark SS``: ``groupBy(window(event_time, "1 minute"), user).count()`` and
   ``groupBy(session_window(event_time, "30 seconds"), user)`` with
   ``withWatermark(event_time, "5 seconds")``, two ``availableNow`` queries to Parquet
-  (append), RocksDB state store; its time is the two queries' sum.
+  (append), RocksDB state store; its time is the two queries' sum;
+* ``Bytewax`` (``bench/peers/bytewax_windows.py``): ``fold_window`` over a tumbling and a
+  session windower, event-time clock of 5 s lateness, SQLite recovery every second, 2
+  processes; timed from its first view to its end;
+* ``PyFlink`` (``bench/peers/flink_windows.py``): Flink SQL ``TUMBLE`` and ``SESSION`` window
+  counts in one job, watermark 5 s, RocksDB with incremental checkpoints every second,
+  parallelism 4; timed from the job's submission to its end.
+
+The peers run in their own virtual envs under ``bench/out/venvs`` (installed on first use, as
+``make bench-peers`` does; ``--peers ""`` leaves them out) on the same views as JSON lines, one
+file per partition. They close every window at the end of their bounded input, so they are
+checked against every window of the reference. Issue 32's target: sparkpoint at 1.5x the
+fastest of the others.
 
 Each variant's windows are checked against a plain Python reference
 (``examples/windows/windows_reference.py``): every window it emitted has the reference's value,
 and it emitted every window its watermark closed (sparkpoint's per task, Spark's global, so
 the sets differ at the end only). Batches are 100,000 events. Usage: ``make bench-windows`` or
-``.venv/bin/python bench/windows.py [--events N] [--users U]``.
+``.venv/bin/python bench/windows.py [--events N] [--users U] [--peers bytewax,pyflink]``.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +75,9 @@ from sparkpoint.system.registry import Systems  # noqa: E402
 from sparkpoint.tools.streams import read_json_lines  # noqa: E402
 
 BATCH_PER_TASK = 25_000
+#: a peer's name -> (its env in bench/peers/run.py, its script in bench/peers)
+PEERS = {"bytewax": ("bytewax", "bytewax_windows.py"), "pyflink": ("flink", "flink_windows.py")}
+PEER_NAMES = {"bytewax": "Bytewax", "pyflink": "PyFlink"}
 MINUTE = ("user", "window_start", "window_end", "count")
 SESSION = ("user", "session_start", "session_end", "views")
 
@@ -184,11 +200,51 @@ def run_spark(spark: Any, tmp: Path, args: argparse.Namespace) -> tuple[float, s
     return seconds, ", ".join(out)
 
 
+def windows_of(rows: list[list[Any]]) -> set[Closed]:
+    """A peer's ``[user, start, end, count]`` rows as the reference's windows."""
+    return {(str(user), int(start), int(end), int(n)) for user, start, end, n in rows}
+
+
+def run_peer(peer: str, tmp: Path, args: argparse.Namespace) -> tuple[float, str]:
+    """A peer's windows on the same views (its env installed first, untimed); seconds, check."""
+    from peers.run import ensure_env, python_of, write_input  # bench/peers/run.py
+
+    env, script = PEERS[peer]
+    ensure_env(env)
+    data = tmp / "peers-input"
+    if not data.exists():
+        write_input(data, args.events, args.users, 5)
+    work = tmp / peer
+    work.mkdir()
+    result = work / "result.json"
+    cmd = [python_of(env), str(ROOT / "bench" / "peers" / script), "--data", str(data)]
+    cmd += ["--work", str(work), "--result", str(result), "--events", str(args.events)]
+    with (work / "log.txt").open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=log)
+    if proc.returncode != 0:
+        tail = (work / "log.txt").read_text()[-2000:]
+        raise SystemExit(f"{peer} exited {proc.returncode}; its log ends:\n{tail}")
+    out = json.loads(result.read_text())
+    views = [(str(e["user"]), int(str(e["ts"]))) for e in events(args.events, 5, args.users)]
+    minutes, sessions, _ = closed_windows(views, lambda _u: 0, at_end=True)
+    name = PEER_NAMES[peer]
+    checked = [
+        check(name, windows_of(out["minutes"]), minutes, "minutes"),
+        check(name, windows_of(out["sessions"]), sessions, "sessions"),
+    ]
+    return float(out["seconds"]), ", ".join(checked)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--users", type=int, default=10_000)
+    parser.add_argument("--peers", default="bytewax,pyflink", help='"" for none')
     args = parser.parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - PEERS.keys()
+    if unknown:
+        parser.error(f"--peers: unknown {sorted(unknown)}; known: {', '.join(PEERS)}")
     spark = spark_session(Config({"job.name": "bench-windows"}), "local[2]")
     rates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sparkpoint-bench-windows-") as tmp_name:
@@ -199,6 +255,7 @@ def main() -> None:
             ("task API", lambda: run_sparkpoint(spark, tmp, "task", args)),
             ("DataFrame API", lambda: run_sparkpoint(spark, tmp, "frame", args)),
             ("Spark SS", lambda: run_spark(spark, tmp, args)),
+            *((PEER_NAMES[p], lambda p=p: run_peer(p, tmp, args)) for p in peers),
         ):
             seconds, checked = runner()
             rates[name] = args.events / seconds
@@ -210,6 +267,13 @@ def main() -> None:
     print(f"\n{args.events:,} views over {args.users:,} users, local[2]")
     for name, rate in rates.items():
         print(f"{name:<14} {rate:>10,.0f} events/s  {rate / rates['Spark SS']:>6.2f}x Spark SS")
+    others = {n: r for n, r in rates.items() if n not in ("task API", "DataFrame API")}
+    fastest = max(others, key=others.__getitem__)
+    print(
+        f"target: sparkpoint at 1.5x the fastest of the others ({fastest}, "
+        f"{others[fastest]:,.0f} events/s): task API {rates['task API'] / others[fastest]:.2f}x, "
+        f"DataFrame API {rates['DataFrame API'] / others[fastest]:.2f}x"
+    )
 
 
 if __name__ == "__main__":

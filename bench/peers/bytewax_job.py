@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import Progress, arguments, mark_first, write_result  # noqa: E402
+from common import Progress, arguments, mark_first, run_bytewax, write_result  # noqa: E402
 
 PROCESSES = 2
 
@@ -64,46 +61,15 @@ if os.environ.get("BENCH_WORK"):
     flow = build_flow()
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def main() -> None:
     args = arguments(__doc__).parse_args()
-    recovery = args.work / "recovery"
-    py = sys.executable
-    if not recovery.exists():
-        recovery.mkdir(parents=True)
-        subprocess.run([py, "-m", "bytewax.recovery", str(recovery), "4"], check=True)
-    (args.work / "out").mkdir(exist_ok=True)
+    (args.work / "out").mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
         "BENCH_DATA": str(args.data),
         "BENCH_WORK": str(args.work),
-        "PYTHONPATH": str(HERE),
         "BENCH_RECOVERY": "1" if args.recovery else "0",
     }
-    addresses = ";".join(f"127.0.0.1:{p}" for p in free_ports(PROCESSES))
-    snapshot_s = str(max(args.checkpoint_ms // 1000, 1))  # whole seconds only
-    run = [py, "-m", "bytewax.run", "bytewax_job:flow"]
-    procs = [
-        subprocess.Popen(
-            [*run, "-i", str(i), "-a", addresses, "-r", str(recovery), "-s", snapshot_s, "-b", "0"],
-            env=env,
-            cwd=HERE,
-        )
-        for i in range(PROCESSES)
-    ]
-    codes = [p.wait() for p in procs]
-    finished = time.time()
-    if any(codes):
-        raise SystemExit(f"bytewax processes exited with {codes}")
+    finished = run_bytewax("bytewax_job:flow", args.work, args.checkpoint_ms, env, PROCESSES)
     counts: dict[str, int] = {}
     for path in (args.work / "out").glob("part_*"):
         for line in path.open():

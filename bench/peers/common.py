@@ -18,6 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -83,3 +86,57 @@ class Progress:
 def write_result(args: argparse.Namespace, counts: dict[str, int], **extra: Any) -> None:
     result = {"counts": counts, "first_output": first_output(args.work), **extra}
     args.result.write_text(json.dumps(result))
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free now (a Bytewax cluster's addresses)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_bytewax(
+    flow: str, work: Path, checkpoint_ms: int, env: dict[str, str], processes: int
+) -> float:
+    """Run the Bytewax dataflow ``flow`` (``module:attribute`` in this folder) as
+    ``processes`` processes of one worker each on loopback, with SQLite recovery under
+    ``work/recovery`` (made on first use, kept across runs) snapshotting every
+    ``checkpoint_ms`` (whole seconds); ``env`` is added to the processes' environment.
+    Returns the wall time at which the last one ended."""
+    recovery = work / "recovery"
+    py = sys.executable
+    if not recovery.exists():
+        recovery.mkdir(parents=True)
+        subprocess.run([py, "-m", "bytewax.recovery", str(recovery), "4"], check=True)
+    here = str(Path(__file__).resolve().parent)
+    full = {**os.environ, "PYTHONPATH": here, **env}
+    addresses = ";".join(f"127.0.0.1:{p}" for p in free_ports(processes))
+    snapshot_s = str(max(checkpoint_ms // 1000, 1))
+    run = [py, "-m", "bytewax.run", flow, "-a", addresses, "-r", str(recovery), "-s", snapshot_s]
+    procs = [
+        subprocess.Popen([*run, "-i", str(i), "-b", "0"], env=full, cwd=here)
+        for i in range(processes)
+    ]
+    codes = [p.wait() for p in procs]
+    finished = time.time()
+    if any(codes):
+        raise SystemExit(f"bytewax processes exited with {codes}")
+    return finished
+
+
+def flink_settings(args: argparse.Namespace, tmp: Path, parallelism: int) -> dict[str, str]:
+    """The Flink configuration both PyFlink variants share: embedded RocksDB state with
+    incremental checkpoints every ``--checkpoint-ms`` under ``--work``, no restarts."""
+    return {
+        "parallelism.default": str(parallelism),
+        "state.backend.type": "rocksdb",
+        "execution.checkpointing.incremental": "true",
+        "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
+        "execution.checkpointing.dir": (args.work / "checkpoints").as_uri(),
+        "io.tmp.dirs": str(tmp),
+        "restart-strategy.type": "none",  # fail, rather than retry for ever
+    }

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import Progress, arguments, write_result  # noqa: E402
+from common import Progress, arguments, flink_settings, write_result  # noqa: E402
 
 PARALLELISM = 4
 
@@ -51,16 +51,10 @@ def main() -> None:
 
     conf = Configuration()
     for key, value in {
-        "parallelism.default": str(PARALLELISM),
-        "state.backend.type": "rocksdb",
-        "execution.checkpointing.incremental": "true",
-        "execution.checkpointing.interval": f"{args.checkpoint_ms}ms",
-        "execution.checkpointing.dir": (args.work / "checkpoints").as_uri(),
+        **flink_settings(args, tmp, PARALLELISM),
         "python.execution-mode": "thread",
         "python.executable": sys.executable,  # the default, "python", is not this venv's
         "python.client.executable": sys.executable,
-        "io.tmp.dirs": str(tmp),
-        "restart-strategy.type": "none",  # fail, rather than retry for ever
     }.items():
         conf.set_string(key, value)
     if args.recovery:

@@ -4,6 +4,7 @@ minus the lateness). Tests and the soak hold the job to it."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
@@ -16,10 +17,11 @@ Closed = tuple[str, int, int, int]
 
 
 def closed_windows(
-    views: Iterable[tuple[str, int]], partition_of: Callable[[str], int]
+    views: Iterable[tuple[str, int]], partition_of: Callable[[str], int], *, at_end: bool = False
 ) -> tuple[set[Closed], set[Closed], int]:
     """The closed minutes and sessions of ``views`` (``(user, event time)`` in the order each
-    partition holds them, no view late), and how many windows are still open."""
+    partition holds them, no view late), and how many windows are still open. ``at_end``:
+    every window closed, as a job closes them at the end of a bounded input."""
     by_user: dict[str, list[int]] = defaultdict(list)
     top: dict[int, int] = {}
     for user, at in views:
@@ -30,7 +32,7 @@ def closed_windows(
     sessions: set[Closed] = set()
     still_open = 0
     for user, times in by_user.items():
-        mark = top[partition_of(user)] - LATENESS_MS
+        mark = math.inf if at_end else top[partition_of(user)] - LATENESS_MS
         for start, n in Counter(t - t % MINUTE_MS for t in times).items():
             if start + MINUTE_MS <= mark:
                 minutes.add((user, start, start + MINUTE_MS, n))

@@ -41,6 +41,16 @@ def part_dir(system: SystemUnderTest) -> Path:
     return Path(system.config["systems.fl.path"]) / "s" / "0"
 
 
+def damage_the_middle(system: SystemUnderTest) -> bytes:
+    """20 records written, one byte in the middle of the log flipped; the log's bytes."""
+    fill(system, 20)
+    log = part_dir(system) / "0.log"
+    raw = bytearray(log.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    log.write_bytes(bytes(raw))
+    return bytes(raw)
+
+
 def test_torn_tail_is_cut_and_never_read(system: SystemUnderTest) -> None:
     fill(system, 10)
     log = part_dir(system) / "0.log"
@@ -126,11 +136,7 @@ def test_index_entries_the_os_never_wrote_are_dropped_and_rebuilt(
 def test_corrupt_record_in_the_middle_names_stream_partition_offset(
     system: SystemUnderTest,
 ) -> None:
-    fill(system, 20)
-    log = part_dir(system) / "0.log"
-    raw = bytearray(log.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    log.write_bytes(bytes(raw))
+    damage_the_middle(system)
     consumer = system.factory.get_consumer("fl", system.config)
     with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
         consumer.read(SSP, "0", "100")
@@ -309,15 +315,12 @@ def test_compaction_works_beside_appends_and_retention(
 def test_a_damaged_record_stops_compaction_and_changes_nothing(system: SystemUnderTest) -> None:
     """Compaction never decides what to drop from a record that fails its checks: it raises
     naming the offset, and the partition is left as it was."""
-    fill(system, 20)
+    raw = damage_the_middle(system)
     log = part_dir(system) / "0.log"
-    raw = bytearray(log.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    log.write_bytes(bytes(raw))
     admin = system.factory.get_admin("fl", system.config)
     with pytest.raises(CorruptRecordError, match=r"fl\.s partition 0 at offset \d+: checksum"):
         admin.compact("s", 0)
-    assert log.read_bytes() == bytes(raw)
+    assert log.read_bytes() == raw
     assert len(system.factory.get_consumer("fl", system.config).read(SSP, "0", "5")) == 5
 
 
