@@ -324,6 +324,18 @@ def test_a_damaged_record_stops_compaction_and_changes_nothing(system: SystemUnd
     assert len(system.factory.get_consumer("fl", system.config).read(SSP, "0", "5")) == 5
 
 
+@pytest.mark.parametrize("entry", [1, 4])  # judged (before the bound), and kept as it is
+def test_compaction_refuses_an_index_that_points_outside_the_log(entry: int) -> None:
+    records = [Record("", f"k{i % 2}".encode(), b"v", i) for i in range(6)]
+    log, index, _n = fmt.encode_many(0, records)
+    damaged = bytearray(index)
+    at = entry * fmt.INDEX_SIZE + 8  # the entry's position field
+    damaged[at : at + 8] = (len(log) + 100).to_bytes(8, "big")
+    with pytest.raises(fmt.FormatError, match="outside the log|disagrees with the index") as raised:
+        fmt.compacted(log, bytes(damaged), 3)
+    assert raised.value.offset in (entry - 1, entry)  # the record it points at, or the one before
+
+
 def test_bad_names_and_partitions_are_refused(system: SystemUnderTest) -> None:
     admin = system.factory.get_admin("fl", system.config)
     with pytest.raises(UserError, match="invalid stream name"):

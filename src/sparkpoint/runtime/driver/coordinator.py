@@ -1125,7 +1125,8 @@ class JobCoordinator:
         cost a windowed job about a third of its throughput (docs/performance.md). One pass at
         a time; while one runs, the next waits for a later commit. A pass holds a partition's
         lock while it compacts it, so its task's appends there wait for it meanwhile. What a
-        pass raised (a damaged record) stops the job at the next commit or at the run's end."""
+        pass raised (a damaged record) stops the job at the next retention check (after a
+        commit, every ``job.retention.check.ms``) or at the run's end."""
         self._raise_compaction_error()
         if self._compaction is not None and self._compaction.is_alive():
             return

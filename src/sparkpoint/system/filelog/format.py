@@ -134,6 +134,8 @@ def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[
     for i in range(bound):
         pos = positions[i] - base
         want = offsets[i]
+        if not 0 <= pos <= size - HEADER_SIZE:
+            raise FormatError(pos, "the index points outside the log", want)
         magic, crc, length = unpack_header(buf, pos)
         body = pos + HEADER_SIZE
         end = body + length
@@ -158,6 +160,8 @@ def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[
     for i in kept:
         start = positions[i] - base
         stop = positions[i + 1] - base if i + 1 < n else size
+        if not 0 <= start <= stop - HEADER_SIZE - body_size or stop > size:
+            raise FormatError(start, "the index points outside the log", offsets[i])
         ts = unpack_body(buf, start + HEADER_SIZE)[1]
         if ts > max_ts:
             max_ts = ts
