@@ -14,7 +14,7 @@ import bisect
 import mmap
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 # zlib's CRC-32, computed with SIMD: the same checksums (the format is unchanged), about 3x
 # faster for a record of 1 KB (docs/performance.md, "Changelog restore")
@@ -154,21 +154,29 @@ def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[
             newest[buf[body + body_size : body + body_size + klen]] = i
     kept = sorted([*newest.values(), *keyless])
     kept += range(bound, n)
-    parts: list[bytes] = []
-    index_out: list[bytes] = []
-    at, max_ts = 0, MIN_TIMESTAMP
-    for i in kept:
-        start = positions[i] - base
-        stop = positions[i + 1] - base if i + 1 < n else size
-        if not 0 <= start <= stop - HEADER_SIZE - body_size or stop > size:
-            raise FormatError(start, "the index points outside the log", offsets[i])
-        ts = unpack_body(buf, start + HEADER_SIZE)[1]
+    spans = [
+        (offsets[i], positions[i] - base, positions[i + 1] - base if i + 1 < n else size)
+        for i in kept
+    ]
+    index_out = _index_of(buf, spans, 0, MIN_TIMESTAMP)
+    return b"".join([buf[start:stop] for _, start, stop in spans]), index_out, len(kept)
+
+
+def _index_of(buf: bytes, spans: Sequence[tuple[int, int, int]], at: int, max_ts: int) -> bytes:
+    """The index entries of the records at ``spans`` (offset, start, stop) of ``buf`` once
+    they are written one after the other from byte ``at`` of a log, after records whose
+    largest timestamp is ``max_ts`` (each entry's running maximum made again from the
+    records' own timestamps)."""
+    out = []
+    for offset, start, stop in spans:
+        if not 0 <= start <= stop - HEADER_SIZE - BODY.size or stop > len(buf):
+            raise FormatError(start, "the index points outside the log", offset)
+        ts = BODY.unpack_from(buf, start + HEADER_SIZE)[1]
         if ts > max_ts:
             max_ts = ts
-        parts.append(buf[start:stop])
-        index_out.append(INDEX.pack(offsets[i], at, max_ts))
+        out.append(INDEX.pack(offset, at, max_ts))
         at += stop - start
-    return b"".join(parts), b"".join(index_out), len(kept)
+    return b"".join(out)
 
 
 def index_max_timestamp(raw: bytes) -> int:
@@ -179,16 +187,12 @@ def index_max_timestamp(raw: bytes) -> int:
 def moved_index(raw: bytes, log: bytes, old_start: int, new_start: int, max_ts: int) -> bytes:
     """The index entries ``raw`` of the records ``log`` holds (which were at byte
     ``old_start`` of their log) for the same records at byte ``new_start`` of another, after
-    records whose largest timestamp is ``max_ts`` (each entry's running maximum is made
-    again from the records' own timestamps)."""
-    out = []
-    for offset, position, _max in INDEX.iter_unpack(raw):
-        at = position - old_start
-        ts = BODY.unpack_from(log, at + HEADER_SIZE)[1]
-        if ts > max_ts:
-            max_ts = ts
-        out.append(INDEX.pack(offset, at + new_start, max_ts))
-    return b"".join(out)
+    records whose largest timestamp is ``max_ts``."""
+    entries = list(INDEX.iter_unpack(raw))
+    starts = [position - old_start for _offset, position, _max in entries]
+    stops = [*starts[1:], len(log)] if starts else []
+    spans = [(e[0], a, b) for e, a, b in zip(entries, starts, stops, strict=True)]
+    return _index_of(log, spans, new_start, max_ts)
 
 
 def record_size_at(buf: bytes | memoryview, pos: int) -> int:

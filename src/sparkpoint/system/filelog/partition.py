@@ -633,27 +633,27 @@ class PartitionLog:
         never a mix.
         """
         plan = self._compaction(up_to)  # without the lock: the task's appends go on
-        if plan is None or plan.kept == plan.records:
-            return (0, 0) if plan is None else (plan.records, plan.kept)
+        if plan.kept == plan.records:
+            return plan.records, plan.kept
         with self._locked():
             log_path, index_path = self._files()
             self._recover(log_path, index_path)
             if not self._switch_compacted(plan):  # the log moved under it: again, locked
                 plan = self._compaction(up_to)
-                if plan is None or plan.kept == plan.records:
-                    return (0, 0) if plan is None else (plan.records, plan.kept)
-                switched = self._switch_compacted(plan)
-                assert switched, "nothing moves under the lock"
+                if plan.kept != plan.records:
+                    switched = self._switch_compacted(plan)
+                    assert switched, "nothing moves under the lock"
             return plan.records, plan.kept
 
-    def _compaction(self, up_to: int | None) -> _Compaction | None:
-        """The compacted records of a snapshot of the current generation (None: it is
-        empty), or :class:`CorruptRecordError` naming a damaged record it would judge."""
+    def _compaction(self, up_to: int | None) -> _Compaction:
+        """The compacted records of a snapshot of the current generation (none kept of none
+        when it is empty), or :class:`CorruptRecordError` naming a damaged record it would
+        judge."""
         gen = self._gen()
         with self._snapshot() as (index, log_file):
             n = len(index)
             if n == 0:
-                return None
+                return _Compaction(gen, b"", 0, 0, b"", b"", 0)
             raw = index.raw(0, n)
             base, last = index[0][1], index[n - 1][1]
             log_file.seek(base)
