@@ -11,20 +11,22 @@ Usage: ``make bench-blobstore`` or ``.venv/bin/python bench/blobstore.py [--size
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from commit import fill_store, restore, store_job  # bench/commit.py, beside this file
+from commit import (  # bench/commit.py, beside this file
+    change_one_percent,
+    fill_store,
+    restore,
+    store_job,
+)
 
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
 from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.storage.backend import BackendContext
 from sparkpoint.storage.blobstore.backend import BlobStoreBackupManager, BlobStoreRestoreManager
-from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.system.registry import Systems
 
@@ -62,14 +64,8 @@ def main() -> None:
         backup.clean_up(first.checkpoint_id, markers)
 
         # 1. update 1% of the keys, commit, and see what the upload sends
-        engine = RocksDBEngine("s", local.store_dir("s"))
         n = args.size_mb * 1_000_000 // args.value_bytes
-        keys = random.Random(1).sample(range(n), n // 100)
-        engine.write_batch((f"key-{i:09d}".encode(), os.urandom(args.value_bytes)) for i in keys)
-        engine.flush()
-        cid2 = CheckpointId.create()
-        engine.checkpoint(local.checkpoint_dir("s", str(cid2)))
-        engine.close()
+        cid2 = change_one_percent(local, n, args.value_bytes)
         backup = BlobStoreBackupManager(ctx)
         backup.init(first)
         backup.upload(cid2, {}).result()

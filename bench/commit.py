@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -134,6 +135,19 @@ def fill_store(
     engine.close()
     pause_ms = sorted(pauses)[len(pauses) // 2] * 1000
     return local, int(pause_ms * 1000)
+
+
+def change_one_percent(local: LocalTaskState, entries: int, value_bytes: int) -> CheckpointId:
+    """New values for 1% of the ``entries`` keys a :func:`fill_store` store holds, flushed and
+    checkpointed locally (as a commit would): the new checkpoint's id."""
+    engine = RocksDBEngine("s", local.store_dir("s"))
+    keys = random.Random(1).sample(range(entries), max(1, entries // 100))
+    engine.write_batch((f"key-{i:09d}".encode(), os.urandom(value_bytes)) for i in keys)
+    engine.flush()
+    cid = CheckpointId.create()
+    engine.checkpoint(local.checkpoint_dir("s", str(cid)))
+    engine.close()
+    return cid
 
 
 def restore(config: Config, task: TaskModel, local: LocalTaskState) -> tuple[float, int]:

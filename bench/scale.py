@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from plots import figure  # bench/plots.py, beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "pageviews"
 CORES = 2  # local[2], or two workers of one core
@@ -106,27 +108,17 @@ def run_mode(mode: str, tasks: list[int], events: int, batch: int) -> None:
 
 
 def plot(rows: list[dict[str, float]], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed; no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode in sorted({str(r["mode"]) for r in rows}):
-        mine = [r for r in rows if r["mode"] == mode]
-        ax.plot([r["tasks"] for r in mine], [r["events"] / r["seconds"] for r in mine], "o-")
-        ax.lines[-1].set_label(mode)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("tasks")
-    ax.set_ylabel("events/s")
-    ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    print(f"plot: {path}")
+    with figure(path) as ax:
+        if ax is None:
+            return
+        for mode in sorted({str(r["mode"]) for r in rows}):
+            mine = [r for r in rows if r["mode"] == mode]
+            ax.plot([r["tasks"] for r in mine], [r["events"] / r["seconds"] for r in mine], "o-")
+            ax.lines[-1].set_label(mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tasks")
+        ax.set_ylabel("events/s")
+        ax.legend()
 
 
 def main() -> None:

@@ -28,8 +28,6 @@ Usage: ``make bench-scale`` (after the task-count part) or
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import shutil
 import tempfile
 import time
@@ -37,7 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from commit import CHANGELOG, fill_store, restore, store_job  # bench/commit.py, beside this
+from commit import (  # bench/commit.py, beside this
+    CHANGELOG,
+    change_one_percent,
+    fill_store,
+    restore,
+    store_job,
+)
+from plots import figure  # bench/plots.py
 from standby import EXECUTOR, bring_back, directory_bytes, durable_copy, write  # bench/standby.py
 
 from sparkpoint.checkpoint.checkpoint import CheckpointV2
@@ -47,7 +52,6 @@ from sparkpoint.model import SystemStreamPartition, TaskModel
 from sparkpoint.storage.backend import BackendContext
 from sparkpoint.storage.blobstore.backend import BlobStoreBackupManager, BlobStoreRestoreManager
 from sparkpoint.storage.changelog.marker import ChangelogMarker
-from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import PROMOTED
 from sparkpoint.storage.standby import catch_up
@@ -111,13 +115,7 @@ def uploads(
     first = CheckpointV2(cid, {}, {"blobstore": markers})
     backup.clean_up(cid, markers)
 
-    engine = RocksDBEngine("s", local.store_dir("s"))
-    keys = random.Random(1).sample(range(row.entries), max(1, row.entries // 100))
-    engine.write_batch((f"key-{i:09d}".encode(), os.urandom(value_bytes)) for i in keys)
-    engine.flush()
-    cid2 = CheckpointId.create()
-    engine.checkpoint(local.checkpoint_dir("s", str(cid2)))
-    engine.close()
+    cid2 = change_one_percent(local, row.entries, value_bytes)
     backup = BlobStoreBackupManager(ctx)
     backup.init(first)
     row.next_upload = timed("next upload", lambda: backup.upload(cid2, {}).result())
@@ -204,34 +202,24 @@ def table(rows: list[Row], value_bytes: int) -> None:
 
 
 def plot(rows: list[Row], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed; no plot written")
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sizes = [r.size_mb / 1000 for r in rows]
-    for label, values in {
-        "restore from the changelog": [r.changelog_restore for r in rows],
-        "restore from the blob store": [r.blob_restore for r in rows],
-        "durable copy": [r.durable_copy for r in rows],
-        "first upload": [r.upload for r in rows],
-        "standby promotion": [r.promotion for r in rows],
-        "sync commit pause": [r.pause_ms / 1000 for r in rows],
-    }.items():
-        ax.plot(sizes, values, "o-", label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("state (GB)")
-    ax.set_ylabel("seconds")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    print(f"plot: {path}")
+    with figure(path) as ax:
+        if ax is None:
+            return
+        sizes = [r.size_mb / 1000 for r in rows]
+        for label, values in {
+            "restore from the changelog": [r.changelog_restore for r in rows],
+            "restore from the blob store": [r.blob_restore for r in rows],
+            "durable copy": [r.durable_copy for r in rows],
+            "first upload": [r.upload for r in rows],
+            "standby promotion": [r.promotion for r in rows],
+            "sync commit pause": [r.pause_ms / 1000 for r in rows],
+        }.items():
+            ax.plot(sizes, values, "o-", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("state (GB)")
+        ax.set_ylabel("seconds")
+        ax.legend(fontsize="small")
 
 
 def main() -> None:
