@@ -140,7 +140,7 @@ def test_any_value_encodes_as_the_standard_library_does_and_decodes_back(value: 
     assert same(JsonSerde().from_bytes(expected), json.loads(expected))
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(
     st.one_of(
         st.binary(max_size=40),

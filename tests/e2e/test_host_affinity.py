@@ -134,20 +134,27 @@ def test_a_restarted_driver_places_tasks_back_and_restores_nothing(
     tmp_path: Path, cluster: StandaloneCluster
 ) -> None:
     """State in a per-host directory (kept across applications): the new driver reads the
-    assignment from the coordinator stream and every task resumes from its local state."""
-    sets = affinity_sets(tmp_path)
+    assignment from the coordinator stream and every task resumes from its local state; each
+    task's standby copy, at the task's checkpoint when the last run ended, is kept (checked on
+    its executor at the first catch-up), not seeded again."""
+    sets = affinity_sets(tmp_path, "job.standbytasks.replication.factor=2")
     sets = [s for s in sets if not s.startswith("job.logged.store.base.dir")]
     sets.append(f"job.logged.store.base.dir={tmp_path / 'host-state'}")
     config, set_args, expected = prepared(tmp_path, sets, 1_200, 34)
     first = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
     assert summary(first.stderr)[1] == 0  # a new job: nothing to restore
+    assert re.search(r"standbys: 4 seeded", first.stderr), first.stderr[-4000:]
     before = job_overview(config)["tasks"]
+    assert all(len(t["standbys"]) == 1 for t in before), before
     more = generate(config, tmp_path / "job.yaml", 1_000, seed=35, users=100)
     second = sp("run", str(JOB), "--until-caught-up", "--master", cluster.master_url, *set_args)
     _, restores, away = summary(second.stderr)
     assert (restores, away) == (0, 0), second.stderr[-4000:]
+    assert re.search(r"standbys: 0 seeded, 4 caught up", second.stderr), second.stderr[-4000:]
+    assert not re.search(r"standbys: [1-9]\d* seeded", second.stderr), second.stderr[-4000:]
     after = job_overview(config)["tasks"]
     assert [t["host"] for t in after] == [t["host"] for t in before]
+    assert all(t["standbys"][0]["lag"] == 0 for t in after), after
     assert changelog_view(config) == dict(expected + more)
 
 

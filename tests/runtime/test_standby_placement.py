@@ -192,3 +192,49 @@ def test_a_rebalance_onto_a_copy_takes_it_and_places_a_new_one(tmp_path: Path) -
     for task in TASKS:
         (copy,) = s.copies[task]
         assert copy.executor != placement.assignment[task]
+
+
+def test_a_restarted_driver_keeps_the_copies_at_their_tasks_checkpoints_once_checked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last run's copies at their tasks' current checkpoints are kept, not seeded again:
+    the first catch-up checks each on its executor (at the checkpoint: nothing to replay), and
+    only then may it be promoted. Copies at another checkpoint, or of a task with none, go."""
+    config = config_of(tmp_path)
+    first = standbys_of(config)
+    first.place([A1, B], dict.fromkeys(TASKS, A1))
+    cps = {t: checkpoint(config, i, 5) for i, t in enumerate(TASKS)}
+    first.caught_up([done(t, str(cps[t].checkpoint_id)) for t in TASKS], cps)
+    assert all(c.at for t in TASKS for c in first.copies[t])
+    first.store.close()
+
+    now = {**cps, "Partition 2": checkpoint(config, 2, 9), "Partition 3": None}
+    tasks = {t: TaskModel(TaskName(t), frozenset(), i) for i, t in enumerate(TASKS)}
+    caplog.set_level("INFO")
+    second = Standbys(config, CoordinatorStreamStore(config), tasks, now)
+    assert "2 copies of the last run kept at their tasks' checkpoints" in caplog.text
+    assert "2 to seed again" in caplog.text
+    kept = {t: [(c.executor, c.at, c.checked) for c in second.copies[t]] for t in TASKS}
+    assert kept == {
+        "Partition 0": [(B, str(cps["Partition 0"].checkpoint_id), False)],
+        "Partition 1": [(B, str(cps["Partition 1"].checkpoint_id), False)],
+        "Partition 2": [],
+        "Partition 3": [],
+    }
+    assert task_standbys(second.store)["Partition 0"][0]["executor"] == B.id  # job show
+    assert second.offers() == {} and second.promotion([B]) == {}  # not before it is checked
+    second.place([A1, B], dict.fromkeys(TASKS, A1))  # the same executor ids and hosts live
+    (plan,) = second.plans(config.to_dict(), now, [A1, B])
+    targets = {t.task.name.name: t.at for t in plan.copies}
+    assert targets == {
+        "Partition 0": str(cps["Partition 0"].checkpoint_id),  # checked at its checkpoint
+        "Partition 1": str(cps["Partition 1"].checkpoint_id),
+        "Partition 2": None,  # seeded
+    }
+    ran = [
+        StandbyResult(t, str(now[t].checkpoint_id), t == "Partition 2", "changelog", executor=B.id)
+        for t in targets
+    ]
+    second.caught_up(ran, now)
+    assert set(second.offers()) == {"Partition 0", "Partition 1", "Partition 2"}
+    assert second.plans(config.to_dict(), now, [A1, B]) == []  # all at their checkpoints

@@ -423,7 +423,10 @@ class JobCoordinator:
             self.reporters = MetricsReporters(self.config, self.systems)
         self.affinity = HostAffinity(self.config, self._metadata(), sorted(self.tasks))
         self.standbys = Standbys(
-            self.config, self._metadata(), {n: ts.model for n, ts in self.tasks.items()}
+            self.config,
+            self._metadata(),
+            {n: ts.model for n, ts in self.tasks.items()},
+            {n: ts.last_checkpoint for n, ts in self.tasks.items()},
         )
         if self.exact_batches:
             self._open_batch_log(startpoints)

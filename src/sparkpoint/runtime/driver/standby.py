@@ -13,8 +13,10 @@ The rules, applied before every batch (:meth:`Standbys.place`):
   ``start.standby``), replaying only the changelog after the copy's checkpoint;
 * after a batch that wrote checkpoints, every copy behind its task's last written checkpoint
   is caught up by one Spark job (:meth:`Standbys.plans`, then :meth:`Standbys.caught_up`).
-  A copy is only vouched for at the checkpoint this driver saw it reach: after a restart
-  every copy is seeded again.
+  A copy is only vouched for at the checkpoint this driver saw it reach. After a restart, a
+  copy the last run recorded at its task's current checkpoint is kept: the first catch-up
+  checks it on its executor (its ``POSITION`` must say that checkpoint, else it is seeded
+  again) before it may be promoted. Any other copy of the last run is seeded again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
 from sparkpoint.metadata.base import MetadataStore
-from sparkpoint.metadata.locality import Executor, store_task_standbys
+from sparkpoint.metadata.locality import Executor, store_task_standbys, task_standbys
 from sparkpoint.model import TaskModel
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, StandbyTarget
 from sparkpoint.storage.changelog.backend import changelog_ssp, marker_for
@@ -50,6 +52,9 @@ class Copy:
     offsets: dict[str, str | None] = field(default_factory=dict)
     lag: int | None = None
     failures: int = 0  # catch-ups that failed in a row
+    #: seen at ``at`` by this driver; False for a copy of the last run until a catch-up
+    #: finds it there on its executor
+    checked: bool = True
 
 
 def records_behind(
@@ -71,7 +76,9 @@ def records_behind(
 def most_current_first(copies: Iterable[Copy]) -> list[Copy]:
     """The caught-up copies among ``copies``, the most current first: the fewest records
     behind (a known lag before an unknown one), then the newest checkpoint."""
-    ready = sorted((c for c in copies if c.at is not None), key=lambda c: str(c.at), reverse=True)
+    ready = sorted(
+        (c for c in copies if c.at is not None and c.checked), key=lambda c: str(c.at), reverse=True
+    )
     ready.sort(key=lambda c: (c.lag is None, c.lag or 0))
     return ready
 
@@ -80,8 +87,14 @@ class Standbys:
     """The standby copies of one run (see the module docstring)."""
 
     def __init__(
-        self, config: Config, store: MetadataStore, tasks: Mapping[str, TaskModel]
+        self,
+        config: Config,
+        store: MetadataStore,
+        tasks: Mapping[str, TaskModel],
+        checkpoints: Mapping[str, Checkpoint | None] | None = None,
     ) -> None:
+        """``checkpoints``: each task's last written checkpoint at the start, where the last
+        run's copies recorded at it are kept (see the module docstring)."""
         self.config = config
         self.factor = replication_factor(config)
         self.stores = standby_stores(config)
@@ -100,8 +113,39 @@ class Standbys:
         self._failed_jobs = 0  # catch-up jobs that failed in a row
         #: tasks whose copies failed :data:`MAX_FAILURES` catch-ups in a row: none kept now
         self.given_up: set[str] = set()
-        # the last run's copies are not this run's (none is vouched for): not shown any more
-        store_task_standbys(self.store, {t: [] for t in self.tasks})
+        if self.enabled and checkpoints:
+            self._keep_the_last_runs(checkpoints)
+        # the last run's other copies are not this run's: not shown any more
+        store_task_standbys(self.store, {t: self.describe(t) for t in self.tasks})
+
+    def _keep_the_last_runs(self, checkpoints: Mapping[str, Checkpoint | None]) -> None:
+        """Keep each copy the last run recorded at its task's current checkpoint, unchecked
+        (at most ``factor - 1`` a task); the others are seeded again."""
+        kept = dropped = 0
+        for task, records in sorted(task_standbys(self.store).items()):
+            checkpoint = checkpoints.get(task)
+            if task not in self.tasks:
+                continue
+            for record in records:
+                at = record.get("checkpoint")
+                if (
+                    checkpoint is None
+                    or at != str(checkpoint.checkpoint_id)
+                    or len(self.copies[task]) >= self.factor - 1
+                ):
+                    dropped += 1
+                    continue
+                executor = Executor(str(record["executor"]), str(record["host"]))
+                offsets = self._offsets(task, checkpoint)
+                self.copies[task].append(Copy(executor, at, offsets, lag=0, checked=False))
+                kept += 1
+        if kept or dropped:
+            log.info(
+                "standbys: %d copies of the last run kept at their tasks' checkpoints (checked "
+                "on their executors at the first catch-up), %d to seed again",
+                kept,
+                dropped,
+            )
 
     # -- placement
     def promotion(self, live: Sequence[Executor]) -> dict[str, Executor]:
@@ -182,7 +226,9 @@ class Standbys:
             checkpoint = checkpoints.get(task)
             for c in copies:
                 keep.setdefault(c.executor, []).append(task)
-                if checkpoint is not None and c.at != str(checkpoint.checkpoint_id):
+                if checkpoint is not None and (
+                    c.at != str(checkpoint.checkpoint_id) or not c.checked
+                ):
                     target = StandbyTarget(self.tasks[task], checkpoint.dumps(), c.at)
                     behind.setdefault(c.executor, []).append(target)
         ids = [e.id for e in live]
@@ -209,6 +255,7 @@ class Standbys:
                     c.at, c.offsets = None, {}
                 else:
                     c.at, c.offsets, c.failures = r.checkpoint, dict(r.offsets), 0
+                    c.checked = True
         self.measure(checkpoints)
 
     def _failing(self, task: str, copy: Copy, error: str) -> None:
