@@ -3,6 +3,7 @@ rules of :mod:`sparkpoint.runtime.driver.standby` and host affinity's promotion.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -221,8 +222,11 @@ def test_a_restarted_driver_keeps_the_copies_at_their_tasks_checkpoints_once_che
         "Partition 2": [],
         "Partition 3": [],
     }
-    assert task_standbys(second.store)["Partition 0"][0]["executor"] == B.id  # job show
+    shown = task_standbys(second.store)["Partition 0"][0]  # job show: no lag until checked
+    assert (shown["executor"], shown["lag"]) == (B.id, None)
+    assert second.lags() == {}
     assert second.offers() == {} and second.promotion([B]) == {}  # not before it is checked
+    assert second.plans(config.to_dict(), now, []) == []  # executors not known yet: no judge
     second.place([A1, B], dict.fromkeys(TASKS, A1))  # the same executor ids and hosts live
     (plan,) = second.plans(config.to_dict(), now, [A1, B])
     targets = {t.task.name.name: t.at for t in plan.copies}
@@ -235,6 +239,70 @@ def test_a_restarted_driver_keeps_the_copies_at_their_tasks_checkpoints_once_che
         StandbyResult(t, str(now[t].checkpoint_id), t == "Partition 2", "changelog", executor=B.id)
         for t in targets
     ]
+    for r in ran:  # each copy's changelog offset: its checkpoint's
+        r.offsets = {"user-counts": "9" if r.task == "Partition 2" else "5"}
     second.caught_up(ran, now)
     assert set(second.offers()) == {"Partition 0", "Partition 1", "Partition 2"}
     assert second.plans(config.to_dict(), now, [A1, B]) == []  # all at their checkpoints
+    assert second.lags()["Partition 0"] == 0
+
+
+def test_a_damaged_record_of_the_last_runs_copies_is_skipped(tmp_path: Path) -> None:
+    config = config_of(tmp_path)
+    store = CoordinatorStreamStore(config)
+    cps = {t: checkpoint(config, i, 5) for i, t in enumerate(TASKS)}
+    at = str(cps["Partition 0"].checkpoint_id)
+    store.put_all(
+        "task-standbys",
+        {
+            "Partition 0": json.dumps(["not a copy", {"checkpoint": at}, {"executor": "1"}]),
+            "Partition 1": json.dumps([{"executor": 1, "host": "h", "checkpoint": at}]),
+        },
+    )
+    store.flush()
+    tasks = {t: TaskModel(TaskName(t), frozenset(), i) for i, t in enumerate(TASKS)}
+    s = Standbys(config, store, tasks, cps)
+    assert all(not c for c in s.copies.values())
+
+
+def test_a_task_whose_changelog_was_lost_keeps_none_of_the_last_runs_copies(
+    tmp_path: Path,
+) -> None:
+    """A task that restores from scratch at a start (its changelog ends before its
+    checkpoint) cannot vouch for a copy by its checkpoint: the copy's changelog offsets belong
+    to the lost changelog. Its copies are seeded again; the other tasks keep theirs."""
+    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+    from sparkpoint.system.base import StreamSpec
+    from sparkpoint.system.registry import Systems
+    from tests.helpers import generate
+
+    config = config_of(tmp_path)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 400, seed=5)
+    first = JobCoordinator(config, InlineRunner())
+    first.run(until_caught_up=True)
+    first.close()
+    cps = {t.name: c for t, c in CheckpointManager(config).read_all().items()}
+    store = CoordinatorStreamStore(config)
+    copies = {
+        t: [{"executor": B.id, "host": B.host, "checkpoint": str(c.checkpoint_id)}]
+        for t, c in cps.items()
+    }
+    store.put_all("task-standbys", {t: json.dumps(c) for t, c in copies.items()})
+    store.flush()
+    store.close()
+    lost = changelog_ssp(config, "user-counts", 2)
+    partition = Path(config.require("systems.filelog.path")) / lost.stream / "2"
+    assert list(partition.glob("*.log"))
+    for f in partition.glob("*"):  # Partition 2's changelog: emptied while the job stopped
+        if f.name != "CURRENT":
+            f.write_bytes(b"")
+
+    second = JobCoordinator(config, InlineRunner())
+    second.start()
+    assert second.standbys is not None
+    kept = {t: [c.executor for c in second.standbys.copies[t]] for t in TASKS}
+    second.close()
+    assert kept == {"Partition 0": [B], "Partition 1": [B], "Partition 2": [], "Partition 3": [B]}

@@ -8,7 +8,8 @@ the assignment, with a Spark executor in the role of a container:
 * ``task-locality`` (sparkpoint's own): task -> JSON of where it last committed, which
   checkpoint, and its stores' size on disk then;
 * ``task-standbys`` (sparkpoint's own): task -> JSON list of its standby copies as the running
-  driver last saw them (executor, host, the checkpoint each reached, changelog records behind).
+  driver last saw them (executor, host, the checkpoint each reached, changelog records behind);
+  the next driver keeps those at their tasks' checkpoints.
 
 The assignment rules live in :mod:`sparkpoint.runtime.driver.placement`.
 """

@@ -8,8 +8,9 @@ For each store, in order of cost:
    written only after every upload of the commit finished), once each restore backend agrees it
    holds what the checkpoint names (the blob store compares it with the snapshot's files): hard-
    link it into place. ``stores.<s>.clean.on.container.start`` skips this at every job start;
-2. a standby copy of the store on this executor that the driver vouches for (it caught up to a
-   checkpoint of this run: :mod:`sparkpoint.storage.standby`): *promoted*, moved into place and
+2. a standby copy of the store on this executor that the driver vouches for (a catch-up of
+   this run brought it to, or found it at, a checkpoint: :mod:`sparkpoint.storage.standby`):
+   *promoted*, moved into place and
    brought to the checkpoint by replaying only the changelog after the copy's offset (then
    trimmed as a changelog restore is). If that fails, the copy is dropped with an ERROR and the
    store restores from its backends as below;
@@ -171,8 +172,9 @@ class TaskRestore:
         read_only: bool = False,
         standby: StandbyCopy | None = None,
     ) -> None:
-        """``standby``: a standby copy on this executor the driver vouches for (it is at a
-        checkpoint of this run's lineage), promoted for the stores it holds."""
+        """``standby``: a standby copy on this executor the driver vouches for (a catch-up of
+        this run left it at a checkpoint of the task's lineage), promoted for the stores it
+        holds."""
         self.config = config
         self.standby = standby
         self.stores = list(config.stores) if stores is None else stores

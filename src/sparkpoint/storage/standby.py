@@ -100,8 +100,8 @@ def catch_up(
 ) -> CaughtUp:
     """Bring ``task``'s standby copy kept for ``executor`` to ``checkpoint`` (a written one).
     ``at``: the checkpoint the driver saw the copy reach (None: seed it). A copy at any other
-    position (a crash mid catch-up, a copy of an earlier run) is seeded again, as is one whose
-    tail cannot be replayed (the changelog no longer holds it)."""
+    position (a crash mid catch-up, an earlier run's copy the driver does not vouch for) is
+    seeded again, as is one whose tail cannot be replayed (the changelog no longer holds it)."""
     copy = StandbyCopy(config.store_base_dir, executor, task.name)
     stores = standby_stores(config)
     cid = str(checkpoint.checkpoint_id)

@@ -426,7 +426,14 @@ class JobCoordinator:
             self.config,
             self._metadata(),
             {n: ts.model for n, ts in self.tasks.items()},
-            {n: ts.last_checkpoint for n, ts in self.tasks.items()},
+            # the last run's copies of a task whose committed state is trusted at this start:
+            # not one that restores from scratch (its changelog was lost or recreated, or its
+            # stores are cleaned at start), whose copies' changelog offsets mean nothing now
+            {
+                n: ts.last_checkpoint
+                for n, ts in self.tasks.items()
+                if isinstance(ts.expected_state_id, CommittedState)
+            },
         )
         if self.exact_batches:
             self._open_batch_log(startpoints)

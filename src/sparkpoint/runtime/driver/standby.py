@@ -93,8 +93,9 @@ class Standbys:
         tasks: Mapping[str, TaskModel],
         checkpoints: Mapping[str, Checkpoint | None] | None = None,
     ) -> None:
-        """``checkpoints``: each task's last written checkpoint at the start, where the last
-        run's copies recorded at it are kept (see the module docstring)."""
+        """``checkpoints``: the last written checkpoint of each task whose committed state is
+        trusted at this start (one restoring from scratch has none here); the last run's
+        copies recorded at it are kept (see the module docstring)."""
         self.config = config
         self.factor = replication_factor(config)
         self.stores = standby_stores(config)
@@ -123,21 +124,23 @@ class Standbys:
         (at most ``factor - 1`` a task); the others are seeded again."""
         kept = dropped = 0
         for task, records in sorted(task_standbys(self.store).items()):
-            checkpoint = checkpoints.get(task)
             if task not in self.tasks:
                 continue
+            checkpoint = checkpoints.get(task)
             for record in records:
-                at = record.get("checkpoint")
+                recorded = record if isinstance(record, dict) else {}
+                at, executor, host = (recorded.get(k) for k in ("checkpoint", "executor", "host"))
                 if (
                     checkpoint is None
                     or at != str(checkpoint.checkpoint_id)
+                    or not isinstance(executor, str)
+                    or not isinstance(host, str)
                     or len(self.copies[task]) >= self.factor - 1
                 ):
                     dropped += 1
                     continue
-                executor = Executor(str(record["executor"]), str(record["host"]))
                 offsets = self._offsets(task, checkpoint)
-                self.copies[task].append(Copy(executor, at, offsets, lag=0, checked=False))
+                self.copies[task].append(Copy(Executor(executor, host), at, offsets, checked=False))
                 kept += 1
         if kept or dropped:
             log.info(
@@ -222,9 +225,14 @@ class Standbys:
             return []
         keep: dict[Executor, list[str]] = {}
         behind: dict[Executor, list[StandbyTarget]] = {}
+        alive = set(live)
+        if not alive:  # the executors are not known yet: no executor may judge its copies
+            return []
         for task, copies in sorted(self.copies.items()):
             checkpoint = checkpoints.get(task)
             for c in copies:
+                if c.executor not in alive:
+                    continue
                 keep.setdefault(c.executor, []).append(task)
                 if checkpoint is not None and (
                     c.at != str(checkpoint.checkpoint_id) or not c.checked
@@ -309,7 +317,7 @@ class Standbys:
         for task, copies in sorted(self.copies.items()):
             ends = self._offsets(task, checkpoints.get(task))
             for c in copies:
-                c.lag = None if c.at is None else records_behind(ends, c.offsets)
+                c.lag = None if c.at is None or not c.checked else records_behind(ends, c.offsets)
         store_task_standbys(self.store, {t: self.describe(t) for t in self.copies})
 
     def _offsets(self, task: str, checkpoint: Checkpoint | None) -> dict[str, str | None]:
