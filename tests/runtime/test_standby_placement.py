@@ -245,6 +245,12 @@ def test_a_restarted_driver_keeps_the_copies_at_their_tasks_checkpoints_once_che
     assert set(second.offers()) == {"Partition 0", "Partition 1", "Partition 2"}
     assert second.plans(config.to_dict(), now, [A1, B]) == []  # all at their checkpoints
     assert second.lags()["Partition 0"] == 0
+    elsewhere = Standbys(config, CoordinatorStreamStore(config), tasks, now)
+    assert elsewhere.copies["Partition 0"]  # kept, for B (id 1 on host-b)
+    moved = Executor(B.id, "host-z")  # the next application's executor 1 runs elsewhere
+    elsewhere.place([A1, moved], dict.fromkeys(TASKS, A1))
+    assert all([c.executor for c in elsewhere.copies[t]] == [moved] for t in TASKS)
+    assert all(c.at is None for t in TASKS for c in elsewhere.copies[t])  # all seeded
 
 
 def test_a_damaged_record_of_the_last_runs_copies_is_skipped(tmp_path: Path) -> None:
