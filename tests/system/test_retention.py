@@ -98,8 +98,8 @@ print(sorted(m for m in ("numpy", "pyarrow") if m in sys.modules))
 
 
 def test_a_retention_pass_leaves_numpy_and_arrow_unimported(tmp_path: Path) -> None:
-    """The job's driver runs retention: importing numpy there was a one-time RSS step of about
-    23 MB, minutes into a run (docs/performance.md, "A long run")."""
+    """A retention pass needs neither numpy nor pyarrow: the `sparkpoint stream trim` command
+    and a driver without Spark's Python libraries loaded run it too."""
     out = subprocess.run(
         [sys.executable, "-c", NO_NUMPY, str(EXAMPLE_DIR / "job.yaml"), str(tmp_path / "data")],
         capture_output=True,
