@@ -10,10 +10,9 @@ For each store, in order of cost:
    link it into place. ``stores.<s>.clean.on.container.start`` skips this at every job start;
 2. a standby copy of the store on this executor that the driver vouches for (a catch-up of
    this run brought it to, or found it at, a checkpoint: :mod:`sparkpoint.storage.standby`):
-   *promoted*, moved into place and
-   brought to the checkpoint by replaying only the changelog after the copy's offset (then
-   trimmed as a changelog restore is). If that fails, the copy is dropped with an ERROR and the
-   store restores from its backends as below;
+   *promoted*, moved into place and brought to the checkpoint by replaying only the changelog
+   after the copy's offset (then trimmed as a changelog restore is). If that fails, the copy
+   is dropped with an ERROR and the store restores from its backends as below;
 3. otherwise the backends of ``stores.<s>.restore.factories`` that have a marker for the store
    in the checkpoint, in that order: the store directory is emptied and the first one rebuilds
    it; if it fails (a missing or corrupt blob, an unreadable changelog) the next one is tried,

@@ -127,6 +127,7 @@ class Standbys:
             if task not in self.tasks:
                 continue
             checkpoint = checkpoints.get(task)
+            offsets = self._offsets(task, checkpoint) if checkpoint is not None else {}
             for record in records:
                 recorded = record if isinstance(record, dict) else {}
                 at, executor, host = (recorded.get(k) for k in ("checkpoint", "executor", "host"))
@@ -139,8 +140,9 @@ class Standbys:
                 ):
                     dropped += 1
                     continue
-                offsets = self._offsets(task, checkpoint)
-                self.copies[task].append(Copy(Executor(executor, host), at, offsets, checked=False))
+                self.copies[task].append(
+                    Copy(Executor(executor, host), at, dict(offsets), checked=False)
+                )
                 kept += 1
         if kept or dropped:
             log.info(
