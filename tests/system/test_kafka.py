@@ -372,3 +372,38 @@ def test_a_job_reads_a_topic_written_in_transactions_to_its_end(
     producer.commit_transaction(30)
     assert run_job(10) == "caught up"
     assert committed_counts(config) == dict(expected + open_)
+
+
+class _QueuedConsumer:
+    """librdkafka's consumer as :func:`fetched` sees it: ``consume(n, timeout)`` blocks until it
+    holds ``n`` messages or the timeout passed (recorded here as the time it would block)."""
+
+    def __init__(self, queued: list[str], arriving: list[str]) -> None:
+        self.queued, self.arriving, self.blocked = queued, arriving, 0.0
+
+    def consume(self, n: int, timeout: float) -> list[str]:
+        if len(self.queued) < n:
+            self.blocked += timeout
+        out, self.queued = self.queued[:n], self.queued[n:]
+        return out
+
+    def poll(self, timeout: float) -> str | None:
+        if not self.arriving:
+            self.blocked += timeout
+            return None
+        first, *rest = self.arriving
+        self.queued, self.arriving = self.queued + rest, []
+        return first
+
+
+def test_a_read_takes_what_is_fetched_without_waiting_for_a_full_batch() -> None:
+    """A range shorter than the batch size used to wait the whole timeout on every read."""
+    from sparkpoint.system.kafka.fetch import fetched
+
+    c = _QueuedConsumer(["a", "b"], [])
+    assert fetched(c, 10_000, 0.2) == ["a", "b"] and c.blocked == 0
+    c = _QueuedConsumer([], ["c", "d", "eof"])
+    assert fetched(c, 10_000, 0.2) == ["c", "d", "eof"] and c.blocked == 0
+    assert fetched(c, 10_000, 0.2) == [] and c.blocked == 0.2  # nothing came: waited once
+    c = _QueuedConsumer(["a", "b", "c"], [])
+    assert fetched(c, 2, 0.2) == ["a", "b"] and fetched(c, 2, 0.2) == ["c"]

@@ -63,6 +63,7 @@ from sparkpoint.errors import CorruptRecordError, SparkpointError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.kafka.fetch import fetched
 from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.staging import (
     OutputStaging,
@@ -485,7 +486,7 @@ class KafkaStaging(OutputStaging):
             consumer.assign([TopicPartition(topic, 0, control.position)])
             idle = time.monotonic() + 5.0
             while control.position < high and time.monotonic() < idle:
-                for m in consumer.consume(1000, timeout=0.2):
+                for m in fetched(consumer, 1000, 0.2):
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:

@@ -56,6 +56,7 @@ from sparkpoint.system.base import (
     SystemProducer,
     read_max_bytes,
 )
+from sparkpoint.system.kafka.fetch import fetched
 from sparkpoint.system.kafka.partitioner import kafka_partition
 from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.kafka.staging import (
@@ -433,7 +434,7 @@ class KafkaConsumer(SystemConsumer):
         deadline = time.monotonic() + TIMEOUT_S
         try:
             while expected < stop:
-                batch = consumer.consume(10_000, timeout=0.2)
+                batch = fetched(consumer, 10_000, 0.2)
                 for m in batch:
                     if m.topic() != stream or m.partition() != partition:
                         continue
@@ -491,7 +492,7 @@ class KafkaConsumer(SystemConsumer):
         expected = first  # records before it are stale prefetches of an earlier assignment
         deadline = time.monotonic() + TIMEOUT_S
         while len(out) < limit:
-            batch = consumer.consume(min(limit - len(out), 10_000), timeout=0.2)
+            batch = fetched(consumer, min(limit - len(out), 10_000), 0.2)
             for m in batch:
                 err = m.error()
                 if err is not None:
