@@ -407,3 +407,32 @@ def test_a_read_takes_what_is_fetched_without_waiting_for_a_full_batch() -> None
     assert fetched(c, 10_000, 0.2) == [] and c.blocked == 0.2  # nothing came: waited once
     c = _QueuedConsumer(["a", "b", "c"], [])
     assert fetched(c, 2, 0.2) == ["a", "b"] and fetched(c, 2, 0.2) == ["c"]
+
+
+def test_a_pooled_consumer_asks_for_a_topics_metadata_before_its_first_read_only() -> None:
+    """A connected consumer learns of a topic it has not read before at its next scan of
+    unknown topics, up to a second later: the pooled one asks once, before the first read."""
+    from sparkpoint.system.kafka.fetch import PooledConsumer
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, object]] = []
+
+        def list_topics(self, topic: str, timeout: float) -> None:
+            self.calls.append(("metadata", topic))
+
+        def assign(self, partitions: list[object]) -> None:
+            self.calls.append(("assign", [(p.topic, p.partition, p.offset) for p in partitions]))  # type: ignore[attr-defined]
+
+    client = Client()
+    pooled = PooledConsumer(client)
+    assert pooled.assign("in", 0, 5) is client
+    pooled.assign("in", 1, 0)
+    pooled.assign("changelog", 0, 7)
+    assert client.calls == [
+        ("metadata", "in"),
+        ("assign", [("in", 0, 5)]),
+        ("assign", [("in", 1, 0)]),
+        ("metadata", "changelog"),
+        ("assign", [("changelog", 0, 7)]),
+    ]

@@ -1,18 +1,31 @@
-"""Taking what a librdkafka consumer has fetched, without waiting out a timeout: the one way
-every Kafka reader of sparkpoint (ranges, staged parts, control topics) pulls messages.
+"""Reading a partition with a librdkafka consumer without waiting on the client's timers: the
+one way every Kafka reader of sparkpoint (ranges, staged parts, control topics) assigns a
+partition and pulls its messages.
 
-``Consumer.consume(n, timeout)`` returns only when it holds ``n`` messages or the timeout has
-passed, so a read of a range shorter than ``n`` (most reads of a micro-batch, and every read
-that ends at the partition's end) waited the whole timeout each time: 0.2 s per read.
-:func:`fetched` takes what is queued at once and blocks only while nothing is, until the first
-message or event arrives.
+Two waits of librdkafka's own are taken out of every read:
 
-Owns that call only; imports nothing of sparkpoint.
+* ``Consumer.consume(n, timeout)`` returns only when it holds ``n`` messages or the timeout has
+  passed, so a read of a range shorter than ``n`` (most reads of a micro-batch, and every read
+  that ends at the partition's end) waited the whole timeout each time: 0.2 s per read.
+  :func:`fetched` takes what is queued at once and blocks only while nothing is, until the
+  first message or event arrives.
+* A consumer that is already connected learns of a topic it has not read before only at its
+  next periodic scan of unknown topics, up to a second after the assignment. A pooled consumer
+  reads many topics (inputs, changelogs, checkpoints), so :class:`PooledConsumer` asks for a
+  topic's metadata once, before its first assignment.
+
+Owns those calls only; imports nothing of sparkpoint.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+#: how long the metadata request before a first assignment may take; past it, the assignment
+#: goes ahead and librdkafka finds the topic by its own scan
+METADATA_TIMEOUT_S = 10.0
 
 
 def fetched(consumer: Any, most: int, wait: float) -> list[Any]:
@@ -26,3 +39,25 @@ def fetched(consumer: Any, most: int, wait: float) -> list[Any]:
     if first is None:
         return []
     return [first, *consumer.consume(most - 1, timeout=0)] if most > 1 else [first]
+
+
+class PooledConsumer:
+    """A librdkafka consumer kept between reads, and the topics whose metadata it holds."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self._topics: set[str] = set()
+
+    def assign(self, topic: str, partition: int, offset: int) -> Any:
+        """Assign the partition, reading from ``offset``; the consumer, to read with."""
+        if topic not in self._topics:
+            try:
+                self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+                self._topics.add(topic)
+            except KafkaException:
+                pass  # only slower: the read waits for librdkafka's own scan
+        self.consumer.assign([TopicPartition(topic, partition, offset)])
+        return self.consumer
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -56,7 +56,7 @@ from sparkpoint.system.base import (
     SystemProducer,
     read_max_bytes,
 )
-from sparkpoint.system.kafka.fetch import fetched
+from sparkpoint.system.kafka.fetch import PooledConsumer, fetched
 from sparkpoint.system.kafka.partitioner import kafka_partition
 from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.kafka.staging import (
@@ -111,6 +111,8 @@ class _Pool:
                 return idle.pop()
         if kind is _ProducerClient:
             return _ProducerClient(settings, system)
+        if kind is PooledConsumer:
+            return PooledConsumer(_client(Consumer, settings, system, role))
         return _client(kind, settings, system, role)
 
     def give_back(self, kind: type[Any], settings: dict[str, Any], client: Any) -> None:
@@ -387,16 +389,18 @@ class KafkaConsumer(SystemConsumer):
                 f"systems.{system}.default.stream.samza.offset.default or a startpoint"
             )
         self._settings = settings
-        self._consumer: Any = None
+        self._consumer: PooledConsumer | None = None
         #: per SSP, what :meth:`skipped_through` answers for its last read
         self._skipped: dict[SystemStreamPartition, str] = {}
 
     def register(self, ssp: SystemStreamPartition, offset: str) -> None:
         int(offset)  # offsets are integers; anything else is a bug upstream
 
-    def _client(self) -> Any:
+    def _client(self) -> PooledConsumer:
         if self._consumer is None:
-            self._consumer = _POOL.take(Consumer, dict(self._settings), self.system, "consumer")
+            self._consumer = _POOL.take(
+                PooledConsumer, dict(self._settings), self.system, "consumer"
+            )
         return self._consumer
 
     def read(
@@ -427,8 +431,7 @@ class KafkaConsumer(SystemConsumer):
     def messages(self, stream: str, partition: int, first: int, stop: int) -> list[Any]:
         """librdkafka's messages of offsets ``[first, stop)`` (headers included), for ranges
         that end at or before the partition's end: the staging of exactly-once output."""
-        consumer = self._client()
-        consumer.assign([TopicPartition(stream, partition, first)])
+        consumer = self._client().assign(stream, partition, first)
         out: list[Any] = []
         expected = first
         deadline = time.monotonic() + TIMEOUT_S
@@ -468,8 +471,7 @@ class KafkaConsumer(SystemConsumer):
     def _assigned_read(
         self, ssp: SystemStreamPartition, first: int, stop: int, limit: int, max_bytes: int | None
     ) -> tuple[list[Record], int | None]:
-        consumer = self._client()
-        consumer.assign([TopicPartition(ssp.stream, ssp.partition, first)])
+        consumer = self._client().assign(ssp.stream, ssp.partition, first)
         try:
             return self._drain(consumer, ssp, first, stop, limit, max_bytes)
         finally:
@@ -528,7 +530,8 @@ class KafkaConsumer(SystemConsumer):
 
     def close(self) -> None:
         if self._consumer is not None:
-            _POOL.give_back(Consumer, self._settings, self._consumer)  # unassigned after reads
+            # unassigned after each read
+            _POOL.give_back(PooledConsumer, self._settings, self._consumer)
             self._consumer = None
 
 
