@@ -21,12 +21,16 @@ task not finished). Points of a publish of exactly-once output (:data:`PUBLISH_P
 output: before and after its records are appended).
 
 A *pause* point holds the process instead, for a test to act at a known moment:
-``testing.pause.at=before-batch`` (the driver, between two batches) with ``testing.pause.file``
-a path: while that file exists the process waits there, with ``<file>.paused`` written.
+``testing.pause.at=before-batch`` (the driver, between two batches) or ``in-task`` (each task
+of the task API on its executor, its input processed, before its output is flushed and its
+commit: the batch is under way) with ``testing.pause.file`` a path: while that file exists the
+process waits there, with ``<file>.paused`` written (holding the name of each task held, for
+``in-task``; several tasks may be held at once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -80,19 +84,21 @@ def maybe_crash(config: Mapping[str, str], point: str) -> None:
     raise InjectedCrash(f"injected crash at {point}")
 
 
-def maybe_pause(config: Mapping[str, str], point: str) -> None:
+def maybe_pause(config: Mapping[str, str], point: str, who: str = "") -> None:
     """Wait here while ``testing.pause.file`` exists, if ``testing.pause.at`` names this
-    point (see the module docstring)."""
+    point (see the module docstring); ``who`` (a task) is added as a line to the ``.paused``
+    file, so a test sees which tasks are held."""
     if config.get("testing.pause.at") != point or not config.get("testing.pause.file"):
         return
     flag = config["testing.pause.file"]
     paused = f"{flag}.paused"
     if not os.path.exists(flag):
         return
-    with open(paused, "w") as f:
-        f.write(point)
+    with open(paused, "a" if who else "w") as f:
+        f.write(f"{who}\n" if who else point)
     try:
         while os.path.exists(flag):
             time.sleep(0.05)
     finally:
-        os.unlink(paused)
+        with contextlib.suppress(FileNotFoundError):  # another task held it too
+            os.unlink(paused)

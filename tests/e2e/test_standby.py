@@ -3,7 +3,8 @@
 directories, a worker lost between two batches has its tasks promoted on their standbys'
 executors (no restore from any backend: only the changelog after each copy's checkpoint is
 replayed), the copies it kept are seeded again elsewhere, no batch waits for it, and the state
-is exact."""
+is exact. A worker lost in the middle of a batch has its tasks run again by Spark on the
+executors left, promoted where a copy is and restored elsewhere, with the state as exact."""
 
 from __future__ import annotations
 
@@ -81,6 +82,72 @@ def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
     final = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
     for t in final:  # one copy each again, none on the lost executor nor the task's own
         assert [c["executor"] for c in t["standbys"]] not in ([], list(lost), [t["executor"]])
+        assert t["standbys"][0]["lag"] == 0, final
+    assert changelog_view(config) == dict(expected)
+    assert committed_counts(config) == dict(expected)
+    assert_at_least_once(emitted_counts(config), expected)
+
+
+def worker_of(c: StandaloneCluster, executor: str) -> int:
+    """The index of the worker running ``executor`` of the cluster's newest application."""
+    newest = max(p.name for p in c.work_dir.glob("worker-*/app-*"))
+    (found,) = c.work_dir.glob(f"worker-*/{newest}/{executor}")
+    return int(found.parent.parent.name.removeprefix("worker-"))
+
+
+def slowest_catch_up(text: str) -> float:
+    """The longest standby catch-up of a run's progress lines, in seconds."""
+    return max(float(s) for s in re.findall(r"standbys: .*? records, ([\d.]+)s\)", text))
+
+
+def test_a_worker_lost_mid_batch_has_its_tasks_rerun_where_state_is_exact(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    """The worker dies while a task of a batch is under way on it (held after processing its
+    input, before its commit). Spark runs it again on the executors left: promoted where its
+    standby copy is, restored elsewhere. Either way the state is exact, neither the batch nor
+    the standby catch-up after it waits for the lost executor, and every task has a caught-up
+    copy again."""
+    c = cluster
+    c.add_worker()
+    pause = tmp_path / "pause"
+    sets = [
+        *affinity_sets(tmp_path, cores=3),
+        "job.standbytasks.replication.factor=2",
+        "spark.scheduler.minRegisteredResourcesRatio=1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
+        "testing.pause.at=in-task",
+        f"testing.pause.file={pause}",
+    ]
+    config, set_args, expected = prepared(tmp_path, sets, 4_000, 43)
+    log = tmp_path / "run.log"
+    run = ["run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args]
+    driver = popen(*run, log=log)
+    wait_for_line(log, r"standbys: 0 seeded, 4 caught up \([1-9]", driver)
+    pause.touch()
+    paused = Path(f"{pause}.paused")
+    wait_for(paused, log)  # a batch is under way, its tasks held
+    time.sleep(1)  # the other executors' tasks reach the pause too
+    held = set(paused.read_text().split("\n")) - {""}
+    shown = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    lost = next(t["executor"] for t in shown if t["task"] in held)
+    before = log.read_text()
+    c.kill_worker(worker_of(c, lost))  # with a task of this batch under way on it
+    pause.unlink()
+    assert driver.wait(300) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    after = text[len(before) :]
+    assert slowest_batch(text) < 10, text[-4000:]  # no batch waited for the lost executor
+    assert slowest_catch_up(text) < 10, text[-4000:]  # nor a catch-up
+    moved = {t["task"] for t in shown if t["executor"] == lost}
+    assert moved & held, (shown, held)
+    for task in moved:  # each lost task was promoted on its copy or restored, once
+        how = re.findall(rf"^(promote|restore) {task} store user-counts: ", after, re.M)
+        assert len(how) == 1, after[-4000:]
+    final = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
+    assert lost not in {t["executor"] for t in final}, final
+    for t in final:  # one caught-up copy each again, none on the lost executor nor its own
+        assert [c["executor"] for c in t["standbys"]] not in ([], [lost], [t["executor"]])
         assert t["standbys"][0]["lag"] == 0, final
     assert changelog_view(config) == dict(expected)
     assert committed_counts(config) == dict(expected)

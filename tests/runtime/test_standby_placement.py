@@ -312,3 +312,49 @@ def test_a_task_whose_changelog_was_lost_keeps_none_of_the_last_runs_copies(
     kept = {t: [c.executor for c in second.standbys.copies[t]] for t in TASKS}
     second.close()
     assert kept == {"Partition 0": [B], "Partition 1": [B], "Partition 2": [], "Partition 3": [B]}
+
+
+def test_the_catch_up_after_a_batch_that_lost_an_executor_leaves_that_executor_out(
+    tmp_path: Path,
+) -> None:
+    """An executor lost while a batch ran (its tasks done already): the catch-up after the
+    batch is planned on the executors alive then. Planned on those of the batch's start, its
+    Spark job held a partition for the lost executor for spark.locality.wait (30 s)."""
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+    from sparkpoint.runtime.plan import StandbyPlan, TaskBatchPlan, TaskBatchResult
+    from sparkpoint.system.base import StreamSpec
+    from sparkpoint.system.registry import Systems
+    from tests.helpers import generate
+
+    class Runner(InlineRunner):
+        def __init__(self) -> None:
+            self.live = [A1, B, C]
+            self.planned: list[set[Executor]] = []
+
+        def executors(self) -> list[Executor]:
+            return list(self.live)
+
+        def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+            results = super().__call__(batch, plans)
+            self.live = [A1, B]  # C is lost while the batch runs
+            return results
+
+        def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
+            self.planned.append({p.executor for p in plans})
+            return []
+
+    config = config_of(tmp_path)
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "job.yaml", 400, seed=7)
+    runner = Runner()
+    job = JobCoordinator(config, runner)
+    job.start()
+    try:
+        meta = job.metadata([s for t in job.tasks.values() for s in t.model.ssps])
+        job.run_batch({s: m.upcoming for s, m in meta.items()}, commit=True)
+    finally:
+        job.close()
+    assert runner.planned and all(C not in executors for executors in runner.planned)
+    assert job.standbys is not None
+    assert all(c.executor != C for copies in job.standbys.copies.values() for c in copies)

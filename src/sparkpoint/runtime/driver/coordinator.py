@@ -897,6 +897,11 @@ class JobCoordinator:
         standbys = self.standbys
         if standbys is None or not standbys.enabled or catch_up is None or self.affinity is None:
             return report
+        # the executors alive now, not at the batch's start: a catch-up job whose partition
+        # prefers an executor lost during the batch waits spark.locality.wait (30 s) for it
+        executors = getattr(self.runner, "executors", None)
+        if executors is not None:
+            self._live = list(executors() or [])
         standbys.place(self._live, self.affinity.placement.assignment)  # tasks that ran away
         checkpoints = {n: ts.last_checkpoint for n, ts in self.tasks.items()}
         plans = standbys.plans(self.config.to_dict(), checkpoints, self._live)

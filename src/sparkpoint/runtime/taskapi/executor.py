@@ -39,6 +39,7 @@ from sparkpoint.errors import (
     StoreError,
     TaskError,
 )
+from sparkpoint.failpoints import maybe_pause
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.refs import load_reference, raised_at
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
@@ -281,6 +282,7 @@ class TaskBatch:
                     task.window(collector, coordinator)
                 timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
+            maybe_pause(self.config, "in-task", str(self.task))
             collector.close()
             if self.storage.outputs is not None:
                 self.storage.outputs.add(collector.staged)
