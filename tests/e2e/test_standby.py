@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
+from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from sparkpoint.config import Config
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from tests.e2e.cli import JOB, popen, slowest_batch, sp
 from tests.e2e.test_cluster import prepared
@@ -31,10 +35,21 @@ def wait_for(path: Path, log: Path, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
-    tmp_path: Path, cluster: StandaloneCluster
-) -> None:
-    c = cluster
+class Run(NamedTuple):
+    """The example running on three one-core workers with a standby copy per task, paused at
+    ``pause_at`` while the file ``pause`` exists."""
+
+    config: Config
+    set_args: list[str]
+    expected: Counter[str]
+    log: Path
+    driver: subprocess.Popen[bytes]
+    pause: Path
+
+
+def run_with_standbys(c: StandaloneCluster, tmp_path: Path, pause_at: str, seed: int) -> Run:
+    """:class:`Run` started, once every task's copy was seeded and caught up again by the
+    changelog alone at a later commit."""
     c.add_worker()  # three workers of one core (the module fixture keeps two for the next)
     pause = tmp_path / "pause"
     sets = [
@@ -42,16 +57,25 @@ def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
         "job.standbytasks.replication.factor=2",
         "spark.scheduler.minRegisteredResourcesRatio=1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
-        "testing.pause.at=before-batch",
+        f"testing.pause.at={pause_at}",
         f"testing.pause.file={pause}",
     ]
-    config, set_args, expected = prepared(tmp_path, sets, 4_000, 37)
+    config, set_args, expected = prepared(tmp_path, sets, 4_000, seed)
     log = tmp_path / "run.log"
     run = ["run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args]
     driver = popen(*run, log=log)
-    # every task's copy seeded, then caught up by the changelog alone at a later commit
     wait_for_line(log, r"standbys: 4 seeded", driver)
     wait_for_line(log, r"standbys: 0 seeded, 4 caught up \([1-9]", driver)
+    return Run(config, set_args, expected, log, driver, pause)
+
+
+def test_a_lost_worker_promotes_its_tasks_on_their_standbys(
+    tmp_path: Path, cluster: StandaloneCluster
+) -> None:
+    c = cluster
+    config, set_args, expected, log, driver, pause = run_with_standbys(
+        c, tmp_path, "before-batch", 37
+    )
     pause.touch()
     wait_for(Path(f"{pause}.paused"), log)  # the driver is between two batches
     shown = json.loads(sp("job", "show", str(JOB), "--json", *set_args).stdout)["tasks"]
@@ -109,21 +133,7 @@ def test_a_worker_lost_mid_batch_has_its_tasks_rerun_where_state_is_exact(
     the standby catch-up after it waits for the lost executor, and every task has a caught-up
     copy again."""
     c = cluster
-    c.add_worker()
-    pause = tmp_path / "pause"
-    sets = [
-        *affinity_sets(tmp_path, cores=3),
-        "job.standbytasks.replication.factor=2",
-        "spark.scheduler.minRegisteredResourcesRatio=1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
-        "testing.pause.at=in-task",
-        f"testing.pause.file={pause}",
-    ]
-    config, set_args, expected = prepared(tmp_path, sets, 4_000, 43)
-    log = tmp_path / "run.log"
-    run = ["run", str(JOB), "--until-caught-up", "--master", c.master_url, *set_args]
-    driver = popen(*run, log=log)
-    wait_for_line(log, r"standbys: 0 seeded, 4 caught up \([1-9]", driver)
+    config, set_args, expected, log, driver, pause = run_with_standbys(c, tmp_path, "in-task", 43)
     pause.touch()
     paused = Path(f"{pause}.paused")
     wait_for(paused, log)  # a batch is under way, its tasks held
