@@ -129,7 +129,7 @@ VALUES_ANY = st.recursive(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(VALUES_ANY)
 @example({"user": "user-00001", "ts": 12345678901234567890123})
 @example({"x": 1e-7, "y": 5e-5, "z": 1e-4})
@@ -140,7 +140,7 @@ def test_any_value_encodes_as_the_standard_library_does_and_decodes_back(value: 
     assert same(JsonSerde().from_bytes(expected), json.loads(expected))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.one_of(
         st.binary(max_size=40),
