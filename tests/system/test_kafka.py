@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -418,8 +419,10 @@ def test_a_pooled_consumer_asks_for_a_topics_metadata_before_its_first_read_only
         def __init__(self) -> None:
             self.calls: list[tuple[str, object]] = []
 
-        def list_topics(self, topic: str, timeout: float) -> None:
+        def list_topics(self, topic: str, timeout: float) -> object:
             self.calls.append(("metadata", topic))
+            answer = SimpleNamespace(error="UNKNOWN_TOPIC" if topic == "new" else None)
+            return SimpleNamespace(topics={topic: answer})
 
         def assign(self, partitions: list[object]) -> None:
             self.calls.append(("assign", [(p.topic, p.partition, p.offset) for p in partitions]))  # type: ignore[attr-defined]
@@ -429,10 +432,16 @@ def test_a_pooled_consumer_asks_for_a_topics_metadata_before_its_first_read_only
     assert pooled.assign("in", 0, 5) is client
     pooled.assign("in", 1, 0)
     pooled.assign("changelog", 0, 7)
+    pooled.assign("new", 0, 0)  # not in the metadata yet (just created): asked again next time
+    pooled.assign("new", 0, 0)
     assert client.calls == [
         ("metadata", "in"),
         ("assign", [("in", 0, 5)]),
         ("assign", [("in", 1, 0)]),
         ("metadata", "changelog"),
         ("assign", [("changelog", 0, 7)]),
+        ("metadata", "new"),
+        ("assign", [("new", 0, 0)]),
+        ("metadata", "new"),
+        ("assign", [("new", 0, 0)]),
     ]

@@ -257,7 +257,7 @@ class JobCoordinator:
         #: the changelogs' compaction pass running beside the batches, and what it raised
         self._compaction: threading.Thread | None = None
         self._compaction_error: BaseException | None = None
-        self._live: list[Executor] = []  # the live executors the last placement saw
+        self._live: list[Executor] = []  # the live executors the last placement or catch-up saw
         #: this batch's standby copies a restoring task may promote (Standbys.offers)
         self._offers: dict[str, tuple[tuple[str, str], ...]] = {}
         self._batch = 0

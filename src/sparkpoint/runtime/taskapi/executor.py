@@ -282,7 +282,7 @@ class TaskBatch:
                     task.window(collector, coordinator)
                 timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
-            maybe_pause(self.config, "in-task", str(self.task))
+                maybe_pause(self.config, "in-task", str(self.task))
             collector.close()
             if self.storage.outputs is not None:
                 self.storage.outputs.add(collector.staged)

@@ -52,10 +52,12 @@ class PooledConsumer:
         """Assign the partition, reading from ``offset``; the consumer, to read with."""
         if topic not in self._topics:
             try:
-                self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
-                self._topics.add(topic)
+                known = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics
             except KafkaException:
-                pass  # only slower: the read waits for librdkafka's own scan
+                known = {}  # only slower: the read waits for librdkafka's own scan
+            meta = known.get(topic)
+            if meta is not None and meta.error is None:  # asked again until it answers
+                self._topics.add(topic)
         self.consumer.assign([TopicPartition(topic, partition, offset)])
         return self.consumer
 
