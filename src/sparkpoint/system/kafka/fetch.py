@@ -1,6 +1,6 @@
 """Reading a partition with a librdkafka consumer without waiting on the client's timers: the
-one way every Kafka reader of sparkpoint (ranges, staged parts, control topics) assigns a
-partition and pulls its messages.
+one way every Kafka reader of sparkpoint (ranges, staged parts, control topics) pulls its
+messages, and the way its pooled consumers (ranges, staged parts) assign a partition.
 
 Two waits of librdkafka's own are taken out of every read:
 
