@@ -416,3 +416,7 @@ def test_logged_writes_wait_for_a_drain_or_the_batch_size() -> None:
     logged.drain()
     logged.drain()
     assert sent.records[3:] == [(b"b", None)]
+    logged.write_bulk([(b"d", b"1"), (b"a", None)])  # a tool's bulk writes are logged too
+    assert logged.get(b"d") == b"1" and logged.get(b"a") is None
+    logged.drain()
+    assert sent.records[4:] == [(b"d", b"1"), (b"a", None)]

@@ -160,6 +160,31 @@ class SystemContract:
         got = consumer.read(ssp, "1", "3001")
         assert [r.value for r in got] == [f"v{i}".encode() for i in range(3000)]
 
+    def test_entries_are_sent_as_their_records_in_order_between_other_sends(
+        self, system: SystemUnderTest
+    ) -> None:
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("entries", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        producer.send("entries", 0, rec("a", "first", 5))
+        keys = [b"k%d" % i for i in range(300)]
+        values = [None if i % 3 == 0 else b"v%d" % i for i in range(300)]
+        producer.send_entries("entries", 0, keys, values, 77)
+        producer.send("entries", 0, rec("z", "last", 9))
+        with pytest.raises(ValueError, match="2 keys for 1 values"):
+            producer.send_entries("entries", 0, [b"x", b"y"], [b"1"], 77)
+        producer.flush()
+        got = system.factory.get_consumer(system.name, system.config).read(
+            self.ssp(system, "entries"), "0", "302"
+        )
+        assert [(r.key, r.value) for r in got] == [
+            (b"a", b"first"),
+            *zip(keys, values, strict=True),
+            (b"z", b"last"),
+        ]
+        assert [r.timestamp for r in got[1:301]] == [77] * 300
+        assert len(got) == 302
+
     def test_reads_start_at_the_oldest_record_left_after_a_delete(
         self, system: SystemUnderTest
     ) -> None:

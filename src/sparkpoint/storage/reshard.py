@@ -123,7 +123,13 @@ def input_keys(config: Config, store: str) -> Callable[[Sequence[bytes]], Sequen
     setting = config.get_str(f"stores.{store}.reshard.key") or "key"
     if setting == "key" and config.get_str("task.timers.store") != store:
         reserved = ttl.FORMAT_KEY
-        return lambda keys: [TASK_ENTRY if k == reserved else k for k in keys]
+
+        def plain(keys: Sequence[bytes]) -> Sequence[bytes | None]:
+            if reserved not in keys:  # the usual chunk: the keys as they are, no step per key
+                return keys
+            return [TASK_ENTRY if k == reserved else k for k in keys]
+
+        return plain
     route = key_route(config, store)
 
     def routed(keys: Sequence[bytes]) -> list[bytes | None]:

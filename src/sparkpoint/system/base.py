@@ -313,6 +313,23 @@ class SystemProducer(ABC):
         for record in records:
             self.send(stream, partition, record)
 
+    def send_entries(
+        self,
+        stream: str,
+        partition: int,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        timestamp: int,
+    ) -> None:
+        """Queue the records ``keys[i]: values[i]`` (``None``: a tombstone) for one partition,
+        in order, all stamped ``timestamp``: a changelog drain. The same as :meth:`send_many`
+        of their records; a system may take them without building a record each."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        new = tuple.__new__  # a record without the named tuple's Python-level __new__
+        records = (new(Record, ("", k, v, timestamp)) for k, v in zip(keys, values, strict=True))
+        self.send_many(stream, partition, records)
+
     @abstractmethod
     def flush(self) -> None:
         """Block until every record sent so far is durable in the system."""

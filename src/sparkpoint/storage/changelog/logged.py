@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.storage.kv.base import KeyValueEngine
-from sparkpoint.system.base import Record, SystemProducer
+from sparkpoint.system.base import SystemProducer
 
 
 class LoggedEngine(KeyValueEngine):
@@ -45,9 +45,10 @@ class LoggedEngine(KeyValueEngine):
             return
         pending, self._pending = self._pending, {}
         now = int(time.time() * 1000)
-        new = tuple.__new__  # a record without the named tuple's Python-level __new__
-        records = (new(Record, ("", k, v, now)) for k, v in pending.items())
-        self._producer.send_many(self._ssp.stream, self._ssp.partition, records)
+        ssp = self._ssp
+        self._producer.send_entries(
+            ssp.stream, ssp.partition, list(pending), list(pending.values()), now
+        )
 
     def get(self, key: bytes) -> bytes | None:
         return self.inner.get(key)
@@ -66,6 +67,14 @@ class LoggedEngine(KeyValueEngine):
     def write_batch(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         batch = list(puts)
         self.inner.write_batch(batch)
+        self._logged(batch)
+
+    def write_bulk(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        batch = list(puts)
+        self.inner.write_bulk(batch)
+        self._logged(batch)
+
+    def _logged(self, batch: list[tuple[bytes, bytes | None]]) -> None:
         self._pending.update(batch)
         if len(self._pending) >= self._batch_size:
             self.drain()

@@ -48,6 +48,13 @@ class KeyValueEngine(ABC):
         :meth:`close`)."""
         self.write_batch(puts)
 
+    def write_bulk(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """:meth:`write_batch` for a tool's bulk writes that commits the store (which flushes
+        it) before anything relies on them, as a reshard does: an engine may skip its
+        write-ahead log for them, as for :meth:`load`, but a wrapper takes them as writes (a
+        changelog logs them)."""
+        self.write_batch(puts)
+
     @abstractmethod
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Entries with ``start <= key < end`` in key order."""

@@ -105,6 +105,9 @@ class RocksDBEngine(KeyValueEngine):
     def load(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         # no write-ahead log: a restore wrote every value twice (log, then memtable flush);
         # flush() flushes the memtables instead (docs/performance.md, "Changelog restore")
+        self.write_bulk(puts)
+
+    def write_bulk(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         unlogged = WriteOptions()
         # a property (rocksdict's stub declares a method)
         unlogged.disable_wal = True  # type: ignore[method-assign,assignment]

@@ -29,6 +29,9 @@ INDEX = struct.Struct(">qQq")
 HEADER_SIZE = HEADER.size
 INDEX_SIZE = INDEX.size
 MIN_TIMESTAMP = -(2**63)
+#: a :class:`~sparkpoint.system.base.Record` or a plain tuple of its fields (offset, key, value,
+#: timestamp): what :func:`encode_many` reads, by position
+RecordFields = tuple[str, bytes | None, bytes | None, int]
 assert array.array("q").itemsize * 3 == INDEX_SIZE  # index_offsets reads entries as 3 int64s
 
 
@@ -56,7 +59,7 @@ def encode(offset: int, key: bytes | None, value: bytes | None, timestamp: int) 
 
 def encode_many(
     first_offset: int,
-    records: Iterable[Record],
+    records: Iterable[RecordFields],
     base: int = 0,
     max_ts: int = MIN_TIMESTAMP,
 ) -> tuple[bytes, bytes, int]:

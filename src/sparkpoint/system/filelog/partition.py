@@ -591,7 +591,7 @@ class PartitionLog:
                 os.fsync(index_file.fileno())
             return max(last_offset + 1, floor), max_ts
 
-    def append(self, records: Sequence[Record]) -> tuple[int, int]:
+    def append(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
         """Append durably (offsets are assigned here: the records' own are ignored); returns
         the first and last offsets assigned."""
         if not records:
@@ -607,7 +607,7 @@ class PartitionLog:
                 f"may be in the log already, so a retry can write them twice)"
             ) from None
 
-    def _append(self, records: Sequence[Record]) -> tuple[int, int]:
+    def _append(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
         with self._locked():
             return self.append_locked(records)
 
@@ -615,7 +615,7 @@ class PartitionLog:
         """The offset the next append takes, the tail recovered first (under the lock)."""
         return self._recover(*self._files())[0]
 
-    def append_locked(self, records: Sequence[Record]) -> tuple[int, int]:
+    def append_locked(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
         """:meth:`append` for a caller that holds the lock (:meth:`locked`)."""
         return self._append_locked(lambda first, at, ts: fmt.encode_many(first, records, at, ts))
 
