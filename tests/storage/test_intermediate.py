@@ -301,30 +301,40 @@ def test_tools_work_before_the_first_run_and_reset_deletes_the_intermediate_stre
     assert "pageviews-by-page" in streams and BY_USER.stream not in streams
 
 
-def test_growing_an_intermediate_stream_or_resharding_a_job_of_stages_is_refused(
+def test_growing_an_intermediate_stream_with_records_waiting_to_be_published_is_refused(
     tmp_path: Path,
 ) -> None:
+    """Re-keyed records staged but not published yet were placed by the intermediate stream's
+    old count: growing it (or resharding after it grew by other means) is refused, naming
+    them, and nothing changes. (Growth itself: tests/tools/test_reshard.py.)"""
     from sparkpoint.errors import UserError
+    from sparkpoint.model import TaskName
+    from sparkpoint.storage.outputs import owner_of, staging_of
+    from sparkpoint.system.base import Record
     from sparkpoint.tools.reshard import reshard
     from sparkpoint.tools.streams import add_partitions
+    from tests.tools.test_reshard import checkpoints_of
 
     config = rekey_job(tmp_path)
     views(config, tmp_path, 200, seed=96)
     run(config, until_caught_up=True)
-    source = SystemStream("filelog", "pageviews-by-page")
     systems = Systems(config)
+    refused = r"re-keyed records waiting to be published to its intermediate stream .*by-user"
     try:
-        with pytest.raises(UserError, match="is an intermediate stream of job rekey"):
+        owner = owner_of(config, TaskName("Partition 1"))
+        producer = staging_of(systems, "filelog").producer(owner, "run-9-x")
+        producer.send(BY_USER.stream, 1, Record("", b"user-1", b"{}", 1))
+        producer.stage()
+        with pytest.raises(UserError, match=refused + r" \(1 records for partition 1 staged"):
             add_partitions(config, systems, BY_USER, 8)
-        with pytest.raises(UserError, match="is an input of job rekey, which keeps state in"):
-            add_partitions(config, systems, source, 8)
-        for stream in (BY_USER, source):
-            assert systems.admin("filelog").partition_count(stream.stream) == 4
-        systems.admin("filelog").add_partitions(source.stream, 8)  # grown by other means
+        assert systems.admin("filelog").partition_count(BY_USER.stream) == 4
+        systems.admin("filelog").add_partitions(BY_USER.stream, 8)  # grown by other means
+        before = checkpoints_of(config)
+        with pytest.raises(UserError, match=refused):
+            reshard(config)
+        assert checkpoints_of(config) == before
     finally:
         systems.close()
-    with pytest.raises(UserError, match="re-keys through intermediate stream"):
-        reshard(config)
 
 
 @pytest.mark.kafka

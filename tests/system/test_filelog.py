@@ -446,3 +446,24 @@ def test_a_full_disk_is_one_line_naming_the_partition(
             assert "a retry can write them twice" in str(caught.value)
         else:
             assert not isinstance(caught.value, UserError)
+
+
+def test_a_stream_grown_by_another_process_has_its_new_count_everywhere(
+    system: SystemUnderTest,
+) -> None:
+    """A worker keeps its systems between batches: once the stream grew elsewhere (stream
+    add-partitions, another process), its admin's count is the new one, so its producers
+    place keys by it, and its consumers read the new partitions."""
+    kept = system.factory.get_admin(system.name, system.config)
+    kept.create_stream(StreamSpec("grows", 2))
+    assert kept.partition_count("grows") == 2
+    other = system.factory.get_admin(system.name, system.config)  # another process's
+    other.add_partitions("grows", 6)
+    assert kept.partition_count("grows") == 6
+    producer = system.factory.get_producer(system.name, system.config)
+    producer.send("grows", 5, rec("k", "v", 1))
+    producer.flush()
+    got = system.factory.get_consumer(system.name, system.config).read(
+        SystemStreamPartition(system.name, "grows", 5), "0", "1"
+    )
+    assert [r.value for r in got] == [b"v"]

@@ -308,3 +308,74 @@ def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
     with pytest.raises(UserError, match=r"store user-counts: the store has no backup backend"):
         reshard(local)
     assert checkpoints_of(local) == before
+
+
+@pytest.mark.parametrize("api", ["task", "dataframe"])
+def test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_growths(
+    tmp_path: Path, api: str, request: pytest.FixtureRequest
+) -> None:
+    """The re-key example's counts are keyed by user, the key of its intermediate stream: the
+    input growing (by page) moves nothing and only adds tasks; the intermediate stream growing
+    moves each count to its user's new partition. Exact after each, with a run in between,
+    in both APIs (``rekey_task``, ``rekey_pipeline``)."""
+    from sparkpoint.model import SystemStream
+    from tests.storage.test_intermediate import BY_USER, per_user, rekey_job, views
+
+    config = rekey_job(tmp_path, **{"task.batch.max.messages": "300"})
+    if api == "dataframe":
+        from rekey_pipeline import job as pipeline
+
+        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.driver.coordinator import JobCoordinator
+        from tests.helpers import run_until_caught_up
+
+        spark = request.getfixturevalue("spark")
+
+        def run(config: Config, until_caught_up: bool) -> None:
+            assert until_caught_up
+            run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+    else:
+        from tests.storage.test_state_backends import run
+
+    by_page = SystemStream("filelog", "pageviews-by-page")
+    written = views(config, tmp_path, 900, seed=91)
+    run(config, until_caught_up=True)
+    systems = Systems(config)
+    add_partitions(config, systems, by_page, 8)
+    with pytest.raises(PartitionCountChanged, match="pageviews-by-page had 4 partitions"):
+        run(config, until_caught_up=True)
+    result = reshard(config)
+    assert result.streams == {"filelog.pageviews-by-page": (4, 8)}
+    assert result.moved["user-counts"].keys == 0 and result.moved["user-counts"].entries > 0
+    written += views(config, tmp_path, 400, seed=92)  # keyed by page among 8 partitions
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == per_user(written)
+    assert_placed(config, 4)  # users still in the tasks of their 4 intermediate partitions
+
+    add_partitions(config, systems, BY_USER, 8)
+    systems.close()
+    with pytest.raises(PartitionCountChanged, match="pageviews-by-user had 4 partitions"):
+        run(config, until_caught_up=True)
+    result = reshard(config)
+    assert result.streams == {"filelog.pageviews-by-user": (4, 8)}
+    assert result.moved["user-counts"].keys > 0
+    written += views(config, tmp_path, 400, seed=93)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == per_user(written)
+    assert_placed(config, 8)
+
+
+def test_a_store_that_follows_no_input_of_the_job_is_refused(tmp_path: Path) -> None:
+    from sparkpoint.model import SystemStream
+    from tests.storage.test_intermediate import rekey_job, views
+
+    config = rekey_job(tmp_path, **{"stores.user-counts.reshard.stream": "filelog.nowhere"})
+    views(config, tmp_path, 300, seed=94)
+    run(config, until_caught_up=True)
+    systems = Systems(config)
+    add_partitions(config, systems, SystemStream("filelog", "pageviews-by-page"), 8)
+    systems.close()
+    before = checkpoints_of(config)
+    with pytest.raises(UserError, match=r"stores.user-counts.reshard.stream='filelog.nowhere' "):
+        reshard(config)
+    assert checkpoints_of(config) == before

@@ -407,6 +407,15 @@ KEYS: tuple[ConfigKey, ...] = (
         lambda v: v in ("key", "window") or bool(re.fullmatch(r"[\w.]+:\w+", v)),
     ),
     ConfigKey(
+        "stores.<s>.reshard.stream",
+        None,
+        "an input stream (system.stream or stream), or unset",
+        "the input whose key the store's entries follow, for `sparkpoint state reshard`: which "
+        "partition count places them (default: the job's inputs; in a job that re-keys through "
+        "one intermediate stream, that stream, whose later stage keeps the state; with several, "
+        "required)",
+    ),
+    ConfigKey(
         "task.timers.store",
         None,
         "the name of one of the job's stores, or unset",

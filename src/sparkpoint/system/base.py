@@ -301,6 +301,12 @@ class SystemConsumer(ABC):
         """Release resources. Idempotent."""
 
 
+def check_entries(keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+    """:meth:`SystemProducer.send_entries`'s arguments pair up, or a ValueError says not."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys for {len(values)} values")
+
+
 class SystemProducer(ABC):
     """Sends records to partitions. ``send`` may buffer; ``flush`` makes everything sent durable."""
 
@@ -324,8 +330,7 @@ class SystemProducer(ABC):
         """Queue the records ``keys[i]: values[i]`` (``None``: a tombstone) for one partition,
         in order, all stamped ``timestamp``: a changelog drain. The same as :meth:`send_many`
         of their records; a system may take them without building a record each."""
-        if len(keys) != len(values):
-            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        check_entries(keys, values)
         new = tuple.__new__  # a record without the named tuple's Python-level __new__
         records = (new(Record, ("", k, v, timestamp)) for k, v in zip(keys, values, strict=True))
         self.send_many(stream, partition, records)

@@ -4,14 +4,17 @@ partition counts give each key, offline, all or nothing (docs/reshard.md).
 1. **Claim the job** (its driver heartbeat: a job cannot start while a reshard runs, and a
    reshard is refused while the job runs), and finish a reshard an earlier run left past its
    commit point (:func:`sparkpoint.storage.reshard.finish_pending`).
-2. **Plan**: the grown inputs (stored counts vs now), every other input already at the new
-   count, no unread input keyed by the old count (before the offsets ``stream add-partitions``
-   recorded when it grew the stream), and the tasks of the new count with their changelog
-   partitions.
+2. **Plan**: the grown inputs (stored counts vs now), in groups that grow together: the
+   job's own inputs, and each intermediate stream alone; the group each store's keys follow
+   (``stores.<s>.reshard.stream``; by default the inputs, or the one intermediate stream of a
+   job that re-keys); no unread input keyed by the old count (before the offsets ``stream
+   add-partitions`` recorded when it grew the stream) and no re-keyed record waiting to be
+   published; the tasks of the new count with their changelog partitions.
 3. **Open every task of the new count** at its last checkpoint, restored through its backends
    (:class:`~sparkpoint.storage.task_storage.TaskStorage`), and **check every key**: each store
    entry's input key (:func:`~sparkpoint.storage.reshard.key_route`) must map to its task under
-   the old count, or the store does not follow the input key and nothing is changed.
+   the old count of the streams it follows, or the store does not follow their key and
+   nothing is changed.
 4. **Move** each entry whose key maps to another task under the new count: written to that
    task's store and deleted from its own, through the stores' backup wrappers (changelog
    writes and tombstones). New tasks get the old tasks' task entries
@@ -102,15 +105,30 @@ class ReshardResult:
     nothing: str = ""  # why there was nothing to do
 
 
+#: the group of a job's own inputs (stage 1) in :func:`_groups`
+INPUTS = "inputs"
+
+
 @dataclass
-class _Plan:
+class _Keys:
+    """The streams a store's keys follow (the job's own inputs, or one intermediate stream):
+    their partition count before and after, and the admin whose partitioner places them."""
+
+    streams: tuple[str, ...]
     old: int
     new: int
-    streams: dict[str, tuple[int, int]]
+    admin: SystemAdmin
+
+
+@dataclass
+class _Plan:
+    old: int  # tasks before: the largest count the job's inputs had
+    new: int  # tasks after
+    streams: dict[str, tuple[int, int]]  # grown stream -> (old, new)
+    follows: dict[str, _Keys]  # store -> the streams its keys follow
     model: JobModel  # the tasks of the new count, with their changelog partitions
     added_changelog: dict[str, int]
     checkpoints: dict[TaskName, Checkpoint]
-    admin: SystemAdmin  # whose partitioner places the grown inputs' keys
 
 
 def reshard(
@@ -176,18 +194,18 @@ def _plan(
         for ss in config.inputs
         if ss not in broadcast
     }
-    grown: dict[SystemStream, tuple[int, int]] = {}
+    pairs: dict[SystemStream, tuple[int, int]] = {}
     for ss, now in sorted(counts.items(), key=lambda item: str(item[0])):
         text = stored.get(str(ss), "")
-        if text.strip().isdigit() and int(text) != now:
-            old = int(text)
-            if now < old:
-                raise UserError(
-                    f"input stream {ss} has {now} partitions, fewer than the {old} job "
-                    f"{config.job_name} last ran with: a reshard only follows growth (streams "
-                    f"never shrink); recreate the stream with {old} or more partitions"
-                )
-            grown[ss] = (old, now)
+        old = int(text) if text.strip().isdigit() else now
+        if now < old:
+            raise UserError(
+                f"input stream {ss} has {now} partitions, fewer than the {old} job "
+                f"{config.job_name} last ran with: a reshard only follows growth (streams "
+                f"never shrink); recreate the stream with {old} or more partitions"
+            )
+        pairs[ss] = (old, now)
+    grown = {ss: pair for ss, pair in pairs.items() if pair[0] != pair[1]}
     if not grown:
         result.nothing = (
             f"every input of job {config.job_name} has the partition count it last ran with: "
@@ -197,24 +215,67 @@ def _plan(
     if not config.stores:
         result.nothing = f"job {config.job_name} has no stores: there is no state to move"
         return None
-    if config.intermediate_streams:
-        names = ", ".join(str(s) for s in config.intermediate_streams)
+    groups = _groups(config, list(pairs))
+    for streams in groups.values():
+        _check_grew_together(config, systems, streams, pairs)
+    if not config.get_bool("task.transactional.state.checkpoint.enabled"):
         raise UserError(
-            f"job {config.job_name} re-keys through intermediate stream(s) {names}: their "
-            f"stages' state follows their own partition counts, which a reshard of the inputs "
-            f"cannot tell apart yet; start the job's state over instead (sparkpoint job reset "
-            f"JOB --keep-input)"
+            f"job {config.job_name} runs with task.transactional.state.checkpoint.enabled="
+            f"false: its stores restore to their newest changelog entry, not to their "
+            f"checkpoints, so a reshard that stopped half-way could not be redone from the old "
+            f"state. Run the reshard with --set task.transactional.state.checkpoint.enabled=true"
         )
-    pairs = set(grown.values())
-    if len(pairs) > 1:
+    follows = {store: _follows(config, systems, store, groups, pairs) for store in config.stores}
+    _check_unread(config, systems, metadata, grown, unread_after_growth)
+    stored_map = stored_changelog_partitions(metadata)
+    model, added = with_changelog_partitions(stored_map, job_model(config, systems))
+    checkpoints = CheckpointManager(config, systems).read_all()
+    return _Plan(
+        max(old for old, _new in pairs.values()),
+        max(new for _old, new in pairs.values()),
+        {str(s): p for s, p in grown.items()},
+        follows,
+        model,
+        added,
+        checkpoints,
+    )
+
+
+def _groups(config: Config, inputs: Sequence[SystemStream]) -> dict[str, list[SystemStream]]:
+    """The job's inputs by whose partition count keys follow: its own inputs together (stage
+    1: a task is a partition number of each), each intermediate stream alone (its stage's
+    keys follow its own count)."""
+    intermediate = set(config.intermediate_streams)
+    groups: dict[str, list[SystemStream]] = {}
+    own = [ss for ss in inputs if ss not in intermediate]
+    if own:
+        groups[INPUTS] = own
+    for ss in inputs:
+        if ss in intermediate:
+            groups[str(ss)] = [ss]
+    return groups
+
+
+def _check_grew_together(
+    config: Config,
+    systems: Systems,
+    streams: Sequence[SystemStream],
+    pairs: Mapping[SystemStream, tuple[int, int]],
+) -> None:
+    """Refuse a group of inputs (:func:`_groups`) that did not all grow to one count, or whose
+    grown streams' systems place keys differently."""
+    grown = {ss: pairs[ss] for ss in streams if pairs[ss][0] != pairs[ss][1]}
+    if not grown:
+        return
+    if len(set(grown.values())) > 1:
         listed = ", ".join(f"{s} {o} -> {n}" for s, (o, n) in sorted(grown.items(), key=str))
         raise UserError(
             f"the inputs of job {config.job_name} grew differently ({listed}): a task is a "
             f"partition number of every input, so they must all grow to one count; grow them "
             f"to the same count (sparkpoint stream add-partitions) and run the reshard again"
         )
-    old, new = pairs.pop()
-    behind = sorted(str(ss) for ss in counts if ss not in grown)
+    old, new = next(iter(grown.values()))
+    behind = sorted(str(ss) for ss in streams if ss not in grown)
     if behind:
         raise UserError(
             f"input stream(s) {', '.join(behind)} of job {config.job_name} did not grow from "
@@ -223,13 +284,6 @@ def _plan(
             f"{old}; grow them too (sparkpoint stream add-partitions JOB STREAM --partitions "
             f"{new}) and run the reshard again"
         )
-    if not config.get_bool("task.transactional.state.checkpoint.enabled"):
-        raise UserError(
-            f"job {config.job_name} runs with task.transactional.state.checkpoint.enabled="
-            f"false: its stores restore to their newest changelog entry, not to their "
-            f"checkpoints, so a reshard that stopped half-way could not be redone from the old "
-            f"state. Run the reshard with --set task.transactional.state.checkpoint.enabled=true"
-        )
     admins = {ss.system for ss in grown}
     partitioners = {type(systems.admin(s)).partition_for_key for s in admins}
     if len(partitioners) > 1:
@@ -237,19 +291,48 @@ def _plan(
             f"the grown inputs of job {config.job_name} are on systems that place keys "
             f"differently ({', '.join(sorted(admins))}): one task cannot follow both"
         )
-    _check_unread(config, systems, metadata, grown, unread_after_growth)
-    stored_map = stored_changelog_partitions(metadata)
-    model, added = with_changelog_partitions(stored_map, job_model(config, systems))
-    checkpoints = CheckpointManager(config, systems).read_all()
-    return _Plan(
-        old,
-        new,
-        {str(s): p for s, p in grown.items()},
-        model,
-        added,
-        checkpoints,
-        systems.admin(sorted(admins)[0]),
-    )
+
+
+def _follows(
+    config: Config,
+    systems: Systems,
+    store: str,
+    groups: Mapping[str, Sequence[SystemStream]],
+    pairs: Mapping[SystemStream, tuple[int, int]],
+) -> _Keys:
+    """The streams whose keys ``store``'s entries follow: ``stores.<s>.reshard.stream``, else
+    the job's inputs, or its intermediate stream when it re-keys through one (its later
+    stage's state is keyed by the new key)."""
+    key = f"stores.{store}.reshard.stream"
+    setting = config.get_str(key)
+    intermediate = config.intermediate_streams
+    if setting:
+        named = [
+            g
+            for g, streams in groups.items()
+            if any(setting in (str(s), s.stream) for s in streams)
+        ]
+        if not named:
+            known = ", ".join(str(s) for streams in groups.values() for s in streams)
+            raise UserError(
+                f"{key}={setting!r} is not an input of job {config.job_name} (its inputs: "
+                f"{known}): name the stream whose keys the store's entries follow; nothing "
+                f"was changed"
+            )
+        group = named[0]
+    elif not intermediate:
+        group = INPUTS
+    elif len(intermediate) == 1:
+        group = str(intermediate[0])
+    else:
+        raise UserError(
+            f"job {config.job_name} re-keys through several intermediate streams "
+            f"({', '.join(str(s) for s in intermediate)}): set {key} to the stream whose keys "
+            f"store {store} follows; nothing was changed"
+        )
+    streams = groups[group]
+    old, new = pairs[streams[0]]
+    return _Keys(tuple(str(s) for s in streams), old, new, systems.admin(streams[0].system))
 
 
 def _check_unread(
@@ -261,11 +344,12 @@ def _check_unread(
 ) -> None:
     """Refuse when input keyed by the old count is unread: the task that would read it after
     the reshard no longer holds the state of its keys."""
-    from sparkpoint.tools.streams import unread_ranges
+    from sparkpoint.tools.streams import refuse_unpublished, unread_ranges
 
     problems = []
     recorded = True
     for ss, (old, _new) in sorted(grown.items(), key=lambda item: str(item[0])):
+        refuse_unpublished(config, systems, ss, below=old)
         growth = growth_of(metadata, str(ss))
         recorded &= growth is not None
         if growth is None and unread_after_growth:
@@ -337,17 +421,17 @@ def _partition(task: TaskName) -> int:
 def _dry_run(config: Config, plan: _Plan, result: ReshardResult, progress: Progress | None) -> None:
     """Read the committed state (as ``state dump`` does), check every key, count the moves."""
     for store in config.stores:
-        keys_of = input_keys(config, store)
+        keys_of, follows = input_keys(config, store), plan.follows[store]
         moved = result.moved.setdefault(store, Moved())
         rows = committed_raw_entries(config, store)
         while chunk := list(islice(rows, CHUNK)):
             keys = [key for _task, key, _value in chunk]
-            olds = _placed(keys_of, plan.admin, keys, plan.old)
-            news = _placed(keys_of, plan.admin, keys, plan.new)
+            olds = _placed(keys_of, follows.admin, keys, follows.old)
+            news = _placed(keys_of, follows.admin, keys, follows.new)
             for (task, key, value), old, new in zip(chunk, olds, news, strict=True):
                 owner = _partition(TaskName(task))
                 if old is not None and old != owner:
-                    raise _mismatch(config, store, task, key, old, plan.old)
+                    raise _mismatch(config, store, task, key, old, follows.old)
                 if new is not None and new != owner:
                     moved.keys += 1
                     moved.bytes += len(key) + len(value)
@@ -393,7 +477,8 @@ def _run(
         record = ReshardRecord(reshard_id, {s: n for s, (_o, n) in plan.streams.items()}, plan.old)
         for _number, storage in sorted(storages.items()):
             grown = [s for s in storage.task.sorted_ssps() if str(s.system_stream) in plan.streams]
-            fresh = [s for s in grown if s.partition >= plan.old]  # written since the growth
+            # the partitions the growth added: written since
+            fresh = [s for s in grown if s.partition >= plan.streams[str(s.system_stream)][0]]
             before = _before_oldest(systems, fresh)
             checkpoint = commit_unwritten(storage, before)
             name = storage.task.name.name
@@ -451,16 +536,17 @@ def _check_keys(
 ) -> int:
     """Check that every entry of the old tasks is in the task its key maps to under the old
     count (the store follows the input key); how many entries they have."""
-    keys_of = input_keys(config, store)
+    keys_of, follows = input_keys(config, store), plan.follows[store]
     seen = 0
     for partition in range(plan.old):
         engine, start = engines[partition][store], b""
         while keys := engine.keys_from(start, CHUNK):
             start = keys[-1] + b"\x00"
-            for key, old in zip(keys, _placed(keys_of, plan.admin, keys, plan.old), strict=True):
+            placed = _placed(keys_of, follows.admin, keys, follows.old)
+            for key, old in zip(keys, placed, strict=True):
                 if old is not None and old != partition:
                     task = TaskName.for_partition(partition).name
-                    raise _mismatch(config, store, task, key, old, plan.old)
+                    raise _mismatch(config, store, task, key, old, follows.old)
             seen += len(keys)
             if progress is not None:
                 progress(f"checking {store}", seen, None)
@@ -477,14 +563,14 @@ def _move(
 ) -> None:
     """Move each entry of the old tasks whose key maps to another task under the new count
     (an entry that arrived from a task scanned earlier maps to its new task: it stays)."""
-    keys_of = input_keys(config, store)
+    keys_of, follows = input_keys(config, store), plan.follows[store]
     scanned = 0
     task_entries: list[dict[bytes, bytes]] = []
     for partition in range(plan.old):
         own = engines[partition][store]
         kept: dict[bytes, bytes] = {}
         for chunk in _entries(own):
-            news = _placed(keys_of, plan.admin, list(map(itemgetter(0), chunk)), plan.new)
+            news = _placed(keys_of, follows.admin, list(map(itemgetter(0), chunk)), follows.new)
             if TASK_ENTRY in news:
                 kept.update(compress(chunk, [new is TASK_ENTRY for new in news]))
             gone: list[bytes] = []

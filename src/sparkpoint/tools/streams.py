@@ -66,15 +66,6 @@ def add_partitions(
             f"stream {stream} has {before} partitions; --partitions {partitions} would not grow "
             "it (a stream never shrinks: its partitions' records and offsets stay)"
         )
-    if stream in config.inputs and config.intermediate_streams and config.stores:
-        what = "an intermediate stream" if stream in config.intermediate_streams else "an input"
-        raise UserError(
-            f"stream {stream} is {what} of job {config.job_name}, which keeps state in stages "
-            f"(intermediate streams), and state reshard cannot move a stage's state yet: "
-            f"nothing was changed. To change a count, start the job's state over (sparkpoint "
-            f"job reset JOB --keep-input; for an intermediate stream, with streams.<s>."
-            f"partitions set to the new count)"
-        )
     metadata = None
     if stream in config.inputs and config.stores and _has_run(config, systems):
         metadata = CoordinatorStreamStore(config, systems, source="add-partitions")
@@ -99,6 +90,7 @@ def add_partitions(
                     f"can then never process those records (state reshard refuses until its "
                     f"offsets are moved past them with sparkpoint checkpoint set)"
                 )
+            refuse_unpublished(config, systems, stream)
         admin.add_partitions(stream.stream, partitions)
         if metadata is not None:
             ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
@@ -115,6 +107,33 @@ def _has_run(config: Config, systems: Systems) -> bool:
 
     name = coordinator_stream_name(config.job_name, config.job_id)
     return name in systems.admin(config.coordinator_system).list_streams()
+
+
+def refuse_unpublished(
+    config: Config, systems: Systems, stream: SystemStream, below: int | None = None
+) -> None:
+    """Refuse when the job has records staged for its intermediate ``stream`` (partitions
+    numbered below ``below``, when given) that are not published yet: they were placed by the
+    stream's old partition count, and published after a growth they would reach tasks that do
+    not hold their keys' state."""
+    if stream not in config.intermediate_streams:
+        return
+    from sparkpoint.storage.outputs import waiting_parts
+
+    ssps = [s for s in systems.partitions_of([stream]) if below is None or s.partition < below]
+    waiting = waiting_parts(config, systems, ssps)
+    if waiting:
+        listed = "; ".join(
+            f"{p.records} records for partition {p.partition} staged by {p.owner}"
+            for p in waiting[:3]
+        )
+        raise UserError(
+            f"job {config.job_name} has re-keyed records waiting to be published to its "
+            f"intermediate stream {stream} ({listed}{' ...' if len(waiting) > 3 else ''}): "
+            f"they are placed by its old partition count. Nothing was changed. Run the job to "
+            f"the end of its input first (sparkpoint run JOB --until-caught-up: it publishes "
+            f"them and reads them), then try again"
+        )
 
 
 def unread_ranges(

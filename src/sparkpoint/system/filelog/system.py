@@ -36,6 +36,7 @@ from sparkpoint.system.base import (
     SystemConsumer,
     SystemFactory,
     SystemProducer,
+    check_entries,
     read_max_bytes,
 )
 from sparkpoint.system.filelog import staging
@@ -78,8 +79,8 @@ class _Streams:
             return []
         return sorted(p.name for p in self.root.iterdir() if (p / "stream.json").is_file())
 
-    def partitions(self, stream: str) -> int:
-        if stream not in self._partitions:
+    def partitions(self, stream: str, fresh: bool = False) -> int:
+        if fresh or stream not in self._partitions:
             self.check_name(stream)
             path = self.root / stream / "stream.json"
             try:
@@ -177,7 +178,11 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         return self._s.list()
 
     def partition_count(self, stream: str) -> int:
-        return self._s.partitions(stream)
+        # read again, not this process's earlier answer: another process may have grown the
+        # stream since (stream add-partitions), and a producer placing keys by the old count
+        # would send them to tasks that do not hold their state (a worker keeps its systems
+        # between batches)
+        return self._s.partitions(stream, fresh=True)
 
     def get_metadata(
         self, ssps: Iterable[SystemStreamPartition]
@@ -304,8 +309,7 @@ class FileLogProducer(SystemProducer):
     ) -> None:
         # a changelog drain: plain tuples made and sized in C, not a record and a Python-level
         # size term each (docs/performance.md, "Re-sharding state")
-        if len(keys) != len(values):
-            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        check_entries(keys, values)
         batch = self._batch(stream, partition)
         batch.extend(zip(repeat(""), keys, values, repeat(timestamp)))
         self._buffered += sum(map(len, keys)) + sum(map(len, filter(None, values))) + 32 * len(keys)
