@@ -445,3 +445,30 @@ def test_a_pooled_consumer_asks_for_a_topics_metadata_before_its_first_read_only
         ("metadata", "new"),
         ("assign", [("new", 0, 0)]),
     ]
+
+
+def test_a_partition_count_is_read_again_once_it_may_be_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker keeps its systems between runs (an existing SparkSession): a topic grown
+    between two runs must not be placed by the count the worker read in the first one."""
+    from sparkpoint.system.kafka import system as kafka_system
+
+    admin = kafka_system.KafkaAdmin("k", {"systems.k.consumer.bootstrap.servers": "127.0.0.1:9"})
+    counts = {"t": 4}
+    asked: list[str] = []
+
+    def list_topics(timeout: float) -> SimpleNamespace:
+        asked.append("t")
+        parts = dict.fromkeys(range(counts["t"]))
+        return SimpleNamespace(topics={"t": SimpleNamespace(error=None, partitions=parts)})
+
+    monkeypatch.setattr(admin, "_admin", SimpleNamespace(list_topics=list_topics))
+    now = [100.0]
+    monkeypatch.setattr(kafka_system.time, "monotonic", lambda: now[0])
+    assert admin.partition_count("t") == 4
+    counts["t"] = 8  # grown by another process
+    now[0] += kafka_system.PARTITION_COUNT_TTL_S / 2
+    assert admin.partition_count("t") == 4 and len(asked) == 1  # one metadata request
+    now[0] += kafka_system.PARTITION_COUNT_TTL_S
+    assert admin.partition_count("t") == 8 and len(asked) == 2

@@ -68,6 +68,11 @@ from sparkpoint.system.kafka.staging import (
 )
 
 TIMEOUT_S = 30.0
+#: how long a process trusts a topic's partition count it read: a worker keeps its systems
+#: between batches and runs (an existing SparkSession), and keys placed by the count a topic
+#: had before it grew would reach tasks that do not hold their state. Growing a topic is
+#: refused while the job runs, so a run after one starts well after the last read.
+PARTITION_COUNT_TTL_S = 1.0
 #: Kafka's own topics (sparkpoint's checkpoint and coordinator topics start with "__" as well)
 _KAFKA_INTERNAL = frozenset({"__consumer_offsets", "__transaction_state"})
 #: client settings the admin shares with the consumer (connection and security)
@@ -161,7 +166,7 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         consumer = client_config(system, config, "consumer")
         self._settings = {k: v for k, v in consumer.items() if k.startswith(_SHARED)}
         self._admin = _client(AdminClient, dict(self._settings), system, "consumer")
-        self._partitions: dict[str, int] = {}
+        self._partitions: dict[str, tuple[int, float]] = {}  # topic -> (count, read at)
         self._lock = threading.Lock()
         self._config = dict(config)
         self._staging: KafkaStaging | None = None
@@ -281,8 +286,9 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
 
     def partition_count(self, stream: str) -> int:
         with self._lock:
-            if stream in self._partitions:
-                return self._partitions[stream]
+            known = self._partitions.get(stream)
+            if known is not None and time.monotonic() - known[1] < PARTITION_COUNT_TTL_S:
+                return known[0]
         try:  # all topics: a request naming one may auto-create it on some brokers
             meta = self._admin.list_topics(timeout=TIMEOUT_S).topics.get(stream)
         except KafkaException as exc:
@@ -293,7 +299,7 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
                 f"stream {self.system}.{stream} does not exist; topics in {self.system}: {known}"
             )
         with self._lock:
-            self._partitions[stream] = len(meta.partitions)
+            self._partitions[stream] = (len(meta.partitions), time.monotonic())
         return len(meta.partitions)
 
     def _list_offsets(
