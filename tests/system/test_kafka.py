@@ -472,3 +472,43 @@ def test_a_partition_count_is_read_again_once_it_may_be_stale(
     assert admin.partition_count("t") == 4 and len(asked) == 1  # one metadata request
     now[0] += kafka_system.PARTITION_COUNT_TTL_S
     assert admin.partition_count("t") == 8 and len(asked) == 2
+
+
+def test_a_staging_topic_grows_with_its_stream_in_a_process_that_staged_before() -> None:
+    """The same reused worker: after the intermediate stream grew, its staging topic is grown
+    to match before anything is staged to a new partition (Tansu cannot grow a topic: a fake
+    admin stands in)."""
+    from sparkpoint.system.kafka.staging import KafkaStaging, staging_topic
+
+    class Admin:
+        system = "k"
+
+        def __init__(self) -> None:
+            self.count = 4
+            self.topics_now: dict[str, int] = {}
+            self.grown: list[tuple[str, int]] = []
+
+        def partition_count(self, stream: str) -> int:
+            return self.count
+
+        def create_stream(self, spec: StreamSpec) -> bool:
+            if spec.name in self.topics_now:
+                return False
+            self.topics_now[spec.name] = spec.partitions
+            return True
+
+        def topics(self) -> dict[str, int]:
+            return dict(self.topics_now)
+
+        def add_partitions(self, stream: str, partitions: int) -> None:
+            self.grown.append((stream, partitions))
+            self.topics_now[stream] = partitions
+
+    admin = Admin()
+    staging = KafkaStaging(admin, {"systems.k.consumer.bootstrap.servers": "127.0.0.1:9"})  # type: ignore[arg-type]
+    topic = staging_topic("by-user")
+    assert staging.ensure("by-user") == topic and admin.topics_now == {topic: 4}
+    assert staging.ensure("by-user") == topic and not admin.grown
+    admin.count = 8  # grown by stream add-partitions, in another process
+    staging.ensure("by-user")
+    assert admin.grown == [(topic, 8)] and admin.topics_now == {topic: 8}

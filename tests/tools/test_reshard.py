@@ -365,17 +365,52 @@ def test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_gro
     assert_placed(config, 8)
 
 
-def test_a_store_that_follows_no_input_of_the_job_is_refused(tmp_path: Path) -> None:
+def test_a_re_keying_job_s_store_must_name_the_stream_it_follows(tmp_path: Path) -> None:
+    """Its inputs and its intermediate stream usually have the same count, so the key check
+    could not tell a store of one stage from the other's: unset, the reshard is refused; set
+    to a stream the job does not read, too. Nothing changes either way."""
     from sparkpoint.model import SystemStream
     from tests.storage.test_intermediate import rekey_job, views
 
-    config = rekey_job(tmp_path, **{"stores.user-counts.reshard.stream": "filelog.nowhere"})
+    config = rekey_job(tmp_path)
     views(config, tmp_path, 300, seed=94)
     run(config, until_caught_up=True)
     systems = Systems(config)
     add_partitions(config, systems, SystemStream("filelog", "pageviews-by-page"), 8)
     systems.close()
     before = checkpoints_of(config)
-    with pytest.raises(UserError, match=r"stores.user-counts.reshard.stream='filelog.nowhere' "):
-        reshard(config)
+    for setting, refused in [
+        ("", r"re-keys through intermediate streams, so .* set stores.user-counts.reshard."),
+        ("filelog.nowhere", r"stores.user-counts.reshard.stream='filelog.nowhere' is not an"),
+    ]:
+        values = {**config.to_dict(), "stores.user-counts.reshard.stream": setting}
+        with pytest.raises(UserError, match=refused):
+            reshard(load_config(None, values))
     assert checkpoints_of(config) == before
+
+
+def test_task_entries_stay_with_their_task_while_keys_move(tmp_path: Path) -> None:
+    """A TTL store's format entry belongs to each task (and to none of the keys): a move of
+    the keys beside it leaves it in every old task, copies it to the new ones, and does not
+    count it as moved; the counts stay exact after the next run."""
+    from sparkpoint.model import TaskName
+    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+    from sparkpoint.storage.kv.ttl import FORMAT_KEY
+    from sparkpoint.storage.local import LocalTaskState
+
+    config = make(tmp_path, **{"stores.user-counts.rocksdb.ttl.ms": str(10 * 365 * 86_400_000)})
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=17)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    users = len(expected)
+    moved = reshard(config).moved["user-counts"]
+    assert 0 < moved.keys < users and moved.entries == users + 4  # 4 format entries
+    for p in range(8):  # the stores as the reshard committed them
+        path = LocalTaskState(config.store_base_dir, TaskName(f"Partition {p}"))
+        store = RocksDBEngine("user-counts", path.store_dir("user-counts"), read_only=True)
+        assert store.get(FORMAT_KEY) is not None, p
+        store.close()
+    expected += generate(config, tmp_path / "a.yaml", 300, seed=18)
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 8)

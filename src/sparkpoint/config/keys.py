@@ -411,9 +411,8 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "an input stream (system.stream or stream), or unset",
         "the input whose key the store's entries follow, for `sparkpoint state reshard`: which "
-        "partition count places them (default: the job's inputs; in a job that re-keys through "
-        "one intermediate stream, that stream, whose later stage keeps the state; with several, "
-        "required)",
+        "partition count places them (default: the job's inputs; required in a job that "
+        "re-keys through intermediate streams: the input or the intermediate stream)",
     ),
     ConfigKey(
         "task.timers.store",

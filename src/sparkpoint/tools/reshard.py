@@ -6,8 +6,8 @@ partition counts give each key, offline, all or nothing (docs/reshard.md).
    commit point (:func:`sparkpoint.storage.reshard.finish_pending`).
 2. **Plan**: the grown inputs (stored counts vs now), in groups that grow together: the
    job's own inputs, and each intermediate stream alone; the group each store's keys follow
-   (``stores.<s>.reshard.stream``; by default the inputs, or the one intermediate stream of a
-   job that re-keys); no unread input keyed by the old count (before the offsets ``stream
+   (``stores.<s>.reshard.stream``: by default the inputs, required in a job that re-keys);
+   no unread input keyed by the old count (before the offsets ``stream
    add-partitions`` recorded when it grew the stream) and no re-keyed record waiting to be
    published; the tasks of the new count with their changelog partitions.
 3. **Open every task of the new count** at its last checkpoint, restored through its backends
@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
-from operator import itemgetter
+from operator import eq, itemgetter
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager
@@ -301,8 +301,7 @@ def _follows(
     pairs: Mapping[SystemStream, tuple[int, int]],
 ) -> _Keys:
     """The streams whose keys ``store``'s entries follow: ``stores.<s>.reshard.stream``, else
-    the job's inputs, or its intermediate stream when it re-keys through one (its later
-    stage's state is keyed by the new key)."""
+    the job's inputs; a job that re-keys through intermediate streams must name them."""
     key = f"stores.{store}.reshard.stream"
     setting = config.get_str(key)
     intermediate = config.intermediate_streams
@@ -322,13 +321,15 @@ def _follows(
         group = named[0]
     elif not intermediate:
         group = INPUTS
-    elif len(intermediate) == 1:
-        group = str(intermediate[0])
     else:
+        # the key check cannot tell the groups apart when their old counts are equal (the
+        # usual case): a store of the first stage would pass as one of the second, and stay
+        # split after its input grew. So the job says which.
+        names = ", ".join(str(s) for streams in groups.values() for s in streams)
         raise UserError(
-            f"job {config.job_name} re-keys through several intermediate streams "
-            f"({', '.join(str(s) for s in intermediate)}): set {key} to the stream whose keys "
-            f"store {store} follows; nothing was changed"
+            f"job {config.job_name} re-keys through intermediate streams, so its stores' keys "
+            f"follow either its inputs or an intermediate stream: set {key} to the stream "
+            f"whose key store {store} holds (one of: {names}); nothing was changed"
         )
     streams = groups[group]
     old, new = pairs[streams[0]]
@@ -388,6 +389,11 @@ def _mismatch(config: Config, store: str, task: str, key: bytes, want: int, old:
         f"reshard.key={setting} reads them, so the reshard cannot tell where its entries "
         f"belong; nothing was changed. Set stores.{store}.reshard.key to window (window and "
         f"join stores) or to a function module:function returning an entry's input key"
+        + (
+            f", and stores.{store}.reshard.stream to the stream whose key it holds"
+            if config.intermediate_streams
+            else ""
+        )
     )
 
 
@@ -577,7 +583,9 @@ def _move(
             # a pass in C per target rather than a Python step per entry: this is the hot loop
             targets = sorted(n for n in set(news) if n is not None and n != partition)
             for target in targets:
-                writes = list(compress(chunk, map(target.__eq__, news)))
+                # operator.eq, not target.__eq__: that is NotImplemented (true) for a task
+                # entry's None, which would move the task's own entries
+                writes = list(compress(chunk, map(eq, news, repeat(target))))
                 engines[target][store].write_bulk(writes)
                 sent = list(map(itemgetter(0), writes))
                 gone += sent

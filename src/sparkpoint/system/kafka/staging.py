@@ -386,7 +386,7 @@ class KafkaStaging(OutputStaging):
         self._retention = config.get(
             f"systems.{admin.system}.staging.retention.ms", STAGING_RETENTION.default or ""
         )
-        self._ensured: set[str] = set()
+        self._ensured: dict[str, int] = {}  # stream -> the count its staging topic has
         self._created: set[str] = set()  # published topics and the sweeps' topic, by name
         self._lock = threading.Lock()
 
@@ -425,10 +425,10 @@ class KafkaStaging(OutputStaging):
     def ensure(self, stream: str) -> str:
         """The staging topic of ``stream``, created (or grown) to its partition count."""
         topic = staging_topic(stream)
-        if stream in self._ensured:
+        wanted = self._admin.partition_count(stream)  # read again once it may be stale
+        if self._ensured.get(stream, 0) >= wanted:
             return topic
         with self._lock:
-            wanted = self._admin.partition_count(stream)
             props = {
                 "retention.ms": self._retention,
                 "message.timestamp.type": "LogAppendTime",
@@ -437,7 +437,7 @@ class KafkaStaging(OutputStaging):
             spec = StreamSpec(topic, wanted, properties=props)
             if not self._admin.create_stream(spec) and self._partitions(topic) < wanted:
                 self._admin.add_partitions(topic, wanted)
-            self._ensured.add(stream)
+            self._ensured[stream] = wanted
         return topic
 
     def _partitions(self, topic: str) -> int:

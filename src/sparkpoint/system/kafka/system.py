@@ -25,6 +25,7 @@ partitioner (:mod:`.partitioner`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -285,10 +286,14 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         )
 
     def partition_count(self, stream: str) -> int:
+        return self._count(stream, PARTITION_COUNT_TTL_S)
+
+    def _count(self, stream: str, max_age: float) -> int:
+        """The topic's partition count, read again when this process's is ``max_age`` old."""
         with self._lock:
-            known = self._partitions.get(stream)
-            if known is not None and time.monotonic() - known[1] < PARTITION_COUNT_TTL_S:
-                return known[0]
+            cached = self._partitions.get(stream)
+            if cached is not None and time.monotonic() - cached[1] < max_age:
+                return cached[0]
         try:  # all topics: a request naming one may auto-create it on some brokers
             meta = self._admin.list_topics(timeout=TIMEOUT_S).topics.get(stream)
         except KafkaException as exc:
@@ -318,7 +323,11 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
         return {s: int(answers[(s.stream, s.partition)]) for s in ssps}
 
     def _check_partition(self, ssp: SystemStreamPartition) -> None:
-        n = self.partition_count(ssp.stream)
+        # a partition within a count read before exists still (topics never shrink): a
+        # metadata request only for one beyond it
+        n = self._count(ssp.stream, math.inf)
+        if ssp.partition >= n:
+            n = self._count(ssp.stream, 0.0)
         if not 0 <= ssp.partition < n:
             raise UserError(
                 f"partition {ssp.partition} of {self.system}.{ssp.stream} does not exist "
