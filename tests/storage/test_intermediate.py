@@ -373,3 +373,28 @@ def test_on_kafka_a_crash_counts_each_view_once_and_another_job_is_refused(
         other = load_config(None, {**dict(config.items()), "job.id": "2"})
         with pytest.raises(ConfigError, match=r"'rekey-1\.Partition_\d' wrote to it too"):
             run(other, until_caught_up=True)
+
+
+@pytest.mark.parametrize("intermediate_ms", ["0", "600000"])
+def test_re_keyed_records_are_committed_for_the_next_stage_at_their_own_interval(
+    tmp_path: Path, intermediate_ms: str
+) -> None:
+    """Stage 2 reads what stage 1 re-keyed only once a checkpoint covers it: with a long
+    task.commit.ms, a batch that re-keys or leaves re-keyed records waiting still commits
+    (task.commit.intermediate.ms, default 0: every such batch), so the stages overlap. Set
+    long too, the job commits only to drain them at the end. Exact either way."""
+    config = rekey_job(
+        tmp_path,
+        **{"task.commit.ms": "600000", "task.commit.intermediate.ms": intermediate_ms},
+    )
+    written = views(config, tmp_path, 1200, seed=97)
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        summary = coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+    assert committed_counts(config) == per_user(written)
+    if intermediate_ms == "0":
+        assert summary.commits >= summary.batches - 1 > 4
+    else:
+        assert summary.commits <= 3 < summary.batches

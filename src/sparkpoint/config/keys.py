@@ -233,6 +233,16 @@ KEYS: tuple[ConfigKey, ...] = (
         _int(0),
     ),
     ConfigKey(
+        "task.commit.intermediate.ms",
+        "0",
+        "an integer >= 0 (milliseconds)",
+        "in a job that re-keys through intermediate streams: commit at the end of a batch when "
+        "re-keyed records wait to be published and this long has passed since the last commit, "
+        "whatever task.commit.ms says (they are staged until a checkpoint covers them, so the "
+        "next stage reads them only after a commit); 0, the default, commits every such batch",
+        _int(0),
+    ),
+    ConfigKey(
         "task.ignored.exceptions",
         None,
         "comma-separated exception class names (ValueError, mymod.MyError) or *",

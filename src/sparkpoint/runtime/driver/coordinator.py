@@ -1010,6 +1010,7 @@ class JobCoordinator:
             {s: m.upcoming for s, m in self.metadata(ssps).items()} if until_caught_up else None
         )
         commit_ms = self.config.get_int("task.commit.ms")
+        intermediate_ms = self.config.get_int("task.commit.intermediate.ms")
         window_ms = self.config.get_int("task.window.ms")
         poll = self.config.get_int("task.poll.interval.ms") / 1000
         last_committed = False
@@ -1032,11 +1033,13 @@ class JobCoordinator:
                 end = self._replay_ends(logged)
             elif self.exact_batches:
                 end = self._bounded(end)
-            pending = replay_id is not None or any(
-                self.systems.admin(s.system).offset_comparator(ts.resume[s], end[s]) < 0
+            behind = {
+                s
                 for ts in self.tasks.values()
                 for s in ts.model.ssps
-            )
+                if self.systems.admin(s.system).offset_comparator(ts.resume[s], end[s]) < 0
+            }
+            pending = replay_id is not None or bool(behind)
             # caught up but for staged intermediate messages: commit them, and the next batch's
             # clean-up publishes them, until none waits (then the next stage reads them). What
             # the driver knows waits: parts staged since the last written checkpoints, parts of
@@ -1044,15 +1047,15 @@ class JobCoordinator:
             # logged batches (no file listing: a dead attempt's part is never published, and
             # is swept at the next start)
             caught_up = targets is not None and not pending
-            drain = (
-                caught_up
-                and bool(intermediate)
-                and (
-                    self._to_publish > 0
-                    or any(ts.pending_outputs for ts in self.tasks.values())
-                    or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
-                )
+            # re-keyed records wait to be published, or this batch will re-key some (it reads
+            # a first-stage input)
+            waiting = bool(intermediate) and (
+                self._to_publish > 0
+                or any(ts.pending_outputs for ts in self.tasks.values())
+                or (self.batch_log is not None and bool(self.batch_log.staged_parts()))
             )
+            rekeying = bool(intermediate) and bool(behind - intermediate)
+            drain = caught_up and waiting
             if caught_up and not drain:
                 self.stop("caught up")
                 break
@@ -1060,7 +1063,12 @@ class JobCoordinator:
                 self.stop_event.wait(poll)
             drained = drain
             now = time.monotonic()
-            commit_due = drain or (now - self._last_commit) * 1000 >= commit_ms
+            since = (now - self._last_commit) * 1000
+            # re-keyed records reach the next stage only with a checkpoint that covers them:
+            # while some wait, commit at task.commit.intermediate.ms, not task.commit.ms
+            commit_due = (
+                drain or since >= commit_ms or ((waiting or rekeying) and since >= intermediate_ms)
+            )
             window_due = window_ms >= 0 and (now - self._last_window) * 1000 >= window_ms
             if not pending and not commit_due and not window_due:
                 self.stop_event.wait(poll)
