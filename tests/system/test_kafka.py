@@ -507,8 +507,9 @@ def test_a_staging_topic_grows_with_its_stream_in_a_process_that_staged_before()
     admin = Admin()
     staging = KafkaStaging(admin, {"systems.k.consumer.bootstrap.servers": "127.0.0.1:9"})  # type: ignore[arg-type]
     topic = staging_topic("by-user")
-    assert staging.ensure("by-user") == topic and admin.topics_now == {topic: 4}
-    assert staging.ensure("by-user") == topic and not admin.grown
+    assert staging.ensure("by-user", 0) == topic and admin.topics_now == {topic: 4}
+    assert staging.ensure("by-user", 3) == topic and not admin.grown
     admin.count = 8  # grown by stream add-partitions, in another process
-    staging.ensure("by-user")
+    assert staging.ensure("by-user", 3) == topic and not admin.grown  # within: not asked
+    staging.ensure("by-user", 5)
     assert admin.grown == [(topic, 8)] and admin.topics_now == {topic: 8}

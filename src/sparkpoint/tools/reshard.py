@@ -114,7 +114,6 @@ class _Keys:
     """The streams a store's keys follow (the job's own inputs, or one intermediate stream):
     their partition count before and after, and the admin whose partitioner places them."""
 
-    streams: tuple[str, ...]
     old: int
     new: int
     admin: SystemAdmin
@@ -333,7 +332,7 @@ def _follows(
         )
     streams = groups[group]
     old, new = pairs[streams[0]]
-    return _Keys(tuple(str(s) for s in streams), old, new, systems.admin(streams[0].system))
+    return _Keys(old, new, systems.admin(streams[0].system))
 
 
 def _check_unread(

@@ -125,8 +125,7 @@ class _Streams:
     def log(self, stream: str, partition: int) -> PartitionLog:
         n = self.partitions(stream)
         if partition >= n:  # grown since this process read its count?
-            self._partitions.pop(stream, None)
-            n = self.partitions(stream)
+            n = self.partitions(stream, fresh=True)
         if not 0 <= partition < n:
             raise UserError(
                 f"partition {partition} of {self.system}.{stream} does not exist "

@@ -307,7 +307,7 @@ class KafkaStagingProducer(StagingProducer):
             span[0], span[1] = min(span[0], msg.offset()), max(span[1], msg.offset())
 
     def send(self, stream: str, partition: int, record: Record) -> None:
-        topic = self._staging.ensure(stream)
+        topic = self._staging.ensure(stream, partition)
         headers = [*self._header, (_TS, str(record.timestamp or 0).encode())]
         self._producer.produce(topic, partition, record, headers, self._delivered)
         self._sent.add((stream, partition))
@@ -422,13 +422,15 @@ class KafkaStaging(OutputStaging):
 
     # topics
 
-    def ensure(self, stream: str) -> str:
-        """The staging topic of ``stream``, created (or grown) to its partition count."""
+    def ensure(self, stream: str, partition: int) -> str:
+        """The staging topic of ``stream``, created (or grown) to its partition count: once per
+        process, and again for a partition beyond the count it was made with (the stream grew
+        since)."""
         topic = staging_topic(stream)
-        wanted = self._admin.partition_count(stream)  # read again once it may be stale
-        if self._ensured.get(stream, 0) >= wanted:
+        if partition < self._ensured.get(stream, 0):
             return topic
         with self._lock:
+            wanted = self._admin.partition_count(stream)
             props = {
                 "retention.ms": self._retention,
                 "message.timestamp.type": "LogAppendTime",
