@@ -12,7 +12,8 @@ batch like a dying worker would) or by exiting at once without clean-up (``exit`
 
 Points of the commit and restore (:data:`POINTS`): ``after-snapshot``, ``after-upload``,
 ``after-local-checkpoint-write`` (executor, in the commit), ``after-checkpoint-write`` (driver,
-after writing a checkpoint),
+after writing a task's checkpoint: the batch's checkpoints are written in one append, and a
+crash here makes those before it durable first),
 ``during-cleanup`` (executor), ``during-restore`` (executor, after the first store restored).
 Points of a DataFrame batch (:data:`FRAME_POINTS`): ``during-stateful-step`` (executor, after a
 step's output chunk was taken), ``after-output-flush`` (executor, a stream output durable, its
@@ -33,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 POINTS = (
     "after-snapshot",
@@ -59,8 +60,11 @@ class InjectedCrash(Exception):
     """Raised at an injected crash point."""
 
 
-def maybe_crash(config: Mapping[str, str], point: str) -> None:
-    """Crash here if the config asks for this point and its flag file still exists."""
+def maybe_crash(
+    config: Mapping[str, str], point: str, before: Callable[[], None] | None = None
+) -> None:
+    """Crash here if the config asks for this point and its flag file still exists; ``before``
+    runs first when it does (it makes what precedes the point durable)."""
     if config.get("testing.crash.at") != point:
         return
     flag = config.get("testing.crash.flag", "")
@@ -79,6 +83,8 @@ def maybe_crash(config: Mapping[str, str], point: str) -> None:
         os.unlink(flag)
     except FileNotFoundError:
         return  # another thread took this crash
+    if before is not None:
+        before()
     if config.get("testing.crash.mode", "raise") == "exit":
         os._exit(137)
     raise InjectedCrash(f"injected crash at {point}")

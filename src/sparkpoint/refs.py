@@ -1,7 +1,8 @@
 """Loading what a config names as ``module:attr``: task classes, pipelines, serdes, systems,
 state backends, blob store factories, functions. One loader, so every such name fails the same
 way: a :class:`~sparkpoint.errors.ConfigError` that names the config key and the value, and
-the user's file and line when the module's own code failed while it was imported.
+the user's file and line when the module's own code failed while it was imported. And the
+plugins installed under an entry-point group (:func:`installed`).
 
 A leaf: imports nothing of sparkpoint's but :mod:`sparkpoint.errors`.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 import traceback
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,13 @@ from sparkpoint.errors import ConfigError
 
 #: sparkpoint's own source folder: frames in it are not the user's code
 _PACKAGE_DIR = str(Path(os.path.abspath(__file__)).parent)
+
+
+@cache
+def installed(group: str) -> tuple[EntryPoint, ...]:
+    """The entry points of ``group``, read once per process: reading them scans every installed
+    distribution's metadata (milliseconds each time), and a driver asks at every checkpoint."""
+    return tuple(entry_points(group=group))
 
 
 def raised_at(exc: BaseException) -> str:

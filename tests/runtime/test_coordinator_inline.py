@@ -143,3 +143,48 @@ def test_metadata_streams_are_compacted_at_start(tmp_path: Path) -> None:
     records = Systems(config).consumer("filelog").read(ssp, "0", str(written))
     assert len(records) == 8  # the newest V1 and V2 message per task
     assert CheckpointManager(config).read_all() == before
+
+
+def test_a_batch_writes_its_tasks_checkpoints_and_localities_in_one_flush_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver's per-batch cost must not grow by a durable write per task: the checkpoints
+    its tasks completed go out in one append and one flush, and where they committed in one
+    write of the coordinator stream (256 tasks made 512 fsyncs a batch before)."""
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.metadata.locality import TASK_LOCALITY
+
+    flushes: list[str] = []
+    monkeypatch.setattr(CheckpointManager, "_flush", _counting(CheckpointManager._flush, flushes))
+    localities: list[int] = []
+    put_all = CoordinatorStreamStore.put_all
+
+    def counted(self: CoordinatorStreamStore, namespace: str, entries: dict[str, str]) -> None:
+        if namespace == TASK_LOCALITY:
+            localities.append(len(entries))
+        put_all(self, namespace, entries)
+
+    monkeypatch.setattr(CoordinatorStreamStore, "put_all", counted)
+    config = make(tmp_path, **{"task.batch.max.messages": "100", "task.commit.ms": "0"})
+    expected = generate(config, tmp_path / "job.yaml", 1200, seed=21)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    flushes.clear()
+    localities.clear()
+    report, results = coordinator.run_batch(end, commit=True)
+    coordinator.close()
+    assert report.committed and len(results) == 4
+    assert flushes == ["checkpoints"]  # one flush, for 4 tasks' checkpoints
+    assert localities == [4]
+    checkpoints = CheckpointManager(config).read_all()
+    assert sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values()) == 400
+    assert sum(expected.values()) == 1200
+
+
+def _counting(method: object, calls: list[str]) -> object:
+    def wrapper(self: object, what: str = "checkpoints") -> None:
+        calls.append(what)
+        method(self, what)  # type: ignore[operator]
+
+    return wrapper

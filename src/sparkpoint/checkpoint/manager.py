@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1, CheckpointV2
 from sparkpoint.config import Config
@@ -94,19 +94,46 @@ class CheckpointManager:
         versions: list[int] | None = None,
     ) -> None:
         """Write ``checkpoint`` in every configured version, durably, in one append."""
+        self.write_checkpoints([(task, checkpoint, changelog_offsets)], versions=versions)
+
+    def write_checkpoints(
+        self,
+        checkpoints: Sequence[
+            tuple[TaskName, CheckpointV2, Mapping[SystemStreamPartition, str] | None]
+        ],
+        *,
+        versions: list[int] | None = None,
+        after_each: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """Write each ``(task, checkpoint, changelog offsets)`` in every configured version,
+        durably, in one append: a batch's commits cost one flush, however many tasks.
+        ``after_each`` is called after each task's records are sent, with the flush (a
+        failpoint there makes the checkpoints before it durable, and no later one)."""
         if self._producer is None:
             self._producer = self._systems.producer(self._system)
-        forms: dict[int, Checkpoint] = {
-            1: CheckpointV1.from_v2(checkpoint, changelog_offsets),
-            2: checkpoint,
-        }
-        for version in versions or self.write_versions:
-            form = forms[version]
-            record = Record("", self._key(task, version), form.dumps().encode(), 0)
-            self._producer.send(self.stream, 0, record)
-        retry_transient(f"writing task {task}'s checkpoint to {self._ssp}", self._producer.flush)
-        for version in versions or self.write_versions:
-            self._latest[version][task] = forms[version]
+        written: list[tuple[TaskName, dict[int, Checkpoint]]] = []
+        for task, checkpoint, changelog_offsets in checkpoints:
+            forms: dict[int, Checkpoint] = {
+                1: CheckpointV1.from_v2(checkpoint, changelog_offsets),
+                2: checkpoint,
+            }
+            for version in versions or self.write_versions:
+                form = forms[version]
+                record = Record("", self._key(task, version), form.dumps().encode(), 0)
+                self._producer.send(self.stream, 0, record)
+            written.append((task, forms))
+            if after_each is not None:
+                after_each(self._flush)
+        if not written:
+            return
+        self._flush(f"task {written[0][0]}'s checkpoint" if len(written) == 1 else "checkpoints")
+        for task, forms in written:
+            for version in versions or self.write_versions:
+                self._latest[version][task] = forms[version]
+
+    def _flush(self, what: str = "checkpoints") -> None:
+        assert self._producer is not None
+        retry_transient(f"writing {what} to {self._ssp}", self._producer.flush)
 
     def _refresh(self) -> None:
         retry_transient(f"reading {self._ssp}", self._read_new)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from sparkpoint.config.keys import ConfigKey
+from sparkpoint.refs import installed
 
 #: entry-point groups whose classes may declare ``config_keys`` (a tuple of :class:`ConfigKey`)
 PLUGIN_GROUPS = ("sparkpoint.state_backends", "sparkpoint.systems")
@@ -29,7 +29,7 @@ def plugin_keys(values: Mapping[str, str] | None = None) -> tuple[ConfigKey, ...
     They are listed by ``sparkpoint config keys`` and validated like the built-in keys."""
     classes = []
     for group in PLUGIN_GROUPS:
-        for ep in entry_points(group=group):
+        for ep in installed(group):
             classes.append(_load(ep.value))
     for key, value in (values or {}).items():
         named = key.endswith(_PLUGIN_REFERENCES) or (

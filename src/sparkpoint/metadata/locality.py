@@ -65,8 +65,10 @@ def store_assignment(store: MetadataStore, assignment: Mapping[str, Executor]) -
     store.flush()
 
 
-def store_task_locality(store: MetadataStore, task: str, record: Mapping[str, Any]) -> None:
-    store.put(TASK_LOCALITY, task, json.dumps(dict(record), sort_keys=True))
+def store_task_locality(store: MetadataStore, records: Mapping[str, Mapping[str, Any]]) -> None:
+    """Record where each task last committed (``task -> record``), in one write."""
+    encoded = {task: json.dumps(dict(r), sort_keys=True) for task, r in records.items()}
+    store.put_all(TASK_LOCALITY, encoded)
 
 
 def _json_records(store: MetadataStore, namespace: str, kind: type[Any]) -> dict[str, Any]:

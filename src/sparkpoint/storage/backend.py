@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +36,7 @@ from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config, ConfigKey
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import JobModel, SystemStreamPartition, TaskModel, TaskName
-from sparkpoint.refs import load_reference
+from sparkpoint.refs import installed, load_reference
 
 if TYPE_CHECKING:
     from sparkpoint.storage.kv.base import KeyValueEngine
@@ -253,9 +252,7 @@ ALIASES = FROM_SAMZA  # Samza's factory class names work in config too
 
 
 def known_backends() -> list[str]:
-    return sorted(
-        set(BUILTIN) | {ep.name for ep in entry_points(group="sparkpoint.state_backends")}
-    )
+    return sorted(set(BUILTIN) | {ep.name for ep in installed("sparkpoint.state_backends")})
 
 
 @cache
@@ -264,7 +261,7 @@ def backend_factory(name: str) -> StateBackendFactory:
     name = ALIASES.get(name, name)
     path = BUILTIN.get(name)
     if path is None:
-        for ep in entry_points(group="sparkpoint.state_backends"):
+        for ep in installed("sparkpoint.state_backends"):
             if ep.name == name:
                 path = ep.value
     if path is None and ":" in name:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from functools import cache
-from importlib.metadata import entry_points
 
 from sparkpoint.errors import ConfigError, StreamNotFound
 from sparkpoint.model import SystemStream, SystemStreamPartition
-from sparkpoint.refs import load_reference
+from sparkpoint.refs import installed, load_reference
 from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 
 BUILTIN: dict[str, tuple[str, str]] = {
@@ -39,12 +38,12 @@ def factory_class(name: str, key: str = "systems.<s>.factory") -> type[SystemFac
     if name in BUILTIN:
         path, hint = BUILTIN[name]
         return _load(path, key, hint)
-    for ep in entry_points(group="sparkpoint.systems"):
+    for ep in installed("sparkpoint.systems"):
         if ep.name == name:
             return _load(ep.value, key, f"from entry point {ep.name}")
     if ":" in name:
         return _load(name, key, "check the module path")
-    known = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group="sparkpoint.systems")})
+    known = sorted(set(BUILTIN) | {ep.name for ep in installed("sparkpoint.systems")})
     raise ConfigError(
         f"{key}: unknown system factory {name!r}; known: {', '.join(known)}, "
         "or module:Class of a SystemFactory"

@@ -54,6 +54,7 @@ class HostAffinity:
         self._moved: list[Move] = []
         self._live: set[Executor] | None = None
         self._away: list[Move] = []  # the last batch's tasks that ran away from their executor
+        self._commits: dict[str, dict[str, Any]] = {}  # task -> where it committed, until recorded
 
     def place(
         self, live: Sequence[Executor] | None, standbys: Mapping[str, Executor] | None = None
@@ -121,7 +122,8 @@ class HostAffinity:
         return BatchPlacement(self._moved, away)
 
     def committed(self, result: TaskBatchResult, checkpoint_id: str) -> None:
-        """Record where ``result``'s task committed ``checkpoint_id`` and its state size."""
+        """Note where ``result``'s task committed ``checkpoint_id`` and its state size, for
+        :meth:`record_commits`."""
         record: dict[str, Any] = {
             "checkpoint": checkpoint_id,
             "worker": result.executor,
@@ -131,4 +133,11 @@ class HostAffinity:
         if result.ran_on is not None:
             record["executor"] = result.ran_on.id
             record["host"] = result.ran_on.host
-        store_task_locality(self.store, result.task, record)
+        self._commits[result.task] = record
+
+    def record_commits(self) -> None:
+        """Record the commits noted since the last call, after their checkpoints are written:
+        one write for the batch, however many tasks."""
+        if self._commits:
+            store_task_locality(self.store, self._commits)
+            self._commits = {}

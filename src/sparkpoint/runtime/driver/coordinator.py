@@ -266,6 +266,8 @@ class JobCoordinator:
         #: staged parts named by the checkpoints written since the last batch began (its
         #: clean-ups publish them)
         self._to_publish = 0
+        #: checkpoints the batch's results completed, written together (_write_queued)
+        self._queued: list[tuple[TaskState, CheckpointV2]] = []
         #: transactions committed and aborted since the driver started (every report carries
         #: the totals, so a report nobody forwards to the metrics loses no count)
         self._tx = Transactions()
@@ -764,14 +766,11 @@ class JobCoordinator:
         return done
 
     def _write_checkpoint(self, ts: TaskState, checkpoint: CheckpointV2) -> None:
-        """Step 4 of the commit (docs/architecture.md): one message per configured version;
-        then the driver's view."""
-        self._check_still_the_driver()
-        changelog_offsets = v1_changelog_offsets(self.config, checkpoint.state_checkpoint_markers)
-        self.checkpoints.write_checkpoint(
-            ts.model.name, checkpoint, changelog_offsets=changelog_offsets
-        )
-        maybe_crash(self.config, "after-checkpoint-write")
+        """Step 4 of the commit (docs/architecture.md), queued: the driver's view moves on now,
+        and :meth:`_write_queued` writes the batch's checkpoints in one append before anything
+        that depends on them being durable (the startpoints they cover, a publish, the batch
+        log's pruning). A failed write stops the driver, so its view is never acted on."""
+        self._queued.append((ts, checkpoint))
         ts.last_checkpoint = checkpoint
         for ssp, offset in checkpoint.input_offsets.items():
             if ssp in ts.model.ssps:
@@ -779,11 +778,27 @@ class JobCoordinator:
         ts.checkpoint_last_processed = {
             s: o for s, o in checkpoint.input_offsets.items() if s in ts.model.ssps
         }
-        covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
-        if covered and self.startpoints is not None:
-            # step 5 of the commit: the checkpoint now holds offsets read after the startpoint
-            self.startpoints.remove_fan_out_for_task(ts.model.name, covered)
-            ts.startpoints -= covered
+
+    def _write_queued(self) -> None:
+        """Write the queued checkpoints: one message per task and configured version, one
+        flush; then step 5, the startpoints they cover; then where each task committed."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        self._check_still_the_driver()
+        self.checkpoints.write_checkpoints(
+            [
+                (ts.model.name, c, v1_changelog_offsets(self.config, c.state_checkpoint_markers))
+                for ts, c in queued
+            ],
+            after_each=lambda flush: maybe_crash(self.config, "after-checkpoint-write", flush),
+        )
+        for ts, checkpoint in queued:
+            covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
+            if covered and self.startpoints is not None:
+                # step 5 of the commit: the checkpoint holds offsets read after the startpoint
+                self.startpoints.remove_fan_out_for_task(ts.model.name, covered)
+                ts.startpoints -= covered
 
     def run_batch(
         self,
@@ -819,6 +834,9 @@ class JobCoordinator:
         committed = False
         for result in sorted(results, key=lambda r: r.task):
             committed = self._apply(result) or committed
+        self._write_queued()
+        if self.affinity is not None:
+            self.affinity.record_commits()
         if committed:
             self._prune_batch_log()
         standby = self._catch_up_standbys()
