@@ -966,6 +966,18 @@ class JobCoordinator:
                     out[s] = str(min(int(end[s]), int(ts.resume[s]) + limit))
         return out
 
+    def _reads_all(self, goal: Mapping[SystemStreamPartition, str], limit: int) -> bool:
+        """Whether one batch reads every SSP up to ``goal``: at most ``limit`` messages
+        (``task.batch.max.messages``) left in each (numeric offsets; else unknown: no)."""
+        for ts in self.tasks.values():
+            for s in ts.model.ssps:
+                try:
+                    if int(goal[s]) - int(ts.resume[s]) > limit:
+                        return False
+                except ValueError:
+                    return False
+        return True
+
     def _check_resume_offsets(
         self, meta: Mapping[SystemStreamPartition, PartitionMetadata]
     ) -> None:
@@ -1030,6 +1042,7 @@ class JobCoordinator:
         commit_ms = self.config.get_int("task.commit.ms")
         intermediate_ms = self.config.get_int("task.commit.intermediate.ms")
         window_ms = self.config.get_int("task.window.ms")
+        limit = self.config.get_int("task.batch.max.messages")
         poll = self.config.get_int("task.poll.interval.ms") / 1000
         last_committed = False
         #: intermediate streams are read to their end, not to a target set at start: their
@@ -1074,6 +1087,14 @@ class JobCoordinator:
             )
             rekeying = bool(intermediate) and bool(behind - intermediate)
             drain = caught_up and waiting
+            # the last batch of a run to a target commits: no batch more just to commit it
+            final = (
+                targets is not None
+                and pending
+                and replay_id is None
+                and not (waiting or rekeying)
+                and self._reads_all({**targets, **{s: end[s] for s in intermediate}}, limit)
+            )
             if caught_up and not drain:
                 self.stop("caught up")
                 break
@@ -1085,7 +1106,10 @@ class JobCoordinator:
             # re-keyed records reach the next stage only with a checkpoint that covers them:
             # while some wait, commit at task.commit.intermediate.ms, not task.commit.ms
             commit_due = (
-                drain or since >= commit_ms or ((waiting or rekeying) and since >= intermediate_ms)
+                drain
+                or final
+                or since >= commit_ms
+                or ((waiting or rekeying) and since >= intermediate_ms)
             )
             window_due = window_ms >= 0 and (now - self._last_window) * 1000 >= window_ms
             if not pending and not commit_due and not window_due:
