@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +189,37 @@ def _counting(method: object, calls: list[str]) -> object:
         method(self, what)  # type: ignore[operator]
 
     return wrapper
+
+
+def test_the_last_pass_of_a_run_opens_no_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's last pass only cleans up after the final checkpoint: it needs the stores'
+    files, not their databases (an open costs RocksDB five fsyncs; a 256-task job paid 256
+    for nothing). Here every RocksDB open is the first batch's restore; the state is exact
+    and the next run keeps it (no restore)."""
+    from sparkpoint.storage.kv.rocksdb import RocksDBEngine
+
+    opened: list[str] = []
+    init = RocksDBEngine.__init__
+
+    def counting(self: RocksDBEngine, name: str, path: Path, **kwargs: Any) -> None:
+        opened.append(str(path))
+        init(self, name, path, **kwargs)
+
+    monkeypatch.setattr(RocksDBEngine, "__init__", counting)
+    config = make(tmp_path, **{"task.batch.max.messages": "1000"})
+    expected = generate(config, tmp_path / "job.yaml", 2000, seed=22)
+    coordinator = JobCoordinator(config, InlineRunner())
+    summary = coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert len(opened) == 4 and len(set(opened)) == 4  # one per task: the batch that ran
+    assert committed_counts(config) == dict(expected)  # (reads the checkpoints: opens them)
+    opened.clear()
+    expected += generate(config, tmp_path / "job.yaml", 400, seed=23)
+    coordinator = JobCoordinator(config, InlineRunner())
+    again = coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert again.restores == 0 and len(opened) == 4, (again, opened)
+    assert committed_counts(config) == dict(expected)
+    assert summary.batches == again.batches == 1  # each committed its batch: the last

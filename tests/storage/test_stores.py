@@ -17,15 +17,20 @@ from sparkpoint.serde import IntegerSerde, JsonSerde, StringSerde
 from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.factory import open_engine
+from sparkpoint.storage.kv.lazy import LazyEngine
 from sparkpoint.storage.kv.rocksdb import KEEP_INFO_LOGS, RocksDBEngine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 
 
-@pytest.fixture(params=["rocksdb", "in-memory", "rocksdb+ttl", "in-memory+ttl"])
+@pytest.fixture(params=["rocksdb", "in-memory", "rocksdb+ttl", "in-memory+ttl", "lazy-rocksdb"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeyValueEngine]:
-    """Every engine, and each with a TTL (an hour: nothing expires in the contract)."""
+    """Every engine, and each with a TTL (an hour: nothing expires in the contract); and
+    RocksDB opened at its first use (a clean-up's stores)."""
     factory, _, with_ttl = str(request.param).partition("+")
-    e = open_engine("s", factory, tmp_path / "db")
+    if factory == "lazy-rocksdb":
+        e: KeyValueEngine = LazyEngine("s", lambda: open_engine("s", "rocksdb", tmp_path / "db"))
+    else:
+        e = open_engine("s", factory, tmp_path / "db")
     if with_ttl:
         e = ttl.prepare(e, 3_600_000)
     yield e
@@ -264,6 +269,25 @@ def _failing_twice(write: Any) -> Any:
 def test_unknown_factory_lists_allowed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"stores.s.factory='lmdb' is unknown; allowed: rocksdb"):
         open_engine("s", "lmdb", tmp_path)
+
+
+def test_a_lazy_engine_opens_its_database_at_first_use_only(tmp_path: Path) -> None:
+    opened: list[RocksDBEngine] = []
+
+    def opener() -> RocksDBEngine:
+        opened.append(RocksDBEngine("s", tmp_path / "db"))
+        return opened[-1]
+
+    idle = LazyEngine("s", opener)
+    idle.flush()
+    idle.close()
+    idle.discard()
+    assert opened == [] and not (tmp_path / "db").exists()  # never opened, never created
+    used = LazyEngine("s", opener)
+    used.put(b"k", b"v")
+    assert len(opened) == 1 and used.opened and used.get(b"k") == b"v"
+    used.close()
+    assert RocksDBEngine("s", tmp_path / "db").get(b"k") == b"v"  # closed: the lock is free
 
 
 def test_rocksdb_survives_reopen(tmp_path: Path) -> None:

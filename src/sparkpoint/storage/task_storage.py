@@ -53,6 +53,7 @@ from sparkpoint.storage.commit import (
 from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine, KeyValueStore
 from sparkpoint.storage.kv.factory import engine_kind, open_engine
+from sparkpoint.storage.kv.lazy import LazyEngine
 from sparkpoint.storage.kv.store import SerializedKeyValueStore, store_serdes
 from sparkpoint.storage.local import LocalTaskState, StandbyCopy, remove_standby_copies
 from sparkpoint.storage.outputs import TaskOutputs, publish
@@ -169,14 +170,22 @@ class TaskStorage:
 
     # -- open: keep the live stores, or restore the last checkpoint
 
-    def open(self, expected_state_id: StateId, standbys: Sequence[tuple[str, str]] = ()) -> bool:
+    def open(
+        self,
+        expected_state_id: StateId,
+        standbys: Sequence[tuple[str, str]] = (),
+        *,
+        lazily: bool = False,
+    ) -> bool:
         """Open every store at the state the driver expects: the live stores when the local
         marker names ``expected_state_id`` (returns ``True``), else the last checkpoint
         restored (:mod:`sparkpoint.storage.restore`; returns ``False``, with
         :attr:`restored` saying what each store's restore did). The marker is cleared either
         way: the stores are about to change. ``standbys``: ``(executor id, checkpoint id)`` of
         each standby copy of the task the driver saw reach that checkpoint; a restore promotes
-        the first one on this disk, at that checkpoint."""
+        the first one on this disk, at that checkpoint. ``lazily`` (a batch that only cleans
+        up): live persistent stores are opened at their first use, if any
+        (:class:`~sparkpoint.storage.kv.lazy.LazyEngine`)."""
         self._release_held()
         if not standbys and self.config.get_int(FACTOR) == 1:
             remove_standby_copies(self.config.store_base_dir, self.task.name)
@@ -185,7 +194,12 @@ class TaskStorage:
         if self.is_current(expected_state_id):
             for store in self.config.stores:
                 cached = _MEMORY.get((self.task.name.name, store))
-                self.engines[store] = cached[1] if cached else self._open_engine(store)
+                if cached is not None:
+                    self.engines[store] = cached[1]
+                elif lazily and persistent_store(self.config, store):
+                    self.engines[store] = LazyEngine(store, self._opener(store))
+                else:
+                    self.engines[store] = self._open_engine(store)
             self.local.clear_marker()
             return True
         if marker == expected_state_id and missing:

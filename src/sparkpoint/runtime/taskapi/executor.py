@@ -226,7 +226,8 @@ class TaskBatch:
     def begin(self) -> dict[SystemStreamPartition, str]:
         """First, establish state (keep the live stores or restore the last checkpoint); the
         next offset to read per SSP, matching the state."""
-        self.kept = self.storage.open(self.plan.start.expected, self.plan.start.standbys)
+        start, lazily = self.plan.start, self.plan.commits.clean_up_only
+        self.kept = self.storage.open(start.expected, start.standbys, lazily=lazily)
         if self.kept:
             self.last_processed = dict(self.plan.reads.last_processed)
             return dict(self.plan.reads.resume)
@@ -260,12 +261,12 @@ class TaskBatch:
             # the output staged since the last written checkpoint, when this batch continues
             # the live state that staged it (else it starts again from the checkpoint)
             self.storage.outputs = TaskOutputs(plan.pending_outputs if self.kept else {})
-        processed = 0
+        processed = late = fired = 0
         try:
-            stores = self.storage.stores()
-            timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
-            context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
-            if not plan.commits.clean_up_only:
+            if not plan.commits.clean_up_only:  # (a clean-up opens no store: LazyEngine)
+                stores = self.storage.stores()
+                timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
+                context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
                 tables, held = self.read_tables(stores, next_offsets)
                 processed += tables
                 task = load_task_class(self.config.require("task.class"))()
@@ -282,6 +283,7 @@ class TaskBatch:
                     task.window(collector, coordinator)
                 timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
+                late, fired = timers.late, timers.fired
                 maybe_pause(self.config, "in-task", str(self.task))
             collector.close()
             if self.storage.outputs is not None:
@@ -294,7 +296,7 @@ class TaskBatch:
                 started=t0,
                 processed_at=time.monotonic(),
             )
-            result.late, result.timers_fired = timers.late, timers.fired
+            result.late, result.timers_fired = late, fired
             if self.storage.outputs is not None:
                 result.staged_outputs = self.storage.outputs.pending
                 result.parts_staged = len(collector.staged)
