@@ -10,7 +10,7 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
@@ -21,8 +21,11 @@ from sparkpoint.system.streams import ensure_stream
 PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/login", "/about", "/careers"]
 
 
-def events(n: int, seed: int, users: int) -> Iterator[dict[str, object]]:
-    """``n`` page views; user popularity is skewed (a few users view a lot)."""
+def events(
+    n: int, seed: int, users: int, pages: Sequence[str] = PAGES
+) -> Iterator[dict[str, object]]:
+    """``n`` page views; user popularity is skewed (a few users view a lot); each view's page
+    is one of ``pages``, all alike."""
     rng = random.Random(seed)
     weights = [1.0 / (i + 1) ** 0.8 for i in range(users)]
     names = [f"user-{i:05d}" for i in range(users)]
@@ -30,7 +33,7 @@ def events(n: int, seed: int, users: int) -> Iterator[dict[str, object]]:
     chosen = rng.choices(names, weights=weights, k=n)
     for user in chosen:
         ts += rng.randint(0, 50)
-        yield {"user": user, "page": rng.choice(PAGES), "ts": ts}
+        yield {"user": user, "page": rng.choice(pages), "ts": ts}
 
 
 def write(
@@ -41,9 +44,10 @@ def write(
     stream: str = "pageviews",
     source: Iterable[dict[str, object]] | None = None,
     key_field: str = "user",
+    pages: Sequence[str] = PAGES,
 ) -> int:
-    """Write ``events(n, seed, users)`` (or the events of ``source``) to ``stream``, keyed and
-    partitioned by ``key_field``."""
+    """Write ``events(n, seed, users, pages)`` (or the events of ``source``) to ``stream``,
+    keyed and partitioned by ``key_field``."""
     config = load_config(job_file)
     systems = Systems(config)
     system = config.inputs[0].system if config.inputs else "filelog"  # the job's input system
@@ -52,7 +56,7 @@ def write(
     admin = systems.admin(ss.system)
     producer = systems.producer(ss.system)
     written = 0
-    for event in events(n, seed, users) if source is None else source:
+    for event in events(n, seed, users, pages) if source is None else source:
         key = str(event[key_field]).encode()
         value = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
         partition = admin.partition_for_key(key, partitions)
