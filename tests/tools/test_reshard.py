@@ -286,6 +286,58 @@ def test_on_kafka_keys_move_to_their_murmur2_partition(tmp_path: Path) -> None:
             assert task == f"Partition {kafka_partition(key.encode(), 8)}", (task, key)
 
 
+@pytest.mark.kafka
+def test_on_kafka_a_re_keying_job_s_input_grows_and_its_counts_stay_with_their_users(
+    tmp_path: Path,
+) -> None:
+    """The re-key example with every stream on Kafka, its input grown 4 -> 8. Tansu deviation
+    (docs/kafka.md): it cannot add partitions, so the input topic has 8 from the start, the
+    first views are placed as a 4-partition topic would place them (murmur2 % 4), and the
+    job's stored count is set to 4. The counts follow the intermediate stream (4 partitions,
+    murmur2 of the user): no key moves, the job runs on with 8 tasks and exact counts. The
+    intermediate stream's own growth needs CreatePartitions: it is tested on the filelog
+    (test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_growths)."""
+    from generate import events
+
+    from sparkpoint.metadata.job_state import INPUT_PARTITIONS
+    from sparkpoint.model import SystemStream
+    from sparkpoint.system.kafka.partitioner import kafka_partition
+    from sparkpoint.testing.services import TansuKafka
+    from sparkpoint.tools.streams import Message, send_messages
+    from tests.conftest import REKEY_DIR, pageviews_config
+
+    with TansuKafka(tmp_path / "tansu") as broker:
+        values = pageviews_config(
+            tmp_path,
+            broker.config("log"),
+            job=REKEY_DIR / "job.yaml",
+            **{"task.batch.max.messages": "200", "task.commit.ms": "0"},
+        )
+        values["task.inputs"] = "log.pageviews-by-page, log.pageviews-by-user"
+        config = load_config(None, values)
+        by_page = SystemStream("log", "pageviews-by-page")
+        systems = Systems(config)
+        systems.admin("log").create_stream(StreamSpec(by_page.stream, 8))
+        first = list(events(500, 96, 24))
+        placed = [Message(e, e["page"], kafka_partition(str(e["page"]).encode(), 4)) for e in first]
+        send_messages(config, systems, by_page, placed)
+        run(config, until_caught_up=True)
+        metadata = CoordinatorStreamStore(config, systems, source="test")
+        metadata.put(INPUT_PARTITIONS, str(by_page), "4")
+        metadata.close()
+        second = list(events(300, 97, 24))
+        send_messages(config, systems, by_page, [Message(e, e["page"]) for e in second])
+        systems.close()
+        result = reshard(config, unread_after_growth=True)  # the second views: placed by 8
+        assert result.streams == {"log.pageviews-by-page": (4, 8)}
+        assert result.moved["user-counts"].keys == 0
+        run(config, until_caught_up=True)
+        expected = Counter(str(e["user"]) for e in first + second)
+        assert committed_counts(config) == dict(expected)
+        for task, key, _value in committed_entries(config, "user-counts"):
+            assert task == f"Partition {kafka_partition(key.encode(), 4)}", (task, key)
+
+
 def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
     tmp_path: Path,
 ) -> None:
