@@ -150,3 +150,28 @@ def test_a_switch_to_at_least_once_after_a_crash_loses_no_sink_row_nor_counts_tw
     assert committed_counts(alo) == per_user(written)
     assert re_keyed(alo) == written
     assert spark.read.parquet(str(tmp_path / "sink")).count() == 2400
+
+
+def test_a_pipeline_commits_at_its_intervals_while_re_keyed_records_are_left(
+    tmp_path: Path, spark: Any
+) -> None:
+    """With long commit intervals a run to the end commits to drain what stage 1 re-keyed,
+    and at its last batch: not at every batch that reads the intermediate stream. The driver
+    bounds a pipeline's reads itself (exact batches), so a run's last batch is the one whose
+    intermediate partitions hold no more than one batch reads, not the one its bound ends."""
+    config = rekey_job(
+        tmp_path,
+        **{
+            "task.batch.max.messages": "100",
+            "task.commit.ms": "600000",
+            "task.commit.intermediate.ms": "600000",
+        },
+    )
+    written = views(config, tmp_path, 1600, seed=104)
+    coordinator = JobCoordinator(config, DataFrameRunner(spark, rekey_pipeline, config))
+    try:
+        summary = coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+    assert committed_counts(config) == per_user(written)
+    assert summary.commits <= 4 < summary.batches, summary

@@ -223,3 +223,28 @@ def test_the_last_pass_of_a_run_opens_no_store(
     assert again.restores == 0 and len(opened) == 4, (again, opened)
     assert committed_counts(config) == dict(expected)
     assert summary.batches == again.batches == 1  # each committed its batch: the last
+
+
+def test_a_driver_whose_checkpoint_write_failed_runs_no_more_batches(tmp_path: Path) -> None:
+    """The driver's view of its tasks moves on as it queues their checkpoints; when writing
+    them fails, that view may name checkpoints nobody wrote, and a batch planned from it
+    would clean up after them. So the driver stops there: a new one reads what was written."""
+    from sparkpoint.errors import SparkpointError
+    from sparkpoint.failpoints import InjectedCrash
+
+    flag = tmp_path / "crash.flag"
+    flag.write_text("1")  # the second task's checkpoint: the first one is written
+    crash = {"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
+    config = make(tmp_path, **{"task.batch.max.messages": "100", **crash})
+    expected = generate(config, tmp_path / "job.yaml", 1200, seed=24)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    with pytest.raises(InjectedCrash):
+        coordinator.run_batch(end, commit=True)
+    assert len(CheckpointManager(config).read_all()) == 2  # tasks 0 and 1, flushed first
+    with pytest.raises(SparkpointError, match="failed to write its tasks' checkpoints"):
+        coordinator.run_batch(end, commit=True)
+    coordinator.close()
+    run(config, until_caught_up=True)  # a new driver: exact
+    assert committed_counts(config) == dict(expected)

@@ -211,3 +211,20 @@ def test_snapshot_of_a_removed_store_is_deleted(tmp_path: Path) -> None:
     assert not any(blobs.exists(i) for i in old_indexes)
     assert {r["store"] for r in blob_snapshots(without)} == {"user-counts"}
     assert check_blobs(without) == []
+
+
+def test_a_run_to_the_end_commits_its_last_batch_once_its_uploads_are_done(
+    tmp_path: Path,
+) -> None:
+    """A run to the end of its input commits its last batch, waiting for the batch's uploads,
+    as the commit after the last batch did: an upload still running then would leave the
+    tasks uncommitted, and the driver would snapshot and upload once more."""
+    config = make(tmp_path, **{"task.batch.max.messages": "1000", "task.commit.ms": "600000"})
+    expected = generate(config, tmp_path / "a.yaml", 1200, seed=64)
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        summary = coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+    assert (summary.batches, summary.commits) == (1, 1), summary
+    assert committed_counts(config) == dict(expected)

@@ -268,6 +268,8 @@ class JobCoordinator:
         self._to_publish = 0
         #: checkpoints the batch's results completed, written together (_write_queued)
         self._queued: list[tuple[TaskState, CheckpointV2]] = []
+        #: why writing queued checkpoints failed: no batch runs after that (run_batch)
+        self._unwritten: str | None = None
         #: transactions committed and aborted since the driver started (every report carries
         #: the totals, so a report nobody forwards to the metrics loses no count)
         self._tx = Transactions()
@@ -785,14 +787,24 @@ class JobCoordinator:
         queued, self._queued = self._queued, []
         if not queued:
             return
-        self._check_still_the_driver()
-        self.checkpoints.write_checkpoints(
-            [
-                (ts.model.name, c, v1_changelog_offsets(self.config, c.state_checkpoint_markers))
-                for ts, c in queued
-            ],
-            after_each=lambda flush: maybe_crash(self.config, "after-checkpoint-write", flush),
-        )
+        try:
+            self._check_still_the_driver()
+            self.checkpoints.write_checkpoints(
+                [
+                    (
+                        ts.model.name,
+                        c,
+                        v1_changelog_offsets(self.config, c.state_checkpoint_markers),
+                    )
+                    for ts, c in queued
+                ],
+                after_each=lambda flush: maybe_crash(self.config, "after-checkpoint-write", flush),
+            )
+        except BaseException as exc:
+            # the driver's view moved on with checkpoints some of which may not be written: a
+            # batch planned from it could clean up after a checkpoint nobody can read
+            self._unwritten = f"{type(exc).__name__}: {exc}"
+            raise
         for ts, checkpoint in queued:
             covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
             if covered and self.startpoints is not None:
@@ -814,6 +826,12 @@ class JobCoordinator:
         """One micro-batch; ``wait`` makes tasks finish their uploads before returning.
         ``batch_id`` replays a logged batch under its old id; ``logged=False`` keeps the batch
         out of the batch log."""
+        if self._unwritten is not None:
+            raise SparkpointError(
+                f"job {self.config.job_label}: this driver failed to write its tasks' "
+                f"checkpoints ({self._unwritten}), so what it holds of them may not be what "
+                "is written: start the job again (a new driver reads the written ones)"
+            )
         self._batch = self._batch + 1 if batch_id is None else batch_id
         if self.batch_log is not None and logged:
             self.batch_log.record(self._batch, end)
@@ -832,9 +850,11 @@ class JobCoordinator:
             if r.promoted_copy is not None and self.standbys is not None:
                 self.standbys.taken(r.task, r.promoted_copy)
         committed = False
-        for result in sorted(results, key=lambda r: r.task):
-            committed = self._apply(result) or committed
-        self._write_queued()
+        try:
+            for result in sorted(results, key=lambda r: r.task):
+                committed = self._apply(result) or committed
+        finally:  # a later task's error leaves the earlier ones' checkpoints written
+            self._write_queued()
         if self.affinity is not None:
             self.affinity.record_commits()
         if committed:
@@ -1093,7 +1113,9 @@ class JobCoordinator:
                 and pending
                 and replay_id is None
                 and not (waiting or rekeying)
-                and self._reads_all({**targets, **{s: end[s] for s in intermediate}}, limit)
+                and self._reads_all(
+                    {**targets, **{s: meta[s].upcoming for s in intermediate}}, limit
+                )
             )
             if caught_up and not drain:
                 self.stop("caught up")
@@ -1117,7 +1139,7 @@ class JobCoordinator:
                 continue
             maybe_pause(self.config, "before-batch")
             report, results = self.run_batch(
-                end, commit=commit_due, window=window_due, batch_id=replay_id
+                end, commit=commit_due, window=window_due, wait=final, batch_id=replay_id
             )
             last_committed = all(r.state_id.committed for r in results)
             if report.committed:
