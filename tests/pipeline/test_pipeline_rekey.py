@@ -159,14 +159,8 @@ def test_a_pipeline_commits_at_its_intervals_while_re_keyed_records_are_left(
     and at its last batch: not at every batch that reads the intermediate stream. The driver
     bounds a pipeline's reads itself (exact batches), so a run's last batch is the one whose
     intermediate partitions hold no more than one batch reads, not the one its bound ends."""
-    config = rekey_job(
-        tmp_path,
-        **{
-            "task.batch.max.messages": "100",
-            "task.commit.ms": "600000",
-            "task.commit.intermediate.ms": "600000",
-        },
-    )
+    long = {"task.commit.ms": "600000", "task.commit.intermediate.ms": "600000"}
+    config = rekey_job(tmp_path, **long)  # 100 messages a partition per batch
     written = views(config, tmp_path, 1600, seed=104)
     coordinator = JobCoordinator(config, DataFrameRunner(spark, rekey_pipeline, config))
     try:

@@ -245,12 +245,8 @@ def test_on_kafka_keys_move_to_their_murmur2_partition(tmp_path: Path) -> None:
     """Tansu deviation (docs/kafka.md): it cannot add partitions, so the topic has 8 from the
     start, the first views are placed as a 4-partition topic would place them (murmur2 % 4),
     and the job's stored count is set to 4 as if it had last run on 4 partitions."""
-    from generate import events
-
-    from sparkpoint.metadata.job_state import INPUT_PARTITIONS
     from sparkpoint.system.kafka.partitioner import kafka_partition
     from sparkpoint.testing.services import TansuKafka
-    from sparkpoint.tools.streams import Message, send_messages
     from tests.conftest import pageviews_config
 
     with TansuKafka(tmp_path / "tansu") as broker:
@@ -264,19 +260,7 @@ def test_on_kafka_keys_move_to_their_murmur2_partition(tmp_path: Path) -> None:
             },
         )
         config = load_config(None, values)
-        stream = config.inputs[0]
-        systems = Systems(config)
-        systems.admin("log").create_stream(StreamSpec("pageviews", 8))
-        first = list(events(500, 14, 50))
-        placed = [Message(e, e["user"], kafka_partition(str(e["user"]).encode(), 4)) for e in first]
-        send_messages(config, systems, stream, placed)
-        run(config, until_caught_up=True)
-        metadata = CoordinatorStreamStore(config, systems, source="test")
-        metadata.put(INPUT_PARTITIONS, str(stream), "4")
-        metadata.close()
-        second = list(events(300, 15, 50))
-        send_messages(config, systems, stream, [Message(e, e["user"]) for e in second])
-        systems.close()
+        first, second = _grown_on_tansu(config, config.inputs[0], "user", (14, 15), 50)
         result = reshard(config, unread_after_growth=True)  # the second views: keyed by 8
         assert result.moved["user-counts"].keys > 0
         run(config, until_caught_up=True)
@@ -297,13 +281,9 @@ def test_on_kafka_a_re_keying_job_s_input_grows_and_its_counts_stay_with_their_u
     murmur2 of the user): no key moves, the job runs on with 8 tasks and exact counts. The
     intermediate stream's own growth needs CreatePartitions: it is tested on the filelog
     (test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_growths)."""
-    from generate import events
-
-    from sparkpoint.metadata.job_state import INPUT_PARTITIONS
     from sparkpoint.model import SystemStream
     from sparkpoint.system.kafka.partitioner import kafka_partition
     from sparkpoint.testing.services import TansuKafka
-    from sparkpoint.tools.streams import Message, send_messages
     from tests.conftest import REKEY_DIR, pageviews_config
 
     with TansuKafka(tmp_path / "tansu") as broker:
@@ -316,18 +296,7 @@ def test_on_kafka_a_re_keying_job_s_input_grows_and_its_counts_stay_with_their_u
         values["task.inputs"] = "log.pageviews-by-page, log.pageviews-by-user"
         config = load_config(None, values)
         by_page = SystemStream("log", "pageviews-by-page")
-        systems = Systems(config)
-        systems.admin("log").create_stream(StreamSpec(by_page.stream, 8))
-        first = list(events(500, 96, 24))
-        placed = [Message(e, e["page"], kafka_partition(str(e["page"]).encode(), 4)) for e in first]
-        send_messages(config, systems, by_page, placed)
-        run(config, until_caught_up=True)
-        metadata = CoordinatorStreamStore(config, systems, source="test")
-        metadata.put(INPUT_PARTITIONS, str(by_page), "4")
-        metadata.close()
-        second = list(events(300, 97, 24))
-        send_messages(config, systems, by_page, [Message(e, e["page"]) for e in second])
-        systems.close()
+        first, second = _grown_on_tansu(config, by_page, "page", (96, 97), 24)
         result = reshard(config, unread_after_growth=True)  # the second views: placed by 8
         assert result.streams == {"log.pageviews-by-page": (4, 8)}
         assert result.moved["user-counts"].keys == 0
@@ -336,6 +305,34 @@ def test_on_kafka_a_re_keying_job_s_input_grows_and_its_counts_stay_with_their_u
         assert committed_counts(config) == dict(expected)
         for task, key, _value in committed_entries(config, "user-counts"):
             assert task == f"Partition {kafka_partition(key.encode(), 4)}", (task, key)
+
+
+def _grown_on_tansu(
+    config: Config, stream: Any, key: str, seeds: tuple[int, int], users: int
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """``stream`` (a Kafka topic) grown 4 -> 8 as far as the job can tell, on a broker that
+    cannot add partitions: 8 from the start, 500 views keyed by ``key`` placed as 4 would place
+    them (murmur2 % 4), a run, the job's stored count set to 4, then 300 views placed by 8.
+    Returns both lists of views."""
+    from generate import events
+
+    from sparkpoint.metadata.job_state import INPUT_PARTITIONS
+    from sparkpoint.system.kafka.partitioner import kafka_partition
+    from sparkpoint.tools.streams import Message, send_messages
+
+    systems = Systems(config)
+    systems.admin(stream.system).create_stream(StreamSpec(stream.stream, 8))
+    first = list(events(500, seeds[0], users))
+    placed = [Message(e, e[key], kafka_partition(str(e[key]).encode(), 4)) for e in first]
+    send_messages(config, systems, stream, placed)
+    run(config, until_caught_up=True)
+    metadata = CoordinatorStreamStore(config, systems, source="test")
+    metadata.put(INPUT_PARTITIONS, str(stream), "4")
+    metadata.close()
+    second = list(events(300, seeds[1], users))
+    send_messages(config, systems, stream, [Message(e, e[key]) for e in second])
+    systems.close()
+    return first, second
 
 
 def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
