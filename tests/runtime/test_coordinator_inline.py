@@ -156,7 +156,12 @@ def test_a_batch_writes_its_tasks_checkpoints_and_localities_in_one_flush_each(
     from sparkpoint.metadata.locality import TASK_LOCALITY
 
     flushes: list[str] = []
-    monkeypatch.setattr(CheckpointManager, "_flush", _counting(CheckpointManager._flush, flushes))
+    flush = CheckpointManager._flush
+
+    def flushed(self: CheckpointManager, what: str = "checkpoints") -> None:
+        flushes.append(what)
+        flush(self, what)
+
     localities: list[int] = []
     put_all = CoordinatorStreamStore.put_all
 
@@ -165,6 +170,7 @@ def test_a_batch_writes_its_tasks_checkpoints_and_localities_in_one_flush_each(
             localities.append(len(entries))
         put_all(self, namespace, entries)
 
+    monkeypatch.setattr(CheckpointManager, "_flush", flushed)
     monkeypatch.setattr(CoordinatorStreamStore, "put_all", counted)
     config = make(tmp_path, **{"task.batch.max.messages": "100", "task.commit.ms": "0"})
     expected = generate(config, tmp_path / "job.yaml", 1200, seed=21)
@@ -181,14 +187,6 @@ def test_a_batch_writes_its_tasks_checkpoints_and_localities_in_one_flush_each(
     checkpoints = CheckpointManager(config).read_all()
     assert sum(int(o) + 1 for c in checkpoints.values() for o in c.input_offsets.values()) == 400
     assert sum(expected.values()) == 1200
-
-
-def _counting(method: object, calls: list[str]) -> object:
-    def wrapper(self: object, what: str = "checkpoints") -> None:
-        calls.append(what)
-        method(self, what)  # type: ignore[operator]
-
-    return wrapper
 
 
 def test_the_last_pass_of_a_run_opens_no_store(

@@ -811,6 +811,8 @@ class JobCoordinator:
                 # step 5 of the commit: the checkpoint holds offsets read after the startpoint
                 self.startpoints.remove_fan_out_for_task(ts.model.name, covered)
                 ts.startpoints -= covered
+        if self.affinity is not None:
+            self.affinity.record_commits()
 
     def run_batch(
         self,
@@ -855,8 +857,6 @@ class JobCoordinator:
                 committed = self._apply(result) or committed
         finally:  # a later task's error leaves the earlier ones' checkpoints written
             self._write_queued()
-        if self.affinity is not None:
-            self.affinity.record_commits()
         if committed:
             self._prune_batch_log()
         standby = self._catch_up_standbys()
