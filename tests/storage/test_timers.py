@@ -187,3 +187,45 @@ def test_replace_leaves_one_timer_of_its_kind_and_the_other_kind_alone(
         Timer(1, TimeKind.EVENT, b"v"),
         Timer(5, TimeKind.EVENT, b"u"),
     ]
+
+
+def test_unindexed_keys_are_one_blind_write_each_and_an_earlier_index_goes_with_them(
+    engine: KeyValueEngine,
+) -> None:
+    """A helper's keys (a window store's) have no index entry: a register or a delete is one
+    write and no read, mixed with indexed keys in one batch. Timers of such keys registered
+    under an index by an earlier version lose their index entry when they go."""
+    e = TimeKind.EVENT
+    old = TimerStore(engine)  # as an earlier version wrote a window's timer
+    old.register(e, 4, b"\x00h\x00w1")
+    store = TimerStore(engine, unindexed=b"\x00h\x00")
+    reads: list[object] = []
+    get_many = engine.get_many
+
+    def counted(keys: list[bytes]) -> list[bytes | None]:
+        reads.append(keys)
+        return get_many(keys)
+
+    engine.get_many = counted  # type: ignore[method-assign]
+    store.change_many([(True, Timer(9, e, b"\x00h\x00w2")), (True, Timer(9, e, b"\x00h\x00w3"))])
+    store.register(e, 6, b"user")
+    store.delete(e, 9, b"\x00h\x00w3")
+    assert reads == []  # no index read for a helper's key (the user's key: register() reads)
+    assert list(store.timers(e)) == [
+        Timer(4, e, b"\x00h\x00w1"),
+        Timer(6, e, b"user"),
+        Timer(9, e, b"\x00h\x00w2"),
+    ]
+    assert [k for k, _ in engine.all() if k.startswith(b"K")] == [b"K\x00h\x00w1", b"Kuser"]
+    fired = list(store.due(e, 100))
+    for timer in fired:
+        store.delete_later(timer)
+    store.settle()
+    assert list(engine.all()) == []  # every timer and index entry gone, the earlier one's too
+    with pytest.raises(ValueError, match="needs a key's index"):
+        store.replace(e, 1, b"\x00h\x00w4")
+    fresh = TimerStore(engine, unindexed=b"\x00h\x00")  # nothing left from before: no index
+    fresh.register(e, 1, b"\x00h\x00w5")
+    fresh.delete(e, 1, b"\x00h\x00w5")
+    fresh.delete(e, 2, b"\x00h\x00never")  # deleting a timer that is not there: no error
+    assert list(engine.all()) == []

@@ -11,13 +11,21 @@ Layout (raw engine keys, in key order)::
     T p <8-byte time> <key bytes>     a processing-time timer, value empty
     T e <8-byte time> <key bytes>     an event-time timer, value empty
     K <key bytes>                     the key's timers: (p|e, 8-byte time) each, in order
-                                      (one point read, never a scan over deleted timers)
+                                      (one point read, never a scan over deleted timers);
+                                      none for an unindexed key (below)
     W <ssp>                           an input partition's event time: JSON {"max", "active"}
     S                                 when the task first tracked event time (processing ms)
     M                                 the task's watermark (event ms; it never moves back)
 
 Times are big-endian and non-negative, so a range scan of ``T p`` or ``T e`` yields timers in
 firing order. The user's key is the store's key serde's bytes.
+
+*Unindexed* keys (those starting with the prefix the store is opened with: the runtime's own
+helpers', e.g. a window store's, one timer per key at a time whose time the helper always
+knows) have no ``K`` entry: registering or deleting one of their timers is one blind write,
+with no read. A window store opens and closes a window with one timer write each, instead of
+a read of the index and two writes. Timers of such keys registered by an earlier version,
+under an index, lose their ``K`` entry with them (a blind delete, while any is left).
 """
 
 from __future__ import annotations
@@ -104,8 +112,14 @@ class PartitionTime:
 class TimerStore:
     """The timers and event-time state of one task, over its timer store's engine."""
 
-    def __init__(self, engine: KeyValueEngine) -> None:
+    def __init__(self, engine: KeyValueEngine, unindexed: bytes | None = None) -> None:
         self.engine = engine
+        #: keys starting with this have no index entry (see the module docstring)
+        self._unindexed = unindexed
+        #: whether an index entry of such a key is left from an earlier version (one seek)
+        self._indexed_before = unindexed is not None and any(
+            True for _ in islice(engine.range(BY_KEY + unindexed, BY_KEY + unindexed + b"\xff"), 1)
+        )
         #: fired timers whose deletion waits (:meth:`delete_later`): written in one batch by
         #: :meth:`settle`, which every other use of the timers calls first
         self._later: list[Timer] = []
@@ -126,7 +140,13 @@ class TimerStore:
             later, self._later = self._later, []
             self.change_many([(False, timer) for timer in later])
 
+    def _is_unindexed(self, key: bytes) -> bool:
+        return self._unindexed is not None and key.startswith(self._unindexed)
+
     def register(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        if self._is_unindexed(key):
+            self.change_many([(True, Timer(timestamp_ms, kind, key))])
+            return
         self.settle()
         self._gone.discard(_timer_key(kind, timestamp_ms, key))
         entries = _decode_index(self.engine.get(_index_key(key)))
@@ -139,7 +159,9 @@ class TimerStore:
 
     def replace(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
         """Make this the key's one timer of ``kind`` (its others of ``kind`` are deleted): one
-        read and one write, whatever the key had."""
+        read and one write, whatever the key had (not for an unindexed key)."""
+        if self._is_unindexed(key):
+            raise ValueError(f"replace() needs a key's index; {key!r} has none")
         self.settle()
         self._gone.discard(_timer_key(kind, timestamp_ms, key))
         entries = _decode_index(self.engine.get(_index_key(key)))
@@ -159,6 +181,9 @@ class TimerStore:
         self.engine.write_batch(writes)
 
     def delete(self, kind: TimeKind, timestamp_ms: int, key: bytes) -> None:
+        if self._is_unindexed(key):
+            self.change_many([(False, Timer(timestamp_ms, kind, key))])
+            return
         self.settle()
         entries = _decode_index(self.engine.get(_index_key(key)))
         if (kind.tag, timestamp_ms) not in entries:
@@ -176,10 +201,12 @@ class TimerStore:
         if not changes:
             return
         self.settle()  # (a no-op when called by it: it empties its list first)
-        keys = list(dict.fromkeys(timer.key for _, timer in changes))
-        found = self.engine.get_many([_index_key(k) for k in keys])
-        index = {k: _decode_index(raw) for k, raw in zip(keys, found, strict=True)}
         writes: dict[bytes, bytes | None] = {}
+        if self._unindexed is not None:
+            changes = self._change_unindexed(changes, writes)
+        keys = list(dict.fromkeys(timer.key for _, timer in changes))
+        found = self.engine.get_many([_index_key(k) for k in keys]) if keys else []
+        index = {k: _decode_index(raw) for k, raw in zip(keys, found, strict=True)}
         touched: set[bytes] = set()
         for register, timer in changes:
             entries, entry = index[timer.key], (timer.kind.tag, timer.timestamp_ms)
@@ -198,6 +225,30 @@ class TimerStore:
             writes[_index_key(key)] = _encode_index(index[key])
         if writes:
             self.engine.write_batch(list(writes.items()))
+
+    def _change_unindexed(
+        self, changes: Sequence[tuple[bool, Timer]], writes: dict[bytes, bytes | None]
+    ) -> list[tuple[bool, Timer]]:
+        """Put the writes of the changes of unindexed keys in ``writes`` (blind: a timer
+        registered again is written again, one deleted that was not there leaves a
+        tombstone); the other changes."""
+        prefix, indexed_before, gone = self._unindexed or b"", self._indexed_before, self._gone
+        rest: list[tuple[bool, Timer]] = []
+        for register, timer in changes:
+            key = timer.key
+            if not key.startswith(prefix):
+                rest.append((register, timer))
+                continue
+            timer_key = TIMER + timer.kind.tag + TIME.pack(timer.timestamp_ms) + key
+            if register:
+                gone.discard(timer_key)
+                writes[timer_key] = b""
+            else:
+                gone.add(timer_key)
+                writes[timer_key] = None
+                if indexed_before:
+                    writes[_index_key(key)] = None
+        return rest
 
     def timers_of(self, key: bytes) -> Iterator[Timer]:
         """The timers of ``key`` (event time first, then processing time, each by time): one

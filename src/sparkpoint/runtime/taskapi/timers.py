@@ -88,7 +88,7 @@ class TaskTimers:
         self.task = task
         self.config = config
         self.ssps = ssps
-        self._store = None if store is None else TimerStore(store.engine)
+        self._store = None if store is None else TimerStore(store.engine, unindexed=OWNED)
         self._keys: Serde[Any] | None = None if store is None else store.key_serde
         self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
         self._seen: dict[SystemStreamPartition, int] = {}
