@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
+from typing import NamedTuple
 
 from sparkpoint.errors import StoreError
 from sparkpoint.model import SystemStreamPartition
@@ -68,9 +69,9 @@ class TimeKind(Enum):
             raise ValueError(f"a timer's kind is 'processing' or 'event', not {text!r}") from None
 
 
-@dataclass(frozen=True, order=True)
-class Timer:
-    """A registered timer: when (ms) it is due, its kind, and the key (serialized)."""
+class Timer(NamedTuple):
+    """A registered timer: when (ms) it is due, its kind, and the key (serialized). (A named
+    tuple: one is made per timer read or changed.)"""
 
     timestamp_ms: int
     kind: TimeKind

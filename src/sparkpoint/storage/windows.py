@@ -25,15 +25,17 @@ watermark; a session's end + gap below it), or when it would join a session that
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from sparkpoint.errors import ConfigError, StoreError
+from sparkpoint.serde import JsonSerde
 from sparkpoint.storage.kv.base import KeyValueEngine
 
+#: a window's entry: JSON (orjson where its bytes are the standard library's; any JSON reads)
+_JSON = JsonSerde()
 TIME = struct.Struct(">q")
 KEY_LENGTH = struct.Struct(">H")
 
@@ -182,10 +184,9 @@ class Window:
     emission: str = "on_time"
 
 
-@dataclass(frozen=True)
-class Open:
+class Open(NamedTuple):
     """An open window in the store; ``fired``: it went out on time already and stays for its
-    allowed lateness."""
+    allowed lateness. (A named tuple: a window store makes one per record.)"""
 
     start: int
     end: int
@@ -239,7 +240,7 @@ class WindowState:
 
     def _load(self, raw: bytes, value: bytes) -> Open:
         try:
-            data = json.loads(value)
+            data = _JSON.from_bytes(value)
             fired = bool(data.get("fired", False))
             return Open(split_entry_key(raw)[1], int(data["end"]), data["acc"], fired)
         except (ValueError, KeyError, TypeError) as exc:
@@ -251,7 +252,7 @@ class WindowState:
         data = {"end": window.end, "acc": window.acc}
         if window.fired:
             data["fired"] = True
-        return json.dumps(data, separators=(",", ":")).encode()
+        return _JSON.to_bytes(data)
 
     def get(self, key: bytes, start: int) -> Open | None:
         raw = entry_key(key, start)
@@ -282,8 +283,11 @@ class WindowState:
         for start, end in self.spec.windows_of(time_ms):
             if closed_upto is not None and end <= closed_upto:
                 continue  # closed: this window went out already
-            now = by_start.get(start) or Open(start, end, agg.init())
-            by_start[start] = replace(now, acc=agg.add(now.acc, value))
+            now = by_start.get(start)
+            if now is None:
+                by_start[start] = Open(start, end, agg.add(agg.init(), value))
+            else:
+                by_start[start] = Open(start, end, agg.add(now.acc, value), now.fired)
             joined = True
         return [by_start[s] for s in sorted(by_start)] if joined else None
 
@@ -342,7 +346,7 @@ class WindowState:
     def mark_fired(self, key: bytes, window: Open) -> None:
         """Keep ``window`` after its on-time emission, for its allowed lateness."""
         self.settle()
-        self.engine.put(entry_key(key, window.start), self._dump(replace(window, fired=True)))
+        self.engine.put(entry_key(key, window.start), self._dump(window._replace(fired=True)))
 
     def close(self, key: bytes, start: int) -> Open | None:
         """Take the window out of the store (``None``: not there, e.g. merged away)."""

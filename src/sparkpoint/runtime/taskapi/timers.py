@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, TaskError
@@ -51,8 +50,7 @@ MAX_FIRED_PER_BATCH = 100_000
 OWNED = b"\x00sparkpoint.owned\x00"
 
 
-@dataclass(frozen=True)
-class OwnedTimer:
+class OwnedTimer(NamedTuple):
     """A due timer of a helper (``owner``, e.g. a window store) with its raw key."""
 
     owner: str
