@@ -275,9 +275,24 @@ class WindowState:
         when the record is late (every window it would join is closed by ``closed_upto``, the
         watermark or processing time, less any allowed lateness). Pure: the store is not
         touched."""
-        if self.spec.is_session:
+        spec, agg = self.spec, self.aggregate
+        if spec.is_session:
             return self._fold_session(windows, time_ms, value, closed_upto)
-        agg = self.aggregate
+        if spec.size_ms == spec.slide_ms:  # tumbling: the one window of the record, in place
+            start = time_ms - time_ms % spec.size_ms
+            end = start + spec.size_ms
+            if closed_upto is not None and end <= closed_upto:
+                return None  # closed: this window went out already
+            out = list(windows)
+            for i, w in enumerate(out):
+                if w.start == start:
+                    out[i] = Open(start, end, agg.add(w.acc, value), w.fired)
+                    return out
+                if w.start > start:
+                    out.insert(i, Open(start, end, agg.add(agg.init(), value)))
+                    return out
+            out.append(Open(start, end, agg.add(agg.init(), value)))
+            return out
         by_start = {w.start: w for w in windows}
         joined = False
         for start, end in self.spec.windows_of(time_ms):
@@ -295,19 +310,26 @@ class WindowState:
         self, windows: list[Open], time_ms: int, value: Any, closed_upto: int | None
     ) -> list[Open] | None:
         gap, agg = self.spec.gap_ms, self.aggregate
-        near = [w for w in windows if w.start - gap <= time_ms <= w.end + gap]
+        near: list[Open] = []  # the sessions the record joins (or bridges)
+        rest: list[Open] = []  # the others, by start
+        for w in windows:
+            (near if w.start - gap <= time_ms <= w.end + gap else rest).append(w)
         if closed_upto is not None:
-            if not near and self.spec.closes_at(time_ms) <= closed_upto:
+            closes_at = self.spec.closes_at
+            if not near and closes_at(time_ms) <= closed_upto:
                 return None  # its own session would have closed already
-            if any(self.spec.closes_at(w.end) <= closed_upto for w in near):
+            if any(closes_at(w.end) <= closed_upto for w in near):
                 return None  # it would join a session that closed (its timer not fired yet)
         acc = agg.add(agg.init(), value)
+        start = end = time_ms
         for w in near:  # at most one before the record and one after it (or one around it)
             acc = agg.merge(w.acc, acc) if w.start <= time_ms else agg.merge(acc, w.acc)
-        start = min([time_ms, *(w.start for w in near)])
-        end = max([time_ms, *(w.end for w in near)])
-        rest = [w for w in windows if w not in near]
-        return sorted([*rest, Open(start, end, acc)], key=lambda w: w.start)
+            start, end = min(start, w.start), max(end, w.end)
+        at = len(rest)
+        while at and rest[at - 1].start > start:
+            at -= 1
+        rest.insert(at, Open(start, end, acc))
+        return rest
 
     def changes(
         self, key: bytes, before: list[Open], after: list[Open]
