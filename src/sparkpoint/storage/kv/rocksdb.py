@@ -17,7 +17,15 @@ from itertools import islice
 from pathlib import Path
 from typing import cast
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    Checkpoint,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from sparkpoint.errors import StoreError
 from sparkpoint.storage.kv.base import KeyValueEngine
@@ -115,7 +123,9 @@ class RocksDBEngine(KeyValueEngine):
         self._unlogged = True
 
     def range(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._d().iter()
+        bounded = ReadOptions()
+        bounded.set_iterate_upper_bound(end)  # RocksDB stops at ``end``, reading nothing past
+        it = self._d().iter(bounded)
         it.seek(start)
         while it.valid():
             key = it.key()
