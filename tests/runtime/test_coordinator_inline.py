@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,25 @@ def test_a_driver_whose_checkpoint_write_failed_runs_no_more_batches(tmp_path: P
     coordinator.close()
     run(config, until_caught_up=True)  # a new driver: exact
     assert committed_counts(config) == dict(expected)
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are Linux's")
+def test_a_changelog_compaction_pass_runs_at_a_lower_priority_than_the_batches() -> None:
+    """The pass runs in a thread beside the batches; in local mode it shares the cores with
+    the batches' workers, so it takes nice 10 over the driver's own priority."""
+    import threading
+
+    from sparkpoint.runtime.driver.coordinator import _yield_cpu
+
+    seen: list[int] = []
+
+    def pass_() -> None:
+        _yield_cpu()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=pass_)
+    thread.start()
+    thread.join()
+    driver = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(19, driver + 10)]
+    assert driver == os.getpriority(os.PRIO_PROCESS, 0)  # the driver's own thread keeps its
