@@ -58,6 +58,9 @@ class TestEngineContract:
         engine.write_batch([(b"x", b"1"), (b"z", b"3")])
         assert engine.get_many([b"z", b"y", b"x"]) == [b"3", None, b"1"]
         assert engine.get_many([]) == []
+        # any order, a key twice: each answer in its place (RocksDB's is read in key order)
+        keys = [b"x", b"z", b"w", b"x", b"a"]
+        assert engine.get_many(keys) == [b"1", b"3", None, b"1", None]
 
     def test_write_batch_applies_in_order(self, engine: KeyValueEngine) -> None:
         engine.write_batch([(b"k", b"1"), (b"k", b"2"), (b"d", b"x"), (b"d", None)])
