@@ -277,3 +277,52 @@ def test_an_executors_catch_up_deletes_what_it_no_longer_keeps_and_goes_on_past_
     assert len(standby_tasks(config.store_base_dir, "8")) == 2  # a live executor's stay
     assert standby_tasks(config.store_base_dir, "9") == []  # a gone executor's go
     assert copy_counts(config, tasks[first]) == at(config, cps, first)
+
+
+def test_a_copy_behind_tombstones_compaction_dropped_is_seeded_again(tmp_path: Path) -> None:
+    """A windows job deletes every window it closes. With ``delete.retention.ms`` 0 the job's
+    start compacts those tombstones away; a copy at an earlier checkpoint still holds the
+    windows they deleted, and replaying the tail would keep them. So the copy is seeded
+    again (the changelog says how far tombstones went), and equals the live state."""
+    from sparkpoint.model import SystemStreamPartition
+    from sparkpoint.storage.changelog.backend import changelog_stream
+    from tests.runtime.taskapi.test_windows import job, send, views
+
+    config = job(
+        tmp_path,
+        **STANDBYS,
+        **{"systems.filelog.default.stream.delete.retention.ms": "0"},
+    )
+    systems = Systems(config)
+    send(config, views(300, seed=31, start_ms=0))
+    tasks, first = commit_all(config)
+    for name, task in tasks.items():
+        assert catch_up(config, systems, task, EXECUTOR, first[name], None).seeded
+    send(config, views(300, seed=32, start_ms=900_000))  # closes the first views' windows
+    tasks, second = commit_all(config)
+    commit_all(config)  # its start compacts up to the second checkpoints: tombstones go
+    stores = ("minute-counts", "sessions", "timers")
+    dropped = [
+        systems.admin("filelog").tombstones_dropped_through(
+            SystemStreamPartition(
+                "filelog", changelog_stream(config, s).stream, t.changelog_partition
+            )
+        )
+        for s in stores
+        for t in tasks.values()
+    ]
+    assert any(d is not None for d in dropped)
+    for name, task in tasks.items():
+        caught = catch_up(
+            config, systems, task, EXECUTOR, second[name], str(first[name].checkpoint_id)
+        )
+        assert caught.seeded, name  # not the tail: the tombstones it needs are gone
+        copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+        live = LocalTaskState(config.store_base_dir, task.name)
+        for store in stores:
+            held = [RocksDBEngine(store, d.store_dir(store), read_only=True) for d in (copy, live)]
+            try:
+                assert list(held[0].all()) == list(held[1].all()), (name, store)
+            finally:
+                for engine in held:
+                    engine.close()

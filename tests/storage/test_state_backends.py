@@ -420,3 +420,20 @@ def test_logged_writes_wait_for_a_drain_or_the_batch_size() -> None:
     assert logged.get(b"d") == b"1" and logged.get(b"a") is None
     logged.drain()
     assert sent.records[4:] == [(b"d", b"1"), (b"a", None)]
+
+
+def test_delete_retention_ms_is_a_day_by_default_and_minus_one_keeps_tombstones(
+    tmp_path: Path,
+) -> None:
+    from sparkpoint.model import SystemStream
+    from sparkpoint.storage.changelog.backend import delete_retention_ms
+
+    changelog = SystemStream("filelog", "user-counts-changelog")
+    assert delete_retention_ms(make(tmp_path / "a"), changelog) == 86_400_000
+    forever = make(tmp_path / "b", **{"streams.user-counts-changelog.delete.retention.ms": "-1"})
+    assert delete_retention_ms(forever, changelog) is None
+    every = make(tmp_path / "c", **{"systems.filelog.default.stream.delete.retention.ms": "0"})
+    assert delete_retention_ms(every, changelog) == 0
+    bad = make(tmp_path / "d", **{"streams.user-counts-changelog.delete.retention.ms": "soon"})
+    with pytest.raises(ConfigError, match=r"streams.user-counts-changelog.delete.retention.ms"):
+        delete_retention_ms(bad, changelog)

@@ -264,6 +264,61 @@ def test_compaction_matches_newest_per_key_and_keeps_every_end_s_state(
         assert admin.offset_for_timestamp(SSP, ts) == first
 
 
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_compaction_drops_tombstones_older_than_a_cut_off_and_says_how_far(
+    system: SystemUnderTest, seed: int
+) -> None:
+    """``delete.retention.ms``: a key whose newest record before the bound is a tombstone
+    older than the cut-off goes altogether (the last record before the bound stays, so the
+    log keeps its next offset); replaying from the start to any end at or after the bound
+    gives the same live entries as before; ``TOMBSTONES`` says the largest offset dropped."""
+    import random
+
+    rng = random.Random(seed)
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    n = 2_000
+    for i in range(n):
+        key = None if rng.random() < 0.05 else f"k{rng.randrange(150)}"
+        value = None if rng.random() < 0.3 else f"v{i}"
+        producer.send("s", 0, rec(key, value, rng.randrange(10**6)))
+    producer.flush()
+    consumer = system.factory.get_consumer("fl", system.config)
+    before = consumer.read(SSP, "0", str(n))
+    bound, cut = rng.randrange(n // 2, n), 500_000
+    newest = {r.key: i for i, r in enumerate(before[:bound]) if r.key is not None}
+    gone = {
+        i
+        for i in newest.values()
+        if before[i].value is None and before[i].timestamp < cut and i != bound - 1
+    }
+    want = [
+        r
+        for i, r in enumerate(before)
+        if i >= bound or r.key is None or (newest[r.key] == i and i not in gone)
+    ]
+
+    def live(end: int) -> dict[bytes | None, bytes | None]:
+        state = {r.key: r.value for r in consumer.read(SSP, "0", str(end)) if r.key is not None}
+        return {k: v for k, v in state.items() if v is not None}
+
+    states = {end: live(end) for end in (bound, (bound + n) // 2, n)}
+    assert gone  # the seed makes some
+    assert admin.compact("s", 0, str(bound), cut) == (n, len(want))
+    assert consumer.read(SSP, "0", str(n)) == want
+    assert {end: live(end) for end in states} == states
+    assert admin.tombstones_dropped_through(SSP) == str(max(gone))
+    assert admin.compact("s", 0, str(bound), cut) == (len(want), len(want))  # nothing more
+    assert admin.tombstones_dropped_through(SSP) == str(max(gone))  # it never moves back
+    producer.send("s", 0, rec("k-after", "v", 1))
+    producer.flush()
+    assert consumer.read(SSP, str(n), str(n + 1))[0].offset == str(n)  # no offset reused
+    fresh = system.factory.get_admin("fl", system.config)
+    fresh.create_stream(StreamSpec("t", 1, compacted=True))
+    assert fresh.tombstones_dropped_through(SystemStreamPartition("fl", "t", 0)) is None
+
+
 @pytest.mark.parametrize("meanwhile", ["appends", "retention"])
 def test_compaction_works_beside_appends_and_retention(
     system: SystemUnderTest, monkeypatch: pytest.MonkeyPatch, meanwhile: str
@@ -283,8 +338,8 @@ def test_compaction_works_beside_appends_and_retention(
     planned = PartitionLog._compaction
     calls = []
 
-    def and_then(self: PartitionLog, up_to: int | None) -> object:
-        plan = planned(self, up_to)
+    def and_then(self: PartitionLog, up_to: int | None, before_ms: int | None) -> object:
+        plan = planned(self, up_to, before_ms)
         calls.append(up_to)
         if len(calls) == 1:  # between the first plan and its switch
             if meanwhile == "appends":

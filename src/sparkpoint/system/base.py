@@ -150,12 +150,24 @@ class SystemAdmin(ABC):
         return [self.partition_for_key(k, partitions) for k in keys]
 
     def compact(
-        self, stream: str, partition: int, up_to: str | None = None
+        self,
+        stream: str,
+        partition: int,
+        up_to: str | None = None,
+        drop_tombstones_before_ms: int | None = None,
     ) -> tuple[int, int] | None:
         """Keep only the newest record per key of a compacted stream's partition, if this system
-        compacts on request (with ``up_to``: only among records before that offset); returns
-        (records before, after), or ``None`` when the system compacts by itself (as Kafka
-        does) or not at all."""
+        compacts on request (with ``up_to``: only among records before that offset; with
+        ``drop_tombstones_before_ms``, a key whose newest record there is a tombstone older
+        than that goes altogether, as Kafka's ``delete.retention.ms`` does); returns (records
+        before, after), or ``None`` when the system compacts by itself (as Kafka does) or not
+        at all."""
+        return None
+
+    def tombstones_dropped_through(self, ssp: SystemStreamPartition) -> str | None:
+        """The largest offset of a tombstone compaction dropped from ``ssp`` (``None``: none,
+        or this system cannot tell). A reader whose copy is at or before it may hold a key
+        deleted since, and must rebuild its copy from the start."""
         return None
 
     def add_partitions(self, stream: str, partitions: int) -> None:

@@ -340,7 +340,23 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 f"task {self.ctx.task.name} store {store}: the copy is at changelog offset "
                 f"{after}, past the checkpoint's (it would serve uncommitted state)"
             )
+        self._refuse_dropped_tombstones(store, ssp, admin, after)
         return first
+
+    def _refuse_dropped_tombstones(
+        self, store: str, ssp: SystemStreamPartition, admin: SystemAdmin, after: str
+    ) -> None:
+        """A :class:`RestoreError` when compaction dropped a tombstone after ``after`` (where a
+        copy of the store is): the copy may hold a key deleted since, which its tail no longer
+        says."""
+        dropped = admin.tombstones_dropped_through(ssp)
+        if dropped is not None and admin.offset_comparator(after, dropped) < 0:
+            raise RestoreError(
+                f"task {self.ctx.task.name} store {store}: the copy is at changelog offset "
+                f"{after}, and compaction has since dropped tombstones of {ssp} up to offset "
+                f"{dropped} (delete.retention.ms): its deleted keys would come back; only a "
+                "whole restore rebuilds it"
+            )
 
     def _restore_store(
         self, store: str, after: str | None = None, tail: bool = False
@@ -353,6 +369,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
         if tail:
             start = self._tail_start(store, ssp, admin, replay, after)
         entries, size = self._replay(ssp, engine, start, end)
+        if tail and after is not None:  # a compaction may have run meanwhile
+            self._refuse_dropped_tombstones(store, ssp, admin, after)
         upcoming = admin.get_metadata([ssp])[ssp].upcoming
         if trim and not self.ctx.read_only and admin.offset_comparator(end, upcoming) < 0:
             self._trim_logged(store, ssp, engine, end, upcoming)
@@ -435,6 +453,27 @@ class ChangelogRestoreManager(TaskRestoreManager):
 
 #: the fewest records a changelog partition grows by before a compaction during a run
 COMPACT_MIN_GROWTH = 10_000
+
+#: how long a compaction keeps a tombstone by default (Kafka's ``delete.retention.ms``: a day)
+DELETE_RETENTION_MS = 86_400_000
+
+
+def delete_retention_ms(config: Config, stream: SystemStream) -> int | None:
+    """How long (ms) compaction keeps a changelog's tombstones: the stream property
+    ``delete.retention.ms`` (Kafka's topic config, set with ``streams.<s>.delete.retention.ms``
+    or ``systems.<s>.default.stream.delete.retention.ms``), a day by default; ``None`` for -1
+    (forever)."""
+    raw = config.stream_properties(stream).get("delete.retention.ms")
+    try:
+        value = DELETE_RETENTION_MS if raw is None else int(raw)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise ConfigError(
+            f"streams.{stream.stream}.delete.retention.ms={raw!r} is invalid: give how long "
+            "(ms >= 0) a compaction keeps a tombstone, or -1 to keep tombstones forever"
+        )
+    return None if value == -1 else value
 
 
 class ChangelogAdmin(StateBackendAdmin):
@@ -536,13 +575,16 @@ class ChangelogAdmin(StateBackendAdmin):
         partitions that grew since their last compaction by as many records as it kept (at
         least :data:`COMPACT_MIN_GROWTH`), so that the work stays proportional to the writes;
         on a system that compacts by itself (Kafka) nothing is done."""
+        now = int(time.time() * 1000)
         for store, _task, ssp, offset in self._checkpointed(checkpoints):
             admin = self.systems.admin(ssp.system)
             upcoming = admin.get_metadata([ssp])[ssp].upcoming
             if during_run and not self._grown(ssp, upcoming):
                 continue
             up_to = admin.offset_after(ssp, offset)
-            result = admin.compact(ssp.stream, ssp.partition, up_to)
+            keep_ms = delete_retention_ms(self.config, ssp.system_stream)
+            cut_off = None if keep_ms is None else now - keep_ms
+            result = admin.compact(ssp.stream, ssp.partition, up_to, cut_off)
             self._compacted[ssp] = (upcoming, None if result is None else result[1])
             if result is not None and result[0] != result[1]:
                 log.info(

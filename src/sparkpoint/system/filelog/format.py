@@ -113,11 +113,24 @@ def rebase_index(raw: bytes, base: int) -> bytes:
     return entries.tobytes()
 
 
-def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[bytes, bytes, int]:
+def compacted(
+    buf: bytes,
+    index: bytes | mmap.mmap,
+    up_to: int | None,
+    drop_tombstones_before_ms: int | None = None,
+) -> tuple[bytes, bytes, int, int | None]:
     """The log ``buf`` (starting at its first record) with index entries ``index``, keeping
     only the newest record per key among those before offset ``up_to`` (all of them when
     ``None``) and every record from it on, and every keyless one: (log bytes, index bytes,
-    records kept), the kept records' bytes copied as they are (offsets and CRCs unchanged).
+    records kept, the largest offset of a tombstone dropped or ``None``), the kept records'
+    bytes copied as they are (offsets and CRCs unchanged).
+
+    With ``drop_tombstones_before_ms``, a key whose newest record before ``up_to`` is a
+    tombstone (a null value) timestamped before it loses that record too: nothing of the key
+    is left, and replaying the log from its start gives the same state. (A reader that
+    replays from a position before the tombstone, with the key's earlier value, would keep
+    it: the caller records how far tombstones went.) The last record judged is always kept,
+    so the log keeps its next offset.
 
     The records it judges (those before ``up_to``) are checked as :func:`decode_span` checks
     them (framing, offset, checksum, and their extent agreeing with the index), so a damaged
@@ -132,6 +145,8 @@ def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[
     bound = n if up_to is None else bisect.bisect_left(offsets, up_to)
     newest: dict[bytes, int] = {}
     keyless: list[int] = []
+    old_tombstones: set[int] = set()  # tombstones timestamped before the cut-off
+    cut_off = MIN_TIMESTAMP if drop_tombstones_before_ms is None else drop_tombstones_before_ms
     unpack_header, unpack_body, body_size = HEADER.unpack_from, BODY.unpack_from, BODY.size
     view = memoryview(buf)
     for i in range(bound):
@@ -148,21 +163,32 @@ def compacted(buf: bytes, index: bytes | mmap.mmap, up_to: int | None) -> tuple[
             raise FormatError(pos, "record size disagrees with the index", want)
         if crc32(view[body:end]) != crc:
             raise FormatError(pos, "checksum mismatch", want)
-        offset, _ts, klen, _vlen = unpack_body(buf, body)
+        offset, ts, klen, vlen = unpack_body(buf, body)
         if offset != want:
             raise FormatError(pos, f"record says offset {offset}", want)
         if klen < 0:
             keyless.append(i)
         else:
             newest[buf[body + body_size : body + body_size + klen]] = i
-    kept = sorted([*newest.values(), *keyless])
+            if vlen < 0 and ts < cut_off:
+                old_tombstones.add(i)
+    judged = [*newest.values(), *keyless]
+    dropped: int | None = None
+    if old_tombstones:
+        gone = old_tombstones.intersection(newest.values())
+        gone.discard(bound - 1)  # the last record judged stays: the log's next offset
+        if gone:
+            judged = [i for i in judged if i not in gone]
+            dropped = int(offsets[max(gone)])
+    kept = sorted(judged)
     kept += range(bound, n)
     spans = [
         (offsets[i], positions[i] - base, positions[i + 1] - base if i + 1 < n else size)
         for i in kept
     ]
     index_out = _index_of(buf, spans, 0, MIN_TIMESTAMP)
-    return b"".join([buf[start:stop] for _, start, stop in spans]), index_out, len(kept)
+    data = b"".join([buf[start:stop] for _, start, stop in spans])
+    return data, index_out, len(kept), dropped
 
 
 def _index_of(buf: bytes, spans: Sequence[tuple[int, int, int]], at: int, max_ts: int) -> bytes:

@@ -6,7 +6,9 @@ deleted every record; Kafka's log start offset), then the least offset the next 
 (raised by :meth:`PartitionLog.repair`, so that offsets cut from the log are never handed out
 again); the generation's records are in ``<gen>.log`` and its index in ``<gen>.index``; ``lock``
 is the cross-process lock; ``LOST`` lists the offset ranges a repair cut (JSON lines). Compaction
-writes a new generation and switches ``CURRENT`` atomically. ``staged/``, ``PUBLISHED`` and
+writes a new generation and switches ``CURRENT`` atomically; ``TOMBSTONES`` holds the largest
+offset of a tombstone a compaction dropped (written before the switch), so that a reader that
+last read before it knows its copy may hold keys deleted since. ``staged/``, ``PUBLISHED`` and
 ``PUBLISHING`` hold exactly-once output (:mod:`sparkpoint.system.filelog.staging`): readers never
 read at or past the first offset ``PUBLISHING`` names, and whoever takes the lock next finishes
 a publish a crash interrupted.
@@ -97,13 +99,16 @@ class _Index(Sequence[tuple[int, int, int]]):
 
 #: the file naming a publish in progress (see :mod:`sparkpoint.system.filelog.staging`)
 PUBLISHING = "PUBLISHING"
+#: the file holding the largest offset of a tombstone compaction dropped
+TOMBSTONES = "TOMBSTONES"
 
 
 @dataclass(frozen=True)
 class _Compaction:
     """A partition's records compacted from a snapshot (:meth:`PartitionLog.compact`): its
     generation (-1: unknown), index entries and end position, how many records it had, and
-    the log and index bytes of the records kept."""
+    the log and index bytes of the records kept, and the largest offset of a tombstone it
+    dropped (None: none)."""
 
     gen: int
     raw: bytes
@@ -112,6 +117,7 @@ class _Compaction:
     data: bytes
     entries: bytes
     kept: int
+    dropped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -644,30 +650,47 @@ class PartitionLog:
             os.fsync(index_file.fileno())
         return next_offset, next_offset + n - 1
 
-    def compact(self, up_to: int | None = None) -> tuple[int, int]:
+    def compact(
+        self, up_to: int | None = None, drop_tombstones_before_ms: int | None = None
+    ) -> tuple[int, int]:
         """Keep only the newest record per key (keyless records are all kept); with ``up_to``,
         only among the records before that offset, keeping every record from it on.
 
         Offsets are preserved (they become sparse). Deletes (value ``None``) are kept as
-        tombstones so that readers replaying the stream learn of them. Replaying the compacted
-        partition up to any offset at or after ``up_to`` gives the same value per key as
-        before. Returns records before and after. Readers see the old or the new generation,
-        never a mix.
+        tombstones so that readers replaying the stream learn of them, except those
+        timestamped before ``drop_tombstones_before_ms`` (Kafka's ``delete.retention.ms``):
+        their keys go from the log altogether, and ``TOMBSTONES`` records how far
+        (:meth:`tombstones_dropped_through`). Replaying the compacted partition from its start
+        up to any offset at or after ``up_to`` gives the same value per key as before. Returns
+        records before and after. Readers see the old or the new generation, never a mix.
         """
-        plan = self._compaction(up_to)  # without the lock: the task's appends go on
+        # without the lock: the task's appends go on
+        plan = self._compaction(up_to, drop_tombstones_before_ms)
         if plan.kept == plan.records:
             return plan.records, plan.kept
         with self._locked():
             log_path, index_path = self._files()
             self._recover(log_path, index_path)
             if not self._switch_compacted(plan):  # the log moved under it: again, locked
-                plan = self._compaction(up_to)
+                plan = self._compaction(up_to, drop_tombstones_before_ms)
                 if plan.kept != plan.records:
                     switched = self._switch_compacted(plan)
                     assert switched, "nothing moves under the lock"
             return plan.records, plan.kept
 
-    def _compaction(self, up_to: int | None) -> _Compaction:
+    def tombstones_dropped_through(self) -> int | None:
+        """The largest offset of a tombstone compaction dropped (None: none ever was)."""
+        try:
+            return int((self.path / TOMBSTONES).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            raise CorruptRecordError(
+                f"{self.label}: {self.path / TOMBSTONES} is not an offset; write the partition's "
+                "newest offset there (a reader behind it then rebuilds its copy from the start)"
+            ) from None
+
+    def _compaction(self, up_to: int | None, drop_tombstones_before_ms: int | None) -> _Compaction:
         """The compacted records of a snapshot of the current generation (none kept of none
         when it is empty), or :class:`CorruptRecordError` naming a damaged record it would
         judge."""
@@ -682,12 +705,14 @@ class PartitionLog:
             buf = log_file.read()  # to the end of the file: records appended meanwhile too
         try:
             end = last - base + fmt.record_size_at(buf, last - base)
-            data, entries, kept = fmt.compacted(buf[:end], raw, up_to)
+            data, entries, kept, dropped = fmt.compacted(
+                buf[:end], raw, up_to, drop_tombstones_before_ms
+            )
         except fmt.FormatError as exc:
             offset = exc.offset if exc.offset >= 0 else fmt.index_offsets(raw)[-1]
             raise self._corrupt(offset, exc.reason) from None
         gen = gen if self._gen() == gen else -1  # switched meanwhile: which one is unknown
-        return _Compaction(gen, raw, base + end, n, data, entries, kept)
+        return _Compaction(gen, raw, base + end, n, data, entries, kept, dropped)
 
     def _switch_compacted(self, plan: _Compaction) -> bool:
         """Switch to ``plan``'s records, then every record appended after its snapshot, as
@@ -701,6 +726,10 @@ class PartitionLog:
             tail_index = index.raw(plan.records, n)
             log_file.seek(plan.end)
             tail = log_file.read()  # exact: the tail was recovered under this lock
+        if plan.dropped is not None:  # before the switch: no reader misses it
+            before = self.tombstones_dropped_through()
+            through = plan.dropped if before is None else max(before, plan.dropped)
+            atomic_write(self.path / TOMBSTONES, str(through).encode())
         last_max = fmt.index_max_timestamp(plan.entries)
         moved = fmt.moved_index(tail_index, tail, plan.end, len(plan.data), last_max)
         first = fmt.index_offsets(plan.entries[: fmt.INDEX_SIZE])[0]

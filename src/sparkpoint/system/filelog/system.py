@@ -191,10 +191,20 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
     def offset_for_timestamp(self, ssp: SystemStreamPartition, timestamp_ms: int) -> str:
         return str(self._s.log(ssp.stream, ssp.partition).offset_for_timestamp(timestamp_ms))
 
-    def compact(self, stream: str, partition: int, up_to: str | None = None) -> tuple[int, int]:
+    def compact(
+        self,
+        stream: str,
+        partition: int,
+        up_to: str | None = None,
+        drop_tombstones_before_ms: int | None = None,
+    ) -> tuple[int, int]:
         """Compact one partition (see :meth:`PartitionLog.compact`)."""
         bound = None if up_to is None else int(up_to)
-        return self._s.log(stream, partition).compact(bound)
+        return self._s.log(stream, partition).compact(bound, drop_tombstones_before_ms)
+
+    def tombstones_dropped_through(self, ssp: SystemStreamPartition) -> str | None:
+        through = self._s.log(ssp.stream, ssp.partition).tombstones_dropped_through()
+        return None if through is None else str(through)
 
     def retention_start(
         self,
