@@ -376,7 +376,10 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "a value",
         "any other key (not samza.*) is a property the system creates the stream with, e.g. "
-        "Kafka's retention.ms; systems.<s>.default.stream.<property> sets it for every stream",
+        "Kafka's retention.ms; systems.<s>.default.stream.<property> sets it for every stream. "
+        "The embedded log reads retention.ms and retention.bytes (a stream's bounds) and "
+        "delete.retention.ms (how long a changelog's compaction keeps a tombstone: a day by "
+        "default, -1 forever)",
     ),
     ConfigKey("stores.<s>.factory", None, "rocksdb | in-memory", "the store's engine"),
     ConfigKey("stores.<s>.key.serde", "string", SERDE_NAMES, "serde of the store's keys"),
