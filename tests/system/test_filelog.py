@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,30 @@ def test_compaction_keeps_newest_per_key_with_offsets(system: SystemUnderTest) -
     assert admin.offset_for_timestamp(SSP, 9) == "9"
 
 
+def _random_log(
+    system: SystemUnderTest,
+    rng: random.Random,
+    n: int,
+    *,
+    keys: int,
+    tombstones: float,
+    repeat: int,
+) -> tuple[Any, Any, list[Record]]:
+    """A compacted stream ``s`` of ``n`` random records (5% keyless, ``tombstones`` of them
+    deletes, values up to ``repeat`` times their text, random timestamps): its admin, a
+    consumer, and the records as read."""
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(n):
+        key = None if rng.random() < 0.05 else f"k{rng.randrange(keys)}"
+        value = None if rng.random() < tombstones else f"v{i}" * rng.randrange(1, repeat + 1)
+        producer.send("s", 0, rec(key, value, rng.randrange(10**6)))
+    producer.flush()
+    consumer = system.factory.get_consumer("fl", system.config)
+    return admin, consumer, consumer.read(SSP, "0", str(n))
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_compaction_matches_newest_per_key_and_keeps_every_end_s_state(
     system: SystemUnderTest, seed: int
@@ -229,20 +254,9 @@ def test_compaction_matches_newest_per_key_and_keeps_every_end_s_state(
     the newest record per key before the bound (and every keyless one) is left, with every
     record from the bound on, at its offset, bytes unchanged; replaying to any end at or
     after the bound gives the same state as before."""
-    import random
-
     rng = random.Random(seed)
-    admin = system.factory.get_admin("fl", system.config)
-    admin.create_stream(StreamSpec("s", 1, compacted=True))
-    producer = system.factory.get_producer("fl", system.config)
     n = 3_000
-    for i in range(n):
-        key = None if rng.random() < 0.05 else f"k{rng.randrange(200)}"
-        value = None if rng.random() < 0.1 else f"v{i}" * rng.randrange(1, 40)
-        producer.send("s", 0, rec(key, value, rng.randrange(10**6)))
-    producer.flush()
-    consumer = system.factory.get_consumer("fl", system.config)
-    before = consumer.read(SSP, "0", str(n))
+    admin, consumer, before = _random_log(system, rng, n, keys=200, tombstones=0.1, repeat=39)
     bound = rng.randrange(n)
     newest = {r.key: i for i, r in enumerate(before[:bound]) if r.key is not None}
     want = [r for i, r in enumerate(before) if i >= bound or r.key is None or newest[r.key] == i]
@@ -272,20 +286,10 @@ def test_compaction_drops_tombstones_older_than_a_cut_off_and_says_how_far(
     older than the cut-off goes altogether (the last record before the bound stays, so the
     log keeps its next offset); replaying from the start to any end at or after the bound
     gives the same live entries as before; ``TOMBSTONES`` says the largest offset dropped."""
-    import random
-
     rng = random.Random(seed)
-    admin = system.factory.get_admin("fl", system.config)
-    admin.create_stream(StreamSpec("s", 1, compacted=True))
-    producer = system.factory.get_producer("fl", system.config)
     n = 2_000
-    for i in range(n):
-        key = None if rng.random() < 0.05 else f"k{rng.randrange(150)}"
-        value = None if rng.random() < 0.3 else f"v{i}"
-        producer.send("s", 0, rec(key, value, rng.randrange(10**6)))
-    producer.flush()
-    consumer = system.factory.get_consumer("fl", system.config)
-    before = consumer.read(SSP, "0", str(n))
+    admin, consumer, before = _random_log(system, rng, n, keys=150, tombstones=0.3, repeat=1)
+    producer = system.factory.get_producer("fl", system.config)
     bound, cut = rng.randrange(n // 2, n), 500_000
     newest = {r.key: i for i, r in enumerate(before[:bound]) if r.key is not None}
     gone = {
