@@ -66,6 +66,32 @@ def test_the_timer_store_routes_each_timer_by_its_key_and_keeps_event_time_with_
     assert not any(k.startswith(b"W") for k in fresh)  # a partition's event time stays
 
 
+def test_a_window_or_join_store_s_timers_go_with_their_window_s_key() -> None:
+    """The runtime's own timers (``OWNED``, then the store's name, then the window's entry
+    key; no index entry, or one an earlier version wrote) route by the key inside the window,
+    whatever ``reshard.key`` says for the user's timers of the same store."""
+    from sparkpoint.storage.timers import BY_KEY, OWNED
+
+    c = config(**{"task.timers.store": "t"})  # the user's timers: by their own key
+    engine = InMemoryEngine("t")
+    owned = OWNED + b"minute-counts\x00" + entry_key(b"user-5", 60_000)
+    TimerStore(engine, unindexed=OWNED).register(TimeKind.EVENT, 60_000, owned)
+    TimerStore(engine).register(
+        TimeKind.EVENT, 120_000, OWNED + b"sessions\x00" + entry_key(b"user-6", 90_000)
+    )  # as an earlier version wrote it: with an index entry
+    TimerStore(engine).register(TimeKind.PROCESSING, 5, b"user-7")
+    route = key_route(c, "t")  # type: ignore[arg-type]
+    routed = {raw: route(raw) for raw, _ in engine.all()}
+    assert sorted(v for v in routed.values() if v is not TASK_ENTRY) == [
+        b"user-5",
+        b"user-6",
+        b"user-6",
+        b"user-7",
+        b"user-7",
+    ]
+    assert routed[BY_KEY + OWNED + b"sessions\x00" + entry_key(b"user-6", 90_000)] == b"user-6"
+
+
 def test_a_function_names_the_input_key() -> None:
     module = types.ModuleType("reshard_keys_for_test")
     module.prefix = lambda raw: None if raw == b"meta" else raw.split(b"|")[0]  # type: ignore[attr-defined]

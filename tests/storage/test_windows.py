@@ -205,3 +205,22 @@ def test_fold_gives_what_the_definitions_give_for_any_records(spec: WindowSpec) 
             got = state.fold(windows, t, f"v{i}", closed)
             assert got == want, (spec, windows, t, closed)
             windows = got if got is not None else windows
+
+
+def test_an_accumulator_is_stored_as_the_standard_library_writes_it(
+    engine: KeyValueEngine,
+) -> None:
+    """Scalars go through the serde's fast path; anything else as ``json.dumps`` writes it: a
+    dict with keys of mixed types is stored (its keys as JSON makes them), and a value JSON
+    does not have is refused, not stored as something else."""
+    import enum
+
+    state = WindowState(engine, WindowSpec.tumbling(10), collect())
+    state.write(b"k", [], [Open(0, 10, 3), Open(10, 20, {None: 1, "a": [2.5, "x"]})])
+    assert list(state.of(b"k")) == [Open(0, 10, 3), Open(10, 20, {"null": 1, "a": [2.5, "x"]})]
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    with pytest.raises(TypeError):
+        state.write(b"j", [], [Open(0, 10, {"c": Colour.RED})])

@@ -46,7 +46,7 @@ from sparkpoint.refs import load_reference
 from sparkpoint.startpoint.manager import FAN_OUT, dump_fan_out
 from sparkpoint.storage.backend import v1_changelog_offsets
 from sparkpoint.storage.kv import ttl
-from sparkpoint.storage.timers import BY_KEY, TIME, TIMER, WATERMARK
+from sparkpoint.storage.timers import BY_KEY, OWNED, TIME, TIMER, WATERMARK
 from sparkpoint.storage.windows import split_entry_key
 from sparkpoint.system.registry import Systems
 
@@ -103,15 +103,20 @@ def key_route(config: Config, store: str) -> Route:
     timers = config.get_str("task.timers.store") == store
     skip = len(TIMER) + 1 + TIME.size
 
+    def timer_key(key: bytes) -> bytes | None:
+        if key.startswith(OWNED):  # a window or join store's timer: its window's key
+            return _window_key(key[len(OWNED) :].partition(b"\x00")[2])
+        return inner(key)
+
     def route(raw: bytes) -> bytes | None:
         if raw == ttl.FORMAT_KEY:  # also left by a TTL removed since
             return TASK_ENTRY
         if not timers:
             return inner(raw)
         if raw.startswith(TIMER):
-            return inner(raw[skip:])
+            return timer_key(raw[skip:])
         if raw.startswith(BY_KEY):
-            return inner(raw[len(BY_KEY) :])
+            return timer_key(raw[len(BY_KEY) :])
         return TASK_ENTRY  # event time: per partition (W), the task's watermark (M, S)
 
     return route

@@ -49,6 +49,11 @@ WATERMARK = b"W"
 SINCE = b"S"
 MARK = b"M"
 MAX_TIME = 2**63 - 1
+#: the start of the timer keys of the runtime's own helpers (window and join stores): then the
+#: helper's store name, a zero byte, and the window's entry key in that store
+#: (:func:`sparkpoint.storage.windows.entry_key`); a key the store's key serde makes never
+#: starts with a zero byte then this name
+OWNED = b"\x00sparkpoint.owned\x00"
 
 
 class TimeKind(Enum):
@@ -369,4 +374,4 @@ class TimerStore:
         return int(TIME.unpack(raw)[0])
 
 
-__all__ = ["PartitionTime", "TimeKind", "Timer", "TimerStore"]
+__all__ = ["OWNED", "PartitionTime", "TimeKind", "Timer", "TimerStore"]

@@ -25,6 +25,7 @@ watermark; a session's end + gap below it), or when it would join a session that
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from sparkpoint.storage.kv.base import KeyValueEngine
 
 #: a window's entry: JSON (orjson where its bytes are the standard library's; any JSON reads)
 _JSON = JsonSerde()
+_SCALARS = (int, float, str, bool, type(None))
 TIME = struct.Struct(">q")
 KEY_LENGTH = struct.Struct(">H")
 
@@ -252,7 +254,12 @@ class WindowState:
         data = {"end": window.end, "acc": window.acc}
         if window.fired:
             data["fired"] = True
-        return _JSON.to_bytes(data)
+        if type(window.acc) in _SCALARS:  # count, sum, min, max: the serde's orjson path
+            return _JSON.to_bytes(data)
+        # anything else as the standard library writes it (the serde sorts keys, and an
+        # accumulator's dict may have keys of mixed types; nor would it refuse what is not
+        # JSON, as an Enum or a UUID)
+        return json.dumps(data, separators=(",", ":")).encode()
 
     def get(self, key: bytes, start: int) -> Open | None:
         raw = entry_key(key, start)

@@ -34,7 +34,7 @@ from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
 from sparkpoint.storage.tables import Tables
-from sparkpoint.storage.timers import TimeKind, Timer, TimerStore
+from sparkpoint.storage.timers import OWNED, TimeKind, Timer, TimerStore
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 #: timers fired per batch at most; the rest fire at the end of the next batch (so does a timer
 #: that ``on_timer`` registers again for a time already due)
 MAX_FIRED_PER_BATCH = 100_000
-
-#: the start of the timer keys of the runtime's own helpers (window stores): a key the store's
-#: key serde makes never starts with a zero byte then this name
-OWNED = b"\x00sparkpoint.owned\x00"
 
 
 class OwnedTimer(NamedTuple):
