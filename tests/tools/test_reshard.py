@@ -463,3 +463,35 @@ def test_task_entries_stay_with_their_task_while_keys_move(tmp_path: Path) -> No
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected)
     assert_placed(config, 8)
+
+
+def test_a_windowed_job_is_resharded_and_its_windows_close_in_their_new_tasks(
+    tmp_path: Path,
+) -> None:
+    """The windows example, its input grown 4 -> 8: the window stores follow the key inside
+    each window (``reshard.key: window``), and their timers go with them (a timer of a window
+    store is keyed by the store's name and the window; before, the key check refused them).
+    After more views, every minute that went out counts its user's views in it, once."""
+    from tests.runtime.taskapi.test_windows import MINUTE, emitted, job, send, views
+
+    config = job(
+        tmp_path,
+        **{"stores.minute-counts.reshard.key": "window", "stores.sessions.reshard.key": "window"},
+    )
+    sent = views(400, seed=70, start_ms=0)
+    send(config, sent)
+    run(config, until_caught_up=True)
+    before = sum(emitted(config, "user-minute-counts", MINUTE).values())
+    grow(config, 8)
+    result = reshard(config)
+    assert result.streams == {"filelog.pageviews": (4, 8)}
+    assert all(result.moved[s].keys > 0 for s in ("minute-counts", "sessions", "timers"))
+    more = views(400, seed=71, start_ms=sent[-1][1])
+    send(config, more)
+    sent += more
+    run(config, until_caught_up=True)
+    got = emitted(config, "user-minute-counts", MINUTE)
+    assert sum(got.values()) > before
+    per_minute = Counter((user, at - at % 60_000) for user, at in sent)
+    assert {(w[0], w[1], w[3]) for w in got} <= {(u, m, n) for (u, m), n in per_minute.items()}
+    assert set(got.values()) == {1}
