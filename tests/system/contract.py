@@ -185,6 +185,30 @@ class SystemContract:
         assert [r.timestamp for r in got[1:301]] == [77] * 300
         assert len(got) == 302
 
+    def test_records_sent_as_plain_tuples_are_the_records_send_makes(
+        self, system: SystemUnderTest
+    ) -> None:
+        """``send_fields`` and ``send_fields_many`` (the task API's output path) queue what
+        ``send`` and ``send_many`` would, in order with them."""
+        admin = system.factory.get_admin(system.name, system.config)
+        admin.create_stream(StreamSpec("fields", 1))
+        producer = system.factory.get_producer(system.name, system.config)
+        producer.send("fields", 0, rec("a", "first", 5))
+        producer.send_fields("fields", 0, ("", b"b", b"second", 6))
+        producer.send_fields_many("fields", 0, [("", b"c", None, 7), ("", None, b"keyless", 8)])
+        producer.send_many("fields", 0, [rec("d", "last", 9)])
+        producer.flush()
+        got = system.factory.get_consumer(system.name, system.config).read(
+            self.ssp(system, "fields"), "0", "5"
+        )
+        assert [(r.key, r.value, r.timestamp) for r in got] == [
+            (b"a", b"first", 5),
+            (b"b", b"second", 6),
+            (b"c", None, 7),
+            (None, b"keyless", 8),
+            (b"d", b"last", 9),
+        ]
+
     def test_reads_start_at_the_oldest_record_left_after_a_delete(
         self, system: SystemUnderTest
     ) -> None:

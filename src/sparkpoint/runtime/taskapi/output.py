@@ -19,7 +19,7 @@ from sparkpoint.errors import ConfigError, OutputError, TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde
 from sparkpoint.storage.outputs import staging_of
-from sparkpoint.system.base import OutgoingMessageEnvelope, Record, SystemProducer
+from sparkpoint.system.base import OutgoingMessageEnvelope, RecordFields, SystemProducer
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import StagingProducer
 from sparkpoint.system.streams import ensure_stream, stream_serdes
@@ -116,10 +116,9 @@ class OutputCollector:
                 f"(it has {route.partitions})"
             )
         ts = envelope.timestamp
-        ts = int(time.time() * 1000) if ts is None else ts
-        record = tuple.__new__(Record, ("", key, value, ts))  # Record(...), minus a Python call
-        try:
-            route.producer.send(stream.stream, partition, record)
+        ts = time.time_ns() // 1_000_000 if ts is None else ts
+        try:  # a plain tuple, not a Record: SystemProducer.send_fields says why
+            route.producer.send_fields(stream.stream, partition, ("", key, value, ts))
         except Exception as exc:
             raise self._failed(stream, partition, exc) from exc
         self.sent += 1
@@ -170,25 +169,24 @@ class OutputCollector:
         vbs: list[bytes | None],
     ) -> None:
         """Queue encoded messages, each in its key's partition, a partition's in one call."""
-        ts = int(time.time() * 1000)
-        new = tuple.__new__
+        ts = time.time_ns() // 1_000_000
         if kbs is None:  # no keys: all go where the system places a key of None
             partition = route.place(None, route.partitions)
-            records = [new(Record, ("", None, v, ts)) for v in vbs]
+            records: list[RecordFields] = [("", None, v, ts) for v in vbs]
             try:
-                route.producer.send_many(stream.stream, partition, records)
+                route.producer.send_fields_many(stream.stream, partition, records)
             except Exception as exc:
                 raise self._failed(stream, partition, exc) from exc
             self.sent += len(vbs)
             return
         place, partitions = route.place, route.partitions
-        buckets: list[list[Record]] = [[] for _ in range(partitions)]
+        buckets: list[list[RecordFields]] = [[] for _ in range(partitions)]
         for kb, vb in zip(kbs, vbs, strict=True):
-            buckets[place(kb, partitions)].append(new(Record, ("", kb, vb, ts)))
-        for partition, records in enumerate(buckets):
-            if records:
+            buckets[place(kb, partitions)].append(("", kb, vb, ts))
+        for partition, fields in enumerate(buckets):
+            if fields:
                 try:
-                    route.producer.send_many(stream.stream, partition, records)
+                    route.producer.send_fields_many(stream.stream, partition, fields)
                 except Exception as exc:
                     raise self._failed(stream, partition, exc) from exc
         self.sent += len(vbs)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 # faster for a record of 1 KB (docs/performance.md, "Changelog restore")
 from zlib_ng.zlib_ng import crc32 as crc32
 
-from sparkpoint.system.base import Record
+from sparkpoint.system.base import Record, RecordFields
 
 MAGIC = 0xA7
 HEADER = struct.Struct(">BII")
@@ -31,7 +31,6 @@ INDEX_SIZE = INDEX.size
 MIN_TIMESTAMP = -(2**63)
 #: a :class:`~sparkpoint.system.base.Record` or a plain tuple of its fields (offset, key, value,
 #: timestamp): what :func:`encode_many` reads, by position
-RecordFields = tuple[str, bytes | None, bytes | None, int]
 assert array.array("q").itemsize * 3 == INDEX_SIZE  # index_offsets reads entries as 3 int64s
 
 

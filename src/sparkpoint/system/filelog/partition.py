@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.fsutil import USER_ERRNOS, atomic_write
-from sparkpoint.system.base import Entries, PartitionMetadata, Record
+from sparkpoint.system.base import Entries, PartitionMetadata, Record, RecordFields
 from sparkpoint.system.filelog import format as fmt
 
 if TYPE_CHECKING:
@@ -597,7 +597,7 @@ class PartitionLog:
                 os.fsync(index_file.fileno())
             return max(last_offset + 1, floor), max_ts
 
-    def append(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
+    def append(self, records: Sequence[RecordFields]) -> tuple[int, int]:
         """Append durably (offsets are assigned here: the records' own are ignored); returns
         the first and last offsets assigned."""
         if not records:
@@ -613,7 +613,7 @@ class PartitionLog:
                 f"may be in the log already, so a retry can write them twice)"
             ) from None
 
-    def _append(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
+    def _append(self, records: Sequence[RecordFields]) -> tuple[int, int]:
         with self._locked():
             return self.append_locked(records)
 
@@ -621,7 +621,7 @@ class PartitionLog:
         """The offset the next append takes, the tail recovered first (under the lock)."""
         return self._recover(*self._files())[0]
 
-    def append_locked(self, records: Sequence[fmt.RecordFields]) -> tuple[int, int]:
+    def append_locked(self, records: Sequence[RecordFields]) -> tuple[int, int]:
         """:meth:`append` for a caller that holds the lock (:meth:`locked`)."""
         return self._append_locked(lambda first, at, ts: fmt.encode_many(first, records, at, ts))
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from sparkpoint.errors import CorruptRecordError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.fsutil import atomic_write, fsync_dir
-from sparkpoint.system.base import Record
+from sparkpoint.system.base import Record, RecordFields
 from sparkpoint.system.filelog import format as fmt
 from sparkpoint.system.filelog.partition import PUBLISHING, PartitionLog
 from sparkpoint.system.staging import StagedPart, StagingProducer, check_name, swept_by
@@ -271,7 +271,7 @@ def sweep(plog: PartitionLog, owner_prefix: str, keep: Collection[str] = ()) -> 
 class _Pending:
     plog: PartitionLog
     tmp: Path
-    records: list[Record]
+    records: list[RecordFields]
     written: int = 0
 
 
@@ -305,15 +305,21 @@ class FileLogStagingProducer(StagingProducer):
         return target
 
     def send(self, stream: str, partition: int, record: Record) -> None:
-        self._target(stream, partition).records.append(record)
-        self._buffered += len(record.key or b"") + len(record.value or b"") + 32
+        self.send_fields(stream, partition, record)
+
+    def send_fields(self, stream: str, partition: int, fields: RecordFields) -> None:
+        self._target(stream, partition).records.append(fields)  # kept as it is: a plain tuple
+        self._buffered += len(fields[1] or b"") + len(fields[2] or b"") + 32
         if self._buffered >= self._limit:
             self.flush()
 
     def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
+        self.send_fields_many(stream, partition, list(records))
+
+    def send_fields_many(self, stream: str, partition: int, fields: Sequence[RecordFields]) -> None:
         target = self._target(stream, partition)
         start = len(target.records)
-        target.records.extend(records)
+        target.records.extend(fields)
         self._buffered += sum(
             len(k or b"") + len(v or b"") + 32 for _, k, v, _ in target.records[start:]
         )

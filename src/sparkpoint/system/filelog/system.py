@@ -31,6 +31,7 @@ from sparkpoint.system.base import (
     IntegerOffsets,
     PartitionMetadata,
     Record,
+    RecordFields,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -40,7 +41,6 @@ from sparkpoint.system.base import (
     read_max_bytes,
 )
 from sparkpoint.system.filelog import staging
-from sparkpoint.system.filelog.format import RecordFields
 from sparkpoint.system.filelog.partition import PartitionLog
 from sparkpoint.system.filelog.staging import FileLogStagingProducer
 from sparkpoint.system.staging import OutputStaging, StagedPart
@@ -300,10 +300,22 @@ class FileLogProducer(SystemProducer):
         if self._buffered >= self._limit:
             self.flush()
 
+    def send_fields(self, stream: str, partition: int, fields: RecordFields) -> None:
+        batch = self._pending.get((stream, partition))
+        if batch is None:
+            batch = self._batch(stream, partition)
+        batch.append(fields)  # a plain tuple, which the garbage collector stops tracking
+        self._buffered += len(fields[1] or b"") + len(fields[2] or b"") + 32
+        if self._buffered >= self._limit:
+            self.flush()
+
     def send_many(self, stream: str, partition: int, records: Iterable[Record]) -> None:
+        self.send_fields_many(stream, partition, list(records))
+
+    def send_fields_many(self, stream: str, partition: int, fields: Sequence[RecordFields]) -> None:
         batch = self._batch(stream, partition)
         start = len(batch)
-        batch.extend(records)
+        batch.extend(fields)
         self._buffered += sum(len(k or b"") + len(v or b"") + 32 for _, k, v, _ in batch[start:])
         if self._buffered >= self._limit:
             self.flush()
