@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.errors import TaskError
-from sparkpoint.system.base import Record
+from sparkpoint.system.base import Record, RecordFields
 from sparkpoint.system.registry import Systems
 from tests.helpers import committed_counts, generate
 from tests.storage.test_state_backends import make, run
@@ -86,15 +86,15 @@ def test_a_failed_send_is_not_blamed_on_the_message(
 
     config = make(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 300, seed=94, users=8)
-    real = FileLogProducer.send
+    real = FileLogProducer.send_fields  # the task API's output path
     failures = iter([True])
 
-    def flaky(self: FileLogProducer, stream: str, partition: int, record: Record) -> None:
+    def flaky(self: FileLogProducer, stream: str, partition: int, fields: RecordFields) -> None:
         if stream == "user-counts" and next(failures, False):
             raise OSError(5, "Input/output error")
-        real(self, stream, partition, record)
+        real(self, stream, partition, fields)
 
-    monkeypatch.setattr(FileLogProducer, "send", flaky)
+    monkeypatch.setattr(FileLogProducer, "send_fields", flaky)
     with pytest.raises(TaskError) as err:
         run(config, until_caught_up=True)
     text = str(err.value)

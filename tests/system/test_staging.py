@@ -177,9 +177,15 @@ def test_a_part_that_is_never_staged_is_never_listed(env: Env) -> None:
 def test_a_part_flushed_many_times_is_one_part_in_send_order(env: Env) -> None:
     owner = f"t0-{env.stream}"
     producer = env.staging.producer(owner, "p1")
-    for i in range(10):
-        batch = [Record("", b"k", f"{i}-{j}".encode(), 1) for j in range(3)]
-        producer.send_many(env.stream, 1, batch)
+    for i in range(10):  # records, and plain tuples as the task API's collector sends them
+        if i % 2:
+            producer.send_fields_many(
+                env.stream, 1, [("", b"k", f"{i}-{j}".encode(), 1) for j in range(2)]
+            )
+            producer.send_fields(env.stream, 1, ("", b"k", f"{i}-2".encode(), 1))
+        else:
+            batch = [Record("", b"k", f"{i}-{j}".encode(), 1) for j in range(3)]
+            producer.send_many(env.stream, 1, batch)
         producer.flush()
     staged = producer.stage()
     producer.close()
