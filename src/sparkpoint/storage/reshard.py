@@ -46,7 +46,7 @@ from sparkpoint.refs import load_reference
 from sparkpoint.startpoint.manager import FAN_OUT, dump_fan_out
 from sparkpoint.storage.backend import v1_changelog_offsets
 from sparkpoint.storage.kv import ttl
-from sparkpoint.storage.timers import BY_KEY, OWNED, TIME, TIMER, WATERMARK
+from sparkpoint.storage.timers import BY_KEY, TIME, TIMER, WATERMARK, split_owned
 from sparkpoint.storage.windows import split_entry_key
 from sparkpoint.system.registry import Systems
 
@@ -104,9 +104,8 @@ def key_route(config: Config, store: str) -> Route:
     skip = len(TIMER) + 1 + TIME.size
 
     def timer_key(key: bytes) -> bytes | None:
-        if key.startswith(OWNED):  # a window or join store's timer: its window's key
-            return _window_key(key[len(OWNED) :].partition(b"\x00")[2])
-        return inner(key)
+        owned = split_owned(key)  # a window or join store's timer: its window's key
+        return inner(key) if owned is None else _window_key(owned[1])
 
     def route(raw: bytes) -> bytes | None:
         if raw == ttl.FORMAT_KEY:  # also left by a TTL removed since

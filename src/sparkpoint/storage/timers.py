@@ -56,6 +56,19 @@ MAX_TIME = 2**63 - 1
 OWNED = b"\x00sparkpoint.owned\x00"
 
 
+def owned_key(owner: str, raw: bytes) -> bytes:
+    """The timer key of helper ``owner``'s window entry key ``raw`` (see :data:`OWNED`)."""
+    return OWNED + owner.encode() + b"\x00" + raw
+
+
+def split_owned(key: bytes) -> tuple[str, bytes] | None:
+    """``(owner, raw)`` of a helper's timer key; ``None`` for any other key (a user's)."""
+    if not key.startswith(OWNED):
+        return None
+    owner, _, raw = key[len(OWNED) :].partition(b"\x00")
+    return owner.decode(), raw
+
+
 class TimeKind(Enum):
     PROCESSING = "processing"
     EVENT = "event"
@@ -245,7 +258,7 @@ class TimerStore:
             if not key.startswith(prefix):
                 rest.append((register, timer))
                 continue
-            timer_key = TIMER + timer.kind.tag + TIME.pack(timer.timestamp_ms) + key
+            timer_key = _timer_key(timer.kind, timer.timestamp_ms, key)
             if register:
                 gone.discard(timer_key)
                 writes[timer_key] = b""
@@ -374,4 +387,4 @@ class TimerStore:
         return int(TIME.unpack(raw)[0])
 
 
-__all__ = ["OWNED", "PartitionTime", "TimeKind", "Timer", "TimerStore"]
+__all__ = ["OWNED", "PartitionTime", "TimeKind", "Timer", "TimerStore", "owned_key", "split_owned"]

@@ -34,7 +34,7 @@ from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
 from sparkpoint.storage.tables import Tables
-from sparkpoint.storage.timers import OWNED, TimeKind, Timer, TimerStore
+from sparkpoint.storage.timers import OWNED, TimeKind, Timer, TimerStore, owned_key, split_owned
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
@@ -203,14 +203,11 @@ class TaskTimers:
         for flush in self._flushes:
             flush()
 
-    def _owned_key(self, owner: str, raw: bytes) -> bytes:
-        return OWNED + owner.encode() + b"\x00" + raw
-
     def register_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
-        self._timers().register(kind, timestamp_ms, self._owned_key(owner, raw))
+        self._timers().register(kind, timestamp_ms, owned_key(owner, raw))
 
     def delete_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
-        self._timers().delete(kind, timestamp_ms, self._owned_key(owner, raw))
+        self._timers().delete(kind, timestamp_ms, owned_key(owner, raw))
 
     def change_owned(
         self, owner: str, kind: TimeKind, changes: Iterable[tuple[bool, int, bytes]]
@@ -218,8 +215,7 @@ class TaskTimers:
         """:meth:`register_owned` (``True``) or :meth:`delete_owned` (``False``) for each
         ``(register, timestamp_ms, raw key)``, in order, in one write batch."""
         timers = [
-            (register, Timer(when, kind, self._owned_key(owner, raw)))
-            for register, when, raw in changes
+            (register, Timer(when, kind, owned_key(owner, raw))) for register, when, raw in changes
         ]
         self._timers().change_many(timers)
 
@@ -280,9 +276,9 @@ class TaskTimers:
                     # timers, and before a user's timer goes out (its code may stop here)
                     store.delete_later(timer)
                     self.fired += 1
-                    if timer.key.startswith(OWNED):
-                        owner, _, raw = timer.key[len(OWNED) :].partition(b"\x00")
-                        yield kind, OwnedTimer(owner.decode(), raw), timer.timestamp_ms
+                    owned = split_owned(timer.key)
+                    if owned is not None:
+                        yield kind, OwnedTimer(*owned), timer.timestamp_ms
                         continue
                     store.settle()
                     self.flush_owned()  # its code sees the closed windows gone

@@ -291,16 +291,10 @@ class FileLogProducer(SystemProducer):
         return batch
 
     def send(self, stream: str, partition: int, record: Record) -> None:
-        # the task API's per-message path: one dict lookup, _batch only for a new partition
-        batch = self._pending.get((stream, partition))
-        if batch is None:
-            batch = self._batch(stream, partition)
-        batch.append(record)
-        self._buffered += len(record.key or b"") + len(record.value or b"") + 32
-        if self._buffered >= self._limit:
-            self.flush()
+        self.send_fields(stream, partition, record)
 
     def send_fields(self, stream: str, partition: int, fields: RecordFields) -> None:
+        # the task API's per-message path: one dict lookup, _batch only for a new partition
         batch = self._pending.get((stream, partition))
         if batch is None:
             batch = self._batch(stream, partition)
