@@ -437,3 +437,5 @@ def test_delete_retention_ms_is_a_day_by_default_and_minus_one_keeps_tombstones(
     bad = make(tmp_path / "d", **{"streams.user-counts-changelog.delete.retention.ms": "soon"})
     with pytest.raises(ConfigError, match=r"streams.user-counts-changelog.delete.retention.ms"):
         delete_retention_ms(bad, changelog)
+    with pytest.raises(ConfigError, match=r"streams.user-counts-changelog.delete.retention.ms"):
+        run(bad, until_caught_up=True)  # at its start, before any compaction

@@ -509,6 +509,7 @@ class ChangelogAdmin(StateBackendAdmin):
     def validate_resources(self) -> None:
         for store in self.stores:
             ss = changelog_stream(self.config, store)
+            delete_retention_ms(self.config, ss)  # a bad value stops the start, not a compaction
             admin = self.systems.admin(ss.system)
             have = admin.partition_count(ss.stream)
             if have < self.partitions:
