@@ -521,13 +521,23 @@ def stream_read(
             "the checkpoint that covers their input (each with state, owner and part).",
         ),
     ] = False,
+    uncommitted: Annotated[
+        bool,
+        typer.Option(
+            "--uncommitted",
+            help="Print every record, each with its state: committed, open (an exactly-once "
+            "job's changelog record that no written checkpoint covers yet) or aborted (one a "
+            "restore discarded: its input was read again).",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Print a stream's records as JSON lines (partition, offset, key, value, timestamp).
 
     These are the committed records: output a job with `job.processing.guarantee:
     exactly-once` staged is not in the stream until the checkpoint covering its input is
-    written (`--staged` shows it).
+    written (`--staged` shows it), and such a job's changelog records are read once the
+    checkpoint covering them is written (`--uncommitted` shows them all).
 
     Example: `sparkpoint stream read job.yaml user-counts --partition 0 --from 10`
     """
@@ -547,7 +557,13 @@ def stream_read(
         )
         return
     rows = read_json_lines(
-        config, Systems(config), ss, partition=partition, start=from_, limit=limit
+        config,
+        Systems(config),
+        ss,
+        partition=partition,
+        start=from_,
+        limit=limit,
+        uncommitted=uncommitted,
     )
     dump_json_lines(rows, sys.stdout)
 

@@ -6,6 +6,7 @@ with each user's counts 1..N exactly once (the same runs at-least-once do repeat
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -29,7 +30,7 @@ from sparkpoint.system.filelog import FileLogSystemFactory
 from sparkpoint.system.filelog.system import FileLogAdmin
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.jobs import job_overview, overview_lines
-from sparkpoint.tools.streams import read_staged_json_lines
+from sparkpoint.tools.streams import read_json_lines, read_staged_json_lines
 from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
 from tests.helpers import crash_runs as shared_crash_runs
 from tests.storage.test_state_backends import make, run
@@ -155,6 +156,11 @@ def test_a_crash_at_every_failpoint_publishes_each_output_once(tmp_path: Path, p
     assert committed_counts(config) == dict(expected)
     assert_exactly_once(config, expected)
     assert staged_parts(config) == 0  # published, or discarded at the restart
+    # a reader of the changelog saw each count once its checkpoint was written, never one a
+    # restore took back, and ends with the committed state
+    seen = counts_seen(changelog_rows(config))
+    assert [k for k, values in seen.items() if values != sorted(values)] == []
+    assert {k: v[-1] for k, v in seen.items()} == committed_counts(config)
 
 
 def test_the_same_crash_at_least_once_repeats_output(tmp_path: Path) -> None:
@@ -170,6 +176,8 @@ def test_the_same_crash_at_least_once_repeats_output(tmp_path: Path) -> None:
     assert committed_counts(config) == dict(expected)
     emitted = emitted_counts(config)
     assert any(len(c) > len(set(c)) for c in emitted.values())  # some output went out twice
+    seen = counts_seen(changelog_rows(config))  # a changelog reader saw counts taken back
+    assert [k for k, values in seen.items() if values != sorted(values)] != []
 
 
 def test_a_switch_of_guarantee_at_a_restart_just_works_and_is_logged(
@@ -343,3 +351,91 @@ def test_on_kafka_a_crash_at_a_failpoint_publishes_each_output_once(
     assert not any(
         s.startswith("__sparkpoint-staged") for s in Systems(config).admin("log").list_streams()
     )
+
+
+CHANGELOG = SystemStream("filelog", "user-counts-changelog")
+
+
+def changelog_rows(config: Config, uncommitted: bool = False) -> list[dict[str, Any]]:
+    return list(read_json_lines(config, Systems(config), CHANGELOG, uncommitted=uncommitted))
+
+
+def counts_seen(rows: list[dict[str, Any]]) -> dict[Any, list[Any]]:
+    """Per key, the values a reader of the changelog saw, in order."""
+    out: dict[Any, list[Any]] = {}
+    for row in rows:
+        out.setdefault(row["key"], []).append(row["value"])
+    return out
+
+
+def crash_before_a_commit(config: Config, tmp_path: Path) -> None:
+    """A committed batch, a batch whose commit never comes (the driver dies), a restart."""
+    generate(config, tmp_path / "a.yaml", 1200, seed=81, users=10)
+    coordinator, end = started(config)
+    coordinator.run_batch(end, commit=True, wait=True)
+    coordinator.run_batch(end, commit=False)
+    coordinator.close()
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_changelog_records_are_read_committed_only_once_their_checkpoint_is_written(
+    tmp_path: Path, guarantee: str
+) -> None:
+    config = job(tmp_path, guarantee)
+    crash_before_a_commit(config, tmp_path)
+    states = Counter(r["state"] for r in changelog_rows(config, uncommitted=True))
+    admin = Systems(config).admin("filelog")
+    if guarantee == "exactly-once":
+        # the second batch's writes are open: a reader of the changelog does not see them
+        assert states["open"] > 0 and states["committed"] > 0
+        assert len(changelog_rows(config)) == states["committed"]
+    else:
+        assert set(states) == {"committed"}
+    run(config, until_caught_up=True)  # restores: the open writes are aborted and undone
+    rows = changelog_rows(config)
+    seen = counts_seen(rows)
+    # what a reader of the changelog ends with is the job's committed state
+    assert {k: v[-1] for k, v in seen.items()} == committed_counts(config)
+    went_back = [k for k, values in seen.items() if values != sorted(values)]
+    aborted = sum(
+        int(b) - int(a)
+        for p in range(admin.partition_count(CHANGELOG.stream))
+        for a, b in admin.aborted_ranges(SystemStreamPartition("filelog", CHANGELOG.stream, p))
+    )
+    if guarantee == "exactly-once":
+        # a reader never saw a count that a restore then took back
+        assert went_back == [] and aborted > 0
+        assert "aborted" in {r["state"] for r in changelog_rows(config, uncommitted=True)}
+    else:
+        assert went_back and aborted == 0  # it read the discarded counts, then the undo
+
+
+def test_a_restore_that_would_take_back_committed_changelog_records_stops_naming_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = job(tmp_path)
+    generate(config, tmp_path / "a.yaml", 400, seed=82, users=8)
+    run(config, until_caught_up=True)
+    # records past the task's checkpoint that the changelog says are committed: as if a newer
+    # checkpoint had covered them and then was no longer the last one
+    ssp = SystemStreamPartition("filelog", CHANGELOG.stream, 0)
+    admin = Systems(config).admin("filelog")
+    producer = Systems(config).producer("filelog")
+    for i in range(3):
+        producer.send_fields(CHANGELOG.stream, 0, ("", b"user-x", i.to_bytes(8, "big"), 0))
+    producer.flush()
+    upcoming = admin.get_metadata([ssp])[ssp].upcoming
+    admin.commit_records(ssp, upcoming)
+    shutil.rmtree(config.store_base_dir)  # the executor's disk is gone: the tasks restore
+    with pytest.raises(
+        SparkpointError,
+        match=r"(?s)has committed its records before offset.*"
+        r"job.processing.guarantee=at-least-once",
+    ):
+        run(config, until_caught_up=True)
+    assert admin.aborted_ranges(ssp) == []  # nothing was taken back
+    caplog.set_level(logging.INFO)
+    run(job(tmp_path, "at-least-once"), until_caught_up=True)  # the fix the error names
+    assert admin.committed_end(ssp) is None  # released
+    assert "no longer holds records back" in caplog.text
+    assert {r["value"] for r in changelog_rows(config) if r["key"] == "user-x"} == {0, 1, 2, None}

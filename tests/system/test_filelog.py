@@ -526,3 +526,89 @@ def test_a_stream_grown_by_another_process_has_its_new_count_everywhere(
         SystemStreamPartition(system.name, "grows", 5), "0", "1"
     )
     assert [r.value for r in got] == [b"v"]
+
+
+# -- transactional partitions (an exactly-once job's changelog)
+
+
+def offsets(records: Any) -> list[int]:
+    return [int(r.offset) for r in records]
+
+
+def test_read_committed_readers_read_only_what_was_committed(system: SystemUnderTest) -> None:
+    fill(system, 10)
+    admin = system.factory.get_admin("fl", system.config)
+    committed = system.factory.get_consumer("fl", system.config)  # read_committed: the default
+    everything = system.factory.get_consumer(
+        "fl", {**system.config, "systems.fl.consumer.isolation.level": "read_uncommitted"}
+    )
+    assert offsets(committed.read(SSP, "0", "10")) == list(range(10))  # not transactional
+    assert admin.committed_end(SSP) is None
+    assert admin.commit_records(SSP, "0") == "0"  # held back from here on
+    assert committed.read(SSP, "0", "10") == []
+    assert admin.get_committed_metadata([SSP])[SSP].upcoming == "0"
+    assert admin.get_metadata([SSP])[SSP].upcoming == "10"
+    assert offsets(everything.read(SSP, "0", "10")) == list(range(10))
+    assert admin.commit_records(SSP, "6") == "6"
+    assert offsets(committed.read(SSP, "0", "10")) == list(range(6))
+    assert len(committed.read_entries(SSP, "0", "10")) == 6
+    assert len(committed.read_columns(SSP, "0", "10")) == 6
+    meta = admin.get_committed_metadata([SSP])[SSP]
+    assert (meta.newest, meta.upcoming) == ("5", "6")
+    assert admin.commit_records(SSP, "3") == "6"  # never back
+    assert admin.commit_records(SSP, None) is None  # released: every record is committed
+    assert offsets(committed.read(SSP, "0", "10")) == list(range(10))
+
+
+def test_an_aborted_range_is_never_read_committed_and_only_uncommitted_records_abort(
+    system: SystemUnderTest,
+) -> None:
+    fill(system, 10)
+    admin = system.factory.get_admin("fl", system.config)
+    consumer = system.factory.get_consumer("fl", system.config)
+    admin.commit_records(SSP, "3")
+    with pytest.raises(UserError, match="committed"):
+        admin.abort_records(SSP, "2", "5")
+    admin.abort_records(SSP, "3", "7")  # a restore discarded 3..6
+    producer = system.factory.get_producer("fl", system.config)
+    for i in range(10, 13):
+        producer.send("s", 0, rec(f"k{i}", f"value-{i}", i))
+    producer.flush()
+    admin.commit_records(SSP, "13")
+    assert offsets(consumer.read(SSP, "0", "13")) == [0, 1, 2]  # a read stops before it
+    assert offsets(consumer.read(SSP, "3", "13")) == [7, 8, 9, 10, 11, 12]  # and passes it
+    assert offsets(consumer.read(SSP, "5", "13", 2)) == [7, 8]
+    assert consumer.read(SSP, "4", "7") == []
+    assert consumer.skipped_through(SSP) == "6"  # the reader moves past it
+    assert consumer.read(SSP, "0", "0") == [] and consumer.skipped_through(SSP) is None
+    everything = system.factory.get_consumer(
+        "fl", {**system.config, "systems.fl.consumer.isolation.level": "read_uncommitted"}
+    )
+    assert offsets(everything.read(SSP, "0", "13")) == list(range(13))
+    assert admin.aborted_ranges(SSP) == [("3", "7")]
+
+
+def test_an_abort_that_never_returned_leaves_no_damaged_line(system: SystemUnderTest) -> None:
+    fill(system, 10)
+    admin = system.factory.get_admin("fl", system.config)
+    admin.commit_records(SSP, "2")
+    (part_dir(system) / "ABORTED").write_text('{"first": 2, "end": 4}\n{"first": 4, "e')
+    assert admin.aborted_ranges(SSP) == [("2", "4")]  # the torn line is not one
+    admin.abort_records(SSP, "4", "6")
+    assert admin.aborted_ranges(SSP) == [("2", "4"), ("4", "6")]
+    (part_dir(system) / "ABORTED").write_text('{"first": 2, "end": 4}\nnot json\n')
+    with pytest.raises(CorruptRecordError, match="line 2 of .*ABORTED"):
+        admin.aborted_ranges(SSP)
+
+
+def test_compaction_judges_only_committed_records(system: SystemUnderTest) -> None:
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+    for i, value in enumerate(["a", "b", "c", "d"]):
+        producer.send("s", 0, rec("k", value, i))
+        producer.flush()
+    admin.commit_records(SSP, "2")  # "c" and "d" may yet be aborted
+    assert admin.compact("s", 0) == (4, 3)  # only "a" goes: "b" stays for a restore
+    consumer = system.factory.get_consumer("fl", system.config)
+    assert [r.value for r in consumer.read(SSP, "0", "4")] == [b"b"]

@@ -24,7 +24,7 @@ store (``state-checkpoint-markers``). Restoring reads the marker of the chosen b
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cache
@@ -173,6 +173,18 @@ class StateBackendAdmin(ABC):
         is: they restore, and the restore repairs the backend from a local checkpoint or
         stops with an error naming the fix. Checked at job start."""
         return set()
+
+    def hold_records(  # noqa: B027
+        self, checkpoints: Mapping[TaskName, Checkpoint], hold: bool
+    ) -> None:
+        """At job start: with ``hold`` (exactly-once), make the streams the tasks write their
+        state to (changelogs) hold back from read-committed readers every record the tasks'
+        last checkpoints do not cover, until a checkpoint covers it (:meth:`commit_records`);
+        without, release them. Idempotent."""
+
+    def commit_records(self, written: Sequence[tuple[TaskName, Checkpoint]]) -> None:  # noqa: B027
+        """After the driver wrote these checkpoints (exactly-once): the records they cover
+        become visible to read-committed readers."""
 
     def delete_unused(self, checkpoints: Mapping[TaskName, Checkpoint]) -> None:  # noqa: B027
         """Delete remote state the tasks' last checkpoints name for stores that no longer use

@@ -174,6 +174,38 @@ class SystemAdmin(ABC):
         deleted since, and must rebuild its copy from the start."""
         return None
 
+    #: whether this system can hold a partition's records back from read-committed readers
+    #: until a checkpoint commits them (:meth:`commit_records`, :meth:`abort_records`)
+    transactional_records = False
+
+    def get_committed_metadata(
+        self, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
+        """:meth:`get_metadata` as read-committed readers see it: a transactional partition's
+        ``upcoming`` is where its committed records end. The default: every record is."""
+        return self.get_metadata(ssps)
+
+    def committed_end(self, ssp: SystemStreamPartition) -> str | None:
+        """The first offset of ``ssp`` read-committed readers may not read yet; ``None`` when
+        the partition is not transactional (every record is committed)."""
+        return None
+
+    def commit_records(self, ssp: SystemStreamPartition, end: str | None) -> str | None:
+        """Make the records of ``ssp`` before ``end`` visible to read-committed readers (the
+        committed end only moves up; the first call makes the partition transactional: later
+        records wait for the next call); ``None``: every record, and no longer transactional.
+        Durable when it returns; the committed end it leaves."""
+        raise UserError(f"this system cannot hold back the records of {ssp}")
+
+    def abort_records(self, ssp: SystemStreamPartition, first: str, end: str) -> None:
+        """Records ``first <= offset < end`` of ``ssp`` are never read by read-committed
+        readers; none of them may be committed. Durable when it returns."""
+        raise UserError(f"this system cannot abort the records of {ssp}")
+
+    def aborted_ranges(self, ssp: SystemStreamPartition) -> list[tuple[str, str]]:
+        """The offset ranges ``(first, end)`` of ``ssp`` read-committed readers never read."""
+        return []
+
     def add_partitions(self, stream: str, partitions: int) -> None:
         """Grow ``stream`` to ``partitions`` partitions (more than it has: the caller checks).
         Existing partitions and their offsets stay as they are."""
@@ -262,6 +294,27 @@ def read_max_bytes(system: str, config: Mapping[str, str]) -> int:
     if limit < 1:
         raise ConfigError(f"{key}={value!r}: expected {READ_MAX_BYTES.allowed}")
     return limit
+
+
+ISOLATION_LEVEL = ConfigKey(
+    "systems.<s>.consumer.isolation.level",
+    "read_committed",
+    "read_committed or read_uncommitted",
+    "filelog: whether a reader sees the records of a transactional partition (an exactly-once "
+    "job's changelog) before the checkpoint that commits them is written, and the ranges a "
+    "restore aborted (Kafka's name; on kafka, passed to the consumer as it is)",
+)
+READ_UNCOMMITTED = "read_uncommitted"
+
+
+def isolation_committed(system: str, config: Mapping[str, str]) -> bool:
+    """Whether ``systems.<system>.consumer.isolation.level`` (:data:`ISOLATION_LEVEL`) is
+    read_committed."""
+    key = f"systems.{system}.consumer.isolation.level"
+    value = config.get(key) or ISOLATION_LEVEL.default
+    if value not in ("read_committed", READ_UNCOMMITTED):
+        raise ConfigError(f"{key}={value!r}: expected {ISOLATION_LEVEL.allowed}")
+    return value == "read_committed"
 
 
 class SystemConsumer(ABC):

@@ -14,7 +14,13 @@ from functools import cache
 from sparkpoint.errors import ConfigError, StreamNotFound
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.refs import installed, load_reference
-from sparkpoint.system.base import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
+from sparkpoint.system.base import (
+    READ_UNCOMMITTED,
+    SystemAdmin,
+    SystemConsumer,
+    SystemFactory,
+    SystemProducer,
+)
 
 BUILTIN: dict[str, tuple[str, str]] = {
     "filelog": ("sparkpoint.system.filelog:FileLogSystemFactory", "built in"),
@@ -87,8 +93,13 @@ class Systems:
                 self._admins[system] = self._factory(system).get_admin(system, self._config)
             return self._admins[system]
 
-    def consumer(self, system: str) -> SystemConsumer:
-        return self.factory(system).get_consumer(system, self._config)
+    def consumer(self, system: str, *, uncommitted: bool = False) -> SystemConsumer:
+        """A consumer; ``uncommitted``: one that also reads what read-committed readers do not
+        (``isolation.level`` read_uncommitted: a changelog's restore, which trims it)."""
+        config = self._config
+        if uncommitted:
+            config = {**config, f"systems.{system}.consumer.isolation.level": READ_UNCOMMITTED}
+        return self.factory(system).get_consumer(system, config)
 
     def producer(self, system: str) -> SystemProducer:
         return self.factory(system).get_producer(system, self._config)

@@ -29,7 +29,7 @@ class OffsetResolver(StartpointVisitor[str]):
         self.ssp = ssp
 
     def _meta(self) -> PartitionMetadata:
-        return self.admin.get_metadata([self.ssp])[self.ssp]
+        return self.admin.get_committed_metadata([self.ssp])[self.ssp]
 
     def specific(self, sp: StartpointSpecific) -> str:
         meta = self._meta()

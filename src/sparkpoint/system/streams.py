@@ -48,13 +48,27 @@ def create_or_validate(admin: SystemAdmin, spec: StreamSpec) -> None:
 
 
 def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
-    """The key and message serdes of ``stream`` (string keys, JSON values by default)."""
+    """The key and message serdes of ``stream`` (string keys, JSON values by default; a
+    store's changelog: the store's serdes)."""
     k = config.stream_key(stream, "samza.key.serde") or "string"
     m = config.stream_key(stream, "samza.msg.serde") or "json"
+    logged = f"{stream.system}.{stream.stream}"
+    for store in config.stores:
+        if config.get_str(f"stores.{store}.changelog") == logged:  # unless set for the stream
+            if not _set_for(config, stream, "samza.key.serde"):
+                k = config.get_str(f"stores.{store}.key.serde") or k
+            if not _set_for(config, stream, "samza.msg.serde"):
+                m = config.get_str(f"stores.{store}.msg.serde") or m
+            break
     return (
         load_serde(k, config, key=f"streams.{stream.stream}.samza.key.serde"),
         load_serde(m, config, key=f"streams.{stream.stream}.samza.msg.serde"),
     )
+
+
+def _set_for(config: Config, stream: SystemStream, suffix: str) -> bool:
+    keys = (f"streams.{stream.stream}.{suffix}", f"systems.{stream.system}.default.stream.{suffix}")
+    return any(key in config for key in keys)
 
 
 def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:

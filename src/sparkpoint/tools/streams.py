@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sparkpoint.config import Config
 from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
-from sparkpoint.system.base import Record
+from sparkpoint.system.base import Record, SystemAdmin
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.retention import Trimmed, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, stream_serdes
@@ -334,8 +334,11 @@ def read_json_lines(
     partition: int | None = None,
     start: str | None = None,
     limit: int | None = None,
+    uncommitted: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Records of ``stream`` (one partition or all, in partition then offset order)."""
+    """Records of ``stream`` (one partition or all, in partition then offset order): those
+    read-committed readers read, or with ``uncommitted`` every record, with its ``state``
+    (committed, open: not committed by a checkpoint yet, or aborted)."""
     admin = systems.admin(stream.system)
     if stream.stream not in admin.list_streams():
         known = ", ".join(admin.list_streams()) or "none"
@@ -345,33 +348,57 @@ def read_json_lines(
         raise UserError(f"--partition {partition}: {stream} has partitions 0..{n - 1}")
     parts = [partition] if partition is not None else list(range(n))
     key_serde, msg_serde = stream_serdes(config, stream)
-    consumer = systems.consumer(stream.system)
+    consumer = systems.consumer(stream.system, uncommitted=uncommitted)
     emitted = 0
     try:
         for p in parts:
             ssp = SystemStreamPartition(stream.system, stream.stream, p)
-            meta = admin.get_metadata([ssp])[ssp]
+            if uncommitted:
+                meta = admin.get_metadata([ssp])[ssp]
+                state = _record_states(admin, ssp)
+            else:
+                meta = admin.get_committed_metadata([ssp])[ssp]
             offset = start if start is not None else meta.oldest
             while admin.offset_comparator(offset, meta.upcoming) < 0:
                 records = consumer.read(ssp, offset, meta.upcoming, 10_000)
                 if not records:
-                    break
+                    skipped = consumer.skipped_through(ssp)  # an aborted range
+                    if skipped is None:
+                        break
+                    offset = admin.offset_after(ssp, skipped)
+                    continue
                 for rec in records:
                     where = f"{ssp} offset {rec.offset}"
                     key, value = _decoded(rec, stream, key_serde, msg_serde, where)
-                    yield {
+                    row = {
                         "partition": p,
                         "offset": rec.offset,
                         "key": key,
                         "value": value,
                         "timestamp": rec.timestamp,
                     }
+                    if uncommitted:
+                        row["state"] = state(int(rec.offset))
+                    yield row
                     emitted += 1
                     if limit is not None and emitted >= limit:
                         return
                 offset = admin.offset_after(ssp, records[-1].offset)
     finally:
         consumer.close()
+
+
+def _record_states(admin: SystemAdmin, ssp: SystemStreamPartition) -> Callable[[int], str]:
+    """Each offset's transaction state in ``ssp`` (committed, open or aborted)."""
+    end = admin.committed_end(ssp)
+    aborted = [(int(a), int(b)) for a, b in admin.aborted_ranges(ssp)]
+
+    def state(offset: int) -> str:
+        if any(a <= offset < b for a, b in aborted):
+            return "aborted"
+        return "open" if end is not None and offset >= int(end) else "committed"
+
+    return state
 
 
 def dump_json_lines(rows: Iterable[dict[str, Any]], out: TextIO) -> int:

@@ -305,7 +305,7 @@ class JobCoordinator:
         for ssp in ssps:
             by_system.setdefault(ssp.system, []).append(ssp)
         for system, members in by_system.items():
-            out.update(self.systems.admin(system).get_metadata(members))
+            out.update(self.systems.admin(system).get_committed_metadata(members))
         return out
 
     def start(self) -> JobModel:
@@ -378,6 +378,7 @@ class JobCoordinator:
         checkpoints = dict(self.checkpoints.read_all())
         must_restore: set[TaskName] = set()
         for admin in admins:
+            admin.hold_records(checkpoints, exactly_once(self.config))
             must_restore |= admin.lost_committed_state(checkpoints)
             admin.compact(checkpoints)
         self._delete_unused_state(model, checkpoints)
@@ -814,6 +815,10 @@ class JobCoordinator:
             # batch planned from it could clean up after a checkpoint nobody can read
             self._unwritten = f"{type(exc).__name__}: {exc}"
             raise
+        if exactly_once(self.config):  # the state records they cover become visible
+            written: list[tuple[TaskName, Checkpoint]] = [(ts.model.name, c) for ts, c in queued]
+            for admin in self._backend_admins:
+                admin.commit_records(written)
         for ts, checkpoint in queued:
             covered = {s for s in ts.startpoints if s in checkpoint.input_offsets}
             if covered and self.startpoints is not None:

@@ -419,7 +419,7 @@ class TaskBatch:
         if next_offset is None:
             return False
         admin = self.systems.admin(ssp.system)
-        upcoming = admin.get_metadata([ssp])[ssp].upcoming
+        upcoming = admin.get_committed_metadata([ssp])[ssp].upcoming
         return admin.offset_comparator(next_offset, upcoming) < 0
 
     def _process_ssp(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import cast
 
@@ -385,6 +385,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         start: str,
         end: str,
     ) -> None:
+        self._abort(store, ssp, start, end)
         trimmed = self._trim(ssp, engine, start, end)
         log.info(
             "task %s store %s: trimmed %d changelog entries after the checkpoint",
@@ -393,8 +394,40 @@ class ChangelogRestoreManager(TaskRestoreManager):
             trimmed,
         )
 
+    def _abort(self, store: str, ssp: SystemStreamPartition, start: str, end: str) -> None:
+        """Before a trim of a changelog that holds records back (exactly-once): its records
+        from ``start`` (the first the checkpoint does not cover) to ``end`` are never read by
+        read-committed readers. The checkpoint being written, what it covers is committed
+        (the driver may have died before it said so). A :class:`RestoreError` when the
+        changelog committed more than the checkpoint covers: readers may have read records
+        the trim would undo."""
+        admin = self.ctx.systems.admin(ssp.system)
+        committed = admin.committed_end(ssp) if admin.transactional_records else None
+        if committed is None:
+            return
+        if admin.offset_comparator(committed, start) > 0:
+            cid = self._checkpoint.checkpoint_id if self._checkpoint else "(none)"
+            raise RestoreError(
+                f"task {self.ctx.task.name} store {store}: changelog {ssp} has committed its "
+                f"records before offset {committed}, but checkpoint {cid} covers them only up "
+                f"to {start} (exclusive): a newer checkpoint was written and is no longer the "
+                f"last, so restoring this one would undo records readers may have read. "
+                f"Restore the newer checkpoint, or run once with "
+                f"--set job.processing.guarantee=at-least-once to restore this one anyway"
+            )
+        admin.commit_records(ssp, start)
+        admin.abort_records(ssp, start, end)
+        log.info(
+            "task %s store %s: aborted changelog %s offsets %s..%s (written after the checkpoint)",
+            self.ctx.task.name,
+            store,
+            ssp,
+            start,
+            end,
+        )
+
     def _read(self, ssp: SystemStreamPartition, start: str, end: str) -> list[Record]:
-        consumer = self.ctx.systems.consumer(ssp.system)
+        consumer = self.ctx.systems.consumer(ssp.system, uncommitted=True)
         admin = self.ctx.systems.admin(ssp.system)
         out: list[Record] = []
         try:
@@ -412,7 +445,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         self, ssp: SystemStreamPartition, engine: KeyValueEngine, start: str, end: str
     ) -> tuple[int, int]:
         entries = size = 0
-        consumer = self.ctx.systems.consumer(ssp.system)
+        consumer = self.ctx.systems.consumer(ssp.system, uncommitted=True)
         admin = self.ctx.systems.admin(ssp.system)
         try:
             while admin.offset_comparator(start, end) < 0:
@@ -541,6 +574,55 @@ class ChangelogAdmin(StateBackendAdmin):
                 )
                 lost.add(task.name)
         return lost
+
+    def hold_records(self, checkpoints: Mapping[TaskName, Checkpoint], hold: bool) -> None:
+        """Each changelog partition holds back what its task's last checkpoint does not cover
+        (all of it without a checkpoint: a restore discards it), on a system that can; a
+        system that cannot is named with a WARNING. Without ``hold``, released."""
+        warned: set[str] = set()
+        for store in self.stores:
+            for task in self.model.tasks.values():
+                ssp = changelog_ssp(self.config, store, task.changelog_partition)
+                admin = self.systems.admin(ssp.system)
+                if not admin.transactional_records:
+                    if hold and ssp.system not in warned:
+                        warned.add(ssp.system)
+                        log.warning(
+                            "job.processing.guarantee=exactly-once: system %s cannot hold "
+                            "changelog records back until their checkpoint is written, so "
+                            "readers of changelog %s (a table, a tool) may see writes that a "
+                            "restore then undoes (docs/exactly-once.md)",
+                            ssp.system,
+                            ssp.system_stream,
+                        )
+                    continue
+                if not hold:
+                    if admin.committed_end(ssp) is not None:
+                        admin.commit_records(ssp, None)
+                        log.info("changelog %s: no longer holds records back", ssp)
+                    continue
+                marker = marker_for(self.config, checkpoints.get(task.name), store, ssp)
+                meta = admin.get_metadata([ssp])[ssp]
+                end = meta.oldest
+                if marker is not None and marker.offset is not None:
+                    end = admin.offset_after(ssp, marker.offset)
+                    if admin.offset_comparator(end, meta.upcoming) > 0:
+                        end = meta.upcoming  # a changelog recreated: its restore reseeds it
+                admin.commit_records(ssp, end)
+
+    def commit_records(self, written: Sequence[tuple[TaskName, Checkpoint]]) -> None:
+        for name, checkpoint in written:
+            task = self.model.tasks.get(name)
+            if task is None:
+                continue
+            for store in self.stores:
+                ssp = changelog_ssp(self.config, store, task.changelog_partition)
+                admin = self.systems.admin(ssp.system)
+                marker = marker_for(self.config, checkpoint, store, ssp)
+                if not admin.transactional_records or marker is None or marker.ssp != ssp:
+                    continue
+                if marker.offset is not None:
+                    admin.commit_records(ssp, admin.offset_after(ssp, marker.offset))
 
     def _grown(self, ssp: SystemStreamPartition, upcoming: str) -> bool:
         """Whether ``ssp`` grew enough since its last compaction to compact it again."""

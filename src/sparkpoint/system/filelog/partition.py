@@ -11,7 +11,10 @@ offset of a tombstone a compaction dropped (written before the switch), so that 
 last read before it knows its copy may hold keys deleted since. ``staged/``, ``PUBLISHED`` and
 ``PUBLISHING`` hold exactly-once output (:mod:`sparkpoint.system.filelog.staging`): readers never
 read at or past the first offset ``PUBLISHING`` names, and whoever takes the lock next finishes
-a publish a crash interrupted.
+a publish a crash interrupted. ``COMMITTED`` and ``ABORTED`` make a partition *transactional*
+(an exactly-once job's changelog): read-committed readers read only below the offset
+``COMMITTED`` names, which moves up when a checkpoint covering those records is written, and
+never read the offset ranges ``ABORTED`` lists (JSON lines: records a restore discarded).
 
 Contracts:
 
@@ -23,6 +26,8 @@ Contracts:
   and a torn tail past the index (a crash mid-write, never read by anyone) is cut off.
 * A publish of staged records is one append whose first offset ``PUBLISHING`` names while it
   runs: readers stop before it, so nobody sees part of a transaction.
+* ``COMMITTED`` only moves up, and a range is aborted only above it: a record a committed reader
+  read is never aborted. Compaction judges only committed records.
 * A record the index lists was durable before it was listed, and readers may have read it and
   committed past it: when it is damaged (checksum, or the log ends inside it) that is
   corruption, reported with the partition and offset, never skipped and never cut as a torn
@@ -101,6 +106,10 @@ class _Index(Sequence[tuple[int, int, int]]):
 PUBLISHING = "PUBLISHING"
 #: the file holding the largest offset of a tombstone compaction dropped
 TOMBSTONES = "TOMBSTONES"
+#: the file naming the first offset read-committed readers may not read yet
+COMMITTED = "COMMITTED"
+#: the file listing the offset ranges read-committed readers never read
+ABORTED = "ABORTED"
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ class PartitionLog:
         self.label = label  # "system.stream partition N", for messages
         self._lost = os.path.join(path, "LOST")  # a str: reads check it without pathlib
         self._publishing = os.path.join(path, PUBLISHING)
+        self._committed = os.path.join(path, COMMITTED)
+        self._aborted = os.path.join(path, ABORTED)
 
     def publishing_from(self) -> int | None:
         """The first offset of a publish in progress, or None: readers stop before it. Read
@@ -163,6 +174,99 @@ class PartitionLog:
                 f"publish of staged output that did not finish (delete it only if nothing was "
                 f"appended after the last record `sparkpoint stream read` shows)"
             ) from None
+
+    # -- transactions: records a checkpoint commits (an exactly-once job's changelog)
+    def committed_end(self) -> int | None:
+        """The first offset read-committed readers may not read yet; ``None`` when the
+        partition is not transactional (every record is committed)."""
+        try:
+            with open(self._committed, "rb") as f:
+                return int(f.read())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            raise CorruptRecordError(
+                f"{self.label}: {self._committed} is not an offset; it names the first offset a "
+                "checkpoint has not committed yet: write the changelog offset of the owning "
+                "task's last checkpoint there, plus one"
+            ) from None
+
+    def commit_through(self, end: int | None) -> int | None:
+        """Make the records below ``end`` committed (``COMMITTED`` only moves up; the first
+        call makes the partition transactional); ``None`` makes every record committed and the
+        partition not transactional. Durable when it returns; the committed end it leaves."""
+        with self._locked():
+            if end is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._committed)
+                return None
+            now = self.committed_end()
+            if now is None or end > now:
+                atomic_write(Path(self._committed), str(end).encode())
+                return end
+            return now
+
+    def abort(self, first: int, end: int) -> None:
+        """Records ``first <= offset < end`` are never read by read-committed readers (a
+        restore discarded them). Only records not committed can be aborted: a reader may have
+        read a committed one. Durable when it returns."""
+        if first >= end:
+            return
+        with self._locked():
+            committed = self.committed_end()
+            if committed is not None and first < committed:
+                raise UserError(
+                    f"{self.label}: records {first}..{end - 1} cannot be aborted: those below "
+                    f"{committed} are committed, and readers may have read them"
+                )
+            line = json.dumps({"first": first, "end": end}).encode() + b"\n"
+            with open(self._aborted, "a+b") as f:
+                f.seek(0)
+                text = f.read()
+                if text and not text.endswith(b"\n"):  # an abort that never returned
+                    f.truncate(text.rfind(b"\n") + 1)
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def aborted_ranges(self) -> list[tuple[int, int]]:
+        """The aborted offset ranges ``(first, end)`` (end exclusive), by first offset."""
+        try:
+            with open(self._aborted) as f:
+                lines = f.read().split("\n")
+        except FileNotFoundError:
+            return []
+        lines.pop()  # "" after the last newline, or a line whose abort never returned
+        out = []
+        for n, line in enumerate(lines, 1):
+            try:
+                entry = json.loads(line)
+                out.append((int(entry["first"]), int(entry["end"])))
+            except (ValueError, KeyError, TypeError):
+                raise CorruptRecordError(
+                    f"{self.label}: line {n} of {self._aborted} is damaged; it lists offset "
+                    'ranges no committed reader may read ({"first": F, "end": E}): repair the '
+                    "line from the restores' log messages"
+                ) from None
+        return sorted(out)
+
+    def committed_bounds(self, start: int, end: int) -> tuple[int, int]:
+        """The part ``[start', end')`` of ``[start, end)`` a read-committed reader reads next:
+        below ``COMMITTED``, from past the aborted ranges ``start`` is in, and up to the next
+        one (a read never spans an aborted range)."""
+        bound = self.committed_end()
+        if bound is not None:
+            end = min(end, bound)
+        if os.path.exists(self._aborted):
+            for first, stop in self.aborted_ranges():
+                if stop <= start:
+                    continue
+                if first <= start:
+                    start = stop
+                    continue
+                end = min(end, first)
+                break
+        return start, end
 
     # -- files
     def create(self) -> None:
@@ -299,9 +403,13 @@ class PartitionLog:
             self._recover(log_path, index_path)
 
     # -- reading
-    def metadata(self) -> PartitionMetadata:
+    def metadata(self, committed: bool = False) -> PartitionMetadata:
+        """Oldest, newest and upcoming offset; ``committed``: of what read-committed readers
+        read (up to ``COMMITTED``)."""
         with self._snapshot() as (index, _log):
             stable = self.publishing_from()
+            if committed and (bound := self.committed_end()) is not None:
+                stable = bound if stable is None else min(stable, bound)
             n = len(index) if stable is None else index.first_at_or_after(stable)
             if n == 0:
                 start = self._current()[1] if len(index) == 0 else index[0][0]
@@ -310,38 +418,55 @@ class PartitionLog:
             return PartitionMetadata(str(first), str(last), str(last + 1))
 
     def read(
-        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+        self,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None = None,
+        committed: bool = False,
     ) -> list[Record]:
         """Records with ``start <= offset < end`` (at most ``max_records``, and those starting
-        within ``max_bytes`` of the first one's start, see :meth:`_span`)."""
+        within ``max_bytes`` of the first one's start, see :meth:`_span`); ``committed``: only
+        what read-committed readers read (:meth:`committed_bounds`)."""
         decoded = self._decoded(
             start,
             end,
             max_records,
             max_bytes,
             lambda buf, index, i, j: fmt.decode_span(buf, index.offsets(i, j)),
+            committed,
         )
         return [] if decoded is None else decoded
 
     def read_columns(
-        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+        self,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None = None,
+        committed: bool = False,
     ) -> RecordColumns:
         """:meth:`read` as Arrow columns, decoded without a Python object per record."""
         from sparkpoint.system.filelog import columnar
 
         decoded = self._decoded_columnar(
-            start, end, max_records, max_bytes, columnar.decode_columns
+            start, end, max_records, max_bytes, columnar.decode_columns, committed
         )
         return columnar.RecordColumns.from_records([]) if decoded is None else decoded
 
     def read_entries(
-        self, start: int, end: int, max_records: int | None, max_bytes: int | None = None
+        self,
+        start: int,
+        end: int,
+        max_records: int | None,
+        max_bytes: int | None = None,
+        committed: bool = False,
     ) -> Entries:
         """:meth:`read`'s keys and values, sliced out of the log's bytes (a replay's read)."""
         from sparkpoint.system.filelog import columnar
 
         decoded = self._decoded_columnar(
-            start, end, max_records, max_bytes, columnar.decode_entries
+            start, end, max_records, max_bytes, columnar.decode_entries, committed
         )
         return Entries([], [], None) if decoded is None else decoded
 
@@ -352,6 +477,7 @@ class PartitionLog:
         max_records: int | None,
         max_bytes: int | None,
         decode: Callable[[bytes, np.ndarray, np.ndarray], _T],
+        committed: bool,
     ) -> _T | None:
         """:meth:`_decoded` by a columnar decoder, given the records' offsets and positions
         from the index."""
@@ -361,7 +487,7 @@ class PartitionLog:
             entries = columnar.index_entries(index.raw(i, j))
             return decode(buf, entries["offset"], entries["position"])
 
-        return self._decoded(start, end, max_records, max_bytes, by_index)
+        return self._decoded(start, end, max_records, max_bytes, by_index, committed)
 
     def _decoded(
         self,
@@ -370,15 +496,19 @@ class PartitionLog:
         max_records: int | None,
         max_bytes: int | None,
         decode: Callable[[bytes, _Index, int, int], _T],
+        committed: bool = False,
     ) -> _T | None:
         """What ``decode(log bytes, index, i, j)`` makes of the records with ``start <= offset
         < end`` (bounded as :meth:`_span` says; index positions ``i`` to ``j - 1``) that are
-        readable (not being published); ``None`` if there are none. A record that fails its
-        checks raises :class:`CorruptRecordError` naming its offset."""
+        readable (not being published; with ``committed``, as :meth:`committed_bounds` says);
+        ``None`` if there are none. A record that fails its checks raises
+        :class:`CorruptRecordError` naming its offset."""
         self._report_lost(start, end)
         with self._snapshot() as (index, log_file):
             stable = self.publishing_from()
             end = end if stable is None else min(end, stable)
+            if committed:
+                start, end = self.committed_bounds(start, end)
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return None
@@ -664,6 +794,9 @@ class PartitionLog:
         up to any offset at or after ``up_to`` gives the same value per key as before. Returns
         records before and after. Readers see the old or the new generation, never a mix.
         """
+        committed = self.committed_end()  # uncommitted records may yet be aborted
+        if committed is not None:
+            up_to = committed if up_to is None else min(up_to, committed)
         # without the lock: the task's appends go on
         plan = self._compaction(up_to, drop_tombstones_before_ms)
         if plan.kept == plan.records:

@@ -26,6 +26,7 @@ from sparkpoint.errors import ConfigError, CorruptRecordError, StreamNotFound, U
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import (
+    ISOLATION_LEVEL,
     READ_MAX_BYTES,
     Entries,
     IntegerOffsets,
@@ -38,6 +39,7 @@ from sparkpoint.system.base import (
     SystemFactory,
     SystemProducer,
     check_entries,
+    isolation_committed,
     read_max_bytes,
 )
 from sparkpoint.system.filelog import staging
@@ -206,6 +208,30 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
         through = self._s.log(ssp.stream, ssp.partition).tombstones_dropped_through()
         return None if through is None else str(through)
 
+    transactional_records = True
+
+    def get_committed_metadata(
+        self, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, PartitionMetadata]:
+        return {s: self._s.log(s.stream, s.partition).metadata(committed=True) for s in ssps}
+
+    def committed_end(self, ssp: SystemStreamPartition) -> str | None:
+        end = self._s.log(ssp.stream, ssp.partition).committed_end()
+        return None if end is None else str(end)
+
+    def commit_records(self, ssp: SystemStreamPartition, end: str | None) -> str | None:
+        left = self._s.log(ssp.stream, ssp.partition).commit_through(
+            None if end is None else int(end)
+        )
+        return None if left is None else str(left)
+
+    def abort_records(self, ssp: SystemStreamPartition, first: str, end: str) -> None:
+        self._s.log(ssp.stream, ssp.partition).abort(int(first), int(end))
+
+    def aborted_ranges(self, ssp: SystemStreamPartition) -> list[tuple[str, str]]:
+        ranges = self._s.log(ssp.stream, ssp.partition).aborted_ranges()
+        return [(str(a), str(b)) for a, b in ranges]
+
     def retention_start(
         self,
         ssp: SystemStreamPartition,
@@ -244,32 +270,57 @@ class FileLogAdmin(IntegerOffsets, SystemAdmin):
 
 
 class FileLogConsumer(SystemConsumer):
-    def __init__(self, streams: _Streams, max_bytes: int) -> None:
+    """Reads partitions; ``committed`` (``isolation.level`` read_committed, the default): only
+    what a transactional partition's checkpoints committed, never an aborted range."""
+
+    def __init__(self, streams: _Streams, max_bytes: int, committed: bool = True) -> None:
         self._s = streams
         self._max_bytes = max_bytes  # for reads that ask for at most N records
+        self._committed = committed
         self._registered: dict[SystemStreamPartition, str] = {}
+        self._last: dict[SystemStreamPartition, tuple[int, int]] = {}  # each SSP's last read
 
     def register(self, ssp: SystemStreamPartition, offset: str) -> None:
         self._s.log(ssp.stream, ssp.partition)
         self._registered[ssp] = str(int(offset))
 
+    def _log(self, ssp: SystemStreamPartition, start: str, end: str) -> PartitionLog:
+        self._last[ssp] = (int(start), int(end))
+        return self._s.log(ssp.stream, ssp.partition)
+
     def read(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Sequence[Record]:
-        log = self._s.log(ssp.stream, ssp.partition)
-        return log.read(int(start), int(end), max_records, self._bytes(max_records))
+        log = self._log(ssp, start, end)
+        return log.read(
+            int(start), int(end), max_records, self._bytes(max_records), self._committed
+        )
 
     def read_columns(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> RecordColumns:
-        log = self._s.log(ssp.stream, ssp.partition)
-        return log.read_columns(int(start), int(end), max_records, self._bytes(max_records))
+        log = self._log(ssp, start, end)
+        return log.read_columns(
+            int(start), int(end), max_records, self._bytes(max_records), self._committed
+        )
 
     def read_entries(
         self, ssp: SystemStreamPartition, start: str, end: str, max_records: int | None = None
     ) -> Entries:
-        log = self._s.log(ssp.stream, ssp.partition)
-        return log.read_entries(int(start), int(end), max_records, self._bytes(max_records))
+        log = self._log(ssp, start, end)
+        return log.read_entries(
+            int(start), int(end), max_records, self._bytes(max_records), self._committed
+        )
+
+    def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
+        """After an empty read-committed read that began in an aborted range: its end (below
+        the committed end and the read's)."""
+        if not self._committed or ssp not in self._last:
+            return None
+        start, end = self._last[ssp]
+        readable, bound = self._s.log(ssp.stream, ssp.partition).committed_bounds(start, end)
+        through = min(readable, bound) - 1
+        return str(through) if through >= start else None
 
     def _bytes(self, max_records: int | None) -> int | None:
         return None if max_records is None else self._max_bytes
@@ -403,6 +454,7 @@ class FileLogSystemFactory(SystemFactory):
             "filelog: bytes a producer buffers per partition before it appends them",
         ),
         READ_MAX_BYTES,
+        ISOLATION_LEVEL,
     )
 
     def _streams(self, system: str, config: Mapping[str, str]) -> _Streams:
@@ -412,7 +464,11 @@ class FileLogSystemFactory(SystemFactory):
         return FileLogAdmin(self._streams(system, config), _buffer_bytes(system, config))
 
     def get_consumer(self, system: str, config: Mapping[str, str]) -> FileLogConsumer:
-        return FileLogConsumer(self._streams(system, config), read_max_bytes(system, config))
+        return FileLogConsumer(
+            self._streams(system, config),
+            read_max_bytes(system, config),
+            committed=isolation_committed(system, config),
+        )
 
     def get_producer(self, system: str, config: Mapping[str, str]) -> FileLogProducer:
         return FileLogProducer(self._streams(system, config), _buffer_bytes(system, config))
