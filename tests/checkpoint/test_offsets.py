@@ -94,3 +94,29 @@ def test_resuming_at_either_end_of_the_partition_is_in_range(tmp_path: Path) -> 
         manager(tmp_path).starting_offsets(
             TASK, CheckpointV2(CheckpointId.create(), {A: "150", B: "4"}), empty
         )
+
+
+def test_a_reader_past_the_committed_end_but_inside_the_log_is_in_range(tmp_path: Path) -> None:
+    """A table read a changelog before its job switched to exactly-once: its offset may be past
+    what read-committed readers see now, and it waits there rather than stopping."""
+    from sparkpoint.checkpoint.offsets import check_in_range
+    from sparkpoint.system.base import StreamSpec
+
+    config = load_config(
+        None,
+        {"job.name": "j", "systems.fl.factory": "filelog", "job.data.dir": str(tmp_path)},
+    )
+    systems = Systems(config)
+    admin = systems.admin("fl")
+    admin.create_stream(StreamSpec("a", 1))
+    producer = systems.producer("fl")
+    for i in range(10):
+        producer.send_fields("a", 0, ("", b"k", b"v", i))
+    producer.flush()
+    admin.commit_records(A, "4")
+    committed = admin.get_committed_metadata([A])[A]
+    assert committed.upcoming == "4"
+    check_in_range(admin, TASK.name, A, "8", committed)  # held back: not out of range
+    check_in_range(admin, TASK.name, A, "10", committed)
+    with pytest.raises(OffsetOutOfRange):
+        check_in_range(admin, TASK.name, A, "11", committed)

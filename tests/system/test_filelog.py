@@ -612,3 +612,29 @@ def test_compaction_judges_only_committed_records(system: SystemUnderTest) -> No
     assert admin.compact("s", 0) == (4, 3)  # only "a" goes: "b" stays for a restore
     consumer = system.factory.get_consumer("fl", system.config)
     assert [r.value for r in consumer.read(SSP, "0", "4")] == [b"b"]
+
+
+def test_a_reader_passes_an_aborted_range_that_compaction_left_nothing_before(
+    system: SystemUnderTest,
+) -> None:
+    admin = system.factory.get_admin("fl", system.config)
+    admin.create_stream(StreamSpec("s", 1, compacted=True))
+    producer = system.factory.get_producer("fl", system.config)
+
+    def write(*keys: str) -> None:
+        for key in keys:
+            producer.send("s", 0, rec(key, "v", 0))
+        producer.flush()
+
+    write(*(f"k{i}" for i in range(10)))
+    admin.commit_records(SSP, "10")
+    write("k8", "k9", "k8", "k9")  # 10..13: a batch whose checkpoint never came
+    admin.abort_records(SSP, "10", "14")
+    write("k8", "k9", "k0", "k1")  # 14, 15: the restore's undo; then the next batch
+    admin.commit_records(SSP, "18")
+    admin.compact("s", 0)  # 8 and 9 go: 14 and 15 supersede them
+    consumer = system.factory.get_consumer("fl", system.config)
+    assert offsets(consumer.read(SSP, "8", "18")) == [14, 15, 16, 17]
+    assert offsets(consumer.read(SSP, "2", "18")) == [2, 3, 4, 5, 6, 7]
+    assert consumer.read(SSP, "8", "14") == []
+    assert consumer.skipped_through(SSP) == "13"

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.config import Config
-from sparkpoint.errors import UserError
+from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskModel, TaskName
 from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.system.base import PartitionMetadata, SystemAdmin
@@ -33,6 +33,20 @@ log = logging.getLogger(__name__)
 
 class OffsetOutOfRange(UserError, LookupError):
     """A task would resume an input outside what its partition holds: input would be skipped."""
+
+
+def _inside_held_back(admin: SystemAdmin, ssp: SystemStreamPartition, resume: str) -> bool:
+    """Whether ``resume``, past what read-committed readers read of ``ssp``, is inside records
+    a transactional partition holds back (read before it became one): the reader waits there."""
+    if not admin.transactional_records:
+        return False
+    try:
+        if admin.committed_end(ssp) is None:
+            return False
+        upcoming = admin.get_metadata([ssp])[ssp].upcoming
+    except StreamNotFound:
+        return False  # (the caller names what the partition holds)
+    return admin.offset_comparator(resume, upcoming) <= 0
 
 
 def check_in_range(
@@ -56,6 +70,8 @@ def check_in_range(
             f"{ssp.system}; {_FIX.format(ssp=ssp)}"
         ) from None
     if not (before or beyond):
+        return
+    if beyond and _inside_held_back(admin, ssp, resume):
         return
     held = (
         f"the partition holds offsets {meta.oldest}..{meta.newest}"

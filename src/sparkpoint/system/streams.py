@@ -68,7 +68,7 @@ def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Ser
 
 def _set_for(config: Config, stream: SystemStream, suffix: str) -> bool:
     keys = (f"streams.{stream.stream}.{suffix}", f"systems.{stream.system}.default.stream.{suffix}")
-    return any(key in config for key in keys)
+    return any(config.get(key) for key in keys)
 
 
 def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:

@@ -251,9 +251,16 @@ class PartitionLog:
         return sorted(out)
 
     def committed_bounds(self, start: int, end: int) -> tuple[int, int]:
+        """The part ``[start', end')`` of ``[start, end)`` a read-committed reader reads next
+        (see :meth:`_committed_bounds`)."""
+        with self._snapshot() as (index, _log):
+            return self._committed_bounds(index, start, end)
+
+    def _committed_bounds(self, index: _Index, start: int, end: int) -> tuple[int, int]:
         """The part ``[start', end')`` of ``[start, end)`` a read-committed reader reads next:
-        below ``COMMITTED``, from past the aborted ranges ``start`` is in, and up to the next
-        one (a read never spans an aborted range)."""
+        below ``COMMITTED``, from past the aborted ranges ``start`` is in (and the offsets
+        without a record before one: compaction removed them), up to the next aborted range
+        (a read never spans one)."""
         bound = self.committed_end()
         if bound is not None:
             end = min(end, bound)
@@ -261,8 +268,10 @@ class PartitionLog:
             for first, stop in self.aborted_ranges():
                 if stop <= start:
                     continue
-                if first <= start:
-                    start = stop
+                if first <= start or index.first_at_or_after(start) == index.first_at_or_after(
+                    first
+                ):
+                    start = max(start, stop)
                     continue
                 end = min(end, first)
                 break
@@ -508,7 +517,7 @@ class PartitionLog:
             stable = self.publishing_from()
             end = end if stable is None else min(end, stable)
             if committed:
-                start, end = self.committed_bounds(start, end)
+                start, end = self._committed_bounds(index, start, end)
             span = self._span(index, log_file, start, end, max_records, max_bytes)
             if span is None:
                 return None
