@@ -12,7 +12,8 @@ broker started per run, on loopback): output is staged in a topic and published 
 transaction; the figure is printed with Tansu's caveat (it takes one record per produce
 request, so writes cost what they would not on Kafka). Usage: ``make bench-exactly-once`` or
 ``.venv/bin/python bench/exactly_once.py [--events N] [--batch M] [--rounds R] [--api A,B]
-[--system filelog|kafka]``.
+[--system filelog|kafka] [--changelog STORE]`` (``--changelog user-counts --api task``: with
+exactly-once, its changelog records are held back until their checkpoint).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def one_run(
                 "job.processing.guarantee": guarantee,
             }
         )
+        if args.changelog:  # state backed by a changelog, which exactly-once holds back
+            values[f"stores.{args.changelog}.changelog"] = f"{args.system}.{args.changelog}-log"
         config = load_config(None, values)
         Systems(config).admin(args.system).create_stream(StreamSpec("pageviews", 4))
         job_file = tmp / "job.json"
@@ -98,6 +101,11 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--api", default="task,dataframe", help="task, dataframe or both")
+    parser.add_argument(
+        "--changelog",
+        metavar="STORE",
+        help="back this store with a changelog (the task API's is user-counts)",
+    )
     args = parser.parse_args()
     if args.events is None:
         args.events = 20_000 if args.system == "kafka" else 1_000_000
