@@ -1,5 +1,6 @@
 """A test task that reports, per message, whether its process froze its imports
-(:mod:`sparkpoint.runtime.taskapi.worker_heap`) and how many objects are frozen there.
+(:mod:`sparkpoint.runtime.taskapi.worker_heap`), how many objects are frozen there, and the
+collector's thresholds while it processes.
 
 Its ``init`` marks the process unfrozen, as a new worker is: the batch freezes after ``init``,
 so a message reports frozen only if this batch froze, not because Spark reused a worker that an
@@ -30,6 +31,10 @@ class HeapReporter(StreamTask):
         collector: MessageCollector,
         coordinator: TaskCoordinator,
     ) -> None:
-        report = {"frozen": worker_heap.FROZEN.done, "freeze_count": gc.get_freeze_count()}
+        report = {
+            "frozen": worker_heap.FROZEN.done,
+            "freeze_count": gc.get_freeze_count(),
+            "threshold": list(gc.get_threshold()),
+        }
         heap = SystemStream(envelope.ssp.system, "heap")
         collector.send(OutgoingMessageEnvelope(heap, None, report, partition=0))

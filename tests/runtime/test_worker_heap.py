@@ -8,11 +8,14 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.spark.session import SparkRunner
+from sparkpoint.runtime.taskapi import worker_heap
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
@@ -62,6 +65,7 @@ def test_a_task_on_spark_processes_with_its_imports_frozen(spark: Any, tmp_path:
     reports = _reports(tmp_path, SparkRunner(spark.sparkContext))
     assert len(reports) == 40
     assert all(r["frozen"] and r["freeze_count"] > 10_000 for r in reports)
+    assert all(r["threshold"][2] >= worker_heap.BATCH_FULL_COLLECTION_THRESHOLD for r in reports)
 
 
 def test_a_task_run_in_process_freezes_nothing(tmp_path: Path) -> None:
@@ -70,3 +74,14 @@ def test_a_task_run_in_process_freezes_nothing(tmp_path: Path) -> None:
     assert len(reports) == 40
     assert not any(r["frozen"] for r in reports)
     assert gc.get_freeze_count() == before
+    # full collections wait while a batch runs, in any process, and as before after it
+    assert all(r["threshold"][2] >= worker_heap.BATCH_FULL_COLLECTION_THRESHOLD for r in reports)
+    assert gc.get_threshold()[2] < worker_heap.BATCH_FULL_COLLECTION_THRESHOLD
+
+
+def test_full_collections_wait_only_inside_the_block_even_when_it_fails() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), worker_heap.fewer_full_collections():
+        assert gc.get_threshold() == (before[0], before[1], 1000)
+        raise RuntimeError("a failed batch")
+    assert gc.get_threshold() == before

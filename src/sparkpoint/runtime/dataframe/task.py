@@ -51,7 +51,10 @@ from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, Whol
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch
 from sparkpoint.runtime.taskapi.timers import OwnedTimer, TaskTimers
-from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
+from sparkpoint.runtime.taskapi.worker_heap import (
+    fewer_full_collections,
+    freeze_imported_objects,
+)
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind, TimerStore
@@ -460,6 +463,17 @@ def run_step(
     due timers; then flush and close the stores. An error in the step's code fails the batch
     with a :class:`TaskError` naming the task and step (and a retry of it says why it
     failed)."""
+    with fewer_full_collections():
+        yield from _run_step(plan, step, stores, code, chunks)
+
+
+def _run_step(
+    plan: TaskBatchPlan,
+    step: str,
+    stores: Sequence[str],
+    code: StepCode,
+    chunks: Iterator[Any],
+) -> Iterator[Any]:
     follow(plan.clock_ms)
     frame = FrameTask(plan)
     batch = frame.batch

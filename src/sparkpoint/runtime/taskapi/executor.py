@@ -47,7 +47,10 @@ from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.runtime.taskapi.output import OutputCollector
 from sparkpoint.runtime.taskapi.timers import TaskTimers
 from sparkpoint.runtime.taskapi.windows import TaskWindows
-from sparkpoint.runtime.taskapi.worker_heap import freeze_imported_objects
+from sparkpoint.runtime.taskapi.worker_heap import (
+    fewer_full_collections,
+    freeze_imported_objects,
+)
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
@@ -250,6 +253,10 @@ class TaskBatch:
         self.storage.open_live()
 
     def run(self) -> TaskBatchResult:
+        with fewer_full_collections():
+            return self._run()
+
+    def _run(self) -> TaskBatchResult:
         plan = self.plan
         t0 = time.monotonic()
         next_offsets = self.begin()

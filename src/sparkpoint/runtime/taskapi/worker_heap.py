@@ -10,6 +10,13 @@ before; a cycle among the frozen objects that became garbage later would stay, w
 this runs once per worker process, at the first batch, after the job's code is imported, and
 never in the driver or in a test process (``InlineRunner``).
 
+While a batch runs, full collections also wait longer (:func:`fewer_full_collections`): the
+batch's own young objects are promoted as they outlive a few thousand allocations, and with
+CPython's thresholds a full collection walked them every ten second-generation collections: 30
+full collections in a 3 x 300,000-view run of the example in process, against 12 with this, and
+1.15-1.2x the events/s. Young
+collections run as before, so a cycle that dies young is still freed at once.
+
 The Python worker daemon (:mod:`sparkpoint.runtime.spark.pydaemon`) freezes its own imports
 before it forks, as the ``gc.freeze`` documentation advises, so a forked worker's collections do not
 touch (and copy) the daemon's pages.
@@ -17,8 +24,10 @@ touch (and copy) the daemon's pages.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
+from collections.abc import Iterator
 
 from sparkpoint import worker
 
@@ -44,3 +53,19 @@ def freeze_imported_objects() -> None:
     if not FROZEN.done and in_spark_worker():
         gc.freeze()
         FROZEN.done = True
+
+
+#: second-generation collections between two full ones while a batch runs (CPython's: 10)
+BATCH_FULL_COLLECTION_THRESHOLD = 1000
+
+
+@contextlib.contextmanager
+def fewer_full_collections() -> Iterator[None]:
+    """Run the body with full collections a hundred times rarer; the thresholds as they were
+    after it."""
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], max(before[2], BATCH_FULL_COLLECTION_THRESHOLD))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
