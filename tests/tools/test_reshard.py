@@ -495,3 +495,31 @@ def test_a_windowed_job_is_resharded_and_its_windows_close_in_their_new_tasks(
     per_minute = Counter((user, at - at % 60_000) for user, at in sent)
     assert {(w[0], w[1], w[3]) for w in got} <= {(u, m, n) for (u, m), n in per_minute.items()}
     assert set(got.values()) == {1}
+
+
+def test_an_exactly_once_job_s_moved_entries_are_read_committed_once_it_starts_again(
+    tmp_path: Path,
+) -> None:
+    from sparkpoint.model import SystemStream
+    from sparkpoint.tools.streams import read_json_lines
+
+    config = make(tmp_path, **{"job.processing.guarantee": "exactly-once"})
+    expected = generate(config, tmp_path / "a.yaml", 800, seed=3)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    reshard(config)
+    changelog = SystemStream("filelog", "user-counts-changelog")
+    systems = Systems(config)
+    admin = systems.admin("filelog")
+    assert admin.partition_count(changelog.stream) == 8
+
+    def new_partitions(uncommitted: bool = False) -> list[tuple[int, str]]:
+        rows = read_json_lines(config, systems, changelog, uncommitted=uncommitted)
+        return [(r["partition"], r["offset"]) for r in rows if r["partition"] >= 4]
+
+    assert new_partitions(uncommitted=True) != []  # the entries the reshard moved there
+    assert new_partitions() == []  # ... wait for the job's start
+    run(config, until_caught_up=True)
+    assert new_partitions() == new_partitions(uncommitted=True) != []
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 8)

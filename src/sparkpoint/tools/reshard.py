@@ -58,6 +58,7 @@ from sparkpoint.storage.backend import store_backends
 from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
 from sparkpoint.storage.changelog.backend import changelog_stream
 from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.outputs import exactly_once
 from sparkpoint.storage.reshard import (
     PENDING,
     RESHARD,
@@ -521,6 +522,12 @@ def _grow_changelogs(config: Config, systems: Systems, model: JobModel) -> None:
                 "store %s: growing changelog %s from %d to %d partitions", store, ss, have, need
             )
             admin.add_partitions(ss.stream, need)
+            if exactly_once(config) and admin.transactional_records:
+                # held back, as the job's start would: the moved entries are read once the
+                # job starts from the checkpoints the reshard writes (docs/exactly-once.md)
+                for p in range(have, need):
+                    ssp = SystemStreamPartition(ss.system, ss.stream, p)
+                    admin.commit_records(ssp, admin.get_metadata([ssp])[ssp].oldest)
 
 
 def _entries(engine: KeyValueEngine) -> Iterator[list[tuple[bytes, bytes]]]:
