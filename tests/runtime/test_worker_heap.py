@@ -85,3 +85,15 @@ def test_full_collections_wait_only_inside_the_block_even_when_it_fails() -> Non
         assert gc.get_threshold() == (before[0], before[1], 1000)
         raise RuntimeError("a failed batch")
     assert gc.get_threshold() == before
+
+
+def test_overlapping_batches_put_the_thresholds_back_once_the_last_one_ends() -> None:
+    """A driver restores tasks ahead on several threads: their batches overlap."""
+    before = gc.get_threshold()
+    first, second = worker_heap.fewer_full_collections(), worker_heap.fewer_full_collections()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first ends while the second runs: still waiting
+    assert gc.get_threshold()[2] == worker_heap.BATCH_FULL_COLLECTION_THRESHOLD
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before

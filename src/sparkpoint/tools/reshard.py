@@ -459,7 +459,7 @@ def _run(
 ) -> None:
     reshard_id = uuid.uuid4().hex[:12]
     run_id = f"reshard-{reshard_id}"
-    _grow_changelogs(config, systems, plan.model)
+    _grow_changelogs(config, systems, plan.model, plan.old)
     storages: dict[int, TaskStorage] = {}
     try:
         for task in plan.model.sorted_tasks():
@@ -504,9 +504,11 @@ def _run(
     finish_pending(config, systems, metadata)
 
 
-def _grow_changelogs(config: Config, systems: Systems, model: JobModel) -> None:
+def _grow_changelogs(config: Config, systems: Systems, model: JobModel, old: int) -> None:
     """Give each changelog a partition per task of the new count (before anything is written
-    to them: more partitions change nothing for the old tasks)."""
+    to them: more partitions change nothing for the old tasks). With exactly-once, the
+    partitions of the new tasks hold their records back until the job starts from the
+    checkpoints the reshard writes (also when an earlier attempt added them and died)."""
     need = max(t.changelog_partition for t in model.tasks.values()) + 1
     for store in config.stores:
         if CHANGELOG not in store_backends(config, store, "backup"):
@@ -522,11 +524,10 @@ def _grow_changelogs(config: Config, systems: Systems, model: JobModel) -> None:
                 "store %s: growing changelog %s from %d to %d partitions", store, ss, have, need
             )
             admin.add_partitions(ss.stream, need)
-            if exactly_once(config) and admin.transactional_records:
-                # held back, as the job's start would: the moved entries are read once the
-                # job starts from the checkpoints the reshard writes (docs/exactly-once.md)
-                for p in range(have, need):
-                    ssp = SystemStreamPartition(ss.system, ss.stream, p)
+        if exactly_once(config) and admin.transactional_records:
+            for p in range(old, need):
+                ssp = SystemStreamPartition(ss.system, ss.stream, p)
+                if admin.committed_end(ssp) is None:
                     admin.commit_records(ssp, admin.get_metadata([ssp])[ssp].oldest)
 
 

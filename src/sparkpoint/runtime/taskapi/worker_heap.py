@@ -8,7 +8,7 @@ DataFrame steps, pyarrow. ``gc.freeze()`` moves the objects alive at that moment
 permanent generation, which no collection walks. Objects created later are collected as
 before; a cycle among the frozen objects that became garbage later would stay, which is why
 this runs once per worker process, at the first batch, after the job's code is imported, and
-never in the driver or in a test process (``InlineRunner``).
+never in the driver or in a test process (``InlineRunner``; the wait below runs there too).
 
 While a batch runs, full collections also wait longer (:func:`fewer_full_collections`): the
 batch's own young objects are promoted as they outlive a few thousand allocations, and with
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 from collections.abc import Iterator
 
 from sparkpoint import worker
@@ -59,13 +60,32 @@ def freeze_imported_objects() -> None:
 BATCH_FULL_COLLECTION_THRESHOLD = 1000
 
 
+class _Batches:
+    """How many batches of this process are in :func:`fewer_full_collections` (threads of a
+    driver restore tasks ahead in parallel), and the thresholds from before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.before = gc.get_threshold()
+
+
+_BATCHES = _Batches()
+
+
 @contextlib.contextmanager
 def fewer_full_collections() -> Iterator[None]:
     """Run the body with full collections a hundred times rarer; the thresholds as they were
-    after it."""
-    before = gc.get_threshold()
-    gc.set_threshold(before[0], before[1], max(before[2], BATCH_FULL_COLLECTION_THRESHOLD))
+    once no batch of the process runs any more (bodies may overlap in threads)."""
+    with _BATCHES.lock:
+        if _BATCHES.running == 0:
+            _BATCHES.before = before = gc.get_threshold()
+            gc.set_threshold(before[0], before[1], max(before[2], BATCH_FULL_COLLECTION_THRESHOLD))
+        _BATCHES.running += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        with _BATCHES.lock:
+            _BATCHES.running -= 1
+            if _BATCHES.running == 0:
+                gc.set_threshold(*_BATCHES.before)
