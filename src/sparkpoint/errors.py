@@ -68,3 +68,9 @@ class RestoreError(UserError):
 class CommitError(SparkpointError):
     """A commit failed (its upload, a timeout, or writing local state); names the task, store
     and checkpoint. The task stays at its last written checkpoint."""
+
+
+class BatchInterrupted(SparkpointError):
+    """A batch stopped before its end because an executor it ran tasks on was lost (its Spark
+    jobs were cancelled rather than wait for it): the driver starts every task again from its
+    last written checkpoint, as after a restart."""

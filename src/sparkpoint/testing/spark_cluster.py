@@ -7,9 +7,11 @@ fixed sleep); stopping terminates every process it started, also when start-up f
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -159,11 +161,28 @@ class StandaloneCluster:
             time.sleep(0.2)
         return index
 
-    def kill_worker(self, index: int) -> None:
-        """Kill worker ``index`` (and its executors) at once, like a lost host."""
+    def kill_worker(self, index: int, *, executors: bool = False) -> None:
+        """Kill worker ``index`` at once, like a lost host. Its executors notice within
+        seconds and exit; ``executors`` kills them at the same moment too (SIGKILL, found by
+        their working directory under the worker's, on Linux)."""
+        doomed = self.executor_pids(index) if executors else []
         proc = self.worker_procs[index]
         proc.kill()
         proc.wait()
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def executor_pids(self, index: int) -> list[int]:
+        """The processes whose working directory is under worker ``index``'s (its executors)."""
+        root = str((self.work_dir / f"worker-{index}").resolve())
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(entry / "cwd").startswith(root + os.sep):
+                        out.append(int(entry.name))
+        return out
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -51,7 +51,7 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.errors import BatchInterrupted, ConfigError, SparkpointError
 from sparkpoint.fsutil import atomic_write, fsync_dir, fsync_tree
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model import SystemStream
@@ -93,6 +93,7 @@ from sparkpoint.runtime.plan import (
     TaskBatchPlan,
     TaskBatchResult,
 )
+from sparkpoint.runtime.spark.locality import ExecutorWatch
 from sparkpoint.runtime.spark.session import (
     batch_job_group,
     catch_up_standbys,
@@ -670,6 +671,11 @@ class DataFrameRunner:
                 frame.release()
         sent: dict[str, int] = {}
         t0 = time.monotonic()
+        # (a batch is several Spark jobs, each over every task: one task of a lost executor
+        # would hold its job for spark.locality.wait; the task API runs a job per executor)
+        locations = {p.location for p in plans if p.location}
+        watch = ExecutorWatch(self.spark.sparkContext, group, locations)
+        watch.__enter__()
         try:
             outputs = _outputs(self.pipeline.build(frame))
             if exactly_once(self.config):
@@ -714,14 +720,20 @@ class DataFrameRunner:
                 writes.describe(),
                 "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
             )
-        except SparkpointError:
-            raise
         except Exception as exc:
+            if watch.lost is not None:
+                raise BatchInterrupted(
+                    f"batch {batch}: {watch.lost} was lost while the batch ran on it, and its "
+                    f"Spark jobs were cancelled ({type(exc).__name__})"
+                ) from exc
+            if isinstance(exc, SparkpointError):
+                raise
             err = user_error_from(exc)
             if err is not None:
                 raise err from None
             raise
         finally:
+            watch.__exit__(None, None, None)
             frame.release()
         record_executors(self.spark.sparkContext, group, plans, results)
         by_task = {r.task: r for r in results}

@@ -25,7 +25,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
 from sparkpoint.checkpoint.offsets import OffsetManager, check_in_range
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.errors import BatchInterrupted, ConfigError, SparkpointError
 from sparkpoint.failpoints import maybe_crash, maybe_pause
 from sparkpoint.metadata.coordinator_stream import (
     CoordinatorStreamStore,
@@ -575,6 +575,19 @@ class JobCoordinator:
         self._rewinds = 0  # a batch that kept its output
         return results
 
+    def _interrupted(self, exc: BatchInterrupted) -> None:
+        """A batch its runner stopped (an executor lost mid-batch): none of its results are
+        applied, and every task starts again from its last written checkpoint (the tasks that
+        ran restore it and trim their changelogs; a batch log replays the batch)."""
+        self._tx.aborted += bool(getattr(self.runner, "staged", None))
+        self._rewinds += 1
+        if self._rewinds > MAX_REWINDS:
+            raise BatchInterrupted(
+                f"{exc}; {MAX_REWINDS} batches in a row were rewound: the job stops"
+            ) from exc
+        log.warning("%s; every task starts again from its last checkpoint", exc)
+        self._rewind()
+
     def _rewind(self) -> None:
         """Start every task again from its last written checkpoint, as a restart does, without
         one: a new lineage (the tasks restore, abandoning the commits in flight, and the
@@ -857,9 +870,14 @@ class JobCoordinator:
             plans = [replace(p, commits=replace(p.commits, clean_up_only=True)) for p in plans]
         t0 = time.monotonic()
         self._to_publish = 0  # the batch's clean-ups publish what was written before it
-        results = self.runner(self._batch, plans)
+        try:
+            results = self.runner(self._batch, plans)
+            interrupted = False
+        except BatchInterrupted as exc:
+            self._interrupted(exc)
+            results, interrupted = [], True
         seconds = time.monotonic() - t0
-        if self.batch_log is not None and logged:
+        if self.batch_log is not None and logged and not interrupted:
             results = self._record_outputs(results, clean_up_only=clean_up_only)
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
         for r in results:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,3 +116,49 @@ def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Execut
     except Exception as exc:
         _warn_once("reading where tasks ran", exc)
         return {}
+
+
+class ExecutorWatch:
+    """While a batch's Spark jobs run (job group ``group``), watch the executors its tasks
+    prefer (``locations``, :attr:`Executor.location` strings); when one of them is lost, cancel
+    the group's jobs and remember which (:attr:`lost`). Spark re-runs a lost executor's tasks
+    elsewhere, but in a job whose other tasks prefer live executors its delay scheduling holds
+    them for ``spark.locality.wait`` (30 s on a cluster) first. A context manager; polls every
+    ``every`` seconds from a thread of its own."""
+
+    def __init__(self, sc: Any, group: str, locations: set[str], every: float = 0.25) -> None:
+        self.sc = sc
+        self.group = group
+        self.locations = locations
+        self.every = every
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{group}", daemon=True)
+
+    def __enter__(self) -> ExecutorWatch:
+        if self.locations:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                live = {e.location for e in live_executors(self.sc)}
+            except Exception:  # the context is stopping: nothing to watch
+                return
+            gone = sorted(self.locations - live)
+            if gone and live:  # (none live: Spark's status store is not answering)
+                self.lost = gone[0]
+                log.warning(
+                    "%s was lost while batch jobs %s ran on it: cancelling them, so that no "
+                    "task waits for it",
+                    gone[0],
+                    self.group,
+                )
+                self.sc.cancelJobGroup(self.group)
+                return
