@@ -238,7 +238,12 @@ def test_a_dataframe_batch_does_not_wait_for_an_executor_lost_mid_batch(
     wait_for_checkpoints(config, driver, log, TASKS)
     wait_for_line(log, r"(?m)^batch 3: ", driver)
     time.sleep(0.4)  # inside batch 4
-    cluster.kill_worker(0, executors=True)  # a lost host
+    # a lost host: a worker running one of the job's executors (earlier tests of the module
+    # killed and added workers), with its executor
+    hosts = [i for i, p in enumerate(cluster.worker_procs) if p.poll() is None]
+    running = [i for i in hosts if cluster.executor_pids(i)]
+    assert running, hosts
+    cluster.kill_worker(running[0], executors=True)
     assert driver.wait(300) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "done (caught up)" in text

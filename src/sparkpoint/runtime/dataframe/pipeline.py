@@ -675,8 +675,8 @@ class DataFrameRunner:
         # would hold its job for spark.locality.wait; the task API runs a job per executor)
         locations = {p.location for p in plans if p.location}
         watch = ExecutorWatch(self.spark.sparkContext, group, locations)
-        watch.__enter__()
         try:
+            watch.__enter__()
             outputs = _outputs(self.pipeline.build(frame))
             if exactly_once(self.config):
                 _check_sinks_stage(outputs)
@@ -700,6 +700,7 @@ class DataFrameRunner:
             finisher = Finisher(plans, steps)
             results: list[TaskBatchResult] = []
             for i, output in enumerate(outputs):
+                watch.check(f"batch {batch}")  # (a job started after the loss: cancelled too)
                 fold = finisher if writes.folded and i == len(outputs) - 1 else None
                 step = writes.fused.get(i)
                 if step is not None and isinstance(output, StreamOutput):
@@ -709,6 +710,7 @@ class DataFrameRunner:
                     results = self._write(output, batch, sent, fold) or results
             t2 = time.monotonic()
             if not writes.folded:
+                watch.check(f"batch {batch}")
                 results = self._finish(cached, finisher)
             log.info(
                 "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs (%s), tasks "
@@ -721,7 +723,7 @@ class DataFrameRunner:
                 "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
             )
         except Exception as exc:
-            if watch.lost is not None:
+            if watch.lost is not None and not isinstance(exc, BatchInterrupted):
                 raise BatchInterrupted(
                     f"batch {batch}: {watch.lost} was lost while the batch ran on it, and its "
                     f"Spark jobs were cancelled ({type(exc).__name__})"

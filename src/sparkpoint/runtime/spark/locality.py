@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from sparkpoint.errors import BatchInterrupted
 from sparkpoint.metadata.locality import Executor
 
 log = logging.getLogger(__name__)
@@ -120,11 +121,12 @@ def executors_of_group(sc: Any, group: str, partitions: int) -> dict[int, Execut
 
 class ExecutorWatch:
     """While a batch's Spark jobs run (job group ``group``), watch the executors its tasks
-    prefer (``locations``, :attr:`Executor.location` strings); when one of them is lost, cancel
-    the group's jobs and remember which (:attr:`lost`). Spark re-runs a lost executor's tasks
-    elsewhere, but in a job whose other tasks prefer live executors its delay scheduling holds
-    them for ``spark.locality.wait`` (30 s on a cluster) first. A context manager; polls every
-    ``every`` seconds from a thread of its own."""
+    prefer (``locations``, :attr:`Executor.location` strings); once one of them is lost,
+    remember which (:attr:`lost`) and cancel the group's jobs, again at every poll, so that a
+    job started meanwhile is cancelled too (the runner calls :meth:`check` before each job).
+    Spark re-runs a lost executor's tasks elsewhere, but in a job whose other tasks prefer live
+    executors its delay scheduling holds them for ``spark.locality.wait`` (30 s on a cluster)
+    first. A context manager; polls every ``every`` seconds from a thread of its own."""
 
     def __init__(self, sc: Any, group: str, locations: set[str], every: float = 0.25) -> None:
         self.sc = sc
@@ -143,16 +145,26 @@ class ExecutorWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=10)
+
+    def check(self, what: str) -> None:
+        """Raise :class:`BatchInterrupted` (naming ``what``) if an executor was lost."""
+        if self.lost is not None:
+            raise BatchInterrupted(
+                f"{what}: {self.lost} was lost while the batch ran on it, and its Spark jobs "
+                "were cancelled"
+            )
 
     def _watch(self) -> None:
         while not self._stop.wait(self.every):
-            try:
-                live = {e.location for e in live_executors(self.sc)}
-            except Exception:  # the context is stopping: nothing to watch
-                return
-            gone = sorted(self.locations - live)
-            if gone and live:  # (none live: Spark's status store is not answering)
+            if self.lost is None:
+                try:
+                    live = {e.location for e in live_executors(self.sc)}
+                except Exception:  # the context is stopping: nothing to watch
+                    return
+                gone = sorted(self.locations - live)
+                if not gone or not live:  # (none live: the status store is not answering)
+                    continue
                 self.lost = gone[0]
                 log.warning(
                     "%s was lost while batch jobs %s ran on it: cancelling them, so that no "
@@ -160,5 +172,7 @@ class ExecutorWatch:
                     gone[0],
                     self.group,
                 )
+            try:
                 self.sc.cancelJobGroup(self.group)
+            except Exception:  # the context is stopping
                 return
