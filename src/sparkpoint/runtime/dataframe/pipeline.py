@@ -674,69 +674,67 @@ class DataFrameRunner:
         # (a batch is several Spark jobs, each over every task: one task of a lost executor
         # would hold its job for spark.locality.wait; the task API runs a job per executor)
         locations = {p.location for p in plans if p.location}
-        watch = ExecutorWatch(self.spark.sparkContext, group, locations)
-        try:
-            watch.__enter__()
-            outputs = _outputs(self.pipeline.build(frame))
-            if exactly_once(self.config):
-                _check_sinks_stage(outputs)
-            steps = sorted(frame._steps)
-            if self.steps is not None and steps != self.steps:
-                raise ConfigError(
-                    f"batch {batch}: the pipeline's stateful steps changed from "
-                    f"{self.steps} to {steps}; build the same steps for every batch (a step "
-                    "may get no rows, but it must be there), or state would miss messages"
+        with ExecutorWatch(self.spark.sparkContext, group, locations) as watch:
+            try:
+                outputs = _outputs(self.pipeline.build(frame))
+                if exactly_once(self.config):
+                    _check_sinks_stage(outputs)
+                steps = sorted(frame._steps)
+                if self.steps is not None and steps != self.steps:
+                    raise ConfigError(
+                        f"batch {batch}: the pipeline's stateful steps changed from "
+                        f"{self.steps} to {steps}; build the same steps for every batch (a step "
+                        "may get no rows, but it must be there), or state would miss messages"
+                    )
+                self.steps = steps
+                timer_store = self.config.get_str("task.timers.store")
+                if timer_store and frame._timers is None:
+                    raise ConfigError(
+                        f"task.timers.store={timer_store!r} is set, but no stateful step has "
+                        "on_timer=...: give the step that registers timers an on_timer (or unset "
+                        "task.timers.store), or the watermark never advances"
+                    )
+                t1 = time.monotonic()
+                writes = _Writes(self.spark, frame, source, outputs)
+                finisher = Finisher(plans, steps)
+                results: list[TaskBatchResult] = []
+                for i, output in enumerate(outputs):
+                    watch.check(f"batch {batch}")  # (a job started after the loss: cancelled too)
+                    fold = finisher if writes.folded and i == len(outputs) - 1 else None
+                    step = writes.fused.get(i)
+                    if step is not None and isinstance(output, StreamOutput):
+                        job = self._write_fused(writes, step, output, batch, fold)
+                        results = self._collect(job, sent) or results
+                    else:
+                        results = self._write(output, batch, sent, fold) or results
+                t2 = time.monotonic()
+                if not writes.folded:
+                    watch.check(f"batch {batch}")
+                    results = self._finish(cached, finisher)
+                log.info(
+                    "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs (%s), tasks "
+                    "finished %s",
+                    batch,
+                    t1 - t0,
+                    len(outputs),
+                    t2 - t1,
+                    writes.describe(),
+                    "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
                 )
-            self.steps = steps
-            timer_store = self.config.get_str("task.timers.store")
-            if timer_store and frame._timers is None:
-                raise ConfigError(
-                    f"task.timers.store={timer_store!r} is set, but no stateful step has "
-                    "on_timer=...: give the step that registers timers an on_timer (or unset "
-                    "task.timers.store), or the watermark never advances"
-                )
-            t1 = time.monotonic()
-            writes = _Writes(self.spark, frame, source, outputs)
-            finisher = Finisher(plans, steps)
-            results: list[TaskBatchResult] = []
-            for i, output in enumerate(outputs):
-                watch.check(f"batch {batch}")  # (a job started after the loss: cancelled too)
-                fold = finisher if writes.folded and i == len(outputs) - 1 else None
-                step = writes.fused.get(i)
-                if step is not None and isinstance(output, StreamOutput):
-                    job = self._write_fused(writes, step, output, batch, fold)
-                    results = self._collect(job, sent) or results
-                else:
-                    results = self._write(output, batch, sent, fold) or results
-            t2 = time.monotonic()
-            if not writes.folded:
-                watch.check(f"batch {batch}")
-                results = self._finish(cached, finisher)
-            log.info(
-                "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs (%s), tasks "
-                "finished %s",
-                batch,
-                t1 - t0,
-                len(outputs),
-                t2 - t1,
-                writes.describe(),
-                "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
-            )
-        except Exception as exc:
-            if watch.lost is not None and not isinstance(exc, BatchInterrupted):
-                raise BatchInterrupted(
-                    f"batch {batch}: {watch.lost} was lost while the batch ran on it, and its "
-                    f"Spark jobs were cancelled ({type(exc).__name__})"
-                ) from exc
-            if isinstance(exc, SparkpointError):
+            except Exception as exc:
+                if watch.lost is not None and not isinstance(exc, BatchInterrupted):
+                    raise BatchInterrupted(
+                        f"batch {batch}: {watch.lost} was lost while the batch ran on it, and its "
+                        f"Spark jobs were cancelled ({type(exc).__name__})"
+                    ) from exc
+                if isinstance(exc, SparkpointError):
+                    raise
+                err = user_error_from(exc)
+                if err is not None:
+                    raise err from None
                 raise
-            err = user_error_from(exc)
-            if err is not None:
-                raise err from None
-            raise
-        finally:
-            watch.__exit__(None, None, None)
-            frame.release()
+            finally:
+                frame.release()
         record_executors(self.spark.sparkContext, group, plans, results)
         by_task = {r.task: r for r in results}
         for task, n in sent.items():

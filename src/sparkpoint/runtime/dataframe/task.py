@@ -464,56 +464,46 @@ def run_step(
     with a :class:`TaskError` naming the task and step (and a retry of it says why it
     failed)."""
     with fewer_full_collections():
-        yield from _run_step(plan, step, stores, code, chunks)
-
-
-def _run_step(
-    plan: TaskBatchPlan,
-    step: str,
-    stores: Sequence[str],
-    code: StepCode,
-    chunks: Iterator[Any],
-) -> Iterator[Any]:
-    follow(plan.clock_ms)
-    frame = FrameTask(plan)
-    batch = frame.batch
-    frame.phases.start_step(step)
-    try:
-        batch.storage.open_live(stores)
-        opened = batch.storage.stores(init=False)
-        timers = None
-        if code.on_timer is not None:
-            timers = TaskTimers.open(batch.task, batch.config, opened, plan.task.ssps)
-        freeze_imported_objects()  # the step's code and pyarrow are imported now
-        state = StepState(batch.task, batch.config, opened, step, timers)
-        what = "stateful step"
+        follow(plan.clock_ms)
+        frame = FrameTask(plan)
+        batch = frame.batch
+        frame.phases.start_step(step)
         try:
-            for out in code.fn(state, chunks):
-                yield out
-                maybe_crash(batch.config, "during-stateful-step")
-            if code.on_timer is not None and timers is not None:
-                what = "on_timer of stateful step"
-                _advance(frame, timers)
-                for expired in _expired(timers, code.pandas):
-                    for out in code.on_timer(state, expired):
-                        yield out
-                        maybe_crash(batch.config, "during-stateful-step")
-            if code.finish is not None:
-                for out in code.finish(state):
+            batch.storage.open_live(stores)
+            opened = batch.storage.stores(init=False)
+            timers = None
+            if code.on_timer is not None:
+                timers = TaskTimers.open(batch.task, batch.config, opened, plan.task.ssps)
+            freeze_imported_objects()  # the step's code and pyarrow are imported now
+            state = StepState(batch.task, batch.config, opened, step, timers)
+            what = "stateful step"
+            try:
+                for out in code.fn(state, chunks):
                     yield out
                     maybe_crash(batch.config, "during-stateful-step")
-        except SparkpointError:
-            raise
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
-            frame.phases.fail_step(step, error)
-            raise TaskError(f"task {batch.task}: {what} {step!r} failed: {error}") from exc
-        for store in opened.values():
-            store.flush()
-        if timers is not None and timers.fired:
-            frame.phases.end_step(step, timers.fired)
-    finally:
-        batch.storage.close()
+                if code.on_timer is not None and timers is not None:
+                    what = "on_timer of stateful step"
+                    _advance(frame, timers)
+                    for expired in _expired(timers, code.pandas):
+                        for out in code.on_timer(state, expired):
+                            yield out
+                            maybe_crash(batch.config, "during-stateful-step")
+                if code.finish is not None:
+                    for out in code.finish(state):
+                        yield out
+                        maybe_crash(batch.config, "during-stateful-step")
+            except SparkpointError:
+                raise
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
+                frame.phases.fail_step(step, error)
+                raise TaskError(f"task {batch.task}: {what} {step!r} failed: {error}") from exc
+            for store in opened.values():
+                store.flush()
+            if timers is not None and timers.fired:
+                frame.phases.end_step(step, timers.fired)
+        finally:
+            batch.storage.close()
 
 
 def _advance(frame: FrameTask, timers: TaskTimers) -> None:
