@@ -33,15 +33,20 @@ def fsync_tree(root: Path) -> None:
     fsync_dir(root.parent)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix.
 
-    Durable when it returns: the file and the rename are both fsynced.
+    Durable when it returns: the file and the rename are both fsynced. With ``durable=False``
+    neither is: a killed process still leaves the old or the new content, but a machine that
+    loses power may leave the old one, or an empty or partial file (for a file whose reader
+    treats that as absent, and whose absence costs only work done again).
     """
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)

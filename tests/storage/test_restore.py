@@ -504,11 +504,11 @@ def test_a_full_disk_during_a_commit_is_one_clear_error_and_loses_nothing(
     real = commit_module.atomic_write
     calls = {"n": 0}
 
-    def full_disk(path: Path, data: bytes) -> None:
+    def full_disk(path: Path, data: bytes, *, durable: bool = True) -> None:
         calls["n"] += 1
         if calls["n"] == 3:  # the third commit record: after a couple of commits went through
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data)
+        real(path, data, durable=durable)
 
     monkeypatch.setattr(commit_module, "atomic_write", full_disk)
     with pytest.raises(CommitError, match=r"task Partition \d: commit failed writing local state "):

@@ -412,10 +412,15 @@ class TaskCommitManager:
         outcome.started = record.checkpoint_id
         uploads = self._upload(record, markers)  # 2. upload (asynchronous)
         # 3. checkpoint: once every upload finished, :meth:`_checkpoint` writes the local
-        # checkpoint files and marks the record done, for the driver to write
+        # checkpoint files and marks the record done, for the driver to write. Uploads that
+        # finished at once (a changelog's) need no "uploading" record: nobody could see it
         if all(f.done() for f in uploads.values()):
-            self._finish(record, uploads)
+            try:
+                self._finish(record, uploads)
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
         else:
+            self._write_or_fail(record)
             commit_pool(self.settings.pool_size).submit(self._finish, record, uploads)
             if wait:
                 outcome.waited_seconds += self._wait_for(record.checkpoint_id)
@@ -467,11 +472,20 @@ class TaskCommitManager:
         try:
             return self._snapshot(offsets, base)
         except OSError as exc:
-            raise CommitError(
-                f"task {self.task}: commit failed writing local state under {self.local.dir}: "
-                f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
-                f"restores its last checkpoint, nothing is lost)"
-            ) from exc
+            raise self._disk_error(exc) from exc
+
+    def _write_or_fail(self, record: CommitRecord) -> None:
+        try:
+            self._write(record)
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
+
+    def _disk_error(self, exc: OSError) -> CommitError:
+        return CommitError(
+            f"task {self.task}: commit failed writing local state under {self.local.dir}: "
+            f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
+            f"restores its last checkpoint, nothing is lost)"
+        )
 
     def _upload(
         self, record: CommitRecord, markers: Mapping[str, dict[str, str]]
@@ -486,7 +500,8 @@ class TaskCommitManager:
     ) -> tuple[CommitRecord, dict[str, dict[str, str]]]:
         """Step 1, while processing waits: flush, a new checkpoint id, a local checkpoint of each
         persistent store (hard links), each backend's snapshot markers, and the commit record
-        ``uploading`` naming its base. Returns the record and each backend's markers."""
+        ``uploading`` naming its base (written by :meth:`commit` unless every upload finished
+        at once). Returns the record and each backend's markers."""
         for engine in self.engines.values():
             engine.flush()
         cid = CheckpointId.create(after=None if base is None else CheckpointId.parse(base))
@@ -511,7 +526,6 @@ class TaskCommitManager:
             CheckpointV2(cid, offsets, snapshot).to_json(),
             base=base,
         )
-        self._write(record)
         return record, snapshot
 
     def _finish(self, record: CommitRecord, futures: Mapping[str, Future[dict[str, str]]]) -> None:
@@ -618,7 +632,8 @@ class TaskCommitManager:
             return
         floor = committed.checkpoint_id
         done_marker = self.local.cleaned_file()
-        if done_marker.exists() and done_marker.read_text() == f"{self.run_id}:{floor}":
+        done = f"{self.run_id}:{floor}".encode()
+        if done_marker.exists() and done_marker.read_bytes() == done:
             return
         maybe_crash(self.config, "during-cleanup")
         if self.publish is not None:
@@ -628,4 +643,6 @@ class TaskCommitManager:
         for r in self.records():
             if CheckpointId.parse(r.checkpoint_id) <= floor and r.state != UPLOADING:
                 (self.dir / r.checkpoint_id).unlink(missing_ok=True)
-        atomic_write(done_marker, f"{self.run_id}:{floor}".encode())
+        # not fsynced: the clean-up is idempotent, and a marker lost to a power cut only
+        # makes the next batch run it again
+        atomic_write(done_marker, done, durable=False)

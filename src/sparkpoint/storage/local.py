@@ -111,8 +111,13 @@ class LocalTaskState:
             pass
 
     def write_marker(self, state_id: StateId) -> None:
+        """Say the live stores hold ``state_id`` (after they were closed, their files synced).
+        Not fsynced: a marker lost to a power cut (absent, empty or torn: unreadable) only
+        makes the task restore, while :meth:`clear_marker`, before the stores change, is."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.dir / MARKER, json.dumps({"state-id": state_id.text}).encode())
+        atomic_write(
+            self.dir / MARKER, json.dumps({"state-id": state_id.text}).encode(), durable=False
+        )
 
     def read_note(self, name: str) -> dict[str, Any] | None:
         """A small JSON note kept beside the state (:mod:`sparkpoint.runtime.dataframe.phases`)."""
@@ -148,6 +153,13 @@ class LocalTaskState:
 
     def cleaned_file(self) -> Path:
         return self.dir / CLEANED
+
+    def has_commit_records(self) -> bool:
+        """Whether any commit record (or its temporary file) is on disk."""
+        try:
+            return any(True for _ in self.commits_dir().iterdir())
+        except FileNotFoundError:
+            return False
 
     def store_present(self, store: str) -> bool:
         """Whether a persistent store's database is on disk (RocksDB's ``CURRENT`` file)."""
