@@ -1,5 +1,6 @@
-"""A stateful step runs fused with the stream output that is its only reader, reading its own
-input when that input is only columns of ``batch.df``; every way gives the task API's state and
+"""A stateful step runs fused with the stream outputs that are its only readers (its own rows,
+or those one column's value picks, with columns selected or renamed), reading its own input
+when that input is only columns of ``batch.df``; every way gives the task API's state and
 output, and a fused step is held to its declared schema."""
 
 from __future__ import annotations
@@ -54,11 +55,63 @@ def _read_twice(batch: Batch) -> list[Output]:
     return [batch.to_stream(counts, "filelog.out", key="user"), batch.to_sink(counts, sink)]
 
 
+def _with_parity(state: Any, chunks: Any) -> Any:
+    """count_views, and each row's parity twice: as a string and as a number."""
+    for rows in count_views(state, chunks):
+        counts = rows.column("count").to_pylist()
+        parity = [c % 2 for c in counts]
+        names = ["even" if p == 0 else "odd" for p in parity]
+        yield pa.RecordBatch.from_arrays(
+            [*rows.columns, pa.array(names), pa.array(parity, pa.int32())],
+            names=[*rows.schema.names, "parity", "odd"],
+        )
+
+
+def _parities(batch: Batch) -> Any:
+    views = batch.df.select("task", F.col("value.user").alias("user"))
+    return batch.stateful(views, _with_parity, f"{SCHEMA}, parity STRING, odd INT")
+
+
+def _routed_by_string(batch: Batch) -> list[Output]:
+    counts = _parities(batch)
+    even = counts.where(F.col("parity") == "even").select("user", "count")
+    odd = counts.where("parity = 'odd'").select(F.col("user").alias("name"), "count")
+    return [
+        batch.to_stream(even, "filelog.out", key="user"),
+        batch.to_stream(odd.withColumnRenamed("name", "user"), "filelog.out", key="user"),
+    ]
+
+
+def _routed_by_number(batch: Batch) -> list[Output]:
+    counts = _parities(batch)
+    return [
+        batch.to_stream(counts.where(F.col("odd") == 0), "filelog.out", key="user"),
+        batch.to_stream(counts.where(F.col("odd") == 1), "filelog.out", key="user"),
+    ]
+
+
+def _routed_by_range(batch: Batch) -> list[Output]:
+    counts = _parities(batch)
+    return [
+        batch.to_stream(counts.where(F.col("count") > 1), "filelog.out", key="user"),
+        batch.to_stream(counts.where(F.col("count") <= 1), "filelog.out", key="user"),
+    ]
+
+
 BUILDS: dict[str, tuple[Callable[[Batch], Any], str]] = {
     "own-input": (_own_input, "1 fused with their step, 1 of them reading their own input"),
     "filtered": (_filtered, "1 fused with their step, 0 of them reading their own input"),
     "then-a-sink": (_then_a_sink, "1 fused with their step, 1 of them reading their own input"),
     "read-twice": (_read_twice, "none fused"),
+    "routed-by-string": (
+        _routed_by_string,
+        "2 fused with their step, 2 of them reading their own input",
+    ),
+    "routed-by-number": (
+        _routed_by_number,
+        "2 fused with their step, 2 of them reading their own input",
+    ),
+    "routed-by-range": (_routed_by_range, "none fused"),
 }
 
 

@@ -5,6 +5,7 @@ its open windows (the same state layout); bad windows name the fix."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ def run(config: Config, spark: Any | None) -> None:
 
 @pytest.mark.parametrize("apis", [("frame", "frame"), ("task", "frame")])
 def test_the_pipeline_closes_the_reference_s_windows_and_keeps_the_task_api_s(
-    tmp_path: Path, spark: Any, apis: tuple[str, str]
+    tmp_path: Path, spark: Any, apis: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     config = job(tmp_path)
     sent: Views = []
@@ -59,8 +60,16 @@ def test_the_pipeline_closes_the_reference_s_windows_and_keeps_the_task_api_s(
         batch = views(400, seed=90 + round_, start_ms=sent[-1][1] if sent else 0)
         send(config, batch)
         sent += batch
-        run(config, spark if api == "frame" else None)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.pipeline"):
+            run(config, spark if api == "frame" else None)
         check(config, sent, once=True)
+        if api == "frame":  # the window step sends both streams itself, reading its input
+            lines = [r.getMessage() for r in caplog.records if "outputs written" in r.getMessage()]
+            assert lines and all(
+                "(2 fused with their step, 2 of them reading their own input)" in line
+                for line in lines
+            ), lines
     assert not emitted(config, "late-views", ("key",))
 
 

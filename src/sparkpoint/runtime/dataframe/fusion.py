@@ -1,9 +1,11 @@
 """Which of a DataFrame batch's outputs run fused with their stateful step (driver side).
 
 Written plainly, a stateful step's rows go from its Python worker into a cache in the JVM, and
-from there to a second Python worker that sends them to the output stream. When the stream
-output is the only reader of the step, :class:`~sparkpoint.runtime.dataframe.udfs.FusedStep`
-sends them from the step's own worker instead (one Python pass, no cache). When, in addition,
+from there to a second Python worker that sends them to the output stream. When stream outputs
+are the only readers of the step, each its rows or the rows one column's value picks (with
+columns selected or renamed: a :class:`~sparkpoint.runtime.dataframe.udfs.Route`),
+:class:`~sparkpoint.runtime.dataframe.udfs.FusedStep` sends them from the step's own worker
+instead (one Python pass, no cache). When, in addition,
 the step's input is only columns and struct fields of ``batch.df`` (``select("task",
 "value.user")``, say), :class:`~sparkpoint.runtime.dataframe.udfs.FusedRead` has each task read
 its messages in that same worker, and no row crosses the JVM.
@@ -22,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkpoint.runtime.dataframe.udfs import Projection, StepUdf
+from sparkpoint.runtime.dataframe.source import arrow_schema
+from sparkpoint.runtime.dataframe.udfs import Projection, Route, StepUdf
 
 log = logging.getLogger(__name__)
 
@@ -62,24 +65,119 @@ def reads(df: Any, token: str) -> bool:
 
 
 def fusable(
-    steps: Sequence[StepFrame], outputs: Sequence[tuple[Any, bool]]
-) -> dict[int, StepFrame]:
+    spark: Any, steps: Sequence[StepFrame], outputs: Sequence[tuple[Any, bool]]
+) -> dict[int, tuple[StepFrame, Route]]:
     """The outputs (by index into ``outputs``, pairs of a DataFrame and whether it goes to a
-    sparkpoint stream) that can run fused with the step they send: a stream output of an
-    Arrow step's own DataFrame, where no other output and no other step's input reads the
-    step."""
-    fused: dict[int, StepFrame] = {}
-    for i, (df, to_stream) in enumerate(outputs):
-        step = next((s for s in steps if s.output is df), None)
-        if not to_stream or step is None or step.udf.pandas:
+    sparkpoint stream) that can run fused with the step they send, each with the rows it
+    takes (:func:`step_route`): the stream outputs of an Arrow step whose every reader is such
+    an output (the step's own DataFrame, or rows of it picked by one column's value, with its
+    columns selected or renamed), and no other step's input."""
+    fused: dict[int, tuple[StepFrame, Route]] = {}
+    for step in steps:
+        if step.udf.pandas:
             continue
         token = step.udf.__name__
-        others = [o for j, (o, _) in enumerate(outputs) if j != i]
-        others += [s.input for s in steps if s is not step]
-        if any(reads(other, token) for other in others):
+        if any(reads(s.input, token) for s in steps if s is not step):
             continue
-        fused[i] = step
+        routes: dict[int, Route] = {}
+        for i, (df, to_stream) in enumerate(outputs):
+            if df is step.output:
+                route: Route | None = Route()
+            elif reads(df, token):
+                route = step_route(spark, df, step)
+            else:
+                continue
+            if not to_stream or route is None:
+                break
+            routes[i] = route
+        else:
+            fused.update({i: (step, route) for i, route in routes.items()})
     return fused
+
+
+def step_route(spark: Any, df: Any, step: StepFrame) -> Route | None:
+    """How ``df`` takes its rows from ``step``, if only so: ``step.output`` with a filter that
+    one column equals a string or integer literal, and columns selected, renamed or taken
+    from structs (Spark's optimized plan ``Project(Filter(MapInArrow))``, each part optional).
+    ``None`` for anything else (a computed column, an aggregation, another condition)."""
+    token = step.udf.__name__
+    try:
+        optimizer = spark._jsparkSession.sessionState().optimizer()
+        plan = optimizer.execute(df._jdf.queryExecution().analyzed())
+        projection = None
+        if plan.getClass().getSimpleName() == "Project":
+            projection = _items(plan.projectList())
+            plan = plan.child()
+        where = None
+        if plan.getClass().getSimpleName() == "Filter":
+            where = _equality(plan.condition())
+            if where is None:
+                return None
+            plan = plan.child()
+        if not _is_source(plan, token):
+            return None
+    except Exception as exc:  # a plan this module does not know: the plain path
+        log.debug("no route from a stateful step to an output: %s", exc)
+        return None
+    if projection is None:
+        if list(df.columns) != list(step.output.columns):
+            return None
+        return Route(where)
+    if [name for name, _ in projection] != list(df.columns):
+        return None
+    return Route(where, projection, arrow_schema(df.schema))
+
+
+_EQUATABLE = frozenset({"string", "tinyint", "smallint", "int", "bigint"})
+
+
+def _equality(condition: Any) -> tuple[str, str | int] | None:
+    """``(column, value)`` of a condition that is ``column = literal`` (with Spark's inferred
+    ``isnotnull(column)``, which the equality implies), else ``None``."""
+    parts = [condition]
+    conjuncts = []
+    while parts:
+        expr = parts.pop()
+        if expr.getClass().getSimpleName() == "And":
+            parts += [expr.left(), expr.right()]
+        else:
+            conjuncts.append(expr)
+    equal = [c for c in conjuncts if c.getClass().getSimpleName() == "EqualTo"]
+    if len(equal) != 1:
+        return None
+    left, right = equal[0].left(), equal[0].right()
+    if left.getClass().getSimpleName() == "Literal":
+        left, right = right, left
+    if (
+        left.getClass().getSimpleName() != "AttributeReference"
+        or right.getClass().getSimpleName() != "Literal"
+        or right.value() is None
+    ):
+        return None
+    column = str(left.name())
+    kind = str(left.dataType().simpleString())
+    if kind not in _EQUATABLE or str(right.dataType().simpleString()) != kind:
+        return None
+    for other in conjuncts:
+        if other is equal[0]:
+            continue
+        child = other.child() if other.getClass().getSimpleName() == "IsNotNull" else None
+        if child is None or child.getClass().getSimpleName() != "AttributeReference":
+            return None
+        if str(child.name()) != column:
+            return None
+    value = right.value()
+    return column, (str(value.toString()) if kind == "string" else int(value))
+
+
+def _items(items: Any) -> Projection:
+    projection: Projection = []
+    for i in range(items.size()):
+        column = _column(items.apply(i))
+        if column is None:
+            raise ValueError(f"not a column: {items.apply(i)}")
+        projection.append(column)
+    return projection
 
 
 def source_projection(spark: Any, df: Any, token: str) -> Projection | None:
@@ -105,14 +203,10 @@ def _projection(plan: Any, token: str) -> Projection | None:
         return [(name, (name,)) for name in names]
     if plan.getClass().getSimpleName() != "Project" or not _is_source(plan.child(), token):
         return None
-    items = plan.projectList()
-    projection: Projection = []
-    for i in range(items.size()):
-        column = _column(items.apply(i))
-        if column is None:
-            return None
-        projection.append(column)
-    return projection
+    try:
+        return _items(plan.projectList())
+    except ValueError:
+        return None
 
 
 def _is_source(node: Any, token: str) -> bool:
@@ -139,4 +233,12 @@ def _path(expr: Any) -> tuple[str, ...] | None:
     return None
 
 
-__all__ = ["StepFrame", "fusable", "plan_text", "reads", "source_projection", "source_token"]
+__all__ = [
+    "StepFrame",
+    "fusable",
+    "plan_text",
+    "reads",
+    "source_projection",
+    "source_token",
+    "step_route",
+]

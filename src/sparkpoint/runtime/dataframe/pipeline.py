@@ -701,12 +701,12 @@ class DataFrameRunner:
                 for i, output in enumerate(outputs):
                     watch.check(f"batch {batch}")  # (a job started after the loss: cancelled too)
                     fold = finisher if writes.folded and i == len(outputs) - 1 else None
-                    step = writes.fused.get(i)
-                    if step is not None and isinstance(output, StreamOutput):
-                        job = self._write_fused(writes, step, output, batch, fold)
-                        results = self._collect(job, sent) or results
-                    else:
+                    fused = writes.fused.get(i)
+                    if fused is None:
                         results = self._write(output, batch, sent, fold) or results
+                    elif i == writes.last_of(fused[0]):  # the step's job sends all its outputs
+                        job = self._write_fused(writes, fused[0], outputs, batch, fold)
+                        results = self._collect(job, sent) or results
                 t2 = time.monotonic()
                 if not writes.folded:
                     watch.check(f"batch {batch}")
@@ -774,29 +774,33 @@ class DataFrameRunner:
         self,
         writes: _Writes,
         step: StepFrame,
-        output: StreamOutput,
+        outputs: list[Output],
         batch: int,
         finisher: Finisher | None,
     ) -> Any:
-        """The job that runs ``step`` and sends what it yields to ``output``'s stream in one
-        pass."""
-        writer = self._writer(output, batch, finisher)
+        """The job that runs ``step`` and sends what it yields to the streams of the outputs
+        fused with it, in one pass."""
+        routes = []
+        for i, (fused, route) in sorted(writes.fused.items()):
+            output = outputs[i]
+            if fused is step and isinstance(output, StreamOutput):
+                routes.append((self._writer(output, batch, None), route))
         schema = arrow_schema(step.schema)
         projection = writes.projections.get(step.udf.name)
         if projection is None:
-            job = step.input.mapInArrow(FusedStep(step.udf, writer, schema), RESULT_SCHEMA)
-        else:
-            source = writes.source
-            fused = FusedRead(
-                step.udf,
-                writer,
-                schema,
-                source.read_schema,
-                projection,
-                arrow_schema(step.input.schema),
-            )
-            job = source.plans.mapInArrow(fused, RESULT_SCHEMA)
-        return job
+            fused_step = FusedStep(step.udf, routes, schema, finisher)
+            return step.input.mapInArrow(fused_step, RESULT_SCHEMA)
+        source = writes.source
+        fused_read = FusedRead(
+            step.udf,
+            routes,
+            schema,
+            finisher,
+            source.read_schema,
+            projection,
+            arrow_schema(step.input.schema),
+        )
+        return source.plans.mapInArrow(fused_read, RESULT_SCHEMA)
 
     def _writer(
         self, output: StreamOutput, batch: int, finisher: Finisher | None
@@ -827,10 +831,11 @@ class _Writes:
     def __init__(self, spark: Any, frame: Batch, source: BatchSource, outputs: list[Output]):
         self.source = source
         pairs = [(o.df, isinstance(o, StreamOutput)) for o in outputs]
-        self.fused = fusable(frame._frames, pairs)
+        #: by output: the step it runs fused with, and the rows of the step it sends
+        self.fused = fusable(spark, frame._frames, pairs)
         self.projections: dict[str, Any] = {}
-        for step in self.fused.values():
-            step.output.unpersist()  # its one reader computes it
+        for step in {id(step): step for step, _ in self.fused.values()}.values():
+            step.output.unpersist()  # its one job computes it
             projection = source_projection(spark, step.input, source.name)
             if projection is not None:
                 self.projections[step.udf.name] = projection
@@ -845,15 +850,19 @@ class _Writes:
             fused = self.fused.get(i)
             if fused is None:
                 readers += reads(output.df, source.name)
-            elif fused.udf.name not in self.projections:
-                readers += reads(fused.input, source.name)
+            elif fused[0].udf.name not in self.projections and i == self.last_of(fused[0]):
+                readers += reads(fused[0].input, source.name)
         if readers < 2:
             frame.df.unpersist()  # one job reads the batch: nothing to share
+
+    def last_of(self, step: StepFrame) -> int:
+        """The last output fused with ``step``: its job runs there, sending them all."""
+        return max(i for i, (s, _) in self.fused.items() if s is step)
 
     def describe(self) -> str:
         if not self.fused:
             return "none fused"
-        own = len(self.projections)
+        own = sum(s.udf.name in self.projections for s, _ in self.fused.values())
         return f"{len(self.fused)} fused with their step, {own} of them reading their own input"
 
 

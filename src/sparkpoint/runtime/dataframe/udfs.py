@@ -3,9 +3,10 @@
 * :class:`StepUdf`: a stateful step (``mapInArrow``/``mapInPandas`` over the step's input);
 * :class:`StreamWriterUdf`: sends a DataFrame's rows to a stream, and may finish the task;
 * :class:`Finisher`: the finish phase alone (commit when due, report);
-* :class:`FusedStep`: a stateful step, the stream output that reads it and, when that output is
-  the batch's last, the task's finish, in one pass over the step's input: the step's rows go
-  straight from the function to the stream, never back through the JVM or into a cache;
+* :class:`FusedStep`: a stateful step, the stream outputs that read it (each taking the rows
+  and columns its :class:`Route` says) and, when one of them is the batch's last, the task's
+  finish, in one pass over the step's input: the step's rows go straight from the function to
+  the streams, never back through the JVM or into a cache;
 * :class:`FusedRead`: the same, reading the task's messages itself, for a step whose input is
   only columns and struct fields of ``batch.df`` (:func:`sparkpoint.runtime.dataframe.fusion.
   source_projection`): the JVM then schedules the batch and moves no rows at all.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -50,9 +52,44 @@ TimerFunction = Callable[[StepState, Any], Iterable[Any]]
 #: (``staged``, exactly-once: the JSON of the part staged per SSP, ``system.stream.partition``)
 RESULT_SCHEMA = "task STRING, sent LONG, result BINARY, staged STRING"
 
-#: a column of a step's input: its name and where it comes from in the batch source (a
-#: source column, then struct fields)
+#: a column made from another frame's: its name and where it comes from there (a column, then
+#: struct fields); a step's input from the batch source, or a stream output from its step
 Projection = list[tuple[str, tuple[str, ...]]]
+
+
+def project(chunk: pa.RecordBatch, projection: Projection, schema: pa.Schema) -> pa.RecordBatch:
+    """The columns ``projection`` makes of ``chunk``, as ``schema`` types them (the types Spark
+    would hand over: string sizes, say)."""
+    columns = []
+    for _name, (column, *fields) in projection:
+        array: Any = chunk.column(column)
+        for field in fields:  # flatten() applies the struct's nulls to its fields
+            array = array.flatten()[array.type.get_field_index(field)]
+        columns.append(array)
+    columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, schema.types, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class Route:
+    """The rows of a stateful step's output that one fused stream output sends: those whose
+    column ``where[0]`` equals ``where[1]`` (every row without ``where``), made into the
+    output's columns by ``projection`` typed by ``schema`` (the step's own without one), as
+    Spark would filter and select them (:func:`sparkpoint.runtime.dataframe.fusion.step_route`)."""
+
+    where: tuple[str, str | int] | None = None
+    projection: Projection | None = None
+    schema: pa.Schema | None = None
+
+    def apply(self, chunk: pa.RecordBatch) -> pa.RecordBatch:
+        if self.where is not None:
+            import pyarrow.compute as pc
+
+            column, value = self.where
+            chunk = chunk.filter(pc.equal(chunk.column(column), value))  # nulls: dropped
+        if self.projection is not None and self.schema is not None:
+            chunk = project(chunk, self.projection, self.schema)
+        return chunk
 
 
 def partition_index() -> int:
@@ -194,41 +231,28 @@ class StreamWriterUdf:
     ) -> Iterator[pa.RecordBatch]:
         """Send ``chunks``; yields one row: the task, how many messages were sent, and the
         task's pickled result if this output finishes it (``plan``: the task, when known)."""
-        from sparkpoint.runtime.taskapi.executor import worker_config
+        yield from write_routed([(self, Route())], chunks, plan, self.finisher)
+
+    def collector(self, config: Any, systems: Any, task: str) -> Any:
+        """This output's collector for a task (an ``OutputCollector``); exactly-once, it
+        stages a part of its own."""
         from sparkpoint.runtime.taskapi.output import OutputCollector
 
-        config, systems = worker_config(self.config)
-        task = "" if plan is None else plan.task.name.name
         staging = None
         if self.staging is not None:
             owner, batch = self.staging
             staging = (owner, new_part("df", batch))
-        collector = OutputCollector(
+        return OutputCollector(
             config, systems, TaskName(task or "pipeline-output"), staging=staging
         )
-        written = False
-        try:
-            for chunk in chunks:
-                if not chunk.num_rows:
-                    continue
-                if not task and "task" in chunk.schema.names:
-                    task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
-                keys = None if self.key is None else chunk.column(self.key)
-                if self.value is None:  # the whole row, as a dict of its columns
-                    messages = pa.StructArray.from_arrays(chunk.columns, names=chunk.schema.names)
-                else:
-                    messages = chunk.column(self.value)
-                collector.send_arrow(self.stream, keys, messages)
-            collector.flush()  # durable before the task commits
-            maybe_crash(config, "after-output-flush")
-            written = True
-        finally:
-            if written or staging is None:
-                collector.close()
-            else:  # a staged part is whole or absent
-                collector.abort()
-        result = None if self.finisher is None else self.finisher.finish(plan)
-        yield _result(task, collector.sent, result, collector.staged)
+
+    def send(self, collector: Any, chunk: pa.RecordBatch) -> None:
+        keys = None if self.key is None else chunk.column(self.key)
+        if self.value is None:  # the whole row, as a dict of its columns
+            messages = pa.StructArray.from_arrays(chunk.columns, names=chunk.schema.names)
+        else:
+            messages = chunk.column(self.value)
+        collector.send_arrow(self.stream, keys, messages)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.write(chunks)
@@ -238,10 +262,17 @@ class FusedStep:
     """A stateful step and the stream output that is its only reader, in one pass over the
     step's input (``mapInArrow`` with :data:`RESULT_SCHEMA`); see the module docstring."""
 
-    def __init__(self, step: StepUdf, writer: StreamWriterUdf, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        step: StepUdf,
+        outputs: Sequence[tuple[StreamWriterUdf, Route]],
+        schema: pa.Schema,
+        finisher: Finisher | None,
+    ) -> None:
         self.step = step
-        self.writer = writer
+        self.outputs = list(outputs)  # every reader of the step: a stream output and its rows
         self.schema = schema  # the step's declared output schema
+        self.finisher = finisher
 
     def _verified(self, plan: TaskBatchPlan, out: Iterable[Any]) -> Iterator[pa.RecordBatch]:
         """The step's output, held to its declared schema as Spark reads it: record batches
@@ -271,13 +302,12 @@ class FusedStep:
     def run(self, plan: TaskBatchPlan, chunks: Iterator[Any]) -> Iterator[pa.RecordBatch]:
         if step_ran(plan, self.step.name):  # a retried Spark task: the stores changed already
             drop_batch(plan, self.step.name)
-            finisher = self.writer.finisher
-            result = None if finisher is None else finisher.finish(plan)
+            result = None if self.finisher is None else self.finisher.finish(plan)
             yield _result(plan.task.name.name, 0, result)
             return
         with held_engines():  # the read, the step and the finish open the stores once
             out = self._verified(plan, self.step.run(plan, chunks))
-            yield from self.writer.write(out, plan)
+            yield from write_routed(self.outputs, out, plan, self.finisher)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.run(self.step.plan(), chunks)
@@ -290,34 +320,64 @@ class FusedRead(FusedStep):
     def __init__(
         self,
         step: StepUdf,
-        writer: StreamWriterUdf,
+        outputs: Sequence[tuple[StreamWriterUdf, Route]],
         schema: pa.Schema,
+        finisher: Finisher | None,
         read_schema: pa.Schema,
         projection: Projection,
         input_schema: pa.Schema,
     ) -> None:
-        super().__init__(step, writer, schema)
+        super().__init__(step, outputs, schema, finisher)
         self.read_schema = read_schema
         self.projection = projection
         self.input_schema = input_schema
-
-    def _project(self, chunk: pa.RecordBatch) -> pa.RecordBatch:
-        columns = []
-        for _name, (column, *fields) in self.projection:
-            array: Any = chunk.column(column)
-            for field in fields:  # flatten() applies the struct's nulls to its fields
-                array = array.flatten()[array.type.get_field_index(field)]
-            columns.append(array)
-        types = self.input_schema.types  # as Spark would hand them over (e.g. string sizes)
-        columns = [c if c.type == t else c.cast(t) for c, t in zip(columns, types, strict=True)]
-        return pa.RecordBatch.from_arrays(columns, schema=self.input_schema)
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         for chunk in chunks:
             for raw in chunk.column(0).to_pylist():
                 plan: TaskBatchPlan = pickle.loads(raw)
-                rows = (self._project(c) for c in read_batches(plan, self.read_schema))
+                batches = read_batches(plan, self.read_schema)
+                rows = (project(c, self.projection, self.input_schema) for c in batches)
                 yield from self.run(plan, rows)
+
+
+def write_routed(
+    outputs: Sequence[tuple[StreamWriterUdf, Route]],
+    chunks: Iterable[pa.RecordBatch],
+    plan: TaskBatchPlan | None,
+    finisher: Finisher | None,
+) -> Iterator[pa.RecordBatch]:
+    """Send each chunk's rows to every output its route picks them for, flush them all, then
+    (with ``finisher``) finish the task; yields one :data:`RESULT_SCHEMA` row for them all."""
+    from sparkpoint.runtime.taskapi.executor import worker_config
+
+    config, systems = worker_config(outputs[0][0].config)
+    task = "" if plan is None else plan.task.name.name
+    collectors = [writer.collector(config, systems, task) for writer, _ in outputs]
+    written = False
+    try:
+        for chunk in chunks:
+            if not chunk.num_rows:
+                continue
+            if not task and "task" in chunk.schema.names:
+                task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
+            for (writer, route), collector in zip(outputs, collectors, strict=True):
+                rows = route.apply(chunk)
+                if rows.num_rows:
+                    writer.send(collector, rows)
+        for collector in collectors:
+            collector.flush()  # durable before the task commits
+        maybe_crash(config, "after-output-flush")
+        written = True
+    finally:
+        for (writer, _), collector in zip(outputs, collectors, strict=True):
+            if written or writer.staging is None:
+                collector.close()
+            else:  # a staged part is whole or absent
+                collector.abort()
+    result = None if finisher is None else finisher.finish(plan)
+    staged = {k: v for c in collectors for k, v in c.staged.items()}
+    yield _result(task, sum(c.sent for c in collectors), result, staged)
 
 
 def _columns(schema: pa.Schema) -> str:
@@ -330,10 +390,13 @@ __all__ = [
     "FusedRead",
     "FusedStep",
     "Projection",
+    "Route",
     "StepFunction",
     "StepUdf",
     "StreamWriterUdf",
     "TimerFunction",
     "partition_index",
     "partitioning_error",
+    "project",
+    "write_routed",
 ]
