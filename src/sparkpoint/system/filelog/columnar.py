@@ -138,6 +138,65 @@ def _slices(buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes |
     return out
 
 
+def compacted(
+    buf: bytes, index: bytes, up_to: int | None, drop_tombstones_before_ms: int | None = None
+) -> tuple[bytes, bytes, int, int | None] | None:
+    """:func:`~sparkpoint.system.filelog.format.compacted` in a few numpy passes and C calls
+    instead of a Python step per record: the same bytes, or ``None`` when a record fails one
+    of its checks (the caller runs that function then, which names the record). A changelog
+    compaction runs in the driver beside the batches, so its Python steps took the driver's
+    interpreter from it (docs/performance.md)."""
+    entries = index_entries(index)
+    n = len(entries)
+    if n == 0:
+        return b"", b"", 0, None
+    offsets = entries["offset"].astype(np.int64)
+    positions = entries["position"].astype(np.int64)
+    starts = positions - int(positions[0])
+    stops = np.append(starts[1:], len(buf))
+    bound = n if up_to is None else int(np.searchsorted(offsets, up_to, "left"))
+    keep = np.ones(n, bool)
+    dropped: int | None = None
+    if bound:
+        judged = buf if bound == n else buf[: int(stops[bound - 1])]
+        checked = _checked(judged, offsets[:bound], positions[:bound])
+        if checked is None:
+            return None
+        fixed, _starts, body, _end = checked
+        kpos, klen, _vpos, vlen = _key_value_spans(fixed, body)
+        keyed = np.flatnonzero(klen >= 0)
+        newest = dict(zip(_slices(judged, kpos[keyed], klen[keyed]), keyed.tolist(), strict=True))
+        keep[:bound] = klen < 0  # every keyless record, and the newest of each key
+        latest = np.fromiter(newest.values(), np.int64, len(newest))
+        keep[latest] = True
+        if drop_tombstones_before_ms is not None:
+            old = (vlen < 0) & (fixed["timestamp"] < drop_tombstones_before_ms) & (klen >= 0)
+            gone = np.zeros(n, bool)
+            gone[latest] = old[latest]
+            gone[bound - 1] = False  # the last record judged stays: the log's next offset
+            if gone.any():
+                dropped = int(offsets[np.flatnonzero(gone)[-1]])
+                keep &= ~gone
+    kept = np.flatnonzero(keep)
+    first, last = starts[kept], stops[kept]
+    if not bool(((first >= 0) & (first <= last - FIXED.itemsize) & (last <= len(buf))).all()):
+        return None
+    data = np.frombuffer(buf, np.uint8)
+    windows = np.lib.stride_tricks.sliding_window_view(data, FIXED.itemsize)
+    stamps = windows[first].view(FIXED).reshape(len(kept))["timestamp"].astype(np.int64)
+    sizes = last - first
+    out = np.empty(len(kept), INDEX_ENTRY)
+    out["offset"] = offsets[kept]
+    out["position"] = np.cumsum(sizes) - sizes
+    out["max_timestamp"] = np.maximum.accumulate(stamps)
+    # the kept records' bytes, a slice per run of neighbours (a whole tail is one)
+    breaks = np.flatnonzero(np.diff(kept) != 1) + 1
+    run_first = np.concatenate(([0], breaks))
+    run_last = np.concatenate((breaks, [len(kept)])) - 1
+    spans = map(slice, first[run_first].tolist(), last[run_last].tolist())
+    return b"".join(map(buf.__getitem__, spans)), out.tobytes(), len(kept), dropped
+
+
 @dataclass(frozen=True)
 class StagedRecords:
     """Staged parts' records, checked (:func:`check_staged`), ready to be renumbered."""

@@ -845,11 +845,14 @@ class PartitionLog:
             base, last = index[0][1], index[n - 1][1]
             log_file.seek(base)
             buf = log_file.read()  # to the end of the file: records appended meanwhile too
+        from sparkpoint.system.filelog import columnar  # numpy: only where it runs
+
         try:
             end = last - base + fmt.record_size_at(buf, last - base)
-            data, entries, kept, dropped = fmt.compacted(
-                buf[:end], raw, up_to, drop_tombstones_before_ms
-            )
+            done = columnar.compacted(buf[:end], raw, up_to, drop_tombstones_before_ms)
+            if done is None:  # a damaged record: the record decoder names it
+                done = fmt.compacted(buf[:end], raw, up_to, drop_tombstones_before_ms)
+            data, entries, kept, dropped = done
         except fmt.FormatError as exc:
             offset = exc.offset if exc.offset >= 0 else fmt.index_offsets(raw)[-1]
             raise self._corrupt(offset, exc.reason) from None
