@@ -259,7 +259,7 @@ class StreamWriterUdf:
 
 
 class FusedStep:
-    """A stateful step and the stream output that is its only reader, in one pass over the
+    """A stateful step and the stream outputs that are its only readers, in one pass over the
     step's input (``mapInArrow`` with :data:`RESULT_SCHEMA`); see the module docstring."""
 
     def __init__(
