@@ -115,8 +115,9 @@ BUILDS: dict[str, tuple[Callable[[Batch], Any], str]] = {
 }
 
 
-def _job(tmp_path: Path) -> tuple[Config, Counter[str]]:
-    values = pageviews_config(tmp_path, **{"task.batch.max.messages": "250", "task.commit.ms": "0"})
+def _job(tmp_path: Path, **extra: str) -> tuple[Config, Counter[str]]:
+    settings = {"task.batch.max.messages": "250", "task.commit.ms": "0", **extra}
+    values = pageviews_config(tmp_path, **settings)
     config = load_config(None, values)
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
     return config, generate(config, tmp_path / "job.yaml", 2000, seed=21, users=30)
@@ -148,6 +149,34 @@ def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
         assert committed_counts(config) == dict(expected), name
         assert_committed_state_matches_its_offsets(config)
         assert _sent(config, "out") == want, name
+
+
+def test_outputs_fused_with_one_step_each_publish_their_part_with_exactly_once(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Both routed outputs of one step send to the same stream, so each task stages two parts
+    of a partition in one Spark task: the batch names both, and every count goes out once."""
+    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+
+    task_config, _ = _job(tmp_path / "task")
+    _run(task_config, InlineRunner())
+    config, expected = _job(tmp_path / "eo", **{"job.processing.guarantee": "exactly-once"})
+    pipeline = Pipeline(_routed_by_string, config=config.to_dict(), value_schema="user STRING")
+    _run(config, DataFrameRunner(spark, pipeline, config))
+    assert committed_counts(config) == dict(expected)
+    assert _sent(config, "out") == _sent(task_config, "user-counts")
+
+
+def test_a_step_s_plan_token_names_that_step_alone() -> None:
+    """Steps whose names differ only where a token cannot tell (``a-b``, ``a_b``) get their
+    own tokens, and a plan calling a UDF whose name contains a token does not call it."""
+    from sparkpoint.runtime.dataframe.fusion import _calls, step_token
+
+    assert step_token("a-b", 1) != step_token("a_b", 1)
+    token = step_token("a", 1)
+    assert _calls(f"MapInArrow {token}(task#0, user#1)#2, [user#3], false", token)
+    assert not _calls(f"MapInArrow x{token}(task#0)#2, [user#3], false", token)
+    assert not _calls(f"MapInArrow {token}0(task#0)#2, [user#3], false", token)
 
 
 def _wrong_types(state: Any, chunks: Any) -> Any:

@@ -154,13 +154,6 @@ class LocalTaskState:
     def cleaned_file(self) -> Path:
         return self.dir / CLEANED
 
-    def has_commit_records(self) -> bool:
-        """Whether any commit record (or its temporary file) is on disk."""
-        try:
-            return any(True for _ in self.commits_dir().iterdir())
-        except FileNotFoundError:
-            return False
-
     def store_present(self, store: str) -> bool:
         """Whether a persistent store's database is on disk (RocksDB's ``CURRENT`` file)."""
         return (self.store_dir(store) / "CURRENT").exists()

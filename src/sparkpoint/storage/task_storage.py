@@ -223,10 +223,11 @@ class TaskStorage:
         self.local.clear_marker()
         # commits this run made before now are of a lineage the stores are leaving: never
         # written (their output was staged by that lineage, and is staged again by this one)
-        if self.local.has_commit_records():  # (a task without any has nothing to leave)
-            self.local.dir.mkdir(parents=True, exist_ok=True)
-            stamp = f"{self.run_id} {int(time.time() * 1000)}"  # the commit records' clock
-            atomic_write(self.local.abandoned_commits_file(), stamp.encode())
+        # (written even with no commit record on disk: a zombie attempt of this task may
+        # have snapshotted a commit whose record it writes later)
+        self.local.dir.mkdir(parents=True, exist_ok=True)
+        stamp = f"{self.run_id} {int(time.time() * 1000)}"  # the commit records' clock
+        atomic_write(self.local.abandoned_commits_file(), stamp.encode())
         for store in self.config.stores:
             _MEMORY.pop((self.task.name.name, store), None)
         openers = {s: self._opener(s) for s in self.config.stores}

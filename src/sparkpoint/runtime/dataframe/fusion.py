@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def step_token(step: str, batch: int) -> str:
-    """The name of a step's UDF in Spark's plans, unique to the pipeline's batch."""
-    return f"sparkpoint_step_{re.sub(r'[^A-Za-z0-9_]', '_', step)}_b{batch}"
+    """The name of a step's UDF in Spark's plans, unique to the pipeline's batch (the step's
+    name made an identifier, and its checksum: steps ``a-b`` and ``a_b`` differ)."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", step)
+    return f"sparkpoint_step_{name}_{zlib.crc32(step.encode()):08x}_b{batch}"
 
 
 def source_token(batch: int) -> str:
@@ -61,7 +64,13 @@ def plan_text(df: Any) -> str | None:
 def reads(df: Any, token: str) -> bool:
     """Whether ``df``'s plan reads the UDF named ``token`` (``True`` when it cannot tell)."""
     text = plan_text(df)
-    return text is None or token in text
+    return text is None or _calls(text, token)
+
+
+def _calls(text: str, token: str) -> bool:
+    """Whether a plan's text calls the UDF named ``token`` itself (``token(``), not one whose
+    name merely contains it."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(token)}\(", text) is not None
 
 
 def fusable(
@@ -210,7 +219,9 @@ def _projection(plan: Any, token: str) -> Projection | None:
 
 
 def _is_source(node: Any, token: str) -> bool:
-    return node.getClass().getSimpleName() == "MapInArrow" and token in str(node.simpleString(100))
+    return node.getClass().getSimpleName() == "MapInArrow" and _calls(
+        str(node.simpleString(100)), token
+    )
 
 
 def _column(expr: Any) -> tuple[str, tuple[str, ...]] | None:

@@ -348,14 +348,17 @@ def write_routed(
     finisher: Finisher | None,
 ) -> Iterator[pa.RecordBatch]:
     """Send each chunk's rows to every output its route picks them for, flush them all, then
-    (with ``finisher``) finish the task; yields one :data:`RESULT_SCHEMA` row for them all."""
+    (with ``finisher``) finish the task; yields a :data:`RESULT_SCHEMA` row per output (each
+    names the parts its output staged: two outputs may stage to one partition), the task's
+    result on the last."""
     from sparkpoint.runtime.taskapi.executor import worker_config
 
     config, systems = worker_config(outputs[0][0].config)
     task = "" if plan is None else plan.task.name.name
-    collectors = [writer.collector(config, systems, task) for writer, _ in outputs]
+    collectors: list[Any] = []
     written = False
     try:
+        collectors += [writer.collector(config, systems, task) for writer, _ in outputs]
         for chunk in chunks:
             if not chunk.num_rows:
                 continue
@@ -370,14 +373,29 @@ def write_routed(
         maybe_crash(config, "after-output-flush")
         written = True
     finally:
-        for (writer, _), collector in zip(outputs, collectors, strict=True):
+        _end(outputs, collectors, written)
+    result = None if finisher is None else finisher.finish(plan)
+    for i, collector in enumerate(collectors):
+        last = i == len(collectors) - 1
+        yield _result(task, collector.sent, result if last else None, collector.staged)
+
+
+def _end(
+    outputs: Sequence[tuple[StreamWriterUdf, Route]], collectors: Sequence[Any], written: bool
+) -> None:
+    """Close every collector (a staged part of a failed write is aborted: whole or absent),
+    each even if another's close raised; then raise the first error."""
+    error: BaseException | None = None
+    for (writer, _), collector in zip(outputs, collectors, strict=False):
+        try:
             if written or writer.staging is None:
                 collector.close()
-            else:  # a staged part is whole or absent
+            else:
                 collector.abort()
-    result = None if finisher is None else finisher.finish(plan)
-    staged = {k: v for c in collectors for k, v in c.staged.items()}
-    yield _result(task, sum(c.sent for c in collectors), result, staged)
+        except BaseException as exc:  # the others still close
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def _columns(schema: pa.Schema) -> str:
