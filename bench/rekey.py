@@ -6,7 +6,9 @@ re-key example (``examples/rekey``: views keyed by page, sent on to the intermed
 ``pageviews-by-user``, staged until each commit, then counted) and the page-view example
 (``examples/pageviews``: views keyed by user, counted where they are), as tasks and as
 DataFrame pipelines (``--api``). Both run to the end of their input (the re-key job also to
-the end of its intermediate stream) with the same batch size and commit interval; events/s is
+the end of its intermediate stream) with the same batch size and commit interval, and the same
+store (``user-counts``, backed by the changelog ``user-counts-changelog``, as in the re-key
+example; the page-view example alone keeps no changelog); events/s is
 input views over the run's time, and the median round of each counts (these machines are
 noisy). Prints both and the ratio (issue 33's target: at least 0.5x).
 
@@ -63,6 +65,8 @@ def one_run(
             "job.data.dir": str(tmp),
             "task.batch.max.messages": str(args.batch),
             "task.commit.ms": str(args.commit_ms),
+            # the same store in both jobs: the re-key example's count is backed by a changelog
+            "stores.user-counts.changelog": "filelog.user-counts-changelog",
         }
     )
     config = load_config(None, values)
