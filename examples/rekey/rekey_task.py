@@ -44,8 +44,8 @@ class RekeyAndCount(StreamTask):
         view: Any = envelope.message
         user = str(view["user"])
         system = envelope.ssp.system
-        if envelope.ssp.stream == BY_PAGE:  # stage 1: re-key
-            collector.send(OutgoingMessageEnvelope(SystemStream(system, BY_USER), user, view))
+        if envelope.ssp.stream == BY_PAGE:  # stage 1: re-key (the view as it arrived)
+            collector.forward(envelope, SystemStream(system, BY_USER), user)
             return
         count = (self.counts.get(user) or 0) + 1  # stage 2: count, by user
         self.counts.put(user, count)

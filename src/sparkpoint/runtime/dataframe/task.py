@@ -44,7 +44,7 @@ import pyarrow.json as pa_json
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, MessageDecodeError, SparkpointError, TaskError
 from sparkpoint.failpoints import maybe_crash
-from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.model.clock import follow
 from sparkpoint.refs import raised_at
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
@@ -58,7 +58,7 @@ from sparkpoint.runtime.taskapi.worker_heap import (
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind, TimerStore
-from sparkpoint.system.base import OutgoingMessageEnvelope, Record
+from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 
 log = logging.getLogger(__name__)
@@ -424,6 +424,9 @@ class NoOutput:
 
     def send(self, envelope: OutgoingMessageEnvelope) -> None:
         raise TaskError(f"{self.what} sent to {envelope.stream}")
+
+    def forward(self, envelope: IncomingMessageEnvelope, stream: SystemStream, key: Any) -> None:
+        raise TaskError(f"{self.what} sent to {stream}")
 
 
 _NO_OUTPUT = NoOutput("a window's timer of a DataFrame step")

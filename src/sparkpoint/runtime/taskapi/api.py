@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
@@ -28,6 +28,14 @@ class MessageCollector(Protocol):
     """Sends output; messages become durable at the end of the batch, before any commit."""
 
     def send(self, envelope: OutgoingMessageEnvelope) -> None: ...
+
+    def forward(self, envelope: IncomingMessageEnvelope, stream: SystemStream, key: Any) -> None:
+        """Send the message ``envelope`` brought on to ``stream`` under ``key`` (a re-key),
+        as it arrived: with its timestamp, and its bytes as read when both streams' message
+        serdes are the same (no decode and encode again; a change made to
+        ``envelope.message`` is not sent). An envelope other than the one being processed, or
+        another serde, sends ``envelope.message`` encoded for ``stream``."""
+        ...
 
 
 class TaskCoordinator(Protocol):

@@ -520,6 +520,7 @@ class TaskBatch:
                 IncomingMessageEnvelope,
                 (ssp, rec.offset, key, msg, rec.timestamp, event_time, late),
             )
+            collector.arrived = (envelope, rec.value, msg_serde)  # what forward() may send
             try:
                 process(envelope, collector, coordinator)
             except Exception as exc:
@@ -530,6 +531,7 @@ class TaskBatch:
                 if not policy.ignores(exc):
                     raise TaskError(f"{error}. {failure_advice(exc)}") from exc
                 log.error("%s; ignored (task.ignored.exceptions)", error)
+        collector.arrived = None
         if top >= 0 and timers.tracking:
             timers.seen(ssp, top)
 

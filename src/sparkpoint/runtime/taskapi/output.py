@@ -19,7 +19,12 @@ from sparkpoint.errors import ConfigError, OutputError, TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde
 from sparkpoint.storage.outputs import staging_of
-from sparkpoint.system.base import OutgoingMessageEnvelope, RecordFields, SystemProducer
+from sparkpoint.system.base import (
+    IncomingMessageEnvelope,
+    OutgoingMessageEnvelope,
+    RecordFields,
+    SystemProducer,
+)
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import StagingProducer
 from sparkpoint.system.streams import ensure_stream, stream_serdes
@@ -40,6 +45,15 @@ class _Route:
     msg: Callable[[Any], bytes]
     place: Callable[[bytes | None, int], int]
     producer: SystemProducer
+
+
+def _alike(one: Serde[Any], other: Serde[Any]) -> bool:
+    """Whether two serdes encode alike: the same class with the same settings."""
+    if one is other:
+        return True
+    return type(one) is type(other) and getattr(one, "__dict__", {}) == getattr(
+        other, "__dict__", {}
+    )
 
 
 class OutputCollector:
@@ -64,6 +78,9 @@ class OutputCollector:
         self._producers: dict[tuple[str, bool], SystemProducer] = {}
         self._routes: dict[tuple[str, str], _Route] = {}
         self.sent = 0
+        #: the message being processed, set by the executor: its envelope, its bytes as read
+        #: and the serde that decoded them (:meth:`forward` sends those bytes)
+        self.arrived: tuple[IncomingMessageEnvelope, bytes | None, Serde[Any]] | None = None
         #: exactly-once: the part staged per (system, stream, partition), once closed
         self.staged: dict[tuple[str, str, int], str] = {}
 
@@ -107,7 +124,37 @@ class OutputCollector:
         except (TypeError, ValueError) as exc:
             error = f"task {self._task}: cannot encode message for {stream}: {exc}"
             raise TaskError(error) from exc
-        partition = envelope.partition
+        self._put(route, stream, key, value, envelope.partition, envelope.timestamp)
+
+    def forward(self, envelope: IncomingMessageEnvelope, stream: SystemStream, key: Any) -> None:
+        """:meth:`MessageCollector.forward`: the bytes the executor read for ``envelope``
+        (:attr:`arrived`) when it is the message being processed and both serdes are alike."""
+        route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        arrived = self.arrived
+        try:
+            raw_key = None if key is None else route.key(key)
+            if (
+                arrived is not None
+                and arrived[0] is envelope
+                and _alike(arrived[2], route.msg_serde)
+            ):
+                value = arrived[1]
+            else:
+                value = None if envelope.message is None else route.msg(envelope.message)
+        except (TypeError, ValueError) as exc:
+            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
+            raise TaskError(error) from exc
+        self._put(route, stream, raw_key, value, None, envelope.timestamp)
+
+    def _put(
+        self,
+        route: _Route,
+        stream: SystemStream,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        ts: int | None,
+    ) -> None:
         if partition is None:
             partition = route.place(key, route.partitions)
         elif not 0 <= partition < route.partitions:
@@ -115,7 +162,6 @@ class OutputCollector:
                 f"task {self._task}: partition {partition} of {stream} does not exist "
                 f"(it has {route.partitions})"
             )
-        ts = envelope.timestamp
         ts = time.time_ns() // 1_000_000 if ts is None else ts
         try:  # a plain tuple, not a Record: SystemProducer.send_fields says why
             route.producer.send_fields(stream.stream, partition, ("", key, value, ts))
