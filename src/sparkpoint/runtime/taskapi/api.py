@@ -31,10 +31,12 @@ class MessageCollector(Protocol):
 
     def forward(self, envelope: IncomingMessageEnvelope, stream: SystemStream, key: Any) -> None:
         """Send the message ``envelope`` brought on to ``stream`` under ``key`` (a re-key),
-        as it arrived: with its timestamp, and its bytes as read when both streams' message
-        serdes are the same (no decode and encode again; a change made to
-        ``envelope.message`` is not sent). An envelope other than the one being processed, or
-        another serde, sends ``envelope.message`` encoded for ``stream``."""
+        as it arrived: its bytes as read when both streams' message serdes are the same (no
+        decode and encode again; a change made to ``envelope.message`` is not sent). An
+        envelope other than the one being processed, or another serde, sends
+        ``envelope.message`` encoded for ``stream``. Timestamped when sent, as :meth:`send`
+        does (an event time in a message field, ``streams.<s>.event.time.field``, travels
+        with the bytes)."""
         ...
 
 

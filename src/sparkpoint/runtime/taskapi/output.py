@@ -48,12 +48,16 @@ class _Route:
 
 
 def _alike(one: Serde[Any], other: Serde[Any]) -> bool:
-    """Whether two serdes encode alike: the same class with the same settings."""
+    """Whether two serdes encode alike: the same class with the same settings (settings that
+    cannot be compared count as different)."""
     if one is other:
         return True
-    return type(one) is type(other) and getattr(one, "__dict__", {}) == getattr(
-        other, "__dict__", {}
-    )
+    try:
+        return type(one) is type(other) and bool(
+            getattr(one, "__dict__", {}) == getattr(other, "__dict__", {})
+        )
+    except Exception:  # a plugin's setting whose == raises (an array, say)
+        return False
 
 
 class OutputCollector:
@@ -131,20 +135,22 @@ class OutputCollector:
         (:attr:`arrived`) when it is the message being processed and both serdes are alike."""
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
         arrived = self.arrived
+        as_read = (
+            arrived is not None and arrived[0] is envelope and _alike(arrived[2], route.msg_serde)
+        )
         try:
             raw_key = None if key is None else route.key(key)
-            if (
-                arrived is not None
-                and arrived[0] is envelope
-                and _alike(arrived[2], route.msg_serde)
-            ):
+            if as_read:
+                assert arrived is not None
                 value = arrived[1]
             else:
                 value = None if envelope.message is None else route.msg(envelope.message)
         except (TypeError, ValueError) as exc:
             error = f"task {self._task}: cannot encode message for {stream}: {exc}"
             raise TaskError(error) from exc
-        self._put(route, stream, raw_key, value, None, envelope.timestamp)
+        # stamped when sent, as send() does: an input's old timestamp on a Kafka stream would
+        # have the broker's retention delete it before the next stage reads it
+        self._put(route, stream, raw_key, value, None, None)
 
     def _put(
         self,
