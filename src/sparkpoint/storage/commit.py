@@ -44,8 +44,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -408,19 +409,19 @@ class TaskCommitManager:
         base = self._gate(wait, outcome)  # skip, or wait for an upload still running
         if outcome.skipped:
             return outcome
-        record, markers = self._snapshot_or_fail(offsets, base)  # 1. snapshot (synchronous)
+        with self._local_disk():
+            record, markers = self._snapshot(offsets, base)  # 1. snapshot (synchronous)
         outcome.started = record.checkpoint_id
         uploads = self._upload(record, markers)  # 2. upload (asynchronous)
         # 3. checkpoint: once every upload finished, :meth:`_checkpoint` writes the local
         # checkpoint files and marks the record done, for the driver to write. Uploads that
         # finished at once (a changelog's) need no "uploading" record: nobody could see it
         if all(f.done() for f in uploads.values()):
-            try:
+            with self._local_disk():
                 self._finish(record, uploads)
-            except OSError as exc:
-                raise self._disk_error(exc) from exc
         else:
-            self._write_or_fail(record)
+            with self._local_disk():
+                self._write(record)
             commit_pool(self.settings.pool_size).submit(self._finish, record, uploads)
             if wait:
                 outcome.waited_seconds += self._wait_for(record.checkpoint_id)
@@ -466,26 +467,18 @@ class TaskCommitManager:
             manager.init(self._base_commit)
         return pending.checkpoint_id
 
-    def _snapshot_or_fail(
-        self, offsets: Mapping[SystemStreamPartition, str], base: str | None
-    ) -> tuple[CommitRecord, dict[str, dict[str, str]]]:
+    @contextmanager
+    def _local_disk(self) -> Iterator[None]:
+        """A commit's writes of local state: a failure of the disk (full, say) is one
+        :class:`CommitError` naming the task and where it was writing."""
         try:
-            return self._snapshot(offsets, base)
+            yield
         except OSError as exc:
-            raise self._disk_error(exc) from exc
-
-    def _write_or_fail(self, record: CommitRecord) -> None:
-        try:
-            self._write(record)
-        except OSError as exc:
-            raise self._disk_error(exc) from exc
-
-    def _disk_error(self, exc: OSError) -> CommitError:
-        return CommitError(
-            f"task {self.task}: commit failed writing local state under {self.local.dir}: "
-            f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
-            f"restores its last checkpoint, nothing is lost)"
-        )
+            raise CommitError(
+                f"task {self.task}: commit failed writing local state under {self.local.dir}: "
+                f"{exc.strerror or exc} (a full disk? free space there and restart: the task "
+                f"restores its last checkpoint, nothing is lost)"
+            ) from exc
 
     def _upload(
         self, record: CommitRecord, markers: Mapping[str, dict[str, str]]

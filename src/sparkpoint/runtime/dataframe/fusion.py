@@ -111,8 +111,7 @@ def step_route(spark: Any, df: Any, step: StepFrame) -> Route | None:
     ``None`` for anything else (a computed column, an aggregation, another condition)."""
     token = step.udf.__name__
     try:
-        optimizer = spark._jsparkSession.sessionState().optimizer()
-        plan = optimizer.execute(df._jdf.queryExecution().analyzed())
+        plan = _optimized(spark, df)
         projection = None
         if plan.getClass().getSimpleName() == "Project":
             projection = _items(plan.projectList())
@@ -194,15 +193,19 @@ def source_projection(spark: Any, df: Any, token: str) -> Projection | None:
     source's columns and struct fields, renamed or not: ``[(name, (column, field, ...))]`` in
     ``df``'s column order. ``None`` for anything else (a filter, a computed column, a join)."""
     try:
-        optimizer = spark._jsparkSession.sessionState().optimizer()
-        plan = optimizer.execute(df._jdf.queryExecution().analyzed())
-        projection = _projection(plan, token)
+        projection = _projection(_optimized(spark, df), token)
     except Exception as exc:  # a plan this module does not know: the plain path
         log.debug("no source projection for a stateful step's input: %s", exc)
         return None
     if projection is None or [name for name, _ in projection] != list(df.columns):
         return None
     return projection
+
+
+def _optimized(spark: Any, df: Any) -> Any:
+    """``df``'s optimized logical plan (a JVM object): what Spark would run."""
+    optimizer = spark._jsparkSession.sessionState().optimizer()
+    return optimizer.execute(df._jdf.queryExecution().analyzed())
 
 
 def _projection(plan: Any, token: str) -> Projection | None:

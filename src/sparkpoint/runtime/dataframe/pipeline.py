@@ -781,26 +781,17 @@ class DataFrameRunner:
         """The job that runs ``step`` and sends what it yields to the streams of the outputs
         fused with it, in one pass."""
         routes = []
-        for i, (fused, route) in sorted(writes.fused.items()):
+        for i, (sender, route) in sorted(writes.fused.items()):
             output = outputs[i]
-            if fused is step and isinstance(output, StreamOutput):
+            if sender is step and isinstance(output, StreamOutput):
                 routes.append((self._writer(output, batch, None), route))
-        schema = arrow_schema(step.schema)
+        fused = FusedStep(step.udf, routes, arrow_schema(step.schema), finisher)
         projection = writes.projections.get(step.udf.name)
         if projection is None:
-            fused_step = FusedStep(step.udf, routes, schema, finisher)
-            return step.input.mapInArrow(fused_step, RESULT_SCHEMA)
+            return step.input.mapInArrow(fused, RESULT_SCHEMA)
         source = writes.source
-        fused_read = FusedRead(
-            step.udf,
-            routes,
-            schema,
-            finisher,
-            source.read_schema,
-            projection,
-            arrow_schema(step.input.schema),
-        )
-        return source.plans.mapInArrow(fused_read, RESULT_SCHEMA)
+        own_read = FusedRead(fused, source.read_schema, projection, arrow_schema(step.input.schema))
+        return source.plans.mapInArrow(own_read, RESULT_SCHEMA)
 
     def _writer(
         self, output: StreamOutput, batch: int, finisher: Finisher | None

@@ -27,6 +27,7 @@ from itertools import chain
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.failpoints import maybe_crash
@@ -83,8 +84,6 @@ class Route:
 
     def apply(self, chunk: pa.RecordBatch) -> pa.RecordBatch:
         if self.where is not None:
-            import pyarrow.compute as pc
-
             column, value = self.where
             chunk = chunk.filter(pc.equal(chunk.column(column), value))  # nulls: dropped
         if self.projection is not None and self.schema is not None:
@@ -313,21 +312,18 @@ class FusedStep:
         yield from self.run(self.step.plan(), chunks)
 
 
-class FusedRead(FusedStep):
-    """:class:`FusedStep` over the batch's plans: each task reads its own messages and takes
+class FusedRead:
+    """A :class:`FusedStep` over the batch's plans: each task reads its own messages and takes
     the step's input columns from them (``projection``), so no row crosses the JVM."""
 
     def __init__(
         self,
-        step: StepUdf,
-        outputs: Sequence[tuple[StreamWriterUdf, Route]],
-        schema: pa.Schema,
-        finisher: Finisher | None,
+        fused: FusedStep,
         read_schema: pa.Schema,
         projection: Projection,
         input_schema: pa.Schema,
     ) -> None:
-        super().__init__(step, outputs, schema, finisher)
+        self.fused = fused
         self.read_schema = read_schema
         self.projection = projection
         self.input_schema = input_schema
@@ -338,7 +334,7 @@ class FusedRead(FusedStep):
                 plan: TaskBatchPlan = pickle.loads(raw)
                 batches = read_batches(plan, self.read_schema)
                 rows = (project(c, self.projection, self.input_schema) for c in batches)
-                yield from self.run(plan, rows)
+                yield from self.fused.run(plan, rows)
 
 
 def write_routed(
