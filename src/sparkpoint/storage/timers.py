@@ -269,6 +269,11 @@ class TimerStore:
                     writes[_index_key(key)] = None
         return rest
 
+    def gone(self, timer: Timer) -> bool:
+        """Whether ``timer``, just given out by :meth:`due`, was deleted since (and not
+        registered again)."""
+        return _timer_key(timer.kind, timer.timestamp_ms, timer.key) in self._gone
+
     def timers_of(self, key: bytes) -> Iterator[Timer]:
         """The timers of ``key`` (event time first, then processing time, each by time): one
         point read of its index."""

@@ -250,7 +250,8 @@ class WindowState:
                 f"store {self.engine.name}: an unreadable window entry {raw!r}: {exc}"
             ) from exc
 
-    def _dump(self, window: Open) -> bytes:
+    def dump(self, window: Open) -> bytes:
+        """``window``'s entry as the store keeps it."""
         data = {"end": window.end, "acc": window.acc}
         if window.fired:
             data["fired"] = True
@@ -348,7 +349,7 @@ class WindowState:
         writes: list[tuple[bytes, bytes | None]] = [
             (entry_key(key, s), None) for s in old if s not in starts
         ]
-        writes += [(entry_key(key, w.start), self._dump(w)) for w in after if old.get(w.start) != w]
+        writes += [(entry_key(key, w.start), self.dump(w)) for w in after if old.get(w.start) != w]
         return writes
 
     def write_changes(self, writes: list[tuple[bytes, bytes | None]]) -> None:
@@ -375,7 +376,7 @@ class WindowState:
     def mark_fired(self, key: bytes, window: Open) -> None:
         """Keep ``window`` after its on-time emission, for its allowed lateness."""
         self.settle()
-        self.engine.put(entry_key(key, window.start), self._dump(window._replace(fired=True)))
+        self.engine.put(entry_key(key, window.start), self.dump(window._replace(fired=True)))
 
     def close(self, key: bytes, start: int) -> Open | None:
         """Take the window out of the store (``None``: not there, e.g. merged away)."""

@@ -319,3 +319,117 @@ def test_a_users_timer_finds_the_windows_closed_before_it_gone(tmp_path: Path) -
     assert emitted == [("a", 0), ("b", 0)]
     assert len(seen) == 1 and len(seen[0]) == 1  # only a's [10, 20) is left
     assert [w.start for w in windows.windows("a")] == [10]
+
+
+class _Recorded:
+    """A window store over an in-memory engine, its timers, and every key written to either."""
+
+    def __init__(self, tmp_path: Path, spec: WindowSpec, lateness_ms: int = 0) -> None:
+        from sparkpoint.model import SystemStreamPartition
+        from sparkpoint.serde import JsonSerde, StringSerde
+        from sparkpoint.storage.kv.factory import open_engine
+        from sparkpoint.storage.kv.store import SerializedKeyValueStore
+
+        self.written: list[bytes] = []
+
+        def store(name: str) -> SerializedKeyValueStore[Any, Any]:
+            engine = open_engine(name, "in-memory", tmp_path / name)
+            write_batch = engine.write_batch
+
+            def recorded(entries: Any) -> None:
+                entries = list(entries)
+                self.written += [k for k, _ in entries if not k.startswith((b"W", b"S", b"M"))]
+                write_batch(entries)
+
+            engine.write_batch = recorded  # type: ignore[method-assign]
+            return SerializedKeyValueStore(name, engine, StringSerde(), JsonSerde())
+
+        self.ssp = SystemStreamPartition("log", "in", 0)
+        self.config = load_config(
+            None, {"job.name": "t", "task.watermark.lateness.ms": str(lateness_ms)}
+        )
+        self.timer_store = store("timers")
+        self.windows_store = store("windows")
+        self.spec = spec
+
+    def batch(self, records: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+        """One batch (its own timers and window store, as a task's): the records in, the
+        watermark to the last one's time; what went out."""
+        from sparkpoint.runtime.taskapi.timers import TaskTimers
+        from sparkpoint.runtime.taskapi.windows import WindowedStore
+        from sparkpoint.storage.timers import TimeKind
+
+        emitted: list[tuple[str, int, int]] = []
+        timers = TaskTimers(
+            TaskName("Partition 0"), self.config, self.timer_store, frozenset({self.ssp})
+        )
+        windows = WindowedStore(
+            "windows",
+            self.windows_store,
+            timers,
+            self.spec,
+            count(),
+            lambda w, _collector: emitted.append((w.key, w.start, w.value)),
+            TimeKind.EVENT,
+            None,
+        )
+        for key, at in records:
+            windows.add(key, at)
+        timers.seen(self.ssp, max(at for _, at in records))
+        timers.end_of_batch(None, None, None)  # type: ignore[arg-type]
+        return emitted
+
+    def stored(self) -> int:
+        return sum(1 for _ in self.windows_store.engine.all())
+
+
+def test_a_window_that_opens_and_closes_in_one_batch_is_never_written(tmp_path: Path) -> None:
+    """A batch that spans more event time than its windows closes most of them itself: those
+    go out from memory, and neither the window nor its timer is written (nor logged)."""
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    out = recorded.batch([("a", 1), ("b", 2), ("a", 3), ("a", 12), ("b", 25), ("a", 31)])
+    assert out == [("a", 0, 2), ("b", 0, 1), ("a", 10, 1), ("b", 20, 1)]
+    assert recorded.stored() == 1  # a's [30, 40), open: written with its timer
+    assert sorted(recorded.written) == sorted(
+        [b"\x00\x01a" + (30).to_bytes(8, "big"), *[k for k in recorded.written if k[:1] == b"T"]]
+    )
+    assert len([k for k in recorded.written if k[:1] == b"T"]) == 1  # its timer, nothing else
+
+
+def test_windows_held_and_windows_stored_go_out_in_one_firing_order(tmp_path: Path) -> None:
+    """Windows stored by an earlier batch (with their timers) and windows held from this one
+    go out merged, by close time then key, as the timer store orders timers."""
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    assert recorded.batch([("b", 1), ("d", 12), ("a", 5)]) == [("a", 0, 1), ("b", 0, 1)]
+    assert recorded.stored() == 1  # d's [10, 20), stored
+    out = recorded.batch([("c", 13), ("a", 14), ("e", 21), ("d", 15), ("b", 33)])
+    assert out == [("a", 10, 1), ("c", 10, 1), ("d", 10, 2), ("e", 20, 1)]
+    assert recorded.stored() == 1  # b's [30, 40)
+
+
+def test_sessions_held_in_a_batch_close_exactly(tmp_path: Path) -> None:
+    """A session stored by an earlier batch, grown in this one and closed by it, goes out once
+    with its whole value, and its entry and old timer are gone."""
+    recorded = _Recorded(tmp_path, WindowSpec.session(5))
+    assert recorded.batch([("a", 1), ("a", 4)]) == []
+    assert recorded.stored() == 1
+    assert recorded.batch([("a", 8), ("b", 9), ("b", 30)]) == [("a", 1, 3), ("b", 9, 1)]
+    assert recorded.stored() == 1  # b's session at 30
+    timers = [k for k, _ in recorded.timer_store.engine.all() if k[:1] == b"T"]
+    assert len(timers) == 1 and timers[0][:2] == b"Te"  # b's session's; a's old one is gone
+
+
+def test_held_windows_past_the_batch_s_limit_go_out_in_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held windows the per-batch limit leaves are written back with their timers, and go out
+    in the next batch: none lost, none twice."""
+    import sparkpoint.runtime.taskapi.timers as timers_module
+
+    monkeypatch.setattr(timers_module, "MAX_FIRED_PER_BATCH", 2)
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    first = recorded.batch([("a", 1), ("b", 2), ("c", 3), ("d", 4), ("a", 50)])
+    assert first == [("a", 0, 1), ("b", 0, 1)]
+    assert recorded.stored() == 3  # c's and d's, written back; a's [50, 60)
+    assert recorded.batch([("a", 51)]) == [("c", 0, 1), ("d", 0, 1)]
+    assert recorded.stored() == 1

@@ -521,8 +521,7 @@ def _advance(frame: FrameTask, timers: TaskTimers) -> None:
         )
     for ssp, top in end.event_times.items():
         timers.seen(ssp, top)
-    timers.flush_owned()  # the window stores' changes, before their windows may close
-    timers.advance()
+    timers.advance()  # (the window stores write their changes as their windows close)
 
 
 def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:

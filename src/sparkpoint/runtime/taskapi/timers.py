@@ -22,8 +22,9 @@ rewinds an input does not move the watermark back: the rewound records are late.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, TaskError
@@ -57,6 +58,25 @@ class OwnedTimer(NamedTuple):
 OwnedHandler = Callable[[bytes, int, "MessageCollector"], None]
 
 
+class HoldsDue(Protocol):
+    """A helper whose due timers can be held in memory at the end of a batch (a window
+    store): what it changed in the batch and closes by now is never written, only handed to
+    its handler (:meth:`TaskTimers.expire`)."""
+
+    def hold_due(self) -> list[tuple[int, bytes]]:
+        """Write what the batch changed, but hold back what is due by now (the watermark has
+        advanced): ``(timestamp_ms, raw key)`` of each timer held, none in the store."""
+        ...
+
+    def holds(self, raw: bytes) -> bool:
+        """Whether the timer of ``raw`` is held still (not fired, not written back)."""
+        ...
+
+    def release(self) -> None:
+        """Write back what is held and not fired (with its timers, due now)."""
+        ...
+
+
 def _time(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{what} must be a non-negative integer of milliseconds, not {value!r}")
@@ -88,6 +108,7 @@ class TaskTimers:
         self._seen: dict[SystemStreamPartition, int] = {}
         self._owners: dict[str, OwnedHandler] = {}
         self._flushes: list[Callable[[], None]] = []
+        self._holders: dict[str, tuple[TimeKind, HoldsDue]] = {}
         self.late = 0
         self.fired = 0
 
@@ -191,17 +212,39 @@ class TaskTimers:
         return [(self._keys.from_bytes(t.key), t.timestamp_ms, t.kind.value) for t in found]
 
     # -- the runtime's own helpers (window stores)
-    def own(self, owner: str, handler: OwnedHandler, flush: Callable[[], None]) -> None:
+    def own(
+        self,
+        owner: str,
+        handler: OwnedHandler,
+        flush: Callable[[], None],
+        holder: tuple[TimeKind, HoldsDue] | None = None,
+    ) -> None:
         """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``); ``flush`` writes
-        what the owner holds back (:meth:`flush_owned`: before the watermark advances and
-        the due timers fire, and at the end of the batch)."""
+        what the owner keeps back (:meth:`flush_owned`: before a user's timer goes out, and
+        at the end of the batch). ``holder``: the owner's timers of that kind can be held in
+        memory when they are due by the end of the batch (:class:`HoldsDue`)."""
         self._timers()
         self._owners[owner] = handler
         self._flushes.append(flush)
+        if holder is not None:
+            self._holders[owner] = holder
 
     def flush_owned(self) -> None:
         for flush in self._flushes:
             flush()
+
+    def _hold_due(self) -> dict[TimeKind, deque[Timer]]:
+        """Each holder's due timers held in memory, by kind, in firing order."""
+        held: dict[TimeKind, list[Timer]] = {kind: [] for kind in TimeKind}
+        for owner, (kind, holder) in self._holders.items():
+            held[kind] += [
+                Timer(when, kind, owned_key(owner, raw)) for when, raw in holder.hold_due()
+            ]
+        return {kind: deque(sorted(timers, key=_order)) for kind, timers in held.items()}
+
+    def _release_held(self) -> None:
+        for _, holder in self._holders.values():
+            holder.release()
 
     def register_owned(self, owner: str, kind: TimeKind, timestamp_ms: int, raw: bytes) -> None:
         self._timers().register(kind, timestamp_ms, owned_key(owner, raw))
@@ -254,9 +297,16 @@ class TaskTimers:
         """Every due timer, ``(kind, key, timestamp_ms)``: event time (by the watermark
         :meth:`advance` left), then processing time, each in time order and deleted before it
         is given out; at most :data:`MAX_FIRED_PER_BATCH` (the rest come in the next batch).
-        A helper's timer comes as an :class:`OwnedTimer` key (:meth:`fire_owned`)."""
+        A helper's timer comes as an :class:`OwnedTimer` key (:meth:`fire_owned`).
+
+        First the helpers write what the batch changed (:meth:`flush_owned`), except what
+        closes by now: a window that opens and closes in one batch (most, when a batch spans
+        more event time than a window) is never written to its store, nor its timer; it is
+        held in memory and goes out in its turn. A user's timer, or the per-batch limit,
+        writes back what is held first (it then fires from the store)."""
         store = self._timers()
         assert self._keys is not None
+        held = self._hold_due()
         try:
             for kind, upto in (
                 (TimeKind.EVENT, self.watermark_ms),
@@ -264,13 +314,15 @@ class TaskTimers:
             ):
                 if upto is None:
                     continue
+                mine = held[kind]
                 for timer in store.due(kind, upto):
-                    if self.fired >= MAX_FIRED_PER_BATCH:
-                        log.warning(
-                            "task %s: %d timers fired in one batch; the rest fire in the next",
-                            self.task,
-                            self.fired,
-                        )
+                    while mine and _order(mine[0]) < _order(timer):
+                        if self._limited():
+                            return
+                        yield from self._fire_held(mine.popleft())
+                    if store.gone(timer):  # deleted by the code of a held one just now
+                        continue
+                    if self._limited():
                         return
                     # deleted with the next ones in one write batch: before any use of the
                     # timers, and before a user's timer goes out (its code may stop here)
@@ -281,11 +333,38 @@ class TaskTimers:
                         yield kind, OwnedTimer(*owned), timer.timestamp_ms
                         continue
                     store.settle()
-                    self.flush_owned()  # its code sees the closed windows gone
+                    self._release_held()  # its code sees the windows not closed yet
+                    self.flush_owned()  # and the closed ones gone
                     yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
+                while mine:
+                    if self._limited():
+                        return
+                    yield from self._fire_held(mine.popleft())
         finally:
             store.settle()
+            self._release_held()  # what the limit left: from the store in the next batch
             self.flush_owned()  # the window stores delete the windows that closed
+
+    def _fire_held(self, timer: Timer) -> Iterator[tuple[TimeKind, Any, int]]:
+        """A held timer (:meth:`expire`), unless its holder wrote it back meanwhile (it then
+        fires from the store)."""
+        owned = split_owned(timer.key)
+        assert owned is not None
+        holder = self._holders[owned[0]][1]
+        if holder.holds(owned[1]):
+            self.fired += 1
+            yield timer.kind, OwnedTimer(*owned), timer.timestamp_ms
+
+    def _limited(self) -> bool:
+        """Whether this batch fired :data:`MAX_FIRED_PER_BATCH` timers (the caller stops)."""
+        if self.fired < MAX_FIRED_PER_BATCH:
+            return False
+        log.warning(
+            "task %s: %d timers fired in one batch; the rest fire in the next",
+            self.task,
+            self.fired,
+        )
+        return True
 
     def end_of_batch(
         self, task: StreamTask, collector: MessageCollector, coordinator: TaskCoordinator
@@ -293,7 +372,6 @@ class TaskTimers:
         """Advance the watermark, then call ``on_timer`` for every due timer (:meth:`expire`)."""
         if self._store is None:
             return
-        self.flush_owned()
         self.advance()
         for kind, key, timestamp_ms in self.expire():
             if isinstance(key, OwnedTimer):
@@ -308,4 +386,16 @@ class TaskTimers:
                 ) from exc
 
 
-__all__ = ["MAX_FIRED_PER_BATCH", "OWNED", "OwnedHandler", "OwnedTimer", "TaskTimers"]
+def _order(timer: Timer) -> tuple[int, bytes]:
+    """A timer's place in firing order (its kind's): the timer store's key order."""
+    return timer.timestamp_ms, timer.key
+
+
+__all__ = [
+    "MAX_FIRED_PER_BATCH",
+    "OWNED",
+    "HoldsDue",
+    "OwnedHandler",
+    "OwnedTimer",
+    "TaskTimers",
+]

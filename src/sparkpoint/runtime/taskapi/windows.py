@@ -120,7 +120,11 @@ class WindowedStore:
         self.late_stream = late_stream
         #: the batch's changed keys: their windows as stored, and as they are now
         self._pending: dict[bytes, tuple[list[Open], list[Open]]] = {}
-        timers.own(name, self._fire, self.flush)
+        #: windows due at the end of the batch, out of the store and not fired yet
+        #: (:meth:`hold_due`), by engine key
+        self._held: dict[bytes, Open] = {}
+        holder = None if self.triggers.updates else (time, self)
+        timers.own(name, self._fire, self.flush, holder)
 
     def _closed_upto(self) -> int | None:
         """Windows closing at or before this are closed for good (the watermark less the
@@ -156,6 +160,8 @@ class WindowedStore:
                 f"window store {self.name!r}: a record's time must be ms >= 0, not {at!r}"
             )
         raw = self.keys.to_bytes(key)
+        if self._held:  # a record added while due windows go out (on_timer)
+            self.release()
         entry = self._pending.get(raw)
         if entry is None:
             stored = list(self.state.of(raw))
@@ -182,19 +188,64 @@ class WindowedStore:
         that is new gets a timer; one that is no more loses its own); and delete the windows
         that closed."""
         pending, self._pending = self._pending, {}
+        self._write(pending, None)
+        if self.triggers.updates:
+            for raw, (before, after) in pending.items():
+                self._updates(raw, before, after)
+
+    def hold_due(self) -> list[tuple[int, bytes]]:
+        """:meth:`flush` at the end of the batch, once the watermark has advanced: a window
+        that closes by now is not written but taken out of the store with its timer, and held
+        to go out from memory in its turn (:meth:`_fire`); each such window's ``(close, engine
+        key)``. (Not with early or late triggers: those keep windows after they go out.)"""
+        upto = self._closed_upto()
+        pending, self._pending = self._pending, {}
+        return self._write(pending, upto)
+
+    def holds(self, raw: bytes) -> bool:
+        return raw in self._held
+
+    def release(self) -> None:
+        """Write the held windows back (each with its timer, due now): they go out from the
+        store (a user's timer goes out first, or the batch fired its most)."""
+        if self._held:
+            held, self._held = self._held, {}
+            closes_at = self.spec.closes_at
+            writes: list[tuple[bytes, bytes | None]] = [
+                (raw, self.state.dump(window)) for raw, window in held.items()
+            ]
+            self.state.write_changes(writes)
+            timers = [(True, closes_at(w.end), raw) for raw, w in held.items()]
+            self.timers.change_owned(self.name, self.time, timers)
+
+    def _write(
+        self, pending: dict[bytes, tuple[list[Open], list[Open]]], upto: int | None
+    ) -> list[tuple[int, bytes]]:
+        """Write ``pending``'s windows and timers in a write batch each; with ``upto``, hold
+        back the windows that close by then (:meth:`hold_due`)."""
         writes: list[tuple[bytes, bytes | None]] = []
         timers: list[tuple[bool, int, bytes]] = []  # (register, when, timer key)
+        held: list[tuple[int, bytes]] = []
         closes_at = self.spec.closes_at
-        for raw, (before, after) in pending.items():
+        for raw, (before, now) in pending.items():
+            after = now
+            if upto is not None and any(closes_at(w.end) <= upto for w in now):
+                after = []
+                for window in now:
+                    when = closes_at(window.end)
+                    if when > upto:
+                        after.append(window)
+                        continue
+                    engine_key = entry_key(raw, window.start)
+                    self._held[engine_key] = window
+                    held.append((when, engine_key))
             writes += self.state.changes(raw, before, after)
             opened, gone = timer_changes(before, after)
             timers += [(False, closes_at(w.end), entry_key(raw, w.start)) for w in gone]
             timers += [(True, closes_at(w.end), entry_key(raw, w.start)) for w in opened]
         self.state.write_changes(writes)
         self.timers.change_owned(self.name, self.time, timers)
-        if self.triggers.updates:
-            for raw, (before, after) in pending.items():
-                self._updates(raw, before, after)
+        return held
 
     def _updates(self, raw: bytes, before: list[Open], after: list[Open]) -> None:
         """Early emissions (windows not closed yet) and late ones (closed, within the allowed
@@ -219,6 +270,7 @@ class WindowedStore:
     def windows(self, key: Any) -> list[Window]:
         """``key``'s open windows, by start, with their current values."""
         raw = self.keys.to_bytes(key)
+        self.release()
         pending = self._pending.get(raw)
         open_ = pending[1] if pending is not None else list(self.state.of(raw))
         result = self.aggregate.result
@@ -226,6 +278,10 @@ class WindowedStore:
 
     def _fire(self, timer_key: bytes, timestamp_ms: int, collector: MessageCollector) -> None:
         raw, start = split_entry_key(timer_key)
+        held = self._held.pop(timer_key, None)
+        if held is not None:  # out of the store already (hold_due)
+            self._emit(raw, held, collector)
+            return
         if self._pending:  # none at the end of a batch: the timers flushed every window store
             self.flush()
         lateness = self.triggers.allowed_lateness_ms
@@ -248,6 +304,9 @@ class WindowedStore:
                 "store; the timer store and the window store disagree (were they restored "
                 "from different checkpoints?)"
             )
+        self._emit(raw, window, collector)
+
+    def _emit(self, raw: bytes, window: Open, collector: MessageCollector) -> None:
         key = self.keys.from_bytes(raw)
         self.emit(
             Window(key, window.start, window.end, self.aggregate.result(window.acc)), collector
