@@ -65,6 +65,20 @@ def test_copies_go_to_other_hosts_first_and_are_spread(tmp_path: Path) -> None:
     assert s.copies["Partition 0"][0].executor != s.copies["Partition 1"][0].executor
 
 
+def test_a_copy_on_its_task_s_host_moves_when_another_host_can_keep_it(tmp_path: Path) -> None:
+    """A copy placed on its task's host while no other host existed, or whose task moved onto
+    its host, goes to another host once one can keep it: one host's loss must not take a
+    task's state and its only copy together."""
+    s = standbys_of(config_of(tmp_path))
+    s.place([A1, A2], dict.fromkeys(TASKS, A1))
+    assert all(c.executor == A2 for copies in s.copies.values() for c in copies)  # the best
+    s.place([A1, A2, B], dict.fromkeys(TASKS, A1))  # host-b joins
+    assert all([c.executor for c in s.copies[t]] == [B] for t in TASKS)
+    moved = dict.fromkeys(TASKS, Executor("4", "host-b"))  # the tasks move onto host-b
+    s.place([A1, B, moved[TASKS[0]]], moved)
+    assert all([c.executor.host for c in s.copies[t]] == ["host-a"] for t in TASKS)
+
+
 def test_one_executor_cannot_keep_standbys_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -227,6 +227,11 @@ def test_exactly_once_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
     v1 = job(tmp_path, **{"task.checkpoint.read.versions": "1,2"})
     with pytest.raises(ConfigError, match="needs V2 checkpoints"):
         JobCoordinator(v1, InlineRunner()).start()
+    # a restore that kept a failed batch's changelog records would count that batch in state
+    # and publish them with the next commit
+    kept = job(tmp_path, **{"task.transactional.state.checkpoint.enabled": "false"})
+    with pytest.raises(ConfigError, match="needs task.transactional.state.checkpoint.enabled"):
+        JobCoordinator(kept, InlineRunner()).start()
 
 
 class NoStaging(FileLogSystemFactory):

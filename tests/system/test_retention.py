@@ -226,3 +226,48 @@ def test_the_trim_command(tmp_path: Path) -> None:
         assert log_bytes(tmp_path / "data", f"pageviews/{p}") <= 10_000
     none = sp("stream", "trim", str(JOB), "pageviews", *sets, check=False)
     assert none.returncode == 2 and "retention.bytes" in none.stderr
+
+
+def test_protection_is_the_slowest_task_s_and_an_unread_partition_is_kept_whole(
+    tmp_path: Path,
+) -> None:
+    """A broadcast partition has one committed offset per task: retention keeps from the
+    smallest. A partition no task has a checkpoint for (one just added) is kept whole."""
+    from sparkpoint.system.retention import protected
+
+    config, systems = setup(tmp_path, **{"streams.events.retention.ms": "0"})
+    admin = systems.admin("filelog")
+    admin.add_partitions("events", 2)
+    append(systems, 50)
+    one = SystemStreamPartition("filelog", "events", 1)
+    producer = systems.producer("filelog")
+    for i in range(10):
+        producer.send("events", 1, Record("", b"k", b"v", 1_000 + i))
+    producer.flush()
+    reads = [{SSP: "40"}, {SSP: "12"}, {SSP: "33"}]  # three tasks reading events.0
+    protect = protected(admin, STREAM, reads)
+    assert protect == {SSP: "12", one: "0"}
+    trimmed = trim(config, systems, [STREAM], protect, job="pageviews-1", now_ms=10**12)
+    assert records(systems)[0].offset == "12"
+    assert admin.get_metadata([one])[one].oldest == "0"  # nothing of it committed: all kept
+    assert {t.ssp: t.dropped for t in trimmed} == {SSP: 12, one: 0}
+
+
+def test_the_trim_command_keeps_what_a_broadcast_input_has_not_committed(tmp_path: Path) -> None:
+    from sparkpoint.checkpoint.checkpoint import CheckpointId, CheckpointV2
+    from sparkpoint.checkpoint.manager import CheckpointManager
+    from sparkpoint.model import TaskName
+
+    config, systems = setup(
+        tmp_path,
+        **{"task.broadcast.inputs": "filelog.events", "streams.events.retention.ms": "0"},
+    )
+    append(systems, 40)
+    manager = CheckpointManager(config, systems)
+    manager.create_resources()
+    for task, offset in (("Partition 0", "29"), ("Partition 1", "9")):  # each read events.0
+        manager.write_checkpoint(TaskName(task), CheckpointV2(CheckpointId.create(), {SSP: offset}))
+    manager.close()
+    (t,) = trim_stream(config, systems, STREAM)
+    assert records(systems)[0].offset == "10"  # Partition 1 reads 10 next
+    assert t.dropped == 10 and t.held_back == 30

@@ -8,9 +8,10 @@ its admin's ``retention_start`` answers ``None``. Compacted streams (changelogs,
 never trimmed: compaction, not age, bounds them.
 
 The protection: ``protect`` maps each partition a job reads to the offset it reads next after
-its last checkpoint (everything before it is committed). Retention stops there, and says how
-many records it held back and for which job. ``force`` deletes them anyway, with an ERROR
-naming the job, the partition and the offsets it loses.
+its last checkpoint (everything before it is committed; :func:`protected` makes it: the
+smallest over the job's tasks, and a partition no checkpoint covers kept whole). Retention
+stops there, and says how many records it held back and for which job. ``force`` deletes
+them anyway, with an ERROR naming the job, the partition and the offsets it loses.
 
 May import config, errors and the system interfaces.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.system.base import SystemAdmin
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,31 @@ def retention_of(config: Config, stream: SystemStream) -> Retention | None:
     if limits == [None, None]:
         return None
     return Retention(limits[0], limits[1])
+
+
+def protected(
+    admin: SystemAdmin, stream: SystemStream, reads: Iterable[Mapping[SystemStreamPartition, str]]
+) -> dict[SystemStreamPartition, str]:
+    """What retention must keep of ``stream``, a stream a job reads: each partition's smallest
+    offset that any of ``reads`` (the offsets each task reads next after its checkpoint: a
+    broadcast partition has one per task) names, and the oldest offset of a partition none
+    names (a partition the job has not read yet, e.g. one just added: nothing of it is
+    committed)."""
+    ssps = [
+        SystemStreamPartition(stream.system, stream.stream, p)
+        for p in range(admin.partition_count(stream.stream))
+    ]
+    floor: dict[SystemStreamPartition, str] = {}
+    for offsets in reads:
+        for ssp, offset in offsets.items():
+            if ssp.system_stream != stream:
+                continue
+            if ssp not in floor or admin.offset_comparator(offset, floor[ssp]) < 0:
+                floor[ssp] = offset
+    missing = [ssp for ssp in ssps if ssp not in floor]
+    if missing:
+        floor.update({ssp: meta.oldest for ssp, meta in admin.get_metadata(missing).items()})
+    return floor
 
 
 def trim(
@@ -121,4 +148,4 @@ def trim(
     return out
 
 
-__all__ = ["PROPERTIES", "Retention", "Trimmed", "retention_of", "trim"]
+__all__ = ["PROPERTIES", "Retention", "Trimmed", "protected", "retention_of", "trim"]

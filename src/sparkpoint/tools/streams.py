@@ -18,7 +18,7 @@ from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record, SystemAdmin
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.retention import Trimmed, retention_of, trim
+from sparkpoint.system.retention import Trimmed, protected, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
@@ -165,28 +165,29 @@ def unread_ranges(
 def committed_read_offsets(
     config: Config, systems: Systems, stream: SystemStream
 ) -> dict[SystemStreamPartition, str]:
-    """For a stream the job reads (``task.inputs``): each partition's offset the job reads
-    next after its last checkpoint, and the oldest offset of a partition no checkpoint
-    covers (the job has not read it yet); empty for a stream the job does not read."""
+    """For a stream the job reads (``task.inputs`` or ``task.broadcast.inputs``): each
+    partition's offset the job reads next after its last checkpoint (the smallest over its
+    tasks), and the oldest offset of a partition no checkpoint covers (the job has not read it
+    yet); empty for a stream the job does not read."""
     from sparkpoint.checkpoint.manager import CheckpointManager
 
-    if stream not in config.inputs:
+    read = {*config.inputs, *(s for s, _ in config.broadcast_inputs)}
+    if stream not in read:
         return {}
     admin = systems.admin(stream.system)
-    ssps = [
-        SystemStreamPartition(stream.system, stream.stream, p)
-        for p in range(admin.partition_count(stream.stream))
-    ]
-    keep = {ssp: meta.oldest for ssp, meta in admin.get_metadata(ssps).items()}
     try:
         checkpoints = CheckpointManager(config, systems).read_all()
     except StreamNotFound:  # the job never ran: it has read nothing
         checkpoints = {}
-    for checkpoint in checkpoints.values():
-        for ssp, offset in checkpoint.input_offsets.items():
-            if ssp in keep:
-                keep[ssp] = admin.offset_after(ssp, offset)
-    return keep
+    reads = [
+        {
+            ssp: admin.offset_after(ssp, offset)
+            for ssp, offset in checkpoint.input_offsets.items()
+            if ssp.system_stream == stream
+        }
+        for checkpoint in checkpoints.values()
+    ]
+    return protected(admin, stream, reads)
 
 
 def trim_stream(

@@ -22,7 +22,13 @@ from sparkpoint.storage.local import LocalTaskState
 
 TASK = TaskName("Partition 0")
 SSP = SystemStreamPartition("filelog", "pageviews", 0)
-BEGUN = Begun({SSP: "5"}, {SSP: "4"}, [RestoreStats("counts", "changelog", 3)], kept=False)
+BEGUN = Begun(
+    {SSP: "5"},
+    {SSP: "4"},
+    [RestoreStats("counts", "changelog", 3)],
+    kept=False,
+    promoted_copy="3",  # the finish reports the promoted standby copy to the driver
+)
 END = ReadEnd({SSP: "9"}, {SSP: "8"}, processed=4)
 
 

@@ -79,6 +79,8 @@ class Begun:
     #: inputs wait this batch (a bootstrapping table is not read up to the batch's end yet)
     table_records: int = 0
     held: bool = False
+    #: the executor whose standby copy the restore promoted (the driver takes it off its list)
+    promoted_copy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ class TaskPhases:
             watermark=note.get("watermark"),
             table_records=int(note.get("table_records", 0)),
             held=bool(note.get("held")),
+            promoted_copy=note.get("promoted_copy"),
         )
 
     def read_end(self) -> ReadEnd | None:
@@ -208,6 +211,7 @@ class TaskPhases:
                 "watermark": established.watermark,
                 "table_records": established.table_records,
                 "held": established.held,
+                "promoted_copy": established.promoted_copy,
             },
         )
 

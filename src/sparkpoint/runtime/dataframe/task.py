@@ -119,6 +119,7 @@ class FrameTask:
             watermark,
             tables,
             held,
+            batch.storage.promoted_copy,
         )
         self.phases.begin(begun)
         return begun
@@ -134,7 +135,10 @@ class FrameTask:
         else:
             begun, end = whole.begun, whole.end
             batch.resume(
-                kept=begun.kept, restored=begun.restored, last_processed=end.last_processed
+                kept=begun.kept,
+                restored=begun.restored,
+                last_processed=end.last_processed,
+                promoted_copy=begun.promoted_copy,
             )
             next_offsets, processed = dict(end.next), end.processed
         result = batch.finish(

@@ -103,7 +103,7 @@ from sparkpoint.storage.state_id import (
 from sparkpoint.storage.tables import check_tables
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.retention import trim
+from sparkpoint.system.retention import protected, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, job_model
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,15 @@ def _parts(pending: Mapping[str, Sequence[str]]) -> set[str]:
 
 def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
     """Refuse exactly-once output where it cannot hold: checkpoints that would not carry the
-    staged output's markers (V2 only)."""
+    staged output's markers (V2 only), or a restore that keeps a failed batch's changelog
+    records (its state would count that batch, and the records would be published)."""
+    if exactly_once(config) and not config.get_bool("task.transactional.state.checkpoint.enabled"):
+        raise ConfigError(
+            "job.processing.guarantee=exactly-once needs "
+            "task.transactional.state.checkpoint.enabled=true (the default): a restore must "
+            "drop the changelog records written after the checkpoint, or a failed batch's "
+            "state changes would stay and be published with the next commit"
+        )
     if 2 not in checkpoints.write_versions or checkpoints.read_versions[0] != 2:
         what = (
             "job.processing.guarantee=exactly-once"
@@ -480,7 +488,14 @@ class JobCoordinator:
         return self.systems.admin(ssp.system).offset_comparator(a, b)
 
     def _checkpointed(self) -> dict[SystemStreamPartition, str]:
-        return {s: o for ts in self.tasks.values() for s, o in ts.from_checkpoint.items()}
+        """Each SSP's offset the job reads next after its checkpoints: the smallest over its
+        tasks (each task reading a broadcast SSP has its own)."""
+        out: dict[SystemStreamPartition, str] = {}
+        for ts in self.tasks.values():
+            for ssp, offset in ts.from_checkpoint.items():
+                if ssp not in out or self._cmp(ssp, offset, out[ssp]) < 0:
+                    out[ssp] = offset
+        return out
 
     def _open_batch_log(self, startpoints: bool) -> None:
         assert self.metadata_store is not None
@@ -1210,11 +1225,18 @@ class JobCoordinator:
         if (now - self._last_retention) * 1000 < self.config.get_int("job.retention.check.ms"):
             return
         self._last_retention = now
-        streams = sorted({s.system_stream for ts in self.tasks.values() for s in ts.model.ssps})
+        read = {s.system_stream for ts in self.tasks.values() for s in ts.model.ssps}
+        streams = sorted(s for s in read if retention_of(self.config, s) is not None)
+        reads = [ts.from_checkpoint for ts in self.tasks.values()]
         try:
-            trimmed = trim(
-                self.config, self.systems, streams, self._checkpointed(), job=self.config.job_label
-            )
+            protect = {
+                ssp: offset
+                for stream in streams
+                for ssp, offset in protected(
+                    self.systems.admin(stream.system), stream, reads
+                ).items()
+            }
+            trimmed = trim(self.config, self.systems, streams, protect, job=self.config.job_label)
         except OSError as exc:  # retention only frees disk: the job goes on, and retries
             log.warning("retention: %s; tried again after the next commit", exc)
             return

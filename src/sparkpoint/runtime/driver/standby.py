@@ -176,7 +176,8 @@ class Standbys:
         return out
 
     def place(self, live: Sequence[Executor], assignment: Mapping[str, Executor]) -> None:
-        """Drop copies on gone executors and on their task's own; add copies up to the
+        """Drop copies on gone executors and on their task's own, and those on their task's
+        host when an executor of another host can keep one instead; add copies up to the
         factor (see the module docstring)."""
         if not self.enabled or not live:
             return
@@ -185,6 +186,12 @@ class Standbys:
         for task in sorted(set(self.tasks) - self.given_up):
             own = assignment.get(task)
             copies = [c for c in self.copies[task] if c.executor in alive and c.executor != own]
+            if own is not None:  # a copy on its task's host goes where another host is free
+                elsewhere = [e for e in live if e.host != own.host]
+                for copy in [c for c in copies if c.executor.host == own.host]:
+                    used = {c.executor for c in copies}
+                    if any(e not in used for e in elsewhere):
+                        copies.remove(copy)
             taken = {c.executor for c in copies}
             while len(copies) < self.factor - 1:
                 free = [e for e in live if e != own and e not in taken]

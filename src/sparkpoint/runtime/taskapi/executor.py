@@ -243,12 +243,14 @@ class TaskBatch:
         kept: bool,
         restored: Sequence[RestoreStats],
         last_processed: Mapping[SystemStreamPartition, str],
+        promoted_copy: str | None = None,
     ) -> None:
         """A later phase of a batch whose state an earlier phase established (the DataFrame
-        API): open the stores as they are, and take what :meth:`begin` found and what the batch
-        processed since."""
+        API): open the stores as they are, and take what :meth:`begin` found (its restore, a
+        standby copy it promoted) and what the batch processed since."""
         self.kept = kept
         self.storage.restored = list(restored)
+        self.storage.promoted_copy = promoted_copy
         self.last_processed = dict(last_processed)
         self.storage.open_live()
 
