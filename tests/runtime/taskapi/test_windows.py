@@ -433,3 +433,59 @@ def test_held_windows_past_the_batch_s_limit_go_out_in_the_next(
     assert recorded.stored() == 3  # c's and d's, written back; a's [50, 60)
     assert recorded.batch([("a", 51)]) == [("c", 0, 1), ("d", 0, 1)]
     assert recorded.stored() == 1
+
+
+def _reference_windows(
+    spec: WindowSpec, records: list[tuple[str, int]], watermark: int
+) -> tuple[list[tuple[str, int, int]], int]:
+    """The windows of in-order ``records`` closed by ``watermark`` as ``(key, start, count)``,
+    and how many are still open: by the definitions, a record at a time."""
+    windows: dict[tuple[str, int], list[int]] = {}  # (key, start) -> [end, count]
+    if spec.is_session:
+        by_key: dict[str, list[int]] = {}
+        for key, at in records:
+            by_key.setdefault(key, []).append(at)
+        for key, times in by_key.items():
+            start = end = times[0]
+            n = 0
+            for at in times:
+                if at - end > spec.gap_ms:
+                    windows[(key, start)] = [end, n]
+                    start, n = at, 0
+                end, n = at, n + 1
+            windows[(key, start)] = [end, n]
+    else:
+        for key, at in records:
+            for start, end in spec.windows_of(at):
+                windows.setdefault((key, start), [end, 0])[1] += 1
+    closed = sorted(
+        (key, start, n)
+        for (key, start), (end, n) in windows.items()
+        if spec.closes_at(end) <= watermark
+    )
+    return closed, len(windows) - len(closed)
+
+
+@pytest.mark.parametrize(
+    "spec", [WindowSpec.tumbling(10), WindowSpec.hopping(12, 4), WindowSpec.session(6)]
+)
+def test_windows_held_or_stored_across_random_batches_match_the_definitions(
+    tmp_path: Path, spec: WindowSpec
+) -> None:
+    """In-order records of a few keys in batches of random sizes: some windows open and close
+    within a batch (held), others span batches (stored, then closed by their timers, or held
+    once a later batch changes and closes them). Everything that went out, and what the store
+    keeps, is what the definitions say."""
+    rng = random.Random(17)
+    recorded = _Recorded(tmp_path, spec)
+    at, sent, out = 0, [], []
+    for _ in range(30):
+        batch = []
+        for _ in range(rng.randint(1, 25)):
+            at += rng.choice([0, 1, 2, 3, 9])
+            batch.append((rng.choice("abcd"), at))
+        out += recorded.batch(batch)
+        sent += batch
+    closed, still_open = _reference_windows(spec, sent, at)
+    assert sorted(out) == closed and len(out) == len(set(out))
+    assert recorded.stored() == still_open
