@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from windows_pipeline import build
 
-from sparkpoint import count, session_window, tumbling_window
+from sparkpoint import count, hopping_window, session_window, tumbling_window
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
@@ -22,11 +22,14 @@ from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.testing import JobTestDriver
 from tests.runtime.taskapi.test_windows import (
     BAD,
+    HOP_SIZE,
+    HOP_SLIDE,
     MINUTE,
     SESSION,
     Views,
     _triggered,
     check,
+    check_hops,
     emitted,
     job,
     run_rounds,
@@ -35,12 +38,12 @@ from tests.runtime.taskapi.test_windows import (
 )
 
 
-def run(config: Config, spark: Any | None) -> None:
+def run(config: Config, spark: Any | None, pipeline_of: Any = build) -> None:
     if spark is None:
         runner: Any = InlineRunner()
     else:
         pipeline = Pipeline(
-            build, config=config.to_dict(), value_schema="user STRING, page STRING, ts LONG"
+            pipeline_of, config=config.to_dict(), value_schema="user STRING, page STRING, ts LONG"
         )
         runner = DataFrameRunner(spark, pipeline, config)
     coordinator = JobCoordinator(config, runner)
@@ -52,9 +55,13 @@ def run(config: Config, spark: Any | None) -> None:
 
 @pytest.mark.parametrize("apis", [("frame", "frame"), ("task", "frame")])
 def test_the_pipeline_closes_the_reference_s_windows_and_keeps_the_task_api_s(
-    tmp_path: Path, spark: Any, apis: tuple[str, str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    spark: Any,
+    apis: tuple[str, str],
+    log_system: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = job(tmp_path)
+    config = job(tmp_path, log_system)
     sent: Views = []
     for round_, api in enumerate(apis):
         batch = views(400, seed=90 + round_, start_ms=sent[-1][1] if sent else 0)
@@ -185,3 +192,45 @@ def test_triggers_emit_as_the_task_api_does(tmp_path: Path, spark: Any) -> None:
     with JobTestDriver(pipeline, tmp_path / "frame", spark=spark) as kit:
         frame = run_rounds(kit, rounds, "count")
     assert frame == _triggered(tmp_path / "task", triggers, rounds)
+
+
+def _hops(batch: Batch) -> Any:
+    """The task API's ``_Hops`` as a pipeline: views per user in hopping windows."""
+    system = batch.config.inputs[0].system
+    views = batch.df.select("task", "value.user", "event_time")
+    window = hopping_window("minute-counts", size_ms=HOP_SIZE, slide_ms=HOP_SLIDE)
+    closed = batch.window(views, key="user", windows=window)
+    out = closed.select(
+        F.col("key").alias("user"), "window_start", "window_end", F.col("value").alias("count")
+    )
+    return [batch.to_stream(out, f"{system}.user-minute-counts", key="user")]
+
+
+def test_hopping_windows_move_between_the_apis_and_stay_exact_across_a_crash(
+    tmp_path: Path, spark: Any, log_system: dict[str, str]
+) -> None:
+    """Hopping windows opened by the task API go on in the pipeline (the same layout), which
+    a crash in its window step leaves exact."""
+    flag = tmp_path / "crash.flag"
+    config = job(
+        tmp_path,
+        log_system,
+        **{
+            "task.class": "tests.runtime.taskapi.test_windows:_Hops",
+            "testing.crash.at": "during-stateful-step",
+            "testing.crash.flag": str(flag),
+        },
+    )
+    sent = views(300, seed=86, start_ms=0)
+    send(config, sent)
+    run(config, None)  # the task API
+    check_hops(config, sent)
+    more = views(300, seed=87, start_ms=sent[-1][1])
+    send(config, more)
+    sent += more
+    flag.write_text("0")
+    with pytest.raises(Exception, match="injected crash"):
+        run(config, spark, _hops)
+    assert not flag.exists(), "the crash point was never reached"
+    run(config, spark, _hops)
+    check_hops(config, sent)

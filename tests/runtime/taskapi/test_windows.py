@@ -489,3 +489,81 @@ def test_windows_held_or_stored_across_random_batches_match_the_definitions(
     closed, still_open = _reference_windows(spec, sent, at)
     assert sorted(out) == closed and len(out) == len(set(out))
     assert recorded.stored() == still_open
+
+
+#: the hopping windows of the hopping tests: a minute, starting every 20 s
+HOP_SIZE, HOP_SLIDE = 60_000, 20_000
+
+
+class _Hops(StreamTask):
+    """Views per user in hopping windows, in the example's ``minute-counts`` store, sent to
+    ``user-minute-counts`` as the example's minutes are."""
+
+    def init(self, context: Any) -> None:
+        self.hops = context.windows.hopping(
+            "minute-counts",
+            size_ms=HOP_SIZE,
+            slide_ms=HOP_SLIDE,
+            aggregate=count(),
+            emit=self.emit,
+        )
+
+    def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+        self.system = envelope.ssp.system
+        self.hops.add(envelope.key, envelope.event_time)
+
+    def emit(self, window: Any, collector: Any) -> None:
+        out = {"user": window.key, "window_start": window.start, "window_end": window.end}
+        stream = SystemStream(self.system, "user-minute-counts")
+        collector.send(OutgoingMessageEnvelope(stream, window.key, {**out, "count": window.value}))
+
+
+def check_hops(config: Config, sent: Views) -> None:
+    """The hopping windows that went out are those each task's watermark (its largest event
+    time less the job's 5 s lateness) closed, with their counts; the store keeps the rest."""
+    admin = Systems(config).admin(config.inputs[0].system)
+    spec = WindowSpec.hopping(HOP_SIZE, HOP_SLIDE)
+    top: dict[int, int] = {}
+    counts: Counter[tuple[str, int]] = Counter()
+    for user, at in sent:
+        p = admin.partition_for_key(user.encode(), 4)
+        top[p] = max(top.get(p, at), at)
+        for start, _end in spec.windows_of(at):
+            counts[(user, start)] += 1
+    closed = set()
+    for (user, start), n in counts.items():
+        if start + HOP_SIZE <= top[admin.partition_for_key(user.encode(), 4)] - 5_000:
+            closed.add((user, start, start + HOP_SIZE, n))
+    assert 0 < len(closed) < len(counts)  # the input closes some windows, not all
+    assert set(emitted(config, "user-minute-counts", MINUTE)) == closed
+    stored = sum(1 for _ in committed_raw_entries(config, "minute-counts"))
+    assert stored == len(counts) - len(closed)
+
+
+@pytest.mark.parametrize("point", ["after-checkpoint-write", "during-cleanup"])
+def test_hopping_windows_are_exact_across_a_crash(
+    tmp_path: Path, log_system: dict[str, str], point: str
+) -> None:
+    flag = tmp_path / "crash.flag"
+    config = job(
+        tmp_path,
+        log_system,
+        **{
+            "task.class": f"{__name__}:_Hops",
+            "testing.crash.at": point,
+            "testing.crash.flag": str(flag),
+        },
+    )
+    sent = views(400, seed=84, start_ms=0)
+    send(config, sent)
+    run(config, until_caught_up=True)
+    check_hops(config, sent)
+    more = views(500, seed=85, start_ms=sent[-1][1])
+    send(config, more)
+    sent += more
+    flag.write_text("1")
+    with pytest.raises((InjectedCrash, SparkpointError)):
+        run(config, until_caught_up=True)
+    assert not flag.exists(), f"the crash point {point} was never reached"
+    run(config, until_caught_up=True)
+    check_hops(config, sent)

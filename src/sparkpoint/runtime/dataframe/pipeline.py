@@ -664,11 +664,6 @@ class DataFrameRunner:
         cached = source.df.persist(StorageLevel.MEMORY_AND_DISK)
         frame = Batch(self.spark, cached, batch, plans, self.config)
         frame._cached.append(cached)
-        if plans and all(p.commits.clean_up_only for p in plans):
-            try:  # no pipeline: only each task's finish, which cleans up after the checkpoint
-                return self._finish(cached, Finisher(plans, []))
-            finally:
-                frame.release()
         sent: dict[str, int] = {}
         t0 = time.monotonic()
         # (a batch is several Spark jobs, each over every task: one task of a lost executor
@@ -676,6 +671,9 @@ class DataFrameRunner:
         locations = {p.location for p in plans if p.location}
         with ExecutorWatch(self.spark.sparkContext, group, locations) as watch:
             try:
+                if plans and all(p.commits.clean_up_only for p in plans):
+                    # no pipeline: only each task's finish, which cleans up after the checkpoint
+                    return self._finish(cached, Finisher(plans, []))
                 outputs = _outputs(self.pipeline.build(frame))
                 if exactly_once(self.config):
                     _check_sinks_stage(outputs)
