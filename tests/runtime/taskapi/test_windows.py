@@ -321,6 +321,13 @@ def test_a_users_timer_finds_the_windows_closed_before_it_gone(tmp_path: Path) -
     assert [w.start for w in windows.windows("a")] == [10]
 
 
+class _Nowhere:
+    """A collector that takes nothing (these windows send nothing themselves)."""
+
+    def send(self, envelope: Any) -> None:
+        raise AssertionError(f"sent {envelope}")
+
+
 class _Recorded:
     """A window store over an in-memory engine, its timers, and every key written to either."""
 
@@ -352,31 +359,56 @@ class _Recorded:
         self.windows_store = store("windows")
         self.spec = spec
 
-    def batch(self, records: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    def batch(
+        self,
+        records: list[tuple[str, int]],
+        *,
+        triggers: Any = None,
+        user_timers: tuple[tuple[str, int], ...] = (),
+        on_emit: Any = None,
+    ) -> list[Any]:
         """One batch (its own timers and window store, as a task's): the records in, the
-        watermark to the last one's time; what went out."""
+        watermark to the last one's time; what went out, in order: ``(key, start, value)``
+        of a window (``+ emission`` with ``triggers``), ``("timer", key, time)`` of a user's
+        timer (``user_timers`` are registered first). ``on_emit(windows, window)`` runs as a
+        window goes out."""
         from sparkpoint.runtime.taskapi.timers import TaskTimers
         from sparkpoint.runtime.taskapi.windows import WindowedStore
         from sparkpoint.storage.timers import TimeKind
 
-        emitted: list[tuple[str, int, int]] = []
+        emitted: list[Any] = []
         timers = TaskTimers(
             TaskName("Partition 0"), self.config, self.timer_store, frozenset({self.ssp})
         )
+
+        def emit(w: Any, _collector: Any) -> None:
+            extra = (w.emission,) if triggers is not None else ()
+            emitted.append((w.key, w.start, w.value, *extra))
+            if on_emit is not None:
+                on_emit(windows, w)
+
         windows = WindowedStore(
             "windows",
             self.windows_store,
             timers,
             self.spec,
             count(),
-            lambda w, _collector: emitted.append((w.key, w.start, w.value)),
+            emit,
             TimeKind.EVENT,
             None,
+            triggers,
         )
+        for key, at in user_timers:
+            timers.register(key, at, "event")
         for key, at in records:
-            windows.add(key, at)
+            windows.add(key, at, collector=_Nowhere())
         timers.seen(self.ssp, max(at for _, at in records))
-        timers.end_of_batch(None, None, None)  # type: ignore[arg-type]
+
+        class Task:
+            def on_timer(self, key: Any, timestamp_ms: int, *_: Any) -> None:
+                emitted.append(("timer", key, timestamp_ms))
+
+        timers.end_of_batch(Task(), _Nowhere(), None)  # type: ignore[arg-type]
         return emitted
 
     def stored(self) -> int:
@@ -567,3 +599,48 @@ def test_hopping_windows_are_exact_across_a_crash(
     assert not flag.exists(), f"the crash point {point} was never reached"
     run(config, until_caught_up=True)
     check_hops(config, sent)
+
+
+def test_windows_with_triggers_still_go_out_in_the_batch_that_closes_them(tmp_path: Path) -> None:
+    """A window store with early emissions or an allowed lateness keeps its windows after they
+    go out (no window is held): its changes are written before the timers fire, so a window
+    opened and closed in one batch goes out on time in that batch."""
+    from sparkpoint.runtime.taskapi.windows import Triggers
+
+    late = _Recorded(tmp_path / "late", WindowSpec.tumbling(10))
+    assert late.batch([("a", 1), ("a", 40)], triggers=Triggers(allowed_lateness_ms=5)) == [
+        ("a", 0, 1, "on_time")
+    ]
+    early = _Recorded(tmp_path / "early", WindowSpec.tumbling(10))
+    assert early.batch([("a", 1), ("a", 40)], triggers=Triggers(early=True)) == [
+        ("a", 0, 1, "early"),
+        ("a", 40, 1, "early"),
+        ("a", 0, 1, "on_time"),
+    ]
+
+
+def test_a_user_s_timer_among_held_windows_keeps_the_firing_order(tmp_path: Path) -> None:
+    """A user's timer due before held windows writes them back (its ``on_timer`` sees them in
+    the store); they still go out in their turn, before windows that close later."""
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    assert recorded.batch([("a", 3), ("c", 5), ("b", 9)]) == []  # watermark 9: all stored
+    out = recorded.batch([("a", 4), ("b", 15), ("d", 30)], user_timers=(("u", 6),))
+    # a's [0, 10) changed (held), b's and c's stored; b's [10, 20) new (held)
+    assert out == [("timer", "u", 6), ("a", 0, 2), ("b", 0, 1), ("c", 0, 1), ("b", 10, 1)]
+    assert recorded.stored() == 1  # d's [30, 40): still open
+
+
+def test_reading_a_window_store_while_its_windows_go_out_delays_none(tmp_path: Path) -> None:
+    """Emit code that reads the store's windows writes the held ones back: they still go out
+    in this batch, in their turn."""
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    seen: list[int] = []
+
+    def read(windows: Any, window: Any) -> None:
+        seen.append(len(windows.windows(window.key)))
+
+    records = [("x", 1), ("x", 12), ("y", 25), ("z", 33), ("z", 45)]
+    out = recorded.batch(records, on_emit=read)
+    assert out == [("x", 0, 1), ("x", 10, 1), ("y", 20, 1), ("z", 30, 1)]
+    assert seen == [1, 0, 0, 1]  # x's [10, 20) after [0, 10); z's [40, 50) is open
+    assert recorded.stored() == 1

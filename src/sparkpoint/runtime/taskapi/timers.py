@@ -107,7 +107,7 @@ class TaskTimers:
         self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
         self._seen: dict[SystemStreamPartition, int] = {}
         self._owners: dict[str, OwnedHandler] = {}
-        self._flushes: list[Callable[[], None]] = []
+        self._flushes: dict[str, Callable[[], None]] = {}
         self._holders: dict[str, tuple[TimeKind, HoldsDue]] = {}
         self.late = 0
         self.fired = 0
@@ -225,21 +225,24 @@ class TaskTimers:
         memory when they are due by the end of the batch (:class:`HoldsDue`)."""
         self._timers()
         self._owners[owner] = handler
-        self._flushes.append(flush)
+        self._flushes[owner] = flush
         if holder is not None:
             self._holders[owner] = holder
 
     def flush_owned(self) -> None:
-        for flush in self._flushes:
+        for flush in self._flushes.values():
             flush()
 
     def _hold_due(self) -> dict[TimeKind, deque[Timer]]:
-        """Each holder's due timers held in memory, by kind, in firing order."""
+        """Each helper writes what the batch changed; a holder holds back what is due by now
+        (:class:`HoldsDue`): its timers, by kind, in firing order."""
         held: dict[TimeKind, list[Timer]] = {kind: [] for kind in TimeKind}
-        for owner, (kind, holder) in self._holders.items():
-            held[kind] += [
-                Timer(when, kind, owned_key(owner, raw)) for when, raw in holder.hold_due()
-            ]
+        for owner, flush in self._flushes.items():
+            if owner not in self._holders:
+                flush()
+                continue
+            kind, holder = self._holders[owner]
+            held[kind] += [Timer(t, kind, owned_key(owner, raw)) for t, raw in holder.hold_due()]
         return {kind: deque(sorted(timers, key=_order)) for kind, timers in held.items()}
 
     def _release_held(self) -> None:
@@ -305,8 +308,8 @@ class TaskTimers:
         held in memory and goes out in its turn. A user's timer, or the per-batch limit,
         writes back what is held first (it then fires from the store)."""
         store = self._timers()
-        assert self._keys is not None
         held = self._hold_due()
+        given: set[Timer] = set()  # each goes out once per call (one due again: the next)
         try:
             for kind, upto in (
                 (TimeKind.EVENT, self.watermark_ms),
@@ -315,45 +318,62 @@ class TaskTimers:
                 if upto is None:
                     continue
                 mine = held[kind]
-                for timer in store.due(kind, upto):
-                    while mine and _order(mine[0]) < _order(timer):
+                while True:  # until a pass finds nothing new (the code may register more)
+                    before = len(given)
+                    for timer in store.due(kind, upto):
+                        while mine and _order(mine[0]) < _order(timer):
+                            if self._limited():
+                                return
+                            yield from self._fire_held(store, mine.popleft(), given)
+                        if timer in given or store.gone(timer):  # (gone: by a held one's code)
+                            continue
                         if self._limited():
                             return
-                        yield from self._fire_held(mine.popleft())
-                    if store.gone(timer):  # deleted by the code of a held one just now
-                        continue
-                    if self._limited():
-                        return
-                    # deleted with the next ones in one write batch: before any use of the
-                    # timers, and before a user's timer goes out (its code may stop here)
-                    store.delete_later(timer)
-                    self.fired += 1
-                    owned = split_owned(timer.key)
-                    if owned is not None:
-                        yield kind, OwnedTimer(*owned), timer.timestamp_ms
-                        continue
-                    store.settle()
-                    self._release_held()  # its code sees the windows not closed yet
-                    self.flush_owned()  # and the closed ones gone
-                    yield kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
-                while mine:
-                    if self._limited():
-                        return
-                    yield from self._fire_held(mine.popleft())
+                        yield from self._fire(store, timer, given)
+                    while mine:
+                        if self._limited():
+                            return
+                        yield from self._fire_held(store, mine.popleft(), given)
+                    if len(given) == before:
+                        break
         finally:
             store.settle()
             self._release_held()  # what the limit left: from the store in the next batch
             self.flush_owned()  # the window stores delete the windows that closed
 
-    def _fire_held(self, timer: Timer) -> Iterator[tuple[TimeKind, Any, int]]:
-        """A held timer (:meth:`expire`), unless its holder wrote it back meanwhile (it then
-        fires from the store)."""
+    def _fire(
+        self, store: TimerStore, timer: Timer, given: set[Timer]
+    ) -> Iterator[tuple[TimeKind, Any, int]]:
+        """A timer of the store: deleted with the next ones in one write batch, before any use
+        of the timers, and before a user's timer goes out (its code may stop there)."""
+        assert self._keys is not None
+        store.delete_later(timer)
+        given.add(timer)
+        self.fired += 1
+        owned = split_owned(timer.key)
+        if owned is not None:
+            yield timer.kind, OwnedTimer(*owned), timer.timestamp_ms
+            return
+        store.settle()
+        self._release_held()  # its code sees the windows not closed yet in the store
+        self.flush_owned()  # and the closed ones gone
+        yield timer.kind, self._keys.from_bytes(timer.key), timer.timestamp_ms
+
+    def _fire_held(
+        self, store: TimerStore, timer: Timer, given: set[Timer]
+    ) -> Iterator[tuple[TimeKind, Any, int]]:
+        """A held timer in its turn: from memory, or, when its holder wrote it back meanwhile
+        (a user's timer went out before it, or code read or added to its window store), from
+        the store, whose timer it deletes (unless that timer went out already)."""
+        if timer in given:
+            return
         owned = split_owned(timer.key)
         assert owned is not None
-        holder = self._holders[owned[0]][1]
-        if holder.holds(owned[1]):
-            self.fired += 1
-            yield timer.kind, OwnedTimer(*owned), timer.timestamp_ms
+        if not self._holders[owned[0]][1].holds(owned[1]):
+            store.delete_later(timer)
+        given.add(timer)
+        self.fired += 1
+        yield timer.kind, OwnedTimer(*owned), timer.timestamp_ms
 
     def _limited(self) -> bool:
         """Whether this batch fired :data:`MAX_FIRED_PER_BATCH` timers (the caller stops)."""
