@@ -122,10 +122,25 @@ def test_windows_close_exactly_as_the_reference_says(
 def test_a_crash_at_every_step_leaves_the_windows_exact(tmp_path: Path, point: str) -> None:
     flag = tmp_path / "crash.flag"
     config = job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
-    sent = views(500, seed=80, start_ms=0)
+    sent = crashed_in_round_two(config, flag, point, (500, 80), (600, 81), lambda _c, _s: None)
+    check(config, sent, once=False)  # a window may go out again, always with its one value
+
+
+def crashed_in_round_two(
+    config: Config,
+    flag: Path,
+    point: str,
+    first: tuple[int, int],
+    second: tuple[int, int],
+    check_first: Any,
+) -> Views:
+    """Views (``(n, seed)``) run to the end, ``check_first(config, sent)``; then more, whose
+    run crashes at ``point`` (``flag``), and a run after it: every view sent."""
+    sent = views(first[0], seed=first[1], start_ms=0)
     send(config, sent)
     run(config, until_caught_up=True)
-    more = views(600, seed=81, start_ms=sent[-1][1])
+    check_first(config, sent)
+    more = views(second[0], seed=second[1], start_ms=sent[-1][1])
     send(config, more)
     sent += more
     flag.write_text("1")
@@ -133,7 +148,7 @@ def test_a_crash_at_every_step_leaves_the_windows_exact(tmp_path: Path, point: s
         run(config, until_caught_up=True)
     assert not flag.exists(), f"the crash point {point} was never reached"
     run(config, until_caught_up=True)
-    check(config, sent, once=False)  # a window may go out again, always with its one value
+    return sent
 
 
 class _Sums(StreamTask):
@@ -586,19 +601,7 @@ def test_hopping_windows_are_exact_across_a_crash(
             "testing.crash.flag": str(flag),
         },
     )
-    sent = views(400, seed=84, start_ms=0)
-    send(config, sent)
-    run(config, until_caught_up=True)
-    check_hops(config, sent)
-    more = views(500, seed=85, start_ms=sent[-1][1])
-    send(config, more)
-    sent += more
-    flag.write_text("1")
-    with pytest.raises((InjectedCrash, SparkpointError)):
-        run(config, until_caught_up=True)
-    assert not flag.exists(), f"the crash point {point} was never reached"
-    run(config, until_caught_up=True)
-    check_hops(config, sent)
+    check_hops(config, crashed_in_round_two(config, flag, point, (400, 84), (500, 85), check_hops))
 
 
 def test_windows_with_triggers_still_go_out_in_the_batch_that_closes_them(tmp_path: Path) -> None:
