@@ -647,3 +647,19 @@ def test_reading_a_window_store_while_its_windows_go_out_delays_none(tmp_path: P
     assert out == [("x", 0, 1), ("x", 10, 1), ("y", 20, 1), ("z", 30, 1)]
     assert seen == [1, 0, 0, 1]  # x's [10, 20) after [0, 10); z's [40, 50) is open
     assert recorded.stored() == 1
+
+
+def test_a_window_store_opened_twice_in_a_batch_is_refused(tmp_path: Path) -> None:
+    """Two objects over one window store would each hold their own changes and windows (and
+    one would be dropped): the second open names the store and the fix."""
+    from sparkpoint.runtime.taskapi.timers import TaskTimers
+
+    recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
+    timers = TaskTimers(
+        TaskName("Partition 0"), recorded.config, recorded.timer_store, frozenset({recorded.ssp})
+    )
+    stores = {"minutes": recorded.windows_store}
+    opener = TaskWindows(TaskName("Partition 0"), recorded.config, stores, timers)
+    opener.tumbling("minutes", size_ms=10, aggregate=count(), emit=lambda w, c: None)
+    with pytest.raises(ConfigError, match="store 'minutes' is opened twice in one batch"):
+        opener.tumbling("minutes", size_ms=10, aggregate=count(), emit=lambda w, c: None)

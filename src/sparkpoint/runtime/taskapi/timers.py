@@ -224,6 +224,11 @@ class TaskTimers:
         at the end of the batch). ``holder``: the owner's timers of that kind can be held in
         memory when they are due by the end of the batch (:class:`HoldsDue`)."""
         self._timers()
+        if owner in self._owners:  # two objects' changes and held windows under one name
+            raise ConfigError(
+                f"task {self.task}: store {owner!r} is opened twice in one batch as a window "
+                "or join store: open it once (in init()) and keep the object"
+            )
         self._owners[owner] = handler
         self._flushes[owner] = flush
         if holder is not None:
