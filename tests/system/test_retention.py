@@ -233,7 +233,7 @@ def test_protection_is_the_slowest_task_s_and_an_unread_partition_is_kept_whole(
 ) -> None:
     """A broadcast partition has one committed offset per task: retention keeps from the
     smallest. A partition no task has a checkpoint for (one just added) is kept whole."""
-    from sparkpoint.system.retention import protected
+    from sparkpoint.system.retention import earliest, protected
 
     config, systems = setup(tmp_path, **{"streams.events.retention.ms": "0"})
     admin = systems.admin("filelog")
@@ -245,7 +245,8 @@ def test_protection_is_the_slowest_task_s_and_an_unread_partition_is_kept_whole(
         producer.send("events", 1, Record("", b"k", b"v", 1_000 + i))
     producer.flush()
     reads = [{SSP: "40"}, {SSP: "12"}, {SSP: "33"}]  # three tasks reading events.0
-    protect = protected(admin, STREAM, reads)
+    committed = earliest(reads, lambda _ssp, a, b: admin.offset_comparator(a, b))
+    protect = protected(admin, STREAM, committed)
     assert protect == {SSP: "12", one: "0"}
     trimmed = trim(config, systems, [STREAM], protect, job="pageviews-1", now_ms=10**12)
     assert records(systems)[0].offset == "12"

@@ -9,7 +9,7 @@ never trimmed: compaction, not age, bounds them.
 
 The protection: ``protect`` maps each partition a job reads to the offset it reads next after
 its last checkpoint (everything before it is committed; :func:`protected` makes it: the
-smallest over the job's tasks, and a partition no checkpoint covers kept whole). Retention
+:func:`earliest` over the job's tasks, and a partition no checkpoint covers kept whole). Retention
 stops there, and says how many records it held back and for which job. ``force`` deletes
 them anyway, with an ERROR naming the job, the partition and the offsets it loses.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sparkpoint.config import Config
@@ -74,29 +74,36 @@ def retention_of(config: Config, stream: SystemStream) -> Retention | None:
     return Retention(limits[0], limits[1])
 
 
-def protected(
-    admin: SystemAdmin, stream: SystemStream, reads: Iterable[Mapping[SystemStreamPartition, str]]
+def earliest(
+    reads: Iterable[Mapping[SystemStreamPartition, str]],
+    compare: Callable[[SystemStreamPartition, str, str], int],
 ) -> dict[SystemStreamPartition, str]:
-    """What retention must keep of ``stream``, a stream a job reads: each partition's smallest
-    offset that any of ``reads`` (the offsets each task reads next after its checkpoint: a
-    broadcast partition has one per task) names, and the oldest offset of a partition none
-    names (a partition the job has not read yet, e.g. one just added: nothing of it is
-    committed)."""
+    """Each SSP's smallest offset over ``reads`` (one map per task: a broadcast partition has
+    one offset per task that reads it), by ``compare(ssp, a, b)``."""
+    out: dict[SystemStreamPartition, str] = {}
+    for offsets in reads:
+        for ssp, offset in offsets.items():
+            if ssp not in out or compare(ssp, offset, out[ssp]) < 0:
+                out[ssp] = offset
+    return out
+
+
+def protected(
+    admin: SystemAdmin, stream: SystemStream, committed: Mapping[SystemStreamPartition, str]
+) -> dict[SystemStreamPartition, str]:
+    """What retention must keep of ``stream``, a stream a job reads: each partition from the
+    offset ``committed`` names (the job reads it next after its checkpoints: the
+    :func:`earliest` over its tasks), and a partition it does not name whole, from its oldest
+    offset (the job has not read it yet, e.g. one just added: nothing of it is committed)."""
     ssps = [
         SystemStreamPartition(stream.system, stream.stream, p)
         for p in range(admin.partition_count(stream.stream))
     ]
-    floor: dict[SystemStreamPartition, str] = {}
-    for offsets in reads:
-        for ssp, offset in offsets.items():
-            if ssp.system_stream != stream:
-                continue
-            if ssp not in floor or admin.offset_comparator(offset, floor[ssp]) < 0:
-                floor[ssp] = offset
-    missing = [ssp for ssp in ssps if ssp not in floor]
+    keep = {ssp: committed[ssp] for ssp in ssps if ssp in committed}
+    missing = [ssp for ssp in ssps if ssp not in keep]
     if missing:
-        floor.update({ssp: meta.oldest for ssp, meta in admin.get_metadata(missing).items()})
-    return floor
+        keep.update({ssp: meta.oldest for ssp, meta in admin.get_metadata(missing).items()})
+    return keep
 
 
 def trim(
@@ -148,4 +155,4 @@ def trim(
     return out
 
 
-__all__ = ["PROPERTIES", "Retention", "Trimmed", "protected", "retention_of", "trim"]
+__all__ = ["PROPERTIES", "Retention", "Trimmed", "earliest", "protected", "retention_of", "trim"]

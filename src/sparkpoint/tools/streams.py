@@ -18,7 +18,7 @@ from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record, SystemAdmin
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.retention import Trimmed, protected, retention_of, trim
+from sparkpoint.system.retention import Trimmed, earliest, protected, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, stream_serdes
 
 
@@ -187,7 +187,8 @@ def committed_read_offsets(
         }
         for checkpoint in checkpoints.values()
     ]
-    return protected(admin, stream, reads)
+    committed = earliest(reads, lambda _ssp, a, b: admin.offset_comparator(a, b))
+    return protected(admin, stream, committed)
 
 
 def trim_stream(

@@ -103,7 +103,7 @@ from sparkpoint.storage.state_id import (
 from sparkpoint.storage.tables import check_tables
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
-from sparkpoint.system.retention import protected, retention_of, trim
+from sparkpoint.system.retention import earliest, protected, retention_of, trim
 from sparkpoint.system.streams import ensure_stream, job_model
 
 log = logging.getLogger(__name__)
@@ -490,12 +490,7 @@ class JobCoordinator:
     def _checkpointed(self) -> dict[SystemStreamPartition, str]:
         """Each SSP's offset the job reads next after its checkpoints: the smallest over its
         tasks (each task reading a broadcast SSP has its own)."""
-        out: dict[SystemStreamPartition, str] = {}
-        for ts in self.tasks.values():
-            for ssp, offset in ts.from_checkpoint.items():
-                if ssp not in out or self._cmp(ssp, offset, out[ssp]) < 0:
-                    out[ssp] = offset
-        return out
+        return earliest([ts.from_checkpoint for ts in self.tasks.values()], self._cmp)
 
     def _open_batch_log(self, startpoints: bool) -> None:
         assert self.metadata_store is not None
@@ -1227,13 +1222,13 @@ class JobCoordinator:
         self._last_retention = now
         read = {s.system_stream for ts in self.tasks.values() for s in ts.model.ssps}
         streams = sorted(s for s in read if retention_of(self.config, s) is not None)
-        reads = [ts.from_checkpoint for ts in self.tasks.values()]
+        committed = self._checkpointed()
         try:
             protect = {
                 ssp: offset
                 for stream in streams
                 for ssp, offset in protected(
-                    self.systems.admin(stream.system), stream, reads
+                    self.systems.admin(stream.system), stream, committed
                 ).items()
             }
             trimmed = trim(self.config, self.systems, streams, protect, job=self.config.job_label)

@@ -307,11 +307,12 @@ class TaskTimers:
         is given out; at most :data:`MAX_FIRED_PER_BATCH` (the rest come in the next batch).
         A helper's timer comes as an :class:`OwnedTimer` key (:meth:`fire_owned`).
 
-        First the helpers write what the batch changed (:meth:`flush_owned`), except what
-        closes by now: a window that opens and closes in one batch (most, when a batch spans
-        more event time than a window) is never written to its store, nor its timer; it is
-        held in memory and goes out in its turn. A user's timer, or the per-batch limit,
-        writes back what is held first (it then fires from the store)."""
+        First the helpers write what the batch changed, except what a holder closes by now
+        (:meth:`_hold_due`): a window that opens and closes in one batch (most, when a batch
+        spans more event time than a window) is never written to its store, nor its timer;
+        it is held in memory and goes out in its turn. A user's timer, or code that reads or
+        adds to its store, writes back what is held first (it then goes out in its turn, from
+        the store); so does the per-batch limit (it goes out in the next batch)."""
         store = self._timers()
         held = self._hold_due()
         given: set[Timer] = set()  # each goes out once per call (one due again: the next)

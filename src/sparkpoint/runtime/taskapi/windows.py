@@ -227,18 +227,14 @@ class WindowedStore:
         timers: list[tuple[bool, int, bytes]] = []  # (register, when, timer key)
         held: list[tuple[int, bytes]] = []
         closes_at = self.spec.closes_at
-        for raw, (before, now) in pending.items():
-            after = now
-            if upto is not None and any(closes_at(w.end) <= upto for w in now):
-                after = []
-                for window in now:
-                    when = closes_at(window.end)
-                    if when > upto:
-                        after.append(window)
-                        continue
+        for raw, (before, after) in pending.items():
+            if upto is not None:
+                due = [w for w in after if closes_at(w.end) <= upto]
+                after = [w for w in after if closes_at(w.end) > upto] if due else after
+                for window in due:
                     engine_key = entry_key(raw, window.start)
                     self._held[engine_key] = window
-                    held.append((when, engine_key))
+                    held.append((closes_at(window.end), engine_key))
             writes += self.state.changes(raw, before, after)
             opened, gone = timer_changes(before, after)
             timers += [(False, closes_at(w.end), entry_key(raw, w.start)) for w in gone]
