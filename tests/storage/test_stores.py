@@ -14,7 +14,7 @@ import pytest
 
 from sparkpoint.errors import ConfigError, StoreError
 from sparkpoint.serde import IntegerSerde, JsonSerde, StringSerde
-from sparkpoint.storage.kv import ttl
+from sparkpoint.storage.kv import rocksdb, ttl
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.factory import open_engine
 from sparkpoint.storage.kv.lazy import LazyEngine
@@ -89,6 +89,32 @@ class TestEngineContract:
         engine.write_batch([(b"same", b"2")])
         bulk, batch = raw.get(b"k"), raw.get(b"same")
         assert bulk is not None and batch is not None and len(bulk) == len(batch)
+
+    def test_bulk_writes_of_many_sizes_apply_in_order_across_batches(
+        self, engine: KeyValueEngine, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """RocksDB splits a bulk write into batches of about ``BULK_BATCH_BYTES`` (here
+        1 KB): a key written, deleted and written again in different batches, with values
+        from 1 byte to 3 KB, reads back as the last write says, for load and write_bulk.
+        The expected state has deleted keys (``every`` minus ``expected``)."""
+        monkeypatch.setattr(rocksdb, "BULK_BATCH_BYTES", 1024)
+        monkeypatch.setattr(rocksdb, "FIRST_BULK_BATCH", 3)
+        puts: list[tuple[bytes, bytes | None]] = []
+        expected: dict[bytes, bytes] = {}
+        for i in range(600):
+            key = b"k%03d" % (i % 37)
+            value = None if i % 5 == 4 else bytes([i % 251]) * (1 + (i * 97) % 3000)
+            puts.append((key, value))
+            if value is None:
+                expected.pop(key, None)
+            else:
+                expected[key] = value
+        raw = getattr(engine, "inner", engine)  # load takes entries as stored (a TTL's stamp)
+        every = [b"k%03d" % n for n in range(37)]
+        for write, get in ((raw.load, raw.get), (engine.write_bulk, engine.get)):
+            write(puts)
+            assert {k: get(k) for k in expected} == expected
+            assert [k for k in every if get(k) is None] == [k for k in every if k not in expected]
 
     def test_discard_releases_the_store_and_is_idempotent(self, engine: KeyValueEngine) -> None:
         engine.load([(b"a", b"1")])

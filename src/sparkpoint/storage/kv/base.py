@@ -45,14 +45,15 @@ class KeyValueEngine(ABC):
         """:meth:`write_batch` for a restore's bulk writes of entries as they are stored (a
         wrapper passes them on as they are: nothing stamped, nothing logged): an engine may
         skip its write-ahead log for them, so they are durable only after :meth:`flush` (or
-        :meth:`close`)."""
+        :meth:`close`), and apply them in several batches, in order (not atomically: a crash
+        before the flush leaves any part of them, and the restore is run again)."""
         self.write_batch(puts)
 
     def write_bulk(self, puts: Iterable[tuple[bytes, bytes | None]]) -> None:
         """:meth:`write_batch` for a tool's bulk writes that commits the store (which flushes
         it) before anything relies on them, as a reshard does: an engine may skip its
-        write-ahead log for them, as for :meth:`load`, but a wrapper takes them as writes (a
-        changelog logs them)."""
+        write-ahead log for them and split them, as for :meth:`load`, but a wrapper takes them
+        as writes (a changelog logs them)."""
         self.write_batch(puts)
 
     @abstractmethod
