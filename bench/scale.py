@@ -75,6 +75,10 @@ def run_mode(mode: str, tasks: list[int], events: int, batch: int) -> None:
                 job_file = Path(tmp) / f"job-{i}-{n}.json"
                 job_file.write_text(json.dumps(config.to_dict()))
                 write(str(job_file), events if i else events // 10, seed=1, users=10_000)
+                # the input on disk before the run: else the job's first fsync (ext4 commits
+                # its journal with the data written before) waits for the generator's 100 MB,
+                # and each run's figure depends on how much of it the kernel wrote back
+                os.sync()
                 if spark is None:
                     spark = spark_session(config, master)
                     if cluster is not None:  # both executors up before the first run
