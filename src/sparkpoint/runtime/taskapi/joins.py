@@ -121,8 +121,9 @@ class WindowedJoin:
         return True
 
 
-def _nothing_held() -> None:
+def _nothing_held() -> bool:
     """A join writes through at once: nothing waits for the end of the batch."""
+    return False
 
 
 def buffer_expiry(buffer: JoinBuffer) -> Callable[[bytes, int, Any], None]:

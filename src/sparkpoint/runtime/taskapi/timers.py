@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 #: timers fired per batch at most; the rest fire at the end of the next batch (so does a timer
 #: that ``on_timer`` registers again for a time already due)
 MAX_FIRED_PER_BATCH = 100_000
+#: passes of :meth:`TaskTimers.flush_owned` before a cycle of updates is refused
+MAX_FLUSH_PASSES = 100
 
 
 class OwnedTimer(NamedTuple):
@@ -107,7 +109,7 @@ class TaskTimers:
         self.watermark_ms: int | None = None if self._store is None else self._store.watermark()
         self._seen: dict[SystemStreamPartition, int] = {}
         self._owners: dict[str, OwnedHandler] = {}
-        self._flushes: dict[str, Callable[[], None]] = {}
+        self._flushes: dict[str, Callable[[], bool]] = {}
         self._holders: dict[str, tuple[TimeKind, HoldsDue]] = {}
         self.late = 0
         self.fired = 0
@@ -216,13 +218,14 @@ class TaskTimers:
         self,
         owner: str,
         handler: OwnedHandler,
-        flush: Callable[[], None],
+        flush: Callable[[], bool],
         holder: tuple[TimeKind, HoldsDue] | None = None,
     ) -> None:
         """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``); ``flush`` writes
-        what the owner keeps back (:meth:`flush_owned`: before a user's timer goes out, and
-        at the end of the batch). ``holder``: the owner's timers of that kind can be held in
-        memory when they are due by the end of the batch (:class:`HoldsDue`)."""
+        what the owner keeps back, and says whether there was any (:meth:`flush_owned`:
+        before a user's timer goes out, and at the end of the batch). ``holder``: the owner's
+        timers of that kind can be held in memory when they are due by the end of the batch
+        (:class:`HoldsDue`)."""
         self._timers()
         if owner in self._owners:  # two objects' changes and held windows under one name
             raise ConfigError(
@@ -235,8 +238,21 @@ class TaskTimers:
             self._holders[owner] = holder
 
     def flush_owned(self) -> None:
-        for flush in self._flushes.values():
-            flush()
+        """Each helper writes what it keeps back; again while a pass wrote something, as the
+        code a write runs (a window store's early or late updates, whose ``emit`` may add to
+        another window store: a rollup) can change a helper that wrote before it in the
+        pass. A task whose ``emit`` functions keep changing window stores pass after pass
+        (a store that adds its own updates to itself) is stopped, naming them."""
+        for _ in range(MAX_FLUSH_PASSES):
+            wrote = [owner for owner, flush in self._flushes.items() if flush()]
+            if not wrote:
+                return
+        raise TaskError(
+            f"task {self.task}: window stores {', '.join(sorted(wrote))} still had changes "
+            f"after {MAX_FLUSH_PASSES} writes in a row: their emit functions add early or "
+            "late updates to window stores that emit updates again (a cycle); send the "
+            "updates to a store without early or late triggers"
+        )
 
     def _hold_due(self) -> dict[TimeKind, deque[Timer]]:
         """Each helper writes what the batch changed; a holder holds back what is due by now

@@ -183,15 +183,19 @@ class WindowedStore:
             self.flush()
         return True
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Write the batch's changed windows back, and move their timers (a window's close
         that is new gets a timer; one that is no more loses its own); and delete the windows
-        that closed."""
+        that closed. Whether any had changed (the deletions alone run no code)."""
         pending, self._pending = self._pending, {}
+        if not pending:
+            self.state.settle()
+            return False
         self._write(pending, None)
         if self.triggers.updates:
             for raw, (before, after) in pending.items():
                 self._updates(raw, before, after)
+        return True
 
     def hold_due(self) -> list[tuple[int, bytes]]:
         """:meth:`flush` at the end of the batch, once the watermark has advanced: a window
