@@ -655,12 +655,13 @@ class PartitionLog:
             return lost
 
     def offset_for_timestamp(self, ts: int) -> int:
-        """First offset whose timestamp is >= ``ts``; the upcoming offset if none is."""
+        """First offset whose timestamp is >= ``ts``; the upcoming offset if none is (of an
+        empty partition, the offset it starts at: past what retention or a repair removed)."""
         with self._snapshot() as (index, _log):
             i = index.first_with_timestamp(ts)
             if i < len(index):
                 return index[i][0]
-            return index[-1][0] + 1 if len(index) else 0
+            return index[-1][0] + 1 if len(index) else self._current()[1]
 
     # -- writing
     def _recover(self, log_path: Path, index_path: Path) -> tuple[int, int]:
