@@ -326,3 +326,41 @@ def test_a_copy_behind_tombstones_compaction_dropped_is_seeded_again(tmp_path: P
             finally:
                 for engine in held:
                     engine.close()
+
+
+def test_a_catch_up_whose_copy_was_promoted_meanwhile_writes_no_copy_of_the_tail_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catch-up that outlives its failed Spark job can find its copy's store gone: promoted
+    (renamed into the task's live state) after it checked the copy was there. It must not
+    create the store afresh and replay the tail into it (a copy that then says it is at the
+    checkpoint, with only the tail's keys): it fails, and the driver seeds the copy again."""
+    from sparkpoint.errors import StoreError
+
+    config = make(tmp_path, **STANDBYS)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 800, seed=98)
+    tasks, first = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    catch_up(config, systems, task, EXECUTOR, first[name], None)
+    generate(config, tmp_path / "b.yaml", 400, seed=99)
+    tasks, second = commit_all(config)
+    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    promoted_to = tmp_path / "promoted"
+    present = StandbyCopy.store_present
+
+    def then_promoted(self: StandbyCopy, store: str) -> bool:
+        there = present(self, store)
+        if there:  # the promotion renames it away right after this check
+            shutil.move(str(self.store_dir(store)), str(promoted_to))
+        return there
+
+    monkeypatch.setattr(StandbyCopy, "store_present", then_promoted)
+    with pytest.raises(StoreError, match="no database at"):
+        catch_up(config, systems, task, EXECUTOR, second[name], str(first[name].checkpoint_id))
+    monkeypatch.undo()
+    assert not copy.store_present("user-counts")  # no store made of the tail alone
+    assert copy.position() is None  # nor a position the driver could promote
+    # the next catch-up (the driver seeds a copy it cannot vouch for) gives the whole state
+    assert catch_up(config, systems, task, EXECUTOR, second[name], None).seeded
+    assert copy_counts(config, task) == at(config, second, name)

@@ -143,11 +143,14 @@ def _offsets(
 
 
 def _openers(
-    config: Config, copy: StandbyCopy, stores: list[str]
+    config: Config, copy: StandbyCopy, stores: list[str], *, existing: bool = False
 ) -> dict[str, Callable[[], KeyValueEngine]]:
+    """How to open each store of the copy; ``existing``: only a database on disk (a tail
+    replay: its store may have been promoted, renamed away, since the position was read)."""
+
     def opener(store: str) -> Callable[[], KeyValueEngine]:
         factory = config.require(f"stores.{store}.factory")
-        return lambda: open_engine(store, factory, copy.store_dir(store))
+        return lambda: open_engine(store, factory, copy.store_dir(store), must_exist=existing)
 
     return {store: opener(store) for store in stores}
 
@@ -164,7 +167,9 @@ def _replay_tail(
 ) -> CaughtUp:
     copy.delete_note(POSITION)  # the copy changes: unknown until it is at the checkpoint
     records = size = 0
-    openers = _openers(config, copy, stores)
+    # a store not on disk now was promoted meanwhile (a catch-up that outlived its failed
+    # job): created empty, the tail alone would pass for the copy at the checkpoint
+    openers = _openers(config, copy, stores, existing=True)
     for store in stores:
         context = BackendContext(
             config, task, [store], systems, copy, openers=openers, read_only=True

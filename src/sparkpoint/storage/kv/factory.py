@@ -26,12 +26,15 @@ def engine_kind(store: str, factory: str) -> str:
     return kind
 
 
-def open_engine(store: str, factory: str, path: Path) -> KeyValueEngine:
-    """Open the engine for ``store`` (RocksDB in ``path``; in-memory ignores it)."""
+def open_engine(
+    store: str, factory: str, path: Path, *, must_exist: bool = False
+) -> KeyValueEngine:
+    """Open the engine for ``store`` (RocksDB in ``path``; in-memory ignores it);
+    ``must_exist``: a ``StoreError`` rather than a new empty database."""
     if engine_kind(store, factory) == "rocksdb":
         from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 
-        return RocksDBEngine(store, path)
+        return RocksDBEngine(store, path, must_exist=must_exist)
     from sparkpoint.storage.kv.memory import InMemoryEngine
 
     return InMemoryEngine(store)

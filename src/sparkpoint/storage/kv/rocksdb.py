@@ -54,20 +54,21 @@ class RocksDBEngine(KeyValueEngine):
         *,
         read_only: bool = False,
         open_timeout: float = 30.0,
+        must_exist: bool = False,
     ) -> None:
         self.name = name
         self.path = Path(path)
         self.read_only = read_only
         options = Options(raw_mode=True)
-        options.create_if_missing(not read_only)
+        options.create_if_missing(not read_only and not must_exist)
         options.set_keep_log_file_num(KEEP_INFO_LOGS)
         # one thread opens the SST files: RocksDB's default of 16 threads made an open of a
         # task's store about twice as slow (10.6 ms against 5.4 ms, median of 40), and a task
         # opens its stores every batch (docs/performance.md, "Many tasks")
         options.set_max_file_opening_threads(1)
-        if not read_only:
+        if not read_only and not must_exist:
             self.path.mkdir(parents=True, exist_ok=True)
-        elif not self.path.is_dir():
+        elif not (self.path / "CURRENT").is_file():
             raise StoreError(f"store {name}: no database at {self.path}")
         access = AccessType.read_only() if read_only else AccessType.read_write()
         deadline = time.monotonic() + open_timeout
