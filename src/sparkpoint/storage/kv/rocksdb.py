@@ -36,9 +36,8 @@ IDENTITY = "IDENTITY"  # RocksDB's unique id of a database, made when it is crea
 #: of them in every store of a long-running job
 KEEP_INFO_LOGS = 3
 #: about the most bytes of one write batch of :meth:`RocksDBEngine.write_bulk`: a 1 GB changelog
-#: restore of 16 KB values wrote its 64 MB reads in 0.82 s as one batch each and in about half
-#: that in batches of a few MB, which the allocator reuses and the memtable takes whole
-#: (docs/performance.md, "Changelog restore in batches of a few MB")
+#: restore of 16 KB values wrote its 64 MB reads in 0.82 s as one batch each, and in 0.24 s in
+#: batches of a few MB (docs/performance.md, "Changelog restore in batches of a few MB")
 BULK_BATCH_BYTES = 4 * 1024 * 1024
 FIRST_BULK_BATCH = 64  # entries in the first batch, before their size is known
 log = logging.getLogger(__name__)
