@@ -364,3 +364,39 @@ def test_a_catch_up_whose_copy_was_promoted_meanwhile_writes_no_copy_of_the_tail
     # the next catch-up (the driver seeds a copy it cannot vouch for) gives the whole state
     assert catch_up(config, systems, task, EXECUTOR, second[name], None).seeded
     assert copy_counts(config, task) == at(config, second, name)
+
+
+def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A catch-up and a promotion of one copy take its lock: while another process holds it
+    (a catch-up that outlived its failed job), a catch-up leaves the copy as it is, and the
+    task restores from its backends instead of taking the copy, with the same state."""
+    from sparkpoint.errors import RestoreError
+    from sparkpoint.storage import restore, standby
+
+    monkeypatch.setattr(restore, "PROMOTE_WAIT_S", 0.2)
+    monkeypatch.setattr(standby, "CATCH_UP_WAIT_S", 0.2)
+    config = make(tmp_path, **STANDBYS)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 600, seed=104)
+    tasks, first = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    catch_up(config, systems, task, EXECUTOR, first[name], None)
+    generate(config, tmp_path / "b.yaml", 300, seed=105)
+    tasks, second = commit_all(config)
+    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    position = copy.position()
+    with copy.lock(0) as held:  # a separate open of the lock file: as another process
+        assert held
+        with pytest.raises(RestoreError, match="is in use by another process"):
+            catch_up(config, systems, task, EXECUTOR, second[name], str(first[name].checkpoint_id))
+        assert copy.position() == position and copy.store_present("user-counts")  # untouched
+        shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))  # its executor is lost
+        storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=second[name])
+        assert not storage.open(EMPTY, [(EXECUTOR, str(first[name].checkpoint_id))])
+        storage.close(EMPTY)
+    assert [s.source for s in storage.restored] == ["changelog"]  # not promoted
+    assert "standby copy on executor 7 is in use by another process" in caplog.text
+    assert copy_counts(config, task, live=True) == at(config, second, name)
+    assert copy.position() == position  # the copy is still there, for a later promotion

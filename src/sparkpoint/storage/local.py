@@ -15,6 +15,7 @@ Layout under ``job.logged.store.base.dir``::
     <task>/CLEANED                     the checkpoint whose clean-up finished (``<run>:<id>``)
     .standby/<executor>/<task>/        a standby copy of the task's stores kept on this executor
                                        (:class:`StandbyCopy`): ``<store>/`` and ``POSITION``
+    .standby/<executor>/<task>.lock    held by whoever changes or takes that copy
 
 The marker is removed before a batch changes any store and written back, atomically, only after
 every store is flushed and closed; so after a crash at any point the marker is either absent or
@@ -23,11 +24,15 @@ exactly right, and a missing marker means "restore from the last checkpoint".
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,7 @@ log = logging.getLogger(__name__)
 MARKER = "STATE"
 STANDBY_DIR = ".standby"
 POSITION = "POSITION"
+LOCK_SUFFIX = ".lock"  # a standby copy's lock, beside its directory
 CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
@@ -303,6 +309,30 @@ class StandbyCopy(LocalTaskState):
     def remove(self) -> None:
         self.remove_dir(self.dir)
 
+    @contextlib.contextmanager
+    def lock(self, wait_s: float) -> Iterator[bool]:
+        """Hold the copy's lock (an ``flock`` on a file beside it, released when the process
+        dies) while the block runs, waiting up to ``wait_s`` seconds for it; whether it was
+        got. A catch-up and a promotion of one copy take it, so that a catch-up which outlived
+        its failed job never changes or deletes a copy while a task is taking it."""
+        path = self.dir.with_name(self.dir.name + LOCK_SUFFIX)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        with open(path, "a+b") as f:
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.05)
+            try:
+                yield True
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
     @staticmethod
     def remove_dir(path: Path) -> None:
         """Delete one standby copy's directory (a copy this executor no longer keeps)."""
@@ -329,6 +359,8 @@ def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
         return
     for executor in root.iterdir():
         StandbyCopy.remove_dir(executor / task_dir_name(task))
+        # and its lock (no catch-up runs with standbys off)
+        (executor / f"{task_dir_name(task)}{LOCK_SUFFIX}").unlink(missing_ok=True)
 
 
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:

@@ -73,6 +73,9 @@ LOCAL = "local-checkpoint"
 EMPTY = "empty"
 #: a store whose standby copy was promoted (its stats count the changelog tail replayed)
 PROMOTED = "standby"
+#: how long a promotion waits for its copy's lock (held only by a stray catch-up) before the
+#: store restores from its backends
+PROMOTE_WAIT_S = 5.0
 
 
 def _files_and_bytes(directory: Path) -> tuple[int, int]:
@@ -271,10 +274,29 @@ class TaskRestore:
         return True
 
     def _promote(self, store: str, start: float) -> bool:
-        """Promote the standby copy of ``store`` (see the module docstring); whether it was."""
+        """Promote the standby copy of ``store`` (see the module docstring); whether it was.
+        Under the copy's lock: a catch-up that outlived its failed job and holds it would
+        change the copy as it is taken; after :data:`PROMOTE_WAIT_S` the store restores from
+        its backends instead."""
         copy = self.standby
-        held = None if copy is None else copy.position()
-        if copy is None or held is None or store not in held[1] or not copy.store_present(store):
+        if copy is None:
+            return False
+        with copy.lock(PROMOTE_WAIT_S) as mine:
+            if not mine:
+                log.warning(
+                    "task %s store %s: its standby copy on executor %s is in use by another "
+                    "process (a standby catch-up) after %.0f s; restoring it from its backends",
+                    self.task.name,
+                    store,
+                    copy.executor,
+                    PROMOTE_WAIT_S,
+                )
+                return False
+            return self._take_copy(copy, store, start)
+
+    def _take_copy(self, copy: StandbyCopy, store: str, start: float) -> bool:
+        held = copy.position()
+        if held is None or store not in held[1] or not copy.store_present(store):
             return False
         self.local.clear_store(store)
         self.local.dir.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,8 @@ from sparkpoint.system.registry import Systems
 log = logging.getLogger(__name__)
 
 FACTOR = "job.standbytasks.replication.factor"
+#: how long a catch-up waits for its copy's lock (held by a task promoting the copy: briefly)
+CATCH_UP_WAIT_S = 30.0
 
 
 def replication_factor(config: Config) -> int:
@@ -101,8 +103,32 @@ def catch_up(
     """Bring ``task``'s standby copy kept for ``executor`` to ``checkpoint`` (a written one).
     ``at``: the checkpoint the driver saw the copy reach (None: seed it). A copy at any other
     position (a crash mid catch-up, an earlier run's copy the driver does not vouch for) is
-    seeded again, as is one whose tail cannot be replayed (the changelog no longer holds it)."""
+    seeded again, as is one whose tail cannot be replayed (the changelog no longer holds it).
+    Under the copy's lock (:meth:`StandbyCopy.lock`); a copy whose catch-up fails is deleted,
+    and one whose lock another process holds is left as it is (a :class:`RestoreError`)."""
     copy = StandbyCopy(config.store_base_dir, executor, task.name)
+    with copy.lock(CATCH_UP_WAIT_S) as mine:
+        if not mine:
+            raise RestoreError(
+                f"task {task.name}: its standby copy on executor {executor} is in use by "
+                f"another process (a task taking it, or another catch-up) after "
+                f"{CATCH_UP_WAIT_S:.0f} s; left as it is"
+            )
+        try:
+            return _catch_up(config, systems, task, copy, checkpoint, at)
+        except Exception:
+            copy.remove()  # nothing half done is kept: the next catch-up seeds it again
+            raise
+
+
+def _catch_up(
+    config: Config,
+    systems: Systems,
+    task: TaskModel,
+    copy: StandbyCopy,
+    checkpoint: Checkpoint,
+    at: str | None,
+) -> CaughtUp:
     stores = standby_stores(config)
     cid = str(checkpoint.checkpoint_id)
     held = copy.position()
@@ -122,7 +148,7 @@ def catch_up(
                 "task %s: its standby copy on executor %s cannot catch up from checkpoint %s "
                 "(%s); seeding it again",
                 task.name,
-                executor,
+                copy.executor,
                 at,
                 exc,
             )

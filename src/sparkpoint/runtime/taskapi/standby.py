@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     """Catch up every copy ``plan`` names, after deleting the copies kept in this state
     directory for executors that are gone and this executor's copies of other tasks. A copy
-    whose catch-up fails is deleted and its result says why (``error``); the others go on."""
+    whose catch-up fails is deleted (unless another process holds it) and its result says why
+    (``error``); the others go on."""
     setup_worker_logging(plan.config)
     config, systems = worker_config(plan.config)
     base = config.store_base_dir
@@ -42,9 +43,8 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
         try:
             done = catch_up(config, systems, copy.task, executor, checkpoint, copy.at)
-        except Exception as exc:  # this copy only: the executor's other copies go on
+        except Exception as exc:  # this copy only (deleted by catch_up): the others go on
             log.warning("task %s: standby copy catch-up failed: %s", copy.task.name, exc)
-            StandbyCopy(base, executor, copy.task.name).remove()
             error = f"{type(exc).__name__}: {exc}"
             results.append(
                 StandbyResult(copy.task.name.name, "", False, "", executor=executor, error=error)
