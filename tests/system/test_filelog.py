@@ -99,6 +99,11 @@ def test_repair_removes_damaged_records_and_never_reuses_their_offsets(
     assert len(lost) == 2 and lost[-1] == (19, 19)
     middle = lost[0][0]
     assert partition.lost_ranges() == lost
+    # what readers are told comes next is where the next record goes: 20, not 19 (a reader
+    # that committed past 19 would otherwise be out of range), also once retention empties it
+    admin = system.factory.get_admin("fl", system.config)
+    assert admin.get_metadata([SSP])[SSP].upcoming == "20"
+    assert admin.offset_for_timestamp(SSP, 10**12) == "20"
     producer = system.factory.get_producer("fl", system.config)
     producer.send("s", 0, rec("x", "after-repair", 1))
     producer.flush()

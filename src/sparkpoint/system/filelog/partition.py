@@ -421,10 +421,18 @@ class PartitionLog:
                 stable = bound if stable is None else min(stable, bound)
             n = len(index) if stable is None else index.first_at_or_after(stable)
             if n == 0:
-                start = self._current()[1] if len(index) == 0 else index[0][0]
+                start = self._upcoming(index) if len(index) == 0 else index[0][0]
                 return PartitionMetadata(str(start), None, str(start))
             first, last = index[0][0], index[n - 1][0]
-            return PartitionMetadata(str(first), str(last), str(last + 1))
+            upcoming = last + 1 if n < len(index) else self._upcoming(index)
+            return PartitionMetadata(str(first), str(last), str(upcoming))
+
+    def _upcoming(self, index: _Index) -> int:
+        """The offset the next append gets: after the last record, or where an empty
+        generation starts, and never below the least next offset a repair left (the offsets
+        of the records it removed at the end are not given again)."""
+        _gen, start, floor = self._current_all()
+        return max(index[-1][0] + 1 if len(index) else start, floor)
 
     def read(
         self,
@@ -655,13 +663,11 @@ class PartitionLog:
             return lost
 
     def offset_for_timestamp(self, ts: int) -> int:
-        """First offset whose timestamp is >= ``ts``; the upcoming offset if none is (of an
-        empty partition, the offset it starts at: past what retention or a repair removed)."""
+        """First offset whose timestamp is >= ``ts``; the upcoming offset if none is (past
+        what retention or a repair removed)."""
         with self._snapshot() as (index, _log):
             i = index.first_with_timestamp(ts)
-            if i < len(index):
-                return index[i][0]
-            return index[-1][0] + 1 if len(index) else self._current()[1]
+            return index[i][0] if i < len(index) else self._upcoming(index)
 
     # -- writing
     def _recover(self, log_path: Path, index_path: Path) -> tuple[int, int]:
