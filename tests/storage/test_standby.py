@@ -74,6 +74,24 @@ def at(config: Config, checkpoints: dict[str, Checkpoint], task: str) -> dict[st
     return dict(counts_at_offsets(config, dict(checkpoints[task].input_offsets)))
 
 
+def seeded_then_behind(
+    tmp_path: Path, seeds: tuple[int, int]
+) -> tuple[Config, Systems, str, TaskModel, Checkpoint, Checkpoint, StandbyCopy]:
+    """A job's first task with a standby copy seeded at its first checkpoint, then a second
+    checkpoint the copy has not caught up to: the config, systems, the task's name and
+    model, both checkpoints, and the copy."""
+    config = make(tmp_path, **STANDBYS)
+    systems = Systems(config)
+    generate(config, tmp_path / "a.yaml", 600, seed=seeds[0])
+    tasks, first = commit_all(config)
+    name, task = sorted(tasks.items())[0]
+    catch_up(config, systems, task, EXECUTOR, first[name], None)
+    generate(config, tmp_path / "b.yaml", 300, seed=seeds[1])
+    _tasks, second = commit_all(config)
+    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    return config, systems, name, task, first[name], second[name], copy
+
+
 def test_a_standby_catches_up_to_the_checkpoint_and_is_promoted_with_only_the_tail(
     tmp_path: Path,
 ) -> None:
@@ -337,15 +355,7 @@ def test_a_catch_up_whose_copy_was_promoted_meanwhile_writes_no_copy_of_the_tail
     checkpoint, with only the tail's keys): it fails, and the driver seeds the copy again."""
     from sparkpoint.errors import StoreError
 
-    config = make(tmp_path, **STANDBYS)
-    systems = Systems(config)
-    generate(config, tmp_path / "a.yaml", 800, seed=98)
-    tasks, first = commit_all(config)
-    name, task = sorted(tasks.items())[0]
-    catch_up(config, systems, task, EXECUTOR, first[name], None)
-    generate(config, tmp_path / "b.yaml", 400, seed=99)
-    tasks, second = commit_all(config)
-    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    config, systems, name, task, first, second, copy = seeded_then_behind(tmp_path, (98, 99))
     promoted_to = tmp_path / "promoted"
     present = StandbyCopy.store_present
 
@@ -357,13 +367,13 @@ def test_a_catch_up_whose_copy_was_promoted_meanwhile_writes_no_copy_of_the_tail
 
     monkeypatch.setattr(StandbyCopy, "store_present", then_promoted)
     with pytest.raises(StoreError, match="no database at"):
-        catch_up(config, systems, task, EXECUTOR, second[name], str(first[name].checkpoint_id))
+        catch_up(config, systems, task, EXECUTOR, second, str(first.checkpoint_id))
     monkeypatch.undo()
     assert not copy.store_present("user-counts")  # no store made of the tail alone
     assert copy.position() is None  # nor a position the driver could promote
     # the next catch-up (the driver seeds a copy it cannot vouch for) gives the whole state
-    assert catch_up(config, systems, task, EXECUTOR, second[name], None).seeded
-    assert copy_counts(config, task) == at(config, second, name)
+    assert catch_up(config, systems, task, EXECUTOR, second, None).seeded
+    assert copy_counts(config, task) == at(config, {name: second}, name)
 
 
 def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
@@ -377,26 +387,18 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
 
     monkeypatch.setattr(restore, "PROMOTE_WAIT_S", 0.2)
     monkeypatch.setattr(standby, "CATCH_UP_WAIT_S", 0.2)
-    config = make(tmp_path, **STANDBYS)
-    systems = Systems(config)
-    generate(config, tmp_path / "a.yaml", 600, seed=104)
-    tasks, first = commit_all(config)
-    name, task = sorted(tasks.items())[0]
-    catch_up(config, systems, task, EXECUTOR, first[name], None)
-    generate(config, tmp_path / "b.yaml", 300, seed=105)
-    tasks, second = commit_all(config)
-    copy = StandbyCopy(config.store_base_dir, EXECUTOR, task.name)
+    config, systems, name, task, first, second, copy = seeded_then_behind(tmp_path, (104, 105))
     position = copy.position()
     with copy.lock(0) as held:  # a separate open of the lock file: as another process
         assert held
         with pytest.raises(RestoreError, match="is in use by another process"):
-            catch_up(config, systems, task, EXECUTOR, second[name], str(first[name].checkpoint_id))
+            catch_up(config, systems, task, EXECUTOR, second, str(first.checkpoint_id))
         assert copy.position() == position and copy.store_present("user-counts")  # untouched
         shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))  # its executor is lost
-        storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=second[name])
-        assert not storage.open(EMPTY, [(EXECUTOR, str(first[name].checkpoint_id))])
+        storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=second)
+        assert not storage.open(EMPTY, [(EXECUTOR, str(first.checkpoint_id))])
         storage.close(EMPTY)
     assert [s.source for s in storage.restored] == ["changelog"]  # not promoted
     assert "standby copy on executor 7 is in use by another process" in caplog.text
-    assert copy_counts(config, task, live=True) == at(config, second, name)
+    assert copy_counts(config, task, live=True) == at(config, {name: second}, name)
     assert copy.position() == position  # the copy is still there, for a later promotion
