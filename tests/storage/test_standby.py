@@ -223,7 +223,17 @@ def test_copies_an_earlier_run_kept_go_when_standbys_are_off(tmp_path: Path) -> 
         catch_up(config, Systems(config), task, EXECUTOR, first[name], None)
     off = make(tmp_path)  # the default: no standby
     generate(off, tmp_path / "b.yaml", 100, seed=102)
-    commit_all(off)
+    held_name, held_task = sorted(tasks.items())[0]
+    held = StandbyCopy(config.store_base_dir, EXECUTOR, held_task.name)
+    with held.lock(0) as mine:  # a catch-up still running: its copy and lock are left
+        assert mine
+        commit_all(off)
+    kept = held_name.replace(" ", "_")
+    assert sorted(p.name for p in (off.store_base_dir / ".standby" / EXECUTOR).iterdir()) == [
+        kept,
+        f"{kept}.lock",
+    ]
+    commit_all(off)  # and go at the next start
     assert list((off.store_base_dir / ".standby" / EXECUTOR).iterdir()) == []
 
 

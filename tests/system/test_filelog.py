@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import random
 from pathlib import Path
@@ -120,6 +121,58 @@ def test_repair_removes_damaged_records_and_never_reuses_their_offsets(
         consumer.read(SSP, "20", "100")  # reads past the lost ranges say nothing
     assert "damaged" not in caplog.text
     assert partition.repair() == []  # idempotent
+
+
+def repaired_at_19(system: SystemUnderTest) -> Any:
+    """20 records whose last (19) a repair removed: the next append gets 20. Returns the
+    partition's log and a check that a reader resuming at an offset is in range."""
+    from sparkpoint.checkpoint.offsets import check_in_range
+    from sparkpoint.model import TaskName
+    from sparkpoint.system.filelog.partition import PartitionLog
+
+    fill(system, 20)
+    log = part_dir(system) / "0.log"
+    log.write_bytes(log.read_bytes()[:-3])  # the last record lost its tail
+    partition = PartitionLog(part_dir(system), "fl.s partition 0")
+    assert partition.repair() == [(19, 19)]
+    admin = system.factory.get_admin("fl", system.config)
+
+    def in_range(*resumes: str) -> None:
+        meta = admin.get_metadata([SSP])[SSP]
+        for resume in resumes:
+            check_in_range(admin, TaskName("Partition 0"), SSP, resume, meta)
+
+    return partition, in_range
+
+
+def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_during_a_publish(
+    system: SystemUnderTest,
+) -> None:
+    """A reader that had not read the removed 19 resumes there, one that had at 20: both
+    are in range, also while records are published (held back from 20)."""
+    from sparkpoint.system.filelog.partition import PUBLISHING
+
+    _partition, in_range = repaired_at_19(system)
+    admin = system.factory.get_admin("fl", system.config)
+    assert admin.get_metadata([SSP])[SSP].upcoming == "20"
+    in_range("19", "20")
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("x", "published", 1))
+    producer.flush()
+    (part_dir(system) / PUBLISHING).write_text(json.dumps({"first": 20}))  # a publish from 20
+    meta = admin.get_metadata([SSP])[SSP]
+    assert (meta.newest, meta.upcoming) == ("18", "20")  # not 19, below the held-back records
+    in_range("19", "20")
+
+
+def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_once_retention_empties_it(
+    system: SystemUnderTest,
+) -> None:
+    partition, in_range = repaired_at_19(system)
+    partition.delete_before(19)  # retention drops every record left
+    meta = system.factory.get_admin("fl", system.config).get_metadata([SSP])[SSP]
+    assert (meta.oldest, meta.newest, meta.upcoming) == ("19", None, "20")
+    in_range("19", "20")
 
 
 def test_index_entries_the_os_never_wrote_are_dropped_and_rebuilt(

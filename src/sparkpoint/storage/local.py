@@ -309,34 +309,39 @@ class StandbyCopy(LocalTaskState):
     def remove(self) -> None:
         self.remove_dir(self.dir)
 
-    @contextlib.contextmanager
-    def lock(self, wait_s: float) -> Iterator[bool]:
-        """Hold the copy's lock (an ``flock`` on a file beside it, released when the process
-        dies) while the block runs, waiting up to ``wait_s`` seconds for it; whether it was
-        got. A catch-up and a promotion of one copy take it, so that a catch-up which outlived
-        its failed job never changes or deletes a copy while a task is taking it."""
-        path = self.dir.with_name(self.dir.name + LOCK_SUFFIX)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + wait_s
-        with open(path, "a+b") as f:
-            while True:
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.05)
-            try:
-                yield True
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    def lock(self, wait_s: float) -> contextlib.AbstractContextManager[bool]:
+        """Hold the copy's lock while the block runs (:func:`_locked`), waiting up to
+        ``wait_s`` seconds for it; whether it was got. A catch-up and a promotion of one
+        copy take it, so that a catch-up which outlived its failed job never changes or
+        deletes a copy while a task is taking it."""
+        return _locked(self.dir, wait_s)
 
     @staticmethod
     def remove_dir(path: Path) -> None:
         """Delete one standby copy's directory (a copy this executor no longer keeps)."""
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(copy_dir: Path, wait_s: float) -> Iterator[bool]:
+    """An ``flock`` on the file beside ``copy_dir`` (released when the process dies)."""
+    path = copy_dir.with_name(copy_dir.name + LOCK_SUFFIX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    with open(path, "a+b") as f:
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def standby_executors(base_dir: Path) -> list[str]:
@@ -358,9 +363,11 @@ def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
     if not root.is_dir():
         return
     for executor in root.iterdir():
-        StandbyCopy.remove_dir(executor / task_dir_name(task))
-        # and its lock (no catch-up runs with standbys off)
-        (executor / f"{task_dir_name(task)}{LOCK_SUFFIX}").unlink(missing_ok=True)
+        copy = executor / task_dir_name(task)
+        with _locked(copy, 0) as mine:
+            if mine:  # else a catch-up still holds it (its copy goes with its executor's)
+                StandbyCopy.remove_dir(copy)
+                copy.with_name(copy.name + LOCK_SUFFIX).unlink(missing_ok=True)
 
 
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:

@@ -43,7 +43,7 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
         try:
             done = catch_up(config, systems, copy.task, executor, checkpoint, copy.at)
-        except Exception as exc:  # this copy only (deleted by catch_up): the others go on
+        except Exception as exc:  # this copy only (catch_up deleted it unless in use): go on
             log.warning("task %s: standby copy catch-up failed: %s", copy.task.name, exc)
             error = f"{type(exc).__name__}: {exc}"
             results.append(

@@ -420,11 +420,15 @@ class PartitionLog:
             if committed and (bound := self.committed_end()) is not None:
                 stable = bound if stable is None else min(stable, bound)
             n = len(index) if stable is None else index.first_at_or_after(stable)
+            if len(index) == 0:  # from where it starts: a reader there is not out of range
+                return PartitionMetadata(str(self._current()[1]), None, str(self._upcoming(index)))
             if n == 0:
-                start = self._upcoming(index) if len(index) == 0 else index[0][0]
-                return PartitionMetadata(str(start), None, str(start))
+                return PartitionMetadata(str(index[0][0]), None, str(index[0][0]))
             first, last = index[0][0], index[n - 1][0]
-            upcoming = last + 1 if n < len(index) else self._upcoming(index)
+            if n < len(index):  # up to the records not readable yet (past a repair's floor)
+                upcoming = max(last + 1, min(self._current_all()[2], index[n][0]))
+            else:
+                upcoming = self._upcoming(index)
             return PartitionMetadata(str(first), str(last), str(upcoming))
 
     def _upcoming(self, index: _Index) -> int:
