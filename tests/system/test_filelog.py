@@ -163,6 +163,9 @@ def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_during_a_publi
     meta = admin.get_metadata([SSP])[SSP]
     assert (meta.newest, meta.upcoming) == ("18", "20")  # not 19, below the held-back records
     in_range("19", "20")
+    consumer = system.factory.get_consumer("fl", system.config)
+    assert consumer.read(SSP, "19", "21") == []  # nothing at 19, 20 is held back
+    assert consumer.skipped_through(SSP) == "19"  # the reader moves on to 20 (not stuck)
 
 
 def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_once_retention_empties_it(
@@ -170,9 +173,20 @@ def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_once_retention
 ) -> None:
     partition, in_range = repaired_at_19(system)
     partition.delete_before(19)  # retention drops every record left
-    meta = system.factory.get_admin("fl", system.config).get_metadata([SSP])[SSP]
+    admin = system.factory.get_admin("fl", system.config)
+    meta = admin.get_metadata([SSP])[SSP]
     assert (meta.oldest, meta.newest, meta.upcoming) == ("19", None, "20")
     in_range("19", "20")
+    consumer = system.factory.get_consumer("fl", system.config)
+    assert consumer.read(SSP, "19", "20") == []
+    assert consumer.skipped_through(SSP) == "19"  # 19 never gets a record: past it
+    producer = system.factory.get_producer("fl", system.config)
+    producer.send("s", 0, rec("x", "next", 1))
+    producer.flush()
+    meta = admin.get_metadata([SSP])[SSP]
+    assert (meta.oldest, meta.newest, meta.upcoming) == ("19", "20", "21")  # still from 19
+    in_range("19", "20")
+    assert [r.offset for r in consumer.read(SSP, "19", "21")] == ["20"]
 
 
 def test_index_entries_the_os_never_wrote_are_dropped_and_rebuilt(

@@ -276,3 +276,39 @@ def test_the_trim_command_keeps_what_a_broadcast_input_has_not_committed(tmp_pat
     (t,) = trim_stream(config, systems, STREAM)
     assert records(systems)[0].offset == "10"  # Partition 1 reads 10 next
     assert t.dropped == 10 and t.held_back == 30
+
+
+@pytest.mark.parametrize("emptied", [False, True], ids=["repaired", "repaired-then-emptied"])
+def test_a_job_passes_over_the_records_a_repair_removed_at_the_end(
+    tmp_path: Path, emptied: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that had read up to the record before those a repair removed at the end of a
+    partition (and, after retention emptied it) resumes there: it passes over the removed
+    offsets with an ERROR saying their messages are lost, is caught up, and counts what
+    comes next (before, it read nothing there batch after batch and never caught up)."""
+    from sparkpoint.system.filelog.partition import PartitionLog
+
+    config = load_config(None, pageviews_config(tmp_path, **{"task.commit.ms": "0"}))
+    generate(config, tmp_path / "a.yaml", 200, seed=91)
+    JobCoordinator(config, InlineRunner()).run(until_caught_up=True)
+    systems = Systems(config)
+    ssp = SystemStreamPartition("filelog", "pageviews", 2)
+    admin = systems.admin("filelog")
+    producer = systems.producer("filelog")
+    producer.send("pageviews", 2, Record("", b"u", b'{"user": "lost", "page": "/"}', 0))
+    producer.flush()
+    removed = admin.get_metadata([ssp])[ssp].newest
+    part_dir = config.data_dir / "streams" / "filelog" / "pageviews" / "2"
+    partition = PartitionLog(part_dir, "filelog.pageviews partition 2")
+    log = part_dir / f"{partition._gen()}.log"
+    log.write_bytes(log.read_bytes()[:-3])  # the last record lost its tail
+    assert partition.repair() == [(int(str(removed)), int(str(removed)))]
+    if emptied:
+        partition.delete_before(int(str(removed)))
+    with caplog.at_level(logging.ERROR):
+        JobCoordinator(config, InlineRunner()).run(until_caught_up=True)
+    assert f"records {removed}..{removed} were damaged and removed" in caplog.text
+    producer.send("pageviews", 2, Record("", b"u", b'{"user": "next", "page": "/"}', 0))
+    producer.flush()
+    JobCoordinator(config, InlineRunner()).run(until_caught_up=True)
+    assert committed_counts(config).get("next") == 1 and "lost" not in committed_counts(config)

@@ -2,8 +2,10 @@
 
 Offsets are opaque strings; only the system's admin compares them or computes the one after.
 Ranges are half-open: a read of ``[start, end)`` returns records with ``start <= offset < end``.
-``upcoming`` is the offset the next appended record will get; a partition is empty when
-``oldest == upcoming``. ``newest`` is the offset of the last record, or ``None`` when empty.
+``upcoming`` is the offset the next appended record will get; ``newest`` is the offset of
+the last record, or ``None`` when the partition is empty. An empty partition usually has
+``oldest == upcoming``; offsets between them (records a repair removed) hold no record, and a
+reader there is moved past them (``skipped_through``).
 """
 
 from __future__ import annotations

@@ -420,16 +420,29 @@ class PartitionLog:
             if committed and (bound := self.committed_end()) is not None:
                 stable = bound if stable is None else min(stable, bound)
             n = len(index) if stable is None else index.first_at_or_after(stable)
+            _gen, start, floor = self._current_all()
             if len(index) == 0:  # from where it starts: a reader there is not out of range
-                return PartitionMetadata(str(self._current()[1]), None, str(self._upcoming(index)))
+                return PartitionMetadata(str(start), None, str(self._upcoming(index)))
+            first = index[0][0]
+            if start < first <= floor:  # a reader at the offsets a repair removed before it
+                first = start
             if n == 0:
-                return PartitionMetadata(str(index[0][0]), None, str(index[0][0]))
-            first, last = index[0][0], index[n - 1][0]
+                return PartitionMetadata(str(first), None, str(index[0][0]))
+            last = index[n - 1][0]
             if n < len(index):  # up to the records not readable yet (past a repair's floor)
-                upcoming = max(last + 1, min(self._current_all()[2], index[n][0]))
+                upcoming = max(last + 1, min(floor, index[n][0]))
             else:
                 upcoming = self._upcoming(index)
             return PartitionMetadata(str(first), str(last), str(upcoming))
+
+    def empty_through(self, start: int, end: int) -> int:
+        """The last offset before ``end`` up to which, from ``start``, no record is and none
+        will be: before the next record at or after ``start``, or (with none) before the
+        offset the next append gets. ``start - 1`` when ``start`` may still get one."""
+        with self._snapshot() as (index, _log):
+            i = index.first_at_or_after(start)
+            following = index[i][0] if i < len(index) else self._upcoming(index)
+        return min(following, end) - 1
 
     def _upcoming(self, index: _Index) -> int:
         """The offset the next append gets: after the last record, or where an empty

@@ -313,13 +313,18 @@ class FileLogConsumer(SystemConsumer):
         )
 
     def skipped_through(self, ssp: SystemStreamPartition) -> str | None:
-        """After an empty read-committed read that began in an aborted range: its end (below
-        the committed end and the read's)."""
-        if not self._committed or ssp not in self._last:
+        """After an empty read: how far from its start the offsets hold no record and never
+        will (before the next record, or before the offset the next append gets: offsets a
+        repair removed, or compaction), and, read-committed, past an aborted range the read
+        began in (below the committed end and the read's end)."""
+        if ssp not in self._last:
             return None
         start, end = self._last[ssp]
-        readable, bound = self._s.log(ssp.stream, ssp.partition).committed_bounds(start, end)
-        through = min(readable, bound) - 1
+        log = self._s.log(ssp.stream, ssp.partition)
+        through = log.empty_through(start, end)
+        if self._committed:
+            readable, bound = log.committed_bounds(start, end)
+            through = max(through, min(readable, bound) - 1)
         return str(through) if through >= start else None
 
     def _bytes(self, max_records: int | None) -> int | None:
