@@ -412,3 +412,38 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     assert "standby copy on executor 7 is in use by another process" in caplog.text
     assert copy_counts(config, task, live=True) == at(config, {name: second}, name)
     assert copy.position() == position  # the copy is still there, for a later promotion
+
+
+def test_a_lock_its_holder_unlinked_is_taken_on_the_new_file_by_one_process_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Removing copies with standbys off unlinks each copy's lock file while holding it. A
+    catch-up that opened the old file and waited must not hold a lock on a file no one else
+    can see: it locks the file at the path, so a third comer waits for it."""
+    import threading
+    import time
+
+    from sparkpoint.model import TaskName
+
+    copy = StandbyCopy(tmp_path, EXECUTOR, TaskName("Partition 0"))
+    lock_file = copy.dir.with_name(copy.dir.name + ".lock")
+    got: dict[str, bool] = {}
+    b_holds = threading.Event()
+
+    def waiting_catch_up() -> None:
+        with copy.lock(5) as mine:
+            got["waiting"] = mine
+            b_holds.set()
+            time.sleep(0.5)
+
+    with copy.lock(0) as mine:
+        assert mine
+        waiter = threading.Thread(target=waiting_catch_up)
+        waiter.start()
+        time.sleep(0.2)  # it has opened the file and waits on it
+        lock_file.unlink()  # as remove_standby_copies does, holding the lock
+    assert b_holds.wait(5)
+    with copy.lock(0) as third:
+        got["third"] = third
+    waiter.join()
+    assert got == {"waiting": True, "third": False}

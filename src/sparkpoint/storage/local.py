@@ -324,24 +324,33 @@ class StandbyCopy(LocalTaskState):
 
 @contextlib.contextmanager
 def _locked(copy_dir: Path, wait_s: float) -> Iterator[bool]:
-    """An ``flock`` on the file beside ``copy_dir`` (released when the process dies)."""
+    """An ``flock`` on the file beside ``copy_dir`` (released when the process dies). A lock
+    got on a file its holder unlinked meanwhile (:func:`remove_standby_copies`) is no lock:
+    the file at the path is opened and locked again."""
     path = copy_dir.with_name(copy_dir.name + LOCK_SUFFIX)
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
-    with open(path, "a+b") as f:
-        while True:
+    while True:
+        with open(path, "a+b") as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     yield False
                     return
                 time.sleep(0.05)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                continue
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(f.fileno()).st_ino:
+                continue  # unlinked while we waited: the lock is the new file's
+            try:
+                yield True
+                return
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def standby_executors(base_dir: Path) -> list[str]:
