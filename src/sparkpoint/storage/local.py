@@ -322,12 +322,16 @@ class StandbyCopy(LocalTaskState):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _lock_path(copy_dir: Path) -> Path:
+    return copy_dir.with_name(copy_dir.name + LOCK_SUFFIX)
+
+
 @contextlib.contextmanager
 def _locked(copy_dir: Path, wait_s: float) -> Iterator[bool]:
     """An ``flock`` on the file beside ``copy_dir`` (released when the process dies). A lock
     got on a file its holder unlinked meanwhile (:func:`remove_standby_copies`) is no lock:
     the file at the path is opened and locked again."""
-    path = copy_dir.with_name(copy_dir.name + LOCK_SUFFIX)
+    path = _lock_path(copy_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
@@ -376,7 +380,7 @@ def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
         with _locked(copy, 0) as mine:
             if mine:  # else a catch-up still holds it (its copy goes with its executor's)
                 StandbyCopy.remove_dir(copy)
-                copy.with_name(copy.name + LOCK_SUFFIX).unlink(missing_ok=True)
+                _lock_path(copy).unlink(missing_ok=True)
 
 
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:

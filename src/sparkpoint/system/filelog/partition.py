@@ -112,6 +112,11 @@ COMMITTED = "COMMITTED"
 ABORTED = "ABORTED"
 
 
+def _next_offset(index: _Index, start: int, floor: int) -> int:
+    """:meth:`PartitionLog._upcoming` given ``CURRENT``'s start offset and floor."""
+    return max(index[-1][0] + 1 if len(index) else start, floor)
+
+
 @dataclass(frozen=True)
 class _Compaction:
     """A partition's records compacted from a snapshot (:meth:`PartitionLog.compact`): its
@@ -422,7 +427,7 @@ class PartitionLog:
             n = len(index) if stable is None else index.first_at_or_after(stable)
             _gen, start, floor = self._current_all()
             if len(index) == 0:  # from where it starts: a reader there is not out of range
-                return PartitionMetadata(str(start), None, str(self._upcoming(index)))
+                return PartitionMetadata(str(start), None, str(_next_offset(index, start, floor)))
             first = index[0][0]
             if start < first <= floor:  # a reader at the offsets a repair removed before it
                 first = start
@@ -432,7 +437,7 @@ class PartitionLog:
             if n < len(index):  # up to the records not readable yet (past a repair's floor)
                 upcoming = max(last + 1, min(floor, index[n][0]))
             else:
-                upcoming = self._upcoming(index)
+                upcoming = _next_offset(index, start, floor)
             return PartitionMetadata(str(first), str(last), str(upcoming))
 
     def empty_through(self, start: int, end: int) -> int:
@@ -449,7 +454,7 @@ class PartitionLog:
         generation starts, and never below the least next offset a repair left (the offsets
         of the records it removed at the end are not given again)."""
         _gen, start, floor = self._current_all()
-        return max(index[-1][0] + 1 if len(index) else start, floor)
+        return _next_offset(index, start, floor)
 
     def read(
         self,
