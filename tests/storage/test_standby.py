@@ -298,7 +298,7 @@ def test_an_executors_catch_up_deletes_what_it_no_longer_keeps_and_goes_on_past_
         keep=(first, third),
     )
     failed, done = run_standby(plan)
-    assert failed.error is not None and "changelog" in failed.error
+    assert failed.error is not None and "changelog" in failed.error and not failed.busy
     assert done.error is None and done.seeded
     dirs = [p.name for p in standby_tasks(config.store_base_dir, EXECUTOR)]
     assert dirs == [first.replace(" ", "_")]  # its copy of second went; third's failed seed too
@@ -392,7 +392,12 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     """A catch-up and a promotion of one copy take its lock: while another process holds it
     (a catch-up that outlived its failed job), a catch-up leaves the copy as it is, and the
     task restores from its backends instead of taking the copy, with the same state."""
+    from dataclasses import replace
+
     from sparkpoint.errors import RestoreError
+    from sparkpoint.metadata.locality import Executor
+    from sparkpoint.runtime.plan import StandbyPlan, StandbyTarget
+    from sparkpoint.runtime.taskapi.standby import run_standby
     from sparkpoint.storage import restore, standby
 
     monkeypatch.setattr(restore, "PROMOTE_WAIT_S", 0.2)
@@ -404,6 +409,15 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
         with pytest.raises(RestoreError, match="is in use by another process"):
             catch_up(config, systems, task, EXECUTOR, second, str(first.checkpoint_id))
         assert copy.position() == position and copy.store_present("user-counts")  # untouched
+        # through the executor's catch-up: a busy result (not a failure of the copy), kept
+        target = StandbyTarget(task, second.dumps(), str(first.checkpoint_id))
+        plan = StandbyPlan(config.to_dict(), Executor(EXECUTOR, "h"), [target], [EXECUTOR])
+        [result] = run_standby(replace(plan, keep=(name,)))
+        assert result.busy and result.error is not None and "in use" in result.error
+        # nor deleted while held: as a copy the executor no longer keeps, or a gone executor's
+        assert run_standby(replace(plan, copies=[])) == []
+        assert run_standby(replace(plan, copies=[], live=["8"])) == []
+        assert copy.position() == position and copy.store_present("user-counts")
         shutil.rmtree(config.store_base_dir / name.replace(" ", "_"))  # its executor is lost
         storage = TaskStorage(config, systems, task, run_id="r2", last_checkpoint=second)
         assert not storage.open(EMPTY, [(EXECUTOR, str(first.checkpoint_id))])
@@ -412,6 +426,8 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     assert "standby copy on executor 7 is in use by another process" in caplog.text
     assert copy_counts(config, task, live=True) == at(config, {name: second}, name)
     assert copy.position() == position  # the copy is still there, for a later promotion
+    run_standby(replace(plan, copies=[], live=["8"]))  # no longer held: a gone executor's go
+    assert copy.position() is None and not copy.dir.parent.exists()
 
 
 def test_a_lock_its_holder_unlinked_is_taken_on_the_new_file_by_one_process_at_a_time(

@@ -227,8 +227,10 @@ class StandbyPlan:
 class StandbyResult(CaughtUp):
     """What catching one standby copy up did, for the executor it is kept for (``executor``),
     where it ran (``ran_on``, filled in by the runner), and why it failed (``error``: the copy
-    was deleted)."""
+    was deleted, unless ``busy``: another process held it, and it was left as it is)."""
 
     executor: str = ""
     ran_on: Executor | None = None
     error: str | None = None
+    #: the copy was in use by another process and left as it is (not a failure of the copy)
+    busy: bool = False

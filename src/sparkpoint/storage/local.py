@@ -376,13 +376,28 @@ def remove_standby_copies(base_dir: Path, task: TaskName) -> None:
     if not root.is_dir():
         return
     for executor in root.iterdir():
-        copy = executor / task_dir_name(task)
-        with _locked(copy, 0) as mine:
-            if mine:  # else a catch-up still holds it (its copy goes with its executor's)
-                StandbyCopy.remove_dir(copy)
-                _lock_path(copy).unlink(missing_ok=True)
+        remove_standby_copy(executor / task_dir_name(task))
+
+
+def remove_standby_copy(copy_dir: Path) -> bool:
+    """Delete one standby copy and its lock file, under its lock; whether it was deleted. A
+    copy whose lock another process holds (a task taking it, a catch-up that outlived its
+    failed job) is left as it is: deleting it there could take files from under a promotion."""
+    with _locked(copy_dir, 0) as mine:
+        if mine:
+            StandbyCopy.remove_dir(copy_dir)
+            _lock_path(copy_dir).unlink(missing_ok=True)
+        return mine
 
 
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:
-    """Delete the standby copies of one executor directory (an executor that is gone)."""
-    shutil.rmtree(base_dir / STANDBY_DIR / executor_dir, ignore_errors=True)
+    """Delete the standby copies of one executor directory (an executor that is gone), each
+    as :func:`remove_standby_copy` does (lock files left by copies already deleted too), then
+    the directory once nothing is left in it."""
+    root = base_dir / STANDBY_DIR / executor_dir
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        remove_standby_copy(entry.with_name(entry.name.removesuffix(LOCK_SUFFIX)))
+    with contextlib.suppress(OSError):  # not empty: a copy in use stays, with its lock
+        root.rmdir()

@@ -48,6 +48,12 @@ FACTOR = "job.standbytasks.replication.factor"
 CATCH_UP_WAIT_S = 30.0
 
 
+class StandbyCopyInUse(RestoreError):
+    """A catch-up found its copy's lock held by another process (a task taking the copy, or a
+    catch-up that outlived its failed job): the copy was left as it is. Not the copy's fault,
+    so the driver does not count it toward giving the task's standbys up."""
+
+
 def replication_factor(config: Config) -> int:
     """Copies of each task's state: the active one and ``factor - 1`` standbys; checked."""
     factor = config.get_int(FACTOR)
@@ -105,11 +111,11 @@ def catch_up(
     position (a crash mid catch-up, an earlier run's copy the driver does not vouch for) is
     seeded again, as is one whose tail cannot be replayed (the changelog no longer holds it).
     Under the copy's lock (:meth:`StandbyCopy.lock`); a copy whose catch-up fails is deleted,
-    and one whose lock another process holds is left as it is (a :class:`RestoreError`)."""
+    and one whose lock another process holds is left as it is (:class:`StandbyCopyInUse`)."""
     copy = StandbyCopy(config.store_base_dir, executor, task.name)
     with copy.lock(CATCH_UP_WAIT_S) as mine:
         if not mine:
-            raise RestoreError(
+            raise StandbyCopyInUse(
                 f"task {task.name}: its standby copy on executor {executor} is in use by "
                 f"another process (a task taking it, or another catch-up) after "
                 f"{CATCH_UP_WAIT_S:.0f} s; left as it is"

@@ -258,13 +258,23 @@ class Standbys:
         self, results: Sequence[StandbyResult], checkpoints: Mapping[str, Checkpoint | None]
     ) -> None:
         """Record where each copy is now; a copy caught up on another executor than its own
-        (Spark ran it elsewhere) is seeded again where it belongs next time."""
+        (Spark ran it elsewhere) is seeded again where it belongs next time. A copy another
+        process held (``busy``) keeps what the driver knew: the next catch-up checks the copy's
+        own position, and it counts toward no limit."""
         self._failed_jobs = 0
         for r in results:
             for c in self.copies.get(r.task, []):
                 if c.executor.id != r.executor:
                     continue
-                if r.error is not None:
+                if r.busy:  # left as it is: its own POSITION says where it is next time
+                    log.warning(
+                        "task %s: its standby copy on %s was in use by another process (%s); "
+                        "it catches up after the next batch",
+                        r.task,
+                        c.executor,
+                        r.error,
+                    )
+                elif r.error is not None:
                     c.at, c.offsets = None, {}
                     c.failures += 1
                     self._failing(r.task, c, r.error)

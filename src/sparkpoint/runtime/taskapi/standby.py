@@ -10,20 +10,21 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, parse_checkpoint
 from sparkpoint.runtime.taskapi.executor import setup_worker_logging, worker_config
 from sparkpoint.storage.local import (
-    StandbyCopy,
+    remove_standby_copy,
     remove_standby_executor,
     standby_executors,
     standby_tasks,
     task_dir_name_of,
 )
-from sparkpoint.storage.standby import catch_up
+from sparkpoint.storage.standby import StandbyCopyInUse, catch_up
 
 log = logging.getLogger(__name__)
 
 
 def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     """Catch up every copy ``plan`` names, after deleting the copies kept in this state
-    directory for executors that are gone and this executor's copies of other tasks. A copy
+    directory for executors that are gone and this executor's copies of other tasks (each
+    under its lock: one another process holds stays). A copy
     whose catch-up fails is deleted (unless another process holds it) and its result says why
     (``error``); the others go on."""
     setup_worker_logging(plan.config)
@@ -36,8 +37,8 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     executor = plan.executor.id
     keep = {task_dir_name_of(t) for t in plan.keep}
     for stale in standby_tasks(base, executor):
-        if stale.name not in keep:
-            StandbyCopy.remove_dir(stale)
+        if stale.name not in keep and not remove_standby_copy(stale):
+            log.info("standby copy %s is in use by another process; left for now", stale)
     results = []
     for copy in plan.copies:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
@@ -46,8 +47,11 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
         except Exception as exc:  # this copy only (catch_up deleted it unless in use): go on
             log.warning("task %s: standby copy catch-up failed: %s", copy.task.name, exc)
             error = f"{type(exc).__name__}: {exc}"
+            busy = isinstance(exc, StandbyCopyInUse)
             results.append(
-                StandbyResult(copy.task.name.name, "", False, "", executor=executor, error=error)
+                StandbyResult(
+                    copy.task.name.name, "", False, "", executor=executor, error=error, busy=busy
+                )
             )
             continue
         results.append(StandbyResult(**vars(done), executor=executor))
