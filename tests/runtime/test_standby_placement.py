@@ -165,34 +165,40 @@ def test_a_copy_that_keeps_failing_is_given_up_with_an_error(
     assert s.given_up == {"Partition 0"} and s.copies["Partition 1"][0].at is not None
 
 
-def test_a_copy_another_process_held_is_kept_and_never_given_up(
+def test_a_copy_another_process_held_is_kept_and_counted_apart_from_failures(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A catch-up that found its copy's lock held (a task taking it, a stray catch-up) left
-    the copy as it is: the driver keeps what it knew, and however often it happens the task's
-    standbys are not given up, while a failure in between still counts from where it was."""
+    the copy as it is: the driver keeps what it knew (checkpoint, offsets, checked), and it
+    counts neither as a failure nor resets them; only a holder that never lets go (3 in a
+    row) gives the task's standbys up, with an ERROR naming the lock."""
     config = config_of(tmp_path)
     s = standbys_of(config)
     s.place([A1, B], dict.fromkeys(TASKS, A1))
     cps = {t: checkpoint(config, i, 5) for i, t in enumerate(TASKS)}
-    s.caught_up([done(t, str(cps[t].checkpoint_id)) for t in TASKS], cps)
-    known = s.copies["Partition 0"][0].at
+    ok = done("Partition 0", str(cps["Partition 0"].checkpoint_id))
+    ok.offsets = {"user-counts": "5"}
+    s.caught_up([ok], cps)
     in_use = "StandbyCopyInUse: in use by another process"
     busy = StandbyResult("Partition 0", "", False, "", executor=B.id, error=in_use, busy=True)
     failed = StandbyResult("Partition 0", "", False, "", executor=B.id, error="x")
-    for result in (busy, busy, failed, busy, busy, busy, failed):
+    s.caught_up([busy], cps)
+    [copy] = s.copies["Partition 0"]
+    assert (copy.at, copy.offsets, copy.checked) == (ok.checkpoint, ok.offsets, True)
+    assert (copy.failures, copy.busy) == (0, 1)
+    for result in (busy, failed, busy, busy, failed):  # never 3 of either in a row
         s.caught_up([result], cps)
         s.place([A1, B], dict.fromkeys(TASKS, A1))
     [copy] = s.copies["Partition 0"]
-    assert s.given_up == set() and copy.failures == 2
+    assert s.given_up == set() and (copy.failures, copy.busy) == (2, 0)
     assert "was in use by another process" in caplog.text
-    s.caught_up([busy], cps)
-    assert s.copies["Partition 0"][0].failures == 2  # a busy result changes no count
-    fresh = standbys_of(config)
-    fresh.place([A1, B], dict.fromkeys(TASKS, A1))
-    fresh.caught_up([done("Partition 0", str(cps["Partition 0"].checkpoint_id))], cps)
-    fresh.caught_up([busy], cps)
-    assert fresh.copies["Partition 0"][0].at == known  # kept as the driver knew it
+    s.caught_up([ok], cps)  # caught up: both counts start again
+    assert (s.copies["Partition 0"][0].failures, s.copies["Partition 0"][0].busy) == (0, 0)
+    for _ in range(3):
+        s.caught_up([busy], cps)
+    assert s.given_up == {"Partition 0"} and s.copies["Partition 0"] == []
+    assert "in use by another process in 3 catch-ups in a row" in caplog.text
+    assert ".lock file" in caplog.text
 
 
 def test_a_promoted_copy_is_no_longer_kept(tmp_path: Path) -> None:

@@ -394,11 +394,11 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     task restores from its backends instead of taking the copy, with the same state."""
     from dataclasses import replace
 
-    from sparkpoint.errors import RestoreError
     from sparkpoint.metadata.locality import Executor
     from sparkpoint.runtime.plan import StandbyPlan, StandbyTarget
     from sparkpoint.runtime.taskapi.standby import run_standby
     from sparkpoint.storage import restore, standby
+    from sparkpoint.storage.standby import StandbyCopyInUse
 
     monkeypatch.setattr(restore, "PROMOTE_WAIT_S", 0.2)
     monkeypatch.setattr(standby, "CATCH_UP_WAIT_S", 0.2)
@@ -406,7 +406,7 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     position = copy.position()
     with copy.lock(0) as held:  # a separate open of the lock file: as another process
         assert held
-        with pytest.raises(RestoreError, match="is in use by another process"):
+        with pytest.raises(StandbyCopyInUse, match="is in use by another process"):
             catch_up(config, systems, task, EXECUTOR, second, str(first.checkpoint_id))
         assert copy.position() == position and copy.store_present("user-counts")  # untouched
         # through the executor's catch-up: a busy result (not a failure of the copy), kept
@@ -463,3 +463,79 @@ def test_a_lock_its_holder_unlinked_is_taken_on_the_new_file_by_one_process_at_a
         got["third"] = third
     waiter.join()
     assert got == {"waiting": True, "third": False}
+
+
+def test_a_gone_executors_copies_go_but_a_held_one_and_what_is_not_its_own_stay(
+    tmp_path: Path,
+) -> None:
+    """A gone executor's directory: its copies and their locks go, also a lock whose copy was
+    deleted before and a stray file or link (not the link's target); a copy another process
+    holds stays with its lock until it is let go, then the directory goes."""
+    from sparkpoint.model import TaskName
+    from sparkpoint.storage.local import STANDBY_DIR, remove_standby_executor
+
+    root = tmp_path / STANDBY_DIR / "9"
+    (root / "Partition_0" / "user-counts").mkdir(parents=True)
+    (root / "Partition_0.lock").touch()
+    (root / "Partition_1.lock").touch()  # its copy was deleted before
+    (root / "stray.tmp").write_text("x")
+    (root / ".lock").touch()
+    outside = tmp_path / "elsewhere"
+    (outside / "keep").mkdir(parents=True)
+    (root / "link").symlink_to(outside)
+    held = StandbyCopy(tmp_path, "9", TaskName("Partition 2"))
+    held.store_dir("user-counts").mkdir(parents=True)
+    with held.lock(0) as mine:
+        assert mine
+        remove_standby_executor(tmp_path, "9")
+        assert sorted(p.name for p in root.iterdir()) == ["Partition_2", "Partition_2.lock"]
+        assert held.store_dir("user-counts").is_dir()
+    assert (outside / "keep").is_dir()  # a link's target is not the executor's
+    remove_standby_executor(tmp_path, "9")
+    assert not root.exists()
+
+
+def _clean_gone_executor(base: str, start: object, errors: object) -> None:
+    from sparkpoint.storage.local import remove_standby_executor
+
+    start.wait()  # type: ignore[attr-defined]
+    try:
+        remove_standby_executor(Path(base), "9")
+    except Exception as exc:
+        import traceback
+
+        errors.put("".join(traceback.format_exception(exc)[-4:]))  # type: ignore[attr-defined]
+
+
+def test_workers_that_clean_one_gone_executor_at_once_never_fail(tmp_path: Path) -> None:
+    """An executor's catch-up runs in a partition per core, and each cleans the copies of
+    executors that are gone: one removing the directory between another's making it and
+    opening a lock file there failed that catch-up (FileNotFoundError; 167 of 300 rounds of 8
+    processes in the reviewer's script)."""
+    import multiprocessing
+
+    from sparkpoint.storage.local import STANDBY_DIR, remove_standby_executor
+
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for round_ in range(25):
+        base = tmp_path / f"r{round_}"
+        for i in range(3):
+            (base / STANDBY_DIR / "9" / f"T{i}" / "s").mkdir(parents=True)
+            (base / STANDBY_DIR / "9" / f"T{i}.lock").touch()
+        start = ctx.Barrier(6)
+        workers = [
+            ctx.Process(target=_clean_gone_executor, args=(str(base), start, errors))
+            for _ in range(6)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert [w.exitcode for w in workers] == [0] * 6
+        remove_standby_executor(base, "9")  # whatever a late worker made again goes now
+        assert not (base / STANDBY_DIR / "9").exists()
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert found == []

@@ -34,7 +34,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sparkpoint.errors import RestoreError
 from sparkpoint.fsutil import atomic_write, fsync_dir
@@ -47,6 +47,7 @@ MARKER = "STATE"
 STANDBY_DIR = ".standby"
 POSITION = "POSITION"
 LOCK_SUFFIX = ".lock"  # a standby copy's lock, beside its directory
+LOCK_OPEN_TRIES = 20  # makes of a lock file whose directory another process keeps removing
 CHECKPOINT_FILE = "CHECKPOINT"
 COMMITS = "commits"
 COMMIT_FAILURES = "COMMIT-FAILURES"
@@ -332,10 +333,9 @@ def _locked(copy_dir: Path, wait_s: float) -> Iterator[bool]:
     got on a file its holder unlinked meanwhile (:func:`remove_standby_copies`) is no lock:
     the file at the path is opened and locked again."""
     path = _lock_path(copy_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
-        with open(path, "a+b") as f:
+        with _open_lock_file(path) as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -355,6 +355,20 @@ def _locked(copy_dir: Path, wait_s: float) -> Iterator[bool]:
                 return
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _open_lock_file(path: Path) -> BinaryIO:
+    """The lock file at ``path``, made with its directory if need be. Another process may
+    remove that directory between the two (a gone executor's copies cleaned up by several
+    workers at once): made again then."""
+    for _ in range(LOCK_OPEN_TRIES - 1):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return open(path, "a+b")
+        except (FileNotFoundError, FileExistsError):  # (made, then removed, as it checked)
+            continue
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a+b")
 
 
 def standby_executors(base_dir: Path) -> list[str]:
@@ -390,14 +404,27 @@ def remove_standby_copy(copy_dir: Path) -> bool:
         return mine
 
 
+def _remove_stray(entry: Path) -> None:
+    """A gone executor's entry that is no copy and no lock (a plain file, a link): unlinked
+    (a link's target is left alone)."""
+    if entry.is_symlink() or not entry.is_dir():
+        entry.unlink(missing_ok=True)
+
+
 def remove_standby_executor(base_dir: Path, executor_dir: str) -> None:
     """Delete the standby copies of one executor directory (an executor that is gone), each
     as :func:`remove_standby_copy` does (lock files left by copies already deleted too), then
     the directory once nothing is left in it."""
     root = base_dir / STANDBY_DIR / executor_dir
-    if not root.is_dir():
+    try:
+        entries = sorted(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):  # (another worker removed it first)
         return
-    for entry in sorted(root.iterdir()):
-        remove_standby_copy(entry.with_name(entry.name.removesuffix(LOCK_SUFFIX)))
+    for entry in entries:
+        copy = entry.name.removesuffix(LOCK_SUFFIX)
+        if copy and not entry.is_symlink() and (entry.is_dir() or copy != entry.name):
+            remove_standby_copy(entry.with_name(copy))
+        else:
+            _remove_stray(entry)
     with contextlib.suppress(OSError):  # not empty: a copy in use stays, with its lock
         root.rmdir()

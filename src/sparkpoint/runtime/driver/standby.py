@@ -52,6 +52,7 @@ class Copy:
     offsets: dict[str, str | None] = field(default_factory=dict)
     lag: int | None = None
     failures: int = 0  # catch-ups that failed in a row
+    busy: int = 0  # catch-ups in a row that found the copy in use by another process
     #: seen at ``at`` by this driver; False for a copy of the last run until a catch-up
     #: finds it there on its executor
     checked: bool = True
@@ -259,49 +260,69 @@ class Standbys:
     ) -> None:
         """Record where each copy is now; a copy caught up on another executor than its own
         (Spark ran it elsewhere) is seeded again where it belongs next time. A copy another
-        process held (``busy``) keeps what the driver knew: the next catch-up checks the copy's
-        own position, and it counts toward no limit."""
+        process held (``busy``) keeps what the driver knew (the next catch-up checks the
+        copy's own position), and counts toward its own limit, not the failures'."""
         self._failed_jobs = 0
         for r in results:
             for c in self.copies.get(r.task, []):
                 if c.executor.id != r.executor:
                     continue
                 if r.busy:  # left as it is: its own POSITION says where it is next time
-                    log.warning(
-                        "task %s: its standby copy on %s was in use by another process (%s); "
-                        "it catches up after the next batch",
-                        r.task,
-                        c.executor,
-                        r.error,
-                    )
+                    c.busy += 1
+                    self._busy(r.task, c, r.error or "")
                 elif r.error is not None:
-                    c.at, c.offsets = None, {}
+                    c.at, c.offsets, c.busy = None, {}, 0
                     c.failures += 1
                     self._failing(r.task, c, r.error)
                 elif r.ran_on is not None and r.ran_on.id != r.executor:
                     c.at, c.offsets = None, {}
                 else:
-                    c.at, c.offsets, c.failures = r.checkpoint, dict(r.offsets), 0
+                    c.at, c.offsets, c.failures, c.busy = r.checkpoint, dict(r.offsets), 0, 0
                     c.checked = True
         self.measure(checkpoints)
 
-    def _failing(self, task: str, copy: Copy, error: str) -> None:
-        if copy.failures < MAX_FAILURES:
-            log.warning(
-                "task %s: its standby copy on %s failed to catch up (%s); seeding it again",
-                task,
-                copy.executor,
-                error,
-            )
-            return
-        log.error(
-            "task %s: its standby copy on %s failed %d catch-ups in a row (last: %s); the task "
-            "keeps no standby for the rest of this run, and restores from its backends if its "
-            "executor is lost. Fix the cause (the error names it) and restart the job",
+    def _busy(self, task: str, copy: Copy, error: str) -> None:
+        """A copy another process held: counted apart from failures (the copy was not at
+        fault), but a holder that never lets go (a hung stray catch-up) would make every
+        batch's catch-up wait for it, so after :data:`MAX_FAILURES` in a row the task keeps
+        no standby for the run."""
+        self._count(
             task,
-            copy.executor,
+            copy,
+            copy.busy,
+            error,
+            "was in use by another process ({error}); it catches up after the next batch",
+            "was in use by another process in {n} catch-ups in a row (last: {error})",
+            "Find the process holding the copy's lock (a stray catch-up: fuser on the .lock "
+            "file beside the copy) and restart the job",
+        )
+
+    def _failing(self, task: str, copy: Copy, error: str) -> None:
+        self._count(
+            task,
+            copy,
             copy.failures,
             error,
+            "failed to catch up ({error}); seeding it again",
+            "failed {n} catch-ups in a row (last: {error})",
+            "Fix the cause (the error names it) and restart the job",
+        )
+
+    def _count(
+        self, task: str, copy: Copy, n: int, error: str, again: str, stop: str, fix: str
+    ) -> None:
+        """A WARNING (``again``) while ``n`` is under :data:`MAX_FAILURES`; then an ERROR
+        (``stop``, then ``fix``) and the task keeps no standby for the rest of the run."""
+        where = f"task {task}: its standby copy on {copy.executor}"
+        if n < MAX_FAILURES:
+            log.warning("%s %s", where, again.format(error=error))
+            return
+        log.error(
+            "%s %s; the task keeps no standby for the rest of this run, and restores from its "
+            "backends if its executor is lost. %s",
+            where,
+            stop.format(n=n, error=error),
+            fix,
         )
         self.given_up.add(task)
         self.copies[task] = []

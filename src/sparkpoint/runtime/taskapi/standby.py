@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, parse_checkpoint
@@ -30,15 +31,11 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
     setup_worker_logging(plan.config)
     config, systems = worker_config(plan.config)
     base = config.store_base_dir
-    live = {task_dir_name_of(e) for e in plan.live}
-    for name in standby_executors(base):
-        if name not in live:
-            remove_standby_executor(base, name)
     executor = plan.executor.id
-    keep = {task_dir_name_of(t) for t in plan.keep}
-    for stale in standby_tasks(base, executor):
-        if stale.name not in keep and not remove_standby_copy(stale):
-            log.info("standby copy %s is in use by another process; left for now", stale)
+    try:  # only disk to free: what another worker removes meanwhile, or a failure, waits
+        _remove_unkept(base, plan)
+    except OSError as exc:
+        log.warning("executor %s: standby copies no longer kept not all removed: %s", executor, exc)
     results = []
     for copy in plan.copies:
         checkpoint: Checkpoint = parse_checkpoint(copy.checkpoint)
@@ -56,3 +53,16 @@ def run_standby(plan: StandbyPlan) -> list[StandbyResult]:
             continue
         results.append(StandbyResult(**vars(done), executor=executor))
     return results
+
+
+def _remove_unkept(base: Path, plan: StandbyPlan) -> None:
+    """Delete the copies of executors that are gone and this executor's copies of tasks it no
+    longer keeps, each under its lock (:func:`remove_standby_copy`)."""
+    live = {task_dir_name_of(e) for e in plan.live}
+    for name in standby_executors(base):
+        if name not in live:
+            remove_standby_executor(base, name)
+    keep = {task_dir_name_of(t) for t in plan.keep}
+    for stale in standby_tasks(base, plan.executor.id):
+        if stale.name not in keep and not remove_standby_copy(stale):
+            log.info("standby copy %s is in use by another process; left for now", stale)
