@@ -110,3 +110,74 @@ def test_kafka_grows_a_topic(tmp_path: Path) -> None:
             assert systems.admin("log").partition_count("pageviews") == 6
         finally:
             systems.close()
+
+
+class _Topic:
+    def __init__(self, partitions: int) -> None:
+        self.partitions = dict.fromkeys(range(partitions))
+        self.error = None
+
+
+class _FakeAdminClient:
+    """What KafkaAdmin.add_partitions asks of confluent-kafka's AdminClient: CreatePartitions,
+    then metadata that shows the new count only after a while (as a broker's does)."""
+
+    def __init__(self, partitions: int, refuse: Exception | None = None) -> None:
+        self.partitions, self.refuse = partitions, refuse
+        self.requests: list[tuple[str, int]] = []
+        self.listed = 0
+        self.grown = partitions  # the count once the request took effect
+
+    def create_partitions(self, new: list[object]) -> dict[str, object]:
+        from concurrent.futures import Future
+
+        out: dict[str, object] = {}
+        for request in new:
+            topic, total = request.topic, request.new_total_count  # type: ignore[attr-defined]
+            self.requests.append((topic, total))
+            done: Future[None] = Future()
+            if self.refuse is not None:
+                done.set_exception(self.refuse)
+            else:
+                done.set_result(None)
+                self.grown = total
+            out[topic] = done
+        return out
+
+    def list_topics(self, timeout: float) -> object:
+        from types import SimpleNamespace
+
+        self.listed += 1
+        count = self.grown if self.listed > 2 else self.partitions
+        return SimpleNamespace(topics={"pageviews": _Topic(count)})
+
+
+def _kafka_admin(client: _FakeAdminClient) -> object:
+    import threading
+
+    from sparkpoint.system.kafka.system import KafkaAdmin
+
+    admin = KafkaAdmin.__new__(KafkaAdmin)
+    admin.system, admin._admin, admin._lock = "log", client, threading.Lock()
+    admin._partitions = {"pageviews": (4, 0.0)}
+    return admin
+
+
+def test_kafka_grows_a_topic_with_create_partitions_and_waits_for_the_metadata() -> None:
+    """Without a broker that has CreatePartitions (Tansu has none: the xfail above), the admin's
+    side of the growth: one request for the new total, the call returns once the metadata
+    shows it, the cached count is dropped; a broker's refusal names the system and topic."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sparkpoint.errors import SparkpointError
+
+    client = _FakeAdminClient(4)
+    admin = _kafka_admin(client)
+    admin.add_partitions("pageviews", 8)  # type: ignore[attr-defined]
+    assert client.requests == [("pageviews", 8)]
+    assert client.listed >= 3  # waited for the metadata to show 8
+    assert "pageviews" not in admin._partitions  # type: ignore[attr-defined]
+    refused = KafkaException(KafkaError(KafkaError.INVALID_PARTITIONS, "cannot shrink"))
+    admin = _kafka_admin(_FakeAdminClient(4, refuse=refused))
+    with pytest.raises(SparkpointError, match="kafka system log: adding partitions to topic "):
+        admin.add_partitions("pageviews", 8)  # type: ignore[attr-defined]
