@@ -82,6 +82,12 @@ class StartpointManager:
         self.store.refresh()
         return {k: Startpoint.loads(v) for k, v in self.store.all(NAMESPACE).items()}
 
+    def pending(self) -> bool:
+        """Whether a start would apply any startpoint: one waiting, or a fan-out of an earlier
+        start that no checkpoint covers yet (read only)."""
+        self.store.refresh()
+        return bool(self.store.all(NAMESPACE)) or bool(self.store.all(FAN_OUT))
+
     # -- fan-out
     def fan_out(
         self, tasks: Mapping[TaskName, Iterable[SystemStreamPartition]]

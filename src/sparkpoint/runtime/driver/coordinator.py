@@ -292,6 +292,8 @@ class JobCoordinator:
         self._tx = Transactions()
         self.batch_log: BatchLog | None = None
         self._replay: list[tuple[int, dict[SystemStreamPartition, str]]] = []
+        #: startpoints wait for the replay of logged batches (:meth:`_fan_out_startpoints`)
+        self._startpoints_after_replay = False
         self._last_commit = time.monotonic()
         self._last_window = time.monotonic()
         self._last_retention = float("-inf")  # the first commit applies it
@@ -330,8 +332,9 @@ class JobCoordinator:
         self._check_input_partitions(ssps)
         model = assign_changelog_partitions(self._metadata(), model)
         checkpoints, must_restore = self._prepare_state(model)
-        fanned = self._fan_out_startpoints(model)
-        self._plan_tasks(model, checkpoints, fanned, must_restore, self.metadata(ssps))
+        meta = self.metadata(ssps)
+        fanned = self._fan_out_startpoints(model, checkpoints, must_restore, meta)
+        self._plan_tasks(model, checkpoints, fanned, must_restore, meta)
         self.model = model
         self._start_services(startpoints=bool(fanned))
         self._announce(model, fanned)
@@ -400,13 +403,45 @@ class JobCoordinator:
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
-        self, model: JobModel
+        self,
+        model: JobModel,
+        checkpoints: Mapping[TaskName, Checkpoint],
+        must_restore: set[TaskName],
+        meta: Mapping[SystemStreamPartition, PartitionMetadata],
     ) -> dict[TaskName, dict[SystemStreamPartition, Startpoint]]:
-        """Fan the waiting startpoints out to the tasks (each task's, new or left from before)."""
+        """Fan the waiting startpoints out to the tasks (each task's, new or left from before).
+
+        Not yet when batches logged before the last stop are to be replayed (a crash between
+        the checkpoints of a DataFrame batch): the tasks whose checkpoints cover such a batch do
+        not read its input again, so their rows it re-keyed come only from its replay, which
+        a startpoint would cancel. The startpoints then apply once the replay's checkpoints are
+        written (:meth:`_apply_deferred_startpoints`)."""
         self.startpoints = StartpointManager(
             self._metadata(), max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
         )
+        if self.exact_batches and self.startpoints.pending():
+            self._plan_tasks(model, checkpoints, {}, must_restore, meta)  # from checkpoints
+            uncovered = BatchLog(self._metadata()).uncovered(self._checkpointed(), self._cmp)
+            if uncovered:
+                log.warning(
+                    "startpoints wait until batches %d-%d (logged before the last stop, not "
+                    "covered by every task's checkpoint) are replayed: they apply once the "
+                    "replay's checkpoints are written, so that no row those batches re-keyed "
+                    "is lost",
+                    uncovered[0][0],
+                    uncovered[-1][0],
+                )
+                self._startpoints_after_replay = True
+                return {}
         return self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+
+    def _apply_deferred_startpoints(self, summary: RunSummary) -> None:
+        """The startpoints a start left waiting for the replay, once it is done: every task
+        commits (its checkpoint covers the replayed batches), then they apply."""
+        if self._startpoints_after_replay and not self._replay:
+            self._startpoints_after_replay = False
+            log.info("the logged batches are replayed: applying the startpoints that waited")
+            self._publish(summary, self.apply_startpoints_now())
 
     def _plan_tasks(
         self,
@@ -1114,6 +1149,7 @@ class JobCoordinator:
         drained = False
         while not self.stop_event.is_set():
             self._check_still_the_driver()
+            self._apply_deferred_startpoints(summary)
             if self.startpoints is not None and self.startpoints.take_apply_now_request():
                 self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
