@@ -344,7 +344,7 @@ def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
     run(two, until_caught_up=True)
     grow(two, 8)
     before = checkpoints_of(two)
-    with pytest.raises(UserError, match=r"filelog.clicks of job pageviews did not grow from 4"):
+    with pytest.raises(UserError, match=r"filelog.clicks \(4\) of job pageviews did not grow to 8"):
         reshard(two)
     assert checkpoints_of(two) == before
 
@@ -357,6 +357,78 @@ def test_inputs_that_did_not_all_grow_and_state_only_on_an_executor_are_refused(
     with pytest.raises(UserError, match=r"store user-counts: the store has no backup backend"):
         reshard(local)
     assert checkpoints_of(local) == before
+
+
+def changelog_partitions(config: Config) -> int:
+    systems = Systems(config)
+    try:
+        return systems.admin("filelog").partition_count("user-counts-changelog")
+    finally:
+        systems.close()
+
+
+def test_a_refusal_after_the_restore_leaves_the_changelogs_as_they_were(tmp_path: Path) -> None:
+    """The key check runs on the restored state; the changelogs grow only after it (a grown
+    changelog cannot be taken back): a store keyed by page, counted by user, is refused with
+    its changelog still at the old count (it grew to 8 first: found by a reviewer)."""
+    from generate import write
+
+    config = make(tmp_path)
+    gen = tmp_path / "gen.json"
+    gen.write_text(json.dumps(config.to_dict()))
+    write(str(gen), 600, 5, 50, key_field="page")
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    before = checkpoints_of(config)
+    with pytest.raises(UserError, match=r"store user-counts task Partition \d: key .*nothing"):
+        reshard(config)
+    assert changelog_partitions(config) == 4
+    assert checkpoints_of(config) == before
+
+
+def test_inputs_of_different_counts_name_the_stream_their_store_follows(tmp_path: Path) -> None:
+    """Inputs that had different counts (4 and 2) never placed a key in one task: the reshard
+    asks which one the store follows (it told the user to grow the other "from 4", and then
+    refused forever, found by a reviewer), moves the state by that one's counts, and the job
+    runs on with the other input as it was."""
+    two = make(tmp_path, **{"task.inputs": "filelog.pageviews,filelog.clicks"})
+    Systems(two).admin("filelog").create_stream(StreamSpec("clicks", 2))
+    expected = generate(two, tmp_path / "a.yaml", 400, seed=18)
+    run(two, until_caught_up=True)
+    grow(two, 8)
+    before = checkpoints_of(two)
+    refused = r"filelog.clicks 2, filelog.pageviews 4.*stores.user-counts.reshard.stream"
+    with pytest.raises(UserError, match=refused):
+        reshard(two)
+    assert checkpoints_of(two) == before and changelog_partitions(two) == 4
+    follows = load_config(None, {**two.to_dict(), "stores.user-counts.reshard.stream": "pageviews"})
+    result = reshard(follows)
+    assert result.streams == {"filelog.pageviews": (4, 8)} and result.moved["user-counts"].keys
+    expected += generate(two, tmp_path / "a.yaml", 200, seed=19)
+    run(two, until_caught_up=True)
+    assert committed_counts(two) == dict(expected)
+    assert_placed(two, 8)
+
+
+def test_an_in_memory_store_without_a_backup_has_nothing_to_move(tmp_path: Path) -> None:
+    """Such a store keeps nothing past a run (each start makes it empty): the reshard moves
+    the job's other state and does not refuse for it (it said to run it on an executor)."""
+    config = make(
+        tmp_path,
+        **{
+            "stores.scratch.factory": "in-memory",
+            "stores.scratch.key.serde": "string",
+            "stores.scratch.msg.serde": "integer",
+        },
+    )
+    expected = generate(config, tmp_path / "a.yaml", 400, seed=20)
+    run(config, until_caught_up=True)
+    grow(config, 8)
+    result = reshard(config)
+    assert result.moved["user-counts"].keys > 0 and result.moved["scratch"].entries == 0
+    run(config, until_caught_up=True)
+    assert committed_counts(config) == dict(expected)
+    assert_placed(config, 8)
 
 
 @pytest.mark.parametrize("api", ["task", "dataframe"])

@@ -53,11 +53,12 @@ from sparkpoint.metadata.job_state import (
     stored_changelog_partitions,
     with_changelog_partitions,
 )
-from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel, TaskName
 from sparkpoint.storage.backend import store_backends
 from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
 from sparkpoint.storage.changelog.backend import changelog_stream
 from sparkpoint.storage.kv.base import KeyValueEngine
+from sparkpoint.storage.kv.factory import engine_kind
 from sparkpoint.storage.outputs import exactly_once
 from sparkpoint.storage.reshard import (
     PENDING,
@@ -267,22 +268,24 @@ def _check_grew_together(
     grown = {ss: pairs[ss] for ss in streams if pairs[ss][0] != pairs[ss][1]}
     if not grown:
         return
-    if len(set(grown.values())) > 1:
+    if len({n for _o, n in grown.values()}) > 1:
         listed = ", ".join(f"{s} {o} -> {n}" for s, (o, n) in sorted(grown.items(), key=str))
         raise UserError(
             f"the inputs of job {config.job_name} grew differently ({listed}): a task is a "
             f"partition number of every input, so they must all grow to one count; grow them "
             f"to the same count (sparkpoint stream add-partitions) and run the reshard again"
         )
-    old, new = next(iter(grown.values()))
-    behind = sorted(str(ss) for ss in streams if ss not in grown)
+    new = next(iter(grown.values()))[1]
+    olds = {o for o, _n in grown.values()}
+    # an input that had the count a grown one had shared its keys' tasks: it must grow too
+    behind = sorted((ss for ss in streams if ss not in grown and pairs[ss][0] in olds), key=str)
     if behind:
+        listed = ", ".join(f"{ss} ({pairs[ss][0]})" for ss in behind)
         raise UserError(
-            f"input stream(s) {', '.join(behind)} of job {config.job_name} did not grow from "
-            f"{old} to {new} partitions with the others: a task is a partition number of every "
-            f"input, and the reshard moves state between the tasks of inputs that all had "
-            f"{old}; grow them too (sparkpoint stream add-partitions JOB STREAM --partitions "
-            f"{new}) and run the reshard again"
+            f"input stream(s) {listed} of job {config.job_name} did not grow to {new} "
+            f"partitions with the others that had as many: a task is a partition number of "
+            f"every input, and a key of those inputs was in one task; grow them too (sparkpoint "
+            f"stream add-partitions JOB STREAM --partitions {new}) and run the reshard again"
         )
     admins = {ss.system for ss in grown}
     partitioners = {type(systems.admin(s)).partition_for_key for s in admins}
@@ -305,12 +308,8 @@ def _follows(
     key = f"stores.{store}.reshard.stream"
     setting = config.get_str(key)
     intermediate = config.intermediate_streams
-    if setting:
-        named = [
-            g
-            for g, streams in groups.items()
-            if any(setting in (str(s), s.stream) for s in streams)
-        ]
+    if setting:  # that stream's counts (its group's inputs grew with it: checked)
+        named = [s for streams in groups.values() for s in streams if setting in (str(s), s.stream)]
         if not named:
             known = ", ".join(str(s) for streams in groups.values() for s in streams)
             raise UserError(
@@ -318,8 +317,9 @@ def _follows(
                 f"{known}): name the stream whose keys the store's entries follow; nothing "
                 f"was changed"
             )
-        group = named[0]
-    elif not intermediate:
+        old, new = pairs[named[0]]
+        return _Keys(old, new, systems.admin(named[0].system))
+    if not intermediate:
         group = INPUTS
     else:
         # the key check cannot tell the groups apart when their old counts are equal (the
@@ -332,6 +332,15 @@ def _follows(
             f"whose key store {store} holds (one of: {names}); nothing was changed"
         )
     streams = groups[group]
+    olds = sorted({pairs[s][0] for s in streams})
+    if len(olds) > 1:
+        listed = ", ".join(f"{s} {pairs[s][0]}" for s in sorted(streams, key=str))
+        raise UserError(
+            f"the inputs of job {config.job_name} had different partition counts when it last "
+            f"ran ({listed}): a key was in a different task for each, so the reshard cannot "
+            f"tell which one store {store}'s keys follow. Set {key} to the input whose keys "
+            f"it holds; nothing was changed"
+        )
     old, new = pairs[streams[0]]
     return _Keys(old, new, systems.admin(streams[0].system))
 
@@ -459,25 +468,19 @@ def _run(
 ) -> None:
     reshard_id = uuid.uuid4().hex[:12]
     run_id = f"reshard-{reshard_id}"
-    _grow_changelogs(config, systems, plan.model, plan.old)
     storages: dict[int, TaskStorage] = {}
     try:
-        for task in plan.model.sorted_tasks():
-            storage = TaskStorage(
-                config,
-                systems,
-                task,
-                run_id=run_id,
-                last_checkpoint=plan.checkpoints.get(task.name),
-            )
-            storages[_partition(task.name)] = storage
-            _require_copies(config, storage)
-            storage.open(CleanStart(run_id))
-            if progress is not None:
-                progress("restoring", len(storages), len(plan.model.tasks))
+        # the old tasks first, then every check: a refusal leaves the changelogs as they were
+        # (growing one cannot be taken back); the new tasks' changelog partitions come after
+        tasks = plan.model.sorted_tasks()
+        opening = _Opening(config, systems, plan, run_id, storages, progress)
+        opening.open([t for t in tasks if _partition(t.name) < plan.old])
         engines = {p: s.logged_engines() for p, s in storages.items()}
         for store in config.stores:
             result.moved[store] = Moved(_check_keys(config, plan, store, engines, progress))
+        _grow_changelogs(config, systems, plan.model, plan.old)
+        opening.open([t for t in tasks if _partition(t.name) >= plan.old])
+        engines = {p: s.logged_engines() for p, s in storages.items()}
         for store in config.stores:
             _move(config, plan, store, engines, result.moved[store], progress)
         record = ReshardRecord(reshard_id, {s: n for s, (_o, n) in plan.streams.items()}, plan.old)
@@ -502,6 +505,34 @@ def _run(
     metadata.put(RESHARD, PENDING, record.dumps())
     maybe_crash(config, "reshard-after-record")
     finish_pending(config, systems, metadata)
+
+
+@dataclass
+class _Opening:
+    """Opens the tasks' storages for a reshard (restoring each to its checkpoint), into
+    ``storages`` by partition, refusing a task whose state is not on this machine."""
+
+    config: Config
+    systems: Systems
+    plan: _Plan
+    run_id: str
+    storages: dict[int, TaskStorage]
+    progress: Progress | None
+
+    def open(self, tasks: Sequence[TaskModel]) -> None:
+        for task in tasks:
+            storage = TaskStorage(
+                self.config,
+                self.systems,
+                task,
+                run_id=self.run_id,
+                last_checkpoint=self.plan.checkpoints.get(task.name),
+            )
+            self.storages[_partition(task.name)] = storage
+            _require_copies(self.config, storage)
+            storage.open(CleanStart(self.run_id))
+            if self.progress is not None:
+                self.progress("restoring", len(self.storages), len(self.plan.model.tasks))
 
 
 def _grow_changelogs(config: Config, systems: Systems, model: JobModel, old: int) -> None:
@@ -612,14 +643,17 @@ def _move(
 
 def _require_copies(config: Config, storage: TaskStorage) -> None:
     """Refuse a task whose committed state of a store without a backup backend is not on this
-    machine: it would restore empty, and the empty state would be committed."""
+    machine: it would restore empty, and the empty state would be committed. An in-memory
+    store without one has no committed state anywhere (each run starts it empty)."""
     cid = storage.last_checkpoint_id
     if cid is None:
         return
     for store in config.stores:
-        if not store_backends(config, store, "backup") and not storage.local.has_checkpoint(
-            store, cid
-        ):
+        if store_backends(config, store, "backup"):
+            continue
+        if engine_kind(store, config.require(f"stores.{store}.factory")) == "in-memory":
+            continue  # nothing of it outlives a run: the job starts it empty as well
+        if not storage.local.has_checkpoint(store, cid):
             raise UserError(
                 f"task {storage.task.name} store {store}: the store has no backup backend and "
                 f"its checkpoint {cid} is not on this machine "
