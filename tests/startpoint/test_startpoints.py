@@ -163,10 +163,11 @@ def test_first_offsets_follow_startpoints(
     def new_records() -> None:  # arrive after the job started, so "upcoming" has them to read
         append(config, partitions, 5)
 
-    # first start, then a restart before any commit: applied both times (upcoming is resolved
-    # again at each start, so it moves on with the stream)
+    # first start, then a restart before any commit: applied both times, at the offset it
+    # resolved to at the first (an upcoming resolved again would skip the records that arrived
+    # after it: test_a_startpoint_a_restart_applies_again_resumes_where_it_first_resolved)
     for start in range(3):
-        expected = N + 5 * start if kind == "upcoming" else resolved
+        expected = resolved
         mark = consumed_mark(config)
         if start < 2:
             one_batch_without_commit(config, new_records)
@@ -372,3 +373,24 @@ def test_a_new_fan_out_replaces_a_tasks_earlier_one(tmp_path: Path) -> None:
     again = StartpointManager(CoordinatorStreamStore(config))
     assert again.get_fan_out_for_task(t0) == {ssp1: upcoming}
     assert list_startpoints(config)["waiting"] == {}  # the sources were deleted
+
+
+def test_a_startpoint_a_restart_applies_again_resumes_where_it_first_resolved(
+    tmp_path: Path, log_system: dict[str, str]
+) -> None:
+    """A fan-out stays until a checkpoint covers its SSP, so a start before that applies it
+    again. An ``upcoming`` startpoint resolved again then skipped what was written while the
+    job was stopped (5 records, silently). The fan-out keeps the offset it resolved to."""
+    config = make(tmp_path, 1, broadcast=False, system=log_system)
+    run_to_end(config)  # reads 0..19
+    set_startpoints(config, "in", StartpointUpcoming())
+    run_to_end(config)  # resolves to 20, reads nothing: no checkpoint names the SSP since
+    [(where, kept)] = list_startpoints(config)["fanned-out"].items()
+    assert where == "log.in.0.Partition 0"
+    assert isinstance(kept, StartpointSpecific) and kept.offset == "20"
+    mark = consumed_mark(config)
+    append(config, 1, 5)  # 20..24, written after the startpoint
+    run_to_end(config)
+    rows = list(read_json_lines(config, Systems(config), SystemStream("log", "consumed")))
+    assert [r["value"]["offset"] for r in rows[mark:]] == [20, 21, 22, 23, 24]
+    assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}  # covered now

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.model.startpoint import InvalidStartpoint, Startpoint
+from sparkpoint.model.startpoint import InvalidStartpoint, Startpoint, StartpointSpecific
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,22 @@ class StartpointManager:
         if raw is None:
             return {}
         return load_fan_out(raw, task)
+
+    def pin_fan_out(self, task: TaskName, resolved: Mapping[SystemStreamPartition, str]) -> None:
+        """Keep the offsets ``task``'s fanned-out startpoints resolved to, as specific ones (of
+        the same creation time): a fan-out stays until a checkpoint covers its SSP, so a start
+        before one applies it again, and an ``upcoming`` or ``oldest`` resolved again then
+        would skip what was written in between."""
+        current = self.get_fan_out_for_task(task)
+        pinned = {
+            ssp: StartpointSpecific(offset, creation_timestamp=current[ssp].creation_timestamp)
+            for ssp, offset in resolved.items()
+            if ssp in current
+            and current[ssp]
+            != StartpointSpecific(offset, creation_timestamp=current[ssp].creation_timestamp)
+        }
+        if pinned:
+            self.store.put_all(FAN_OUT, {task.name: dump_fan_out({**current, **pinned})})
 
     def remove_fan_out_for_task(
         self, task: TaskName, ssps: Iterable[SystemStreamPartition] | None = None

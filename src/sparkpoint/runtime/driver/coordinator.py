@@ -460,6 +460,8 @@ class JobCoordinator:
             ckpt = checkpoints.get(task.name)
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
+            if sps and self.startpoints is not None:  # a start before a checkpoint: the same
+                self.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
             expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
             if clean_start or task.name in must_restore:
                 expected = CleanStart(self.lineage)  # matches no local state: the task restores
@@ -1398,6 +1400,7 @@ class JobCoordinator:
                 ts.startpoints.add(ssp)
                 if self.listener:
                     self.listener.on_startpoint(task.name, ssp, offset, sp.describe())
+            self.startpoints.pin_fan_out(task, {s: ts.resume[s] for s in sps})
         return report
 
     def _publish(self, summary: RunSummary, report: BatchReport) -> None:
