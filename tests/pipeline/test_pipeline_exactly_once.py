@@ -88,6 +88,19 @@ def _staged(config: Config) -> int:
     return len(staging.staged(OUT.stream))
 
 
+def _crashed_in_batch_2(tmp_path: Path, spark: Any, seed: int) -> Counter[str]:
+    """The example pipeline on 2,400 views of 20 users, crashed in the driver after its 6th
+    checkpoint write (batch 2 covered by some tasks' checkpoints only); the views per user."""
+    flag = tmp_path / "crash.flag"
+    flag.write_text("5")
+    crash = {"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
+    config = _config(tmp_path, **crash)
+    expected = generate(config, tmp_path / "a.yaml", 2400, seed=seed, users=20)
+    with pytest.raises(InjectedCrash):
+        _run(spark, config)
+    return expected
+
+
 def _want(n: int, seed: int, users: int) -> Counter[tuple[str, int]]:
     return Counter((str(e["user"]), int(str(e["ts"]))) for e in events(n, seed, users))
 
@@ -199,13 +212,8 @@ def test_a_switch_to_at_least_once_after_a_crash_loses_nothing(
     at-least-once: batch 2's recorded output (with that task's rows, which its replay lacks)
     goes out at the start, and the Parquet sink holds each view once."""
     caplog.set_level(logging.INFO, logger="sparkpoint")
-    flag = tmp_path / "crash.flag"
-    flag.write_text("5")
-    crash = {"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
-    config = _config(tmp_path, **crash)
-    expected = generate(config, tmp_path / "a.yaml", 2400, seed=85, users=20)
-    with pytest.raises(InjectedCrash):
-        _run(spark, config)
+    expected = _crashed_in_batch_2(tmp_path, spark, seed=85)
+    config = _config(tmp_path)
     caplog.clear()
     _run(spark, _config(tmp_path, **{"job.processing.guarantee": "at-least-once"}))
     assert committed_counts(config) == dict(expected)
@@ -274,3 +282,53 @@ def test_on_kafka_a_driver_crash_publishes_each_batch_once(
         assert _views(config) == _want(2400, 84, 20)
         staging = Systems(config).admin("log").output_staging()
         assert staging is not None and staging.staged("user-counts") == []
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_after_a_job_reset_a_parquet_sink_refuses_the_earlier_run_s_batches(
+    tmp_path: Path, spark: Any, guarantee: str
+) -> None:
+    """A reset starts batch ids at 1 again; the sink skipped every id its last-batch record
+    covered, so the new run's output was never written, silently (a reviewer's 599 of 600
+    views missing). The sink keeps the batch log's epoch with its record and refuses another
+    epoch's, naming the directory; moved away, the new run's views are all written."""
+    from sparkpoint.errors import SparkpointError
+    from sparkpoint.tools.reset import reset_job
+
+    config = _config(tmp_path, **{"job.processing.guarantee": guarantee})
+    generate(config, tmp_path / "a.yaml", 600, seed=81, users=12)
+    _run(spark, config)
+    assert _views(config) == _want(600, 81, 12)
+    reset_job(config, keep_input=False)
+    config = _config(tmp_path, **{"job.processing.guarantee": guarantee})  # input again
+    generate(config, tmp_path / "b.yaml", 600, seed=99, users=12)
+    with pytest.raises(SparkpointError, match=r"parquet sink .*enriched-views holds batches"):
+        _run(spark, config)
+    _sink_dir(config).rename(tmp_path / "earlier-run")
+    _run(spark, config)
+    assert _views(config) == _want(600, 99, 12)
+
+
+def test_an_apply_now_request_waits_for_the_replay_and_no_batch_id_is_given_twice(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A start that replays a batch while an apply-now request is pending (left by
+    ``startpoint set --apply-now`` on a job that crashed): the request's commit batch took the
+    id after the log's last, the replay went back to its own, and the next batch got the
+    commit batch's id again: the sink skipped it as written (350 views missing, found by a
+    reviewer). The request now waits for the replay, and a new batch's id is past every
+    logged one."""
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.startpoint.manager import StartpointManager
+
+    expected = _crashed_in_batch_2(tmp_path, spark, seed=83)
+    config = _config(tmp_path)
+    store = CoordinatorStreamStore(config, source="test")
+    try:
+        StartpointManager(store).request_apply_now()
+    finally:
+        store.close()
+    _run(spark, config)
+    assert committed_counts(config) == dict(expected)
+    assert _views(config) == _want(2400, 83, 20)
+    assert_exactly_once(config, expected)

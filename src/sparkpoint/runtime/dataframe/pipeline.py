@@ -115,7 +115,11 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class Sink(Protocol):
-    """Where a DataFrame output goes; called once per batch with its durable id."""
+    """Where a DataFrame output goes; called once per batch with its durable id. A sink that
+    also has ``begin(epoch)`` is told, before each batch it writes, the epoch of the job's
+    batch log (when it began): batch ids start at 1 again after ``sparkpoint job reset``, so
+    a sink that skips the ids it wrote must tell a new epoch's from the old ones
+    (:class:`ParquetSink` refuses to write over an earlier epoch's batches)."""
 
     def write(self, df: Any, batch_id: int) -> None: ...
 
@@ -184,6 +188,7 @@ class ParquetSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._epoch: int | None = None  # the batch log's (:meth:`begin`)
         if not self.path.is_absolute():
             creator = sys._getframe(1).f_globals.get("__file__")  # the module calling us
             base = Path(creator).resolve().parent if creator else Path.cwd()
@@ -194,10 +199,31 @@ class ParquetSink:
         return self.path / "_sparkpoint" / "last-batch"
 
     def last_committed(self) -> int | None:
+        return self._last()[0]
+
+    def _last(self) -> tuple[int | None, int | None]:
+        """The last batch id recorded and its batch log's epoch (None: not recorded)."""
         try:
-            return int(json.loads(self._commit_file.read_text())["batch"])
+            data = json.loads(self._commit_file.read_text())
         except FileNotFoundError:
-            return None
+            return None, None
+        epoch = data.get("epoch")
+        return int(data["batch"]), None if epoch is None else int(epoch)
+
+    def begin(self, epoch: int) -> None:
+        """The job's batch log epoch for the batches to come (:class:`Sink`). Batches recorded
+        under another epoch are an earlier run's (before a ``job reset``, ids from 1 again):
+        skipped as written, the new run's output would be lost, so this refuses, naming the
+        directory to move away."""
+        last, recorded = self._last()
+        if last is not None and recorded is not None and recorded != epoch:
+            raise SparkpointError(
+                f"parquet sink {self.path} holds batches up to {last} of another run of the "
+                f"job (batch log epoch {recorded}; this run's is {epoch}: the job was reset, or "
+                f"another job writes here), which this run's batches would be skipped as. Move "
+                f"or delete {self.path}, or give the sink another path, and run again"
+            )
+        self._epoch = epoch
 
     def _written(self, batch_id: int) -> bool:
         last = self.last_committed()
@@ -208,7 +234,11 @@ class ParquetSink:
 
     def _record(self, batch_id: int) -> None:
         self._commit_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self._commit_file, json.dumps({"batch": batch_id}).encode())
+        record: dict[str, int] = {"batch": batch_id}
+        epoch = getattr(self, "_epoch", None)  # (a sink pickled before begin() existed)
+        if epoch is not None:
+            record["epoch"] = epoch
+        atomic_write(self._commit_file, json.dumps(record).encode())
 
     def write(self, df: Any, batch_id: int) -> None:
         if self._written(batch_id):
@@ -637,6 +667,8 @@ class DataFrameRunner:
         self.spark = spark
         self.pipeline = pipeline
         self.config = config
+        #: the job's batch log epoch, set by the driver once the log is open (sinks: begin)
+        self.batch_epoch: int | None = None
         #: exactly-once: what the last batch staged, for the driver to record in its batch log
         self.staged: BatchOutputs | None = None
         self._owner = batch_owner(config) if stages_output(config) else None
@@ -755,6 +787,9 @@ class DataFrameRunner:
     ) -> list[TaskBatchResult]:
         """Write one output; the tasks' results if ``finisher`` finished them on the way."""
         if isinstance(output, SinkOutput):
+            begin = getattr(output.sink, "begin", None)
+            if begin is not None and self.batch_epoch is not None:
+                begin(self.batch_epoch)
             if self.staged is None or not exactly_once(self.config):
                 output.sink.write(output.df, batch)
                 return []

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
@@ -123,6 +123,9 @@ class TaskState:
     last_processed: dict[SystemStreamPartition, str]
     from_checkpoint: dict[SystemStreamPartition, str]
     checkpoint_last_processed: dict[SystemStreamPartition, str]
+    #: the next offsets of the last written checkpoint alone, startpoints not applied: what
+    #: the batch log's coverage is judged by (``from_checkpoint`` is where a rewind resumes)
+    written: dict[SystemStreamPartition, str] = field(default_factory=dict)
     processed: int = 0
     lag: int = 0
     # SSPs started from a startpoint; its fan-out entry goes once a checkpoint covers the SSP
@@ -336,7 +339,7 @@ class JobCoordinator:
         fanned = self._fan_out_startpoints(model, checkpoints, must_restore, meta)
         self._plan_tasks(model, checkpoints, fanned, must_restore, meta)
         self.model = model
-        self._start_services(startpoints=bool(fanned))
+        self._start_services()
         self._announce(model, fanned)
         return model
 
@@ -421,7 +424,7 @@ class JobCoordinator:
         )
         if self.exact_batches and self.startpoints.pending():
             self._plan_tasks(model, checkpoints, {}, must_restore, meta)  # from checkpoints
-            uncovered = BatchLog(self._metadata()).uncovered(self._checkpointed(), self._cmp)
+            uncovered = BatchLog(self._metadata()).uncovered(self._covered(), self._cmp)
             if uncovered:
                 log.warning(
                     "startpoints wait until batches %d-%d (logged before the last stop, not "
@@ -460,8 +463,11 @@ class JobCoordinator:
             ckpt = checkpoints.get(task.name)
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
-            if sps and self.startpoints is not None:  # a start before a checkpoint: the same
-                self.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
+            written = dict(nxt)
+            if sps:
+                written.update(self._after_checkpoint(ckpt, sps))
+                if self.startpoints is not None:  # a start before a checkpoint: the same
+                    self.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
             expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
             if clean_start or task.name in must_restore:
                 expected = CleanStart(self.lineage)  # matches no local state: the task restores
@@ -473,10 +479,24 @@ class JobCoordinator:
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),
                 checkpoint_last_processed=dict(last),
+                written=dict(written),
                 startpoints=set(sps),
             )
 
-    def _start_services(self, *, startpoints: bool) -> None:
+    def _after_checkpoint(
+        self, checkpoint: Checkpoint | None, ssps: Iterable[SystemStreamPartition]
+    ) -> dict[SystemStreamPartition, str]:
+        """The next offsets ``checkpoint`` names for ``ssps`` (those it names), unchecked: a
+        startpoint may move a task off an offset the partition no longer holds."""
+        out: dict[SystemStreamPartition, str] = {}
+        offsets = checkpoint.input_offsets if checkpoint is not None else {}
+        for ssp in ssps:
+            if ssp in offsets:
+                with contextlib.suppress(ValueError):
+                    out[ssp] = self.systems.admin(ssp.system).offset_after(ssp, offsets[ssp])
+        return out
+
+    def _start_services(self) -> None:
         """Metrics reporters, host affinity and (DataFrame pipelines) the batch log."""
         if self.config.get_list("metrics.reporters") and self.reporters is None:
             self.reporters = MetricsReporters(self.config, self.systems)
@@ -495,7 +515,7 @@ class JobCoordinator:
             },
         )
         if self.exact_batches:
-            self._open_batch_log(startpoints)
+            self._open_batch_log()
 
     def _announce(
         self, model: JobModel, fanned: Mapping[TaskName, Mapping[SystemStreamPartition, Startpoint]]
@@ -525,31 +545,29 @@ class JobCoordinator:
         return self.systems.admin(ssp.system).offset_comparator(a, b)
 
     def _checkpointed(self) -> dict[SystemStreamPartition, str]:
-        """Each SSP's offset the job reads next after its checkpoints: the smallest over its
-        tasks (each task reading a broadcast SSP has its own)."""
+        """Each SSP's offset the job reads next after its checkpoints (and the startpoints it
+        applied): the smallest over its tasks (each task reading a broadcast SSP has its own)."""
         return earliest([ts.from_checkpoint for ts in self.tasks.values()], self._cmp)
 
-    def _open_batch_log(self, startpoints: bool) -> None:
+    def _covered(self) -> dict[SystemStreamPartition, str]:
+        """Each SSP's next offset after its written checkpoints alone: a logged batch that
+        read past it is one some task's checkpoint does not cover. A startpoint that rewinds
+        a task makes no batch its checkpoints covered unread (the other tasks will not read
+        it again: its output, re-keyed rows included, is published as it is)."""
+        return earliest([ts.written for ts in self.tasks.values()], self._cmp)
+
+    def _open_batch_log(self) -> None:
         assert self.metadata_store is not None
         self.batch_log = BatchLog(self.metadata_store)
-        replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
-        if replay and startpoints:
-            log.warning(
-                "startpoints apply: batches %d-%d after the last checkpoint are not replayed "
-                "with their old ids; sinks see new batch ids from %d",
-                replay[0][0],
-                replay[-1][0],
-                self.batch_log.last_id + 1,
-            )
-            # not replayed, so their output is never made again; but their re-keyed rows are:
-            # the tasks without a startpoint read that input again from their checkpoints
-            self._publish_uncovered(replay, "startpoints apply", intermediate="discard")
-            replay = []
-        elif replay and not exactly_once(self.config):
+        if hasattr(self.runner, "batch_epoch"):  # its sinks tell this log's batch ids apart
+            self.runner.batch_epoch = self.batch_log.epoch
+        # a start with startpoints has none: they wait for the replay (_fan_out_startpoints)
+        replay = self.batch_log.uncovered(self._covered(), self._cmp)
+        if replay and not exactly_once(self.config):
             # replayed at-least-once: the replay sends its own output as it goes, which misses
             # the rows of tasks whose checkpoints cover the batch already; its re-keyed rows
             # (staged whatever the guarantee) are kept for the replay, which discards its own
-            self._publish_uncovered(replay, "the job now runs at-least-once", intermediate="keep")
+            self._publish_uncovered(replay, "the job now runs at-least-once")
         self._replay = replay
         self._prune_batch_log(sweep=True)  # what a crash left staged, whatever is published
         self._batch = self.batch_log.last_id
@@ -561,18 +579,13 @@ class JobCoordinator:
             )
 
     def _publish_uncovered(
-        self,
-        batches: list[tuple[int, dict[SystemStreamPartition, str]]],
-        why: str,
-        *,
-        intermediate: str,
+        self, batches: list[tuple[int, dict[SystemStreamPartition, str]]], why: str
     ) -> None:
         """Publish the recorded output of batches not every checkpoint covers, at the start:
         the tasks whose checkpoints cover them will not read that input again, so their share
         of it would be lost (at-least-once: what other tasks read again may go out twice).
         What is bound for intermediate streams is never published so (the next stage would
-        count twice what is read again): ``keep`` leaves it in the entry, ``discard`` drops
-        it (the start's sweep deletes it)."""
+        count twice what is read again): it stays in the entry, for the replay."""
         assert self.batch_log is not None
         for batch, _ in batches:
             outputs = self.batch_log.outputs.get(batch)
@@ -588,7 +601,7 @@ class JobCoordinator:
                 )
                 batch_outputs.publish(self.config, self.systems, self.batch_log, batch, rest)
                 self._tx.committed += 1
-            self.batch_log.set_outputs(batch, inner if inner and intermediate == "keep" else None)
+            self.batch_log.set_outputs(batch, inner or None)
 
     def _record_outputs(
         self, results: list[TaskBatchResult], *, clean_up_only: bool
@@ -648,7 +661,7 @@ class JobCoordinator:
             ts.last_processed = dict(ts.checkpoint_last_processed)
             ts.pending_outputs = {}
         if self.batch_log is not None:
-            self._replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
+            self._replay = self.batch_log.uncovered(self._covered(), self._cmp)
             if self._replay:
                 log.info(
                     "replaying batches %d-%d from the tasks' last checkpoints",
@@ -669,7 +682,7 @@ class JobCoordinator:
             batch_outputs.publish(self.config, self.systems, log_, batch, outputs)
             published.append(batch)
 
-        self.batch_log.prune(self._checkpointed(), self._cmp, publish)
+        self.batch_log.prune(self._covered(), self._cmp, publish)
         self._tx.committed += len(published)
         if published or sweep:  # parts no entry names: a failed batch's, a zombie attempt's
             # (counted as one aborted transaction: the output of one failed batch, or of a
@@ -846,7 +859,8 @@ class JobCoordinator:
         ts.last_checkpoint = checkpoint
         for ssp, offset in checkpoint.input_offsets.items():
             if ssp in ts.model.ssps:
-                ts.from_checkpoint[ssp] = self.systems.admin(ssp.system).offset_after(ssp, offset)
+                after = self.systems.admin(ssp.system).offset_after(ssp, offset)
+                ts.from_checkpoint[ssp] = ts.written[ssp] = after
         ts.checkpoint_last_processed = {
             s: o for s, o in checkpoint.input_offsets.items() if s in ts.model.ssps
         }
@@ -908,7 +922,10 @@ class JobCoordinator:
                 f"checkpoints ({self._unwritten}), so what it holds of them may not be what "
                 "is written: start the job again (a new driver reads the written ones)"
             )
-        self._batch = self._batch + 1 if batch_id is None else batch_id
+        if batch_id is not None:
+            self._batch = batch_id
+        else:  # after a replay's old id: past every logged one (ids are never given twice)
+            self._batch = max(self._batch, self.batch_log.last_id if self.batch_log else 0) + 1
         if self.batch_log is not None and logged:
             self.batch_log.record(self._batch, end)
         locations = self._place()
@@ -1152,7 +1169,11 @@ class JobCoordinator:
         while not self.stop_event.is_set():
             self._check_still_the_driver()
             self._apply_deferred_startpoints(summary)
-            if self.startpoints is not None and self.startpoints.take_apply_now_request():
+            if (  # not while logged batches wait to be replayed: their ids come first
+                self.startpoints is not None
+                and not self._replay
+                and self.startpoints.take_apply_now_request()
+            ):
                 self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
             self._check_resume_offsets(meta)
