@@ -113,3 +113,18 @@ def test_a_function_names_the_input_key() -> None:
             key_route(missing, "s")  # type: ignore[arg-type]
     finally:
         del sys.modules[module.__name__]
+
+
+def test_a_new_task_starts_with_the_smallest_watermark_also_below_zero() -> None:
+    """A watermark is a signed time: below 0 when every event time seen is under the
+    lateness. Compared as bytes, -4,000 sorted above 50,000, and a new task of a reshard
+    started ahead of an old one (its windows and timers fired early; found by a reviewer)."""
+    from sparkpoint.storage.timers import MARK, SINCE, TIME
+
+    config = load_config(None, {"job.name": "j", "task.timers.store": "timers"})
+    old = [
+        {MARK: TIME.pack(-4_000), SINCE: TIME.pack(70)},
+        {MARK: TIME.pack(50_000), SINCE: TIME.pack(-1)},
+    ]
+    new = new_task_entries("timers", config, old)
+    assert TIME.unpack(new[MARK])[0] == -4_000 and TIME.unpack(new[SINCE])[0] == -1

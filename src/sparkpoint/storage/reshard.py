@@ -160,11 +160,17 @@ def new_task_entries(
     value (the earliest watermark and tracking start; a TTL store's format, the same in all)."""
     out: dict[bytes, bytes] = {}
     timers = config.get_str("task.timers.store") == store
+
+    def order(value: bytes) -> tuple[int, bytes]:
+        # a timer store's times are signed (a watermark below 0: event times under the
+        # lateness), which their bytes do not sort as
+        return (TIME.unpack(value)[0], b"") if timers and len(value) == TIME.size else (0, value)
+
     for entries in old:
         for key, value in entries.items():
             if timers and key.startswith(WATERMARK):
                 continue
-            if key not in out or value < out[key]:
+            if key not in out or order(value) < order(out[key]):
                 out[key] = value
     return out
 
