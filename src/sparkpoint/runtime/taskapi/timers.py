@@ -111,6 +111,11 @@ class TaskTimers:
         self._owners: dict[str, OwnedHandler] = {}
         self._flushes: dict[str, Callable[[], bool]] = {}
         self._holders: dict[str, tuple[TimeKind, HoldsDue]] = {}
+        #: each window store's start of the window a timer key names (firing order)
+        self._starts: dict[str, Callable[[bytes], int]] = {}
+        #: the event time of the timer going out, while :meth:`expire` gives them out: a
+        #: window store takes additions to its windows not closed by then (a rollup)
+        self.firing_ms: int | None = None
         self.late = 0
         self.fired = 0
 
@@ -220,12 +225,14 @@ class TaskTimers:
         handler: OwnedHandler,
         flush: Callable[[], bool],
         holder: tuple[TimeKind, HoldsDue] | None = None,
+        start_of: Callable[[bytes], int] | None = None,
     ) -> None:
         """Route ``owner``'s due timers to ``handler`` (not to ``on_timer``); ``flush`` writes
         what the owner keeps back, and says whether there was any (:meth:`flush_owned`:
         before a user's timer goes out, and at the end of the batch). ``holder``: the owner's
         timers of that kind can be held in memory when they are due by the end of the batch
-        (:class:`HoldsDue`)."""
+        (:class:`HoldsDue`). ``start_of``: the start of the window a timer key of the owner
+        names (a window store's), for the firing order (:meth:`_order`)."""
         self._timers()
         if owner in self._owners:  # two objects' changes and held windows under one name
             raise ConfigError(
@@ -236,6 +243,32 @@ class TaskTimers:
         self._flushes[owner] = flush
         if holder is not None:
             self._holders[owner] = holder
+        if start_of is not None:
+            self._starts[owner] = start_of
+
+    def _order(self, timer: Timer) -> tuple[int, int, int, bytes]:
+        """A timer's place in firing order (its kind's): by time; at one time the window
+        stores' windows first, those that started later first (so a minute that closes with
+        its hour goes out before it, and its ``emit`` can add to it: a rollup), then the other
+        helpers', then the user's, each in the timer store's key order."""
+        owned = split_owned(timer.key)
+        if owned is None:
+            return timer.timestamp_ms, 2, 0, timer.key
+        start_of = self._starts.get(owned[0])
+        if start_of is None:
+            return timer.timestamp_ms, 1, 0, timer.key
+        return timer.timestamp_ms, 0, -start_of(owned[1]), timer.key
+
+    def _in_order(self, timers: Iterator[Timer]) -> Iterator[Timer]:
+        """``timers`` (in the timer store's order: by time, then key) in :meth:`_order`: each
+        run of one time sorted."""
+        run: list[Timer] = []
+        for timer in timers:
+            if run and timer.timestamp_ms != run[0].timestamp_ms:
+                yield from sorted(run, key=self._order)
+                run = []
+            run.append(timer)
+        yield from sorted(run, key=self._order)
 
     def flush_owned(self) -> None:
         """Each helper writes what it keeps back; again while a pass wrote something, as the
@@ -264,7 +297,7 @@ class TaskTimers:
                 continue
             kind, holder = self._holders[owner]
             held[kind] += [Timer(t, kind, owned_key(owner, raw)) for t, raw in holder.hold_due()]
-        return {kind: deque(sorted(timers, key=_order)) for kind, timers in held.items()}
+        return {kind: deque(sorted(timers, key=self._order)) for kind, timers in held.items()}
 
     def _release_held(self) -> None:
         for _, holder in self._holders.values():
@@ -342,26 +375,40 @@ class TaskTimers:
                 mine = held[kind]
                 while True:  # until a pass finds nothing new (the code may register more)
                     before = len(given)
-                    for timer in store.due(kind, upto):
-                        while mine and _order(mine[0]) < _order(timer):
+                    for timer in self._in_order(store.due(kind, upto)):
+                        while mine and self._order(mine[0]) < self._order(timer):
                             if self._limited():
                                 return
-                            yield from self._fire_held(store, mine.popleft(), given)
+                            yield from self._firing(
+                                kind, self._fire_held(store, mine.popleft(), given)
+                            )
                         if timer in given or store.gone(timer):  # (gone: by a held one's code)
                             continue
                         if self._limited():
                             return
-                        yield from self._fire(store, timer, given)
+                        yield from self._firing(kind, self._fire(store, timer, given))
                     while mine:
                         if self._limited():
                             return
-                        yield from self._fire_held(store, mine.popleft(), given)
+                        yield from self._firing(kind, self._fire_held(store, mine.popleft(), given))
                     if len(given) == before:
                         break
+                    # what the timers' code added (a rollup's window), with its timer: due now,
+                    # it goes out in the next pass
+                    self.flush_owned()
         finally:
+            self.firing_ms = None
             store.settle()
             self._release_held()  # what the limit left: from the store in the next batch
             self.flush_owned()  # the window stores delete the windows that closed
+
+    def _firing(
+        self, kind: TimeKind, timers: Iterator[tuple[TimeKind, Any, int]]
+    ) -> Iterator[tuple[TimeKind, Any, int]]:
+        """``timers`` given out with :attr:`firing_ms` at each one's time (event time)."""
+        for fired in timers:
+            self.firing_ms = fired[2] if kind is TimeKind.EVENT else None
+            yield fired
 
     def _fire(
         self, store: TimerStore, timer: Timer, given: set[Timer]
@@ -426,11 +473,6 @@ class TaskTimers:
                     f"task {self.task}: on_timer({key!r}, {timestamp_ms}) for a "
                     f"{kind.value}-time timer failed: {type(exc).__name__}: {exc}"
                 ) from exc
-
-
-def _order(timer: Timer) -> tuple[int, bytes]:
-    """A timer's place in firing order (its kind's): the timer store's key order."""
-    return timer.timestamp_ms, timer.key
 
 
 __all__ = [

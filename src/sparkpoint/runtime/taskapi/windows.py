@@ -123,8 +123,10 @@ class WindowedStore:
         #: windows due at the end of the batch, out of the store and not fired yet
         #: (:meth:`hold_due`), by engine key
         self._held: dict[bytes, Open] = {}
+        #: the windows gone out (and gone) while the timers fire: not made again by an add
+        self._gone_now: set[bytes] = set()
         holder = None if self.triggers.updates else (time, self)
-        timers.own(name, self._fire, self.flush, holder)
+        timers.own(name, self._fire, self.flush, holder, lambda raw: split_entry_key(raw)[1])
 
     def _closed_upto(self) -> int | None:
         """Windows closing at or before this are closed for good (the watermark less the
@@ -133,6 +135,9 @@ class WindowedStore:
             watermark = self.timers.watermark_ms
             if watermark is None:
                 return None
+            firing = self.timers.firing_ms
+            if firing is not None:  # while timers go out in time order: those before this one
+                watermark = min(watermark, firing - 1)
             return watermark - self.triggers.allowed_lateness_ms
         return self.timers.now_ms()
 
@@ -173,6 +178,10 @@ class WindowedStore:
                 f"task {self.timers.task}: window store {self.name!r}: the {self.aggregate.name} "
                 f"aggregate failed on key {key!r} at {at}: {type(exc).__name__}: {exc}"
             ) from exc
+        if self.timers.firing_ms is None:
+            self._gone_now.clear()
+        elif after is not None and self._gone_now and not self.spec.is_session:
+            after = self._not_again(raw, entry[1], after)
         if after is None:
             if self.late_stream is not None and late_to is not None:
                 record = {"key": key, "time": at, "value": value}
@@ -182,6 +191,18 @@ class WindowedStore:
         if len(self._pending) >= FLUSH_KEYS:
             self.flush()
         return True
+
+    def _not_again(self, raw: bytes, before: list[Open], after: list[Open]) -> list[Open] | None:
+        """``after`` without the windows the record would make again that went out while the
+        timers fire (closed, though not by the watermark yet: a rollup's own window that
+        closed with its hour); None when that leaves nothing it joined."""
+        known = {w.start for w in before}
+        kept = [
+            w for w in after if w.start in known or entry_key(raw, w.start) not in self._gone_now
+        ]
+        if len(kept) == len(after):
+            return after
+        return None if kept == before else kept
 
     def flush(self) -> bool:
         """Write the batch's changed windows back, and move their timers (a window's close
@@ -280,6 +301,7 @@ class WindowedStore:
         raw, start = split_entry_key(timer_key)
         held = self._held.pop(timer_key, None)
         if held is not None:  # out of the store already (hold_due)
+            self._gone_now.add(timer_key)
             self._emit(raw, held, collector)
             return
         if self._pending:  # none at the end of a batch: the timers flushed every window store
@@ -289,6 +311,7 @@ class WindowedStore:
             kept = self.state.get(raw, start)
             if kept is not None and kept.fired:  # its allowed lateness is over: gone
                 self.state.close(raw, start)
+                self._gone_now.add(timer_key)
                 return
             if kept is not None:  # on time: out, and kept for its allowed lateness
                 self.state.mark_fired(raw, kept)
@@ -297,6 +320,7 @@ class WindowedStore:
             window = kept
         else:
             window = self.state.take(raw, start)  # deleted with the others (flush)
+            self._gone_now.add(timer_key)
         if window is None:
             raise TaskError(
                 f"task {self.timers.task}: window store {self.name!r}: a window's timer "
