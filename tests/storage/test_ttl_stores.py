@@ -108,3 +108,37 @@ def test_a_ttl_added_to_a_store_with_data_counts_from_the_restart(
     assert committed_counts(with_ttl) == {}
     without = make(tmp_path)  # and removed again: nothing expired comes back
     assert committed_counts(without) == {}
+
+
+def test_hosts_whose_clocks_disagree_expire_entries_on_the_driver_s_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry written on a host whose clock is 10 minutes behind and read on one 10 minutes
+    ahead looked 20 minutes old there, and a 1-minute TTL hid it at once: state lost to the
+    skew. A Spark worker now reads processing time as its clock moved to the driver's (the
+    batch plan carries the driver's wall clock), so the entry is as old as the driver says."""
+    import time
+
+    from sparkpoint.model import clock
+    from sparkpoint.storage.kv.memory import InMemoryEngine
+    from sparkpoint.storage.kv.ttl import TtlEngine
+
+    def real() -> int:
+        return time.time_ns() // 1_000_000
+
+    store = TtlEngine(InMemoryEngine("counts"), 60_000)
+
+    def on_host(skew_ms: int, planned: int | None) -> None:  # a worker given a plan
+        monkeypatch.setattr(clock, "wall_ms", lambda: real() + skew_ms)
+        clock.follow(None, planned)
+
+    try:
+        on_host(-600_000, real())
+        store.put(b"k", b"v")
+        on_host(+600_000, real())
+        assert store.get(b"k") == b"v"  # written and read on the driver's time
+        assert clock.now_ms() <= real() + 1_000  # never ahead of the driver's
+        on_host(+600_000, None)  # each host's own clock, as before
+        assert store.get(b"k") is None  # 20 minutes old to it: expired
+    finally:
+        clock.follow(None)

@@ -4,8 +4,10 @@
 source with :func:`use_clock` (the ``clock`` slot of :mod:`sparkpoint.worker`): the test kit
 and in-process tests move time forward by hand, so timer and TTL logic is tested in
 milliseconds, without sleeping. Only the process that set it sees it (the driver and the
-inline runner's tasks); a Spark worker running a DataFrame pipeline's phase takes the driver's
-from the batch plan (:func:`fixed_ms` there, :func:`follow` here).
+inline runner's tasks); a Spark worker takes the driver's from the batch plan (:func:`fixed_ms`
+and :func:`wall_ms` there, :func:`follow` here): the test kit's fixed time, or the driver's
+wall clock as an offset from the worker's, so that hosts whose clocks disagree still agree on
+processing time.
 """
 
 from __future__ import annotations
@@ -44,11 +46,21 @@ def fixed_ms() -> int | None:
     return None if read is None else read()
 
 
-def follow(ms: int | None) -> None:
+def follow(ms: int | None, driver_wall_ms: int | None = None) -> None:
     """A Spark worker's processing time for the plan it runs: the driver's fixed clock
-    (``ms``, from :func:`fixed_ms`), or the wall clock for ``None``. Only in a Spark worker,
-    which runs nothing but plans: it is not restored."""
-    _SOURCE.read = None if ms is None else (lambda: ms)
+    (``ms``, from :func:`fixed_ms`); else this host's wall clock moved by how far the driver's
+    (``driver_wall_ms``, read when it planned the batch) is from it, so that every host
+    stamps and compares store TTLs and processing-time timers on the driver's time, whatever
+    their clocks' skew. It is behind the driver's by the time the plan took to arrive, never
+    ahead: an entry expires, or a timer fires, late by that, never early. Only in a Spark
+    worker, which runs nothing but plans: it is not restored."""
+    if ms is not None:
+        _SOURCE.read = lambda: ms
+    elif driver_wall_ms is None:
+        _SOURCE.read = None
+    else:
+        skew = driver_wall_ms - wall_ms()
+        _SOURCE.read = lambda: wall_ms() + skew
 
 
 @contextmanager

@@ -92,6 +92,9 @@ class TaskBatchPlan:
     #: the driver's processing time when it is not the wall clock (the test kit's fake clock);
     #: a DataFrame pipeline's phases, run in Spark's workers, read it
     clock_ms: int | None = None
+    #: the driver's wall clock when it planned the batch: a Spark worker reads processing
+    #: time as its own clock moved to the driver's (:func:`sparkpoint.model.clock.follow`)
+    driver_wall_ms: int | None = None
     #: exactly-once: the output the task staged since its last written checkpoint, per SSP
     #: (``system.stream.partition``), oldest first (:mod:`sparkpoint.storage.outputs`)
     pending_outputs: dict[str, list[str]] = field(default_factory=dict)

@@ -168,7 +168,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     ``task, stream, partition, offset, key, value, timestamp, event_time, late``). A struct
     ``value`` is decoded from JSON in bulk by Arrow; otherwise the value column's type decides:
     text (UTF-8) or the raw bytes."""
-    follow(plan.clock_ms)
+    follow(plan.clock_ms, plan.driver_wall_ms)
     frame = FrameTask(plan)
     batch = frame.batch
     begun = frame.begin()
@@ -471,7 +471,7 @@ def run_step(
     with a :class:`TaskError` naming the task and step (and a retry of it says why it
     failed)."""
     with fewer_full_collections():
-        follow(plan.clock_ms)
+        follow(plan.clock_ms, plan.driver_wall_ms)
         frame = FrameTask(plan)
         batch = frame.batch
         frame.phases.start_step(step)
@@ -532,7 +532,7 @@ def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     """After the batch's outputs are written: commit if due and report (on the executor that
     holds the task's cached batch). ``steps`` are the pipeline's stateful steps."""
     started = time.monotonic()
-    follow(plan.clock_ms)
+    follow(plan.clock_ms, plan.driver_wall_ms)
     frame = FrameTask(plan)
     whole = frame.phases.here(steps)
     if whole is None:

@@ -46,7 +46,7 @@ from sparkpoint.model import (
     TaskModel,
     TaskName,
 )
-from sparkpoint.model.clock import fixed_ms
+from sparkpoint.model.clock import fixed_ms, wall_ms
 from sparkpoint.model.startpoint import Startpoint
 from sparkpoint.runtime.driver import batch_outputs
 from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
@@ -749,6 +749,7 @@ class JobCoordinator:
         locations = locations or {}
         values = self.config.to_dict()
         clock = fixed_ms()
+        driver_wall = wall_ms()
         plans = []
         for ts in self.tasks.values():
             plans.append(
@@ -774,6 +775,7 @@ class JobCoordinator:
                     task_count=len(self.tasks),
                     location=locations.get(ts.model.name.name),
                     clock_ms=clock,
+                    driver_wall_ms=driver_wall,
                     pending_outputs={k: list(v) for k, v in ts.pending_outputs.items()},
                 )
             )

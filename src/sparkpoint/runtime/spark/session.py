@@ -34,6 +34,7 @@ from sparkpoint.errors import (
     UserError,
 )
 from sparkpoint.metadata.locality import Executor
+from sparkpoint.model.clock import follow
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.spark import jvm_archive
 from sparkpoint.runtime.spark.gateway import start_gateway
@@ -361,8 +362,13 @@ def cluster_groups(
 
 
 def run_task_group(plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-    """Run several tasks' micro-batches one after the other in one Spark partition."""
-    return [run_task_batch(plan) for plan in plans]
+    """Run several tasks' micro-batches one after the other in one Spark partition (in a
+    Spark worker: on the driver's processing time, :func:`follow`)."""
+    results = []
+    for plan in plans:
+        follow(plan.clock_ms, plan.driver_wall_ms)
+        results.append(run_task_batch(plan))
+    return results
 
 
 def by_location(plans: list[TaskBatchPlan]) -> list[list[TaskBatchPlan]]:
