@@ -82,11 +82,10 @@ class StartpointManager:
         self.store.refresh()
         return {k: Startpoint.loads(v) for k, v in self.store.all(NAMESPACE).items()}
 
-    def pending(self) -> bool:
-        """Whether a start would apply any startpoint: one waiting, or a fan-out of an earlier
-        start that no checkpoint covers yet (read only)."""
+    def waiting(self) -> bool:
+        """Whether a startpoint waits to be fanned out (read only)."""
         self.store.refresh()
-        return bool(self.store.all(NAMESPACE)) or bool(self.store.all(FAN_OUT))
+        return bool(self.store.all(NAMESPACE))
 
     # -- fan-out
     def fan_out(

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV2
@@ -335,9 +335,8 @@ class JobCoordinator:
         self._check_input_partitions(ssps)
         model = assign_changelog_partitions(self._metadata(), model)
         checkpoints, must_restore = self._prepare_state(model)
-        meta = self.metadata(ssps)
-        fanned = self._fan_out_startpoints(model, checkpoints, must_restore, meta)
-        self._plan_tasks(model, checkpoints, fanned, must_restore, meta)
+        fanned = self._fan_out_startpoints(model)
+        self._plan_tasks(model, checkpoints, fanned, must_restore, self.metadata(ssps))
         self.model = model
         self._start_services()
         self._announce(model, fanned)
@@ -406,44 +405,34 @@ class JobCoordinator:
         return checkpoints, must_restore
 
     def _fan_out_startpoints(
-        self,
-        model: JobModel,
-        checkpoints: Mapping[TaskName, Checkpoint],
-        must_restore: set[TaskName],
-        meta: Mapping[SystemStreamPartition, PartitionMetadata],
+        self, model: JobModel
     ) -> dict[TaskName, dict[SystemStreamPartition, Startpoint]]:
         """Fan the waiting startpoints out to the tasks (each task's, new or left from before).
 
-        Not yet when batches logged before the last stop are to be replayed (a crash between
-        the checkpoints of a DataFrame batch): the tasks whose checkpoints cover such a batch do
-        not read its input again, so their rows it re-keyed come only from its replay, which
-        a startpoint would cancel. The startpoints then apply once the replay's checkpoints are
-        written (:meth:`_apply_deferred_startpoints`)."""
+        A DataFrame pipeline's batch log changes that: the batches logged before the last
+        stop were read from the checkpoints (or from the fan-outs of an earlier start, which
+        apply now, as they did then), and the tasks whose checkpoints cover such a batch do
+        not read its input again, so its rows (re-keyed ones too) come only from its recorded
+        output or its replay. New startpoints apply after those batches are published or
+        replayed, in the run's first batches (:meth:`_apply_deferred_startpoints`)."""
         self.startpoints = StartpointManager(
             self._metadata(), max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
         )
-        if self.exact_batches and self.startpoints.pending():
-            self._plan_tasks(model, checkpoints, {}, must_restore, meta)  # from checkpoints
-            uncovered = BatchLog(self._metadata()).uncovered(self._covered(), self._cmp)
-            if uncovered:
-                log.warning(
-                    "startpoints wait until batches %d-%d (logged before the last stop, not "
-                    "covered by every task's checkpoint) are replayed: they apply once the "
-                    "replay's checkpoints are written, so that no row those batches re-keyed "
-                    "is lost",
-                    uncovered[0][0],
-                    uncovered[-1][0],
-                )
-                self._startpoints_after_replay = True
-                return {}
-        return self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+        if not self.exact_batches:
+            return self.startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+        self._startpoints_after_replay = self.startpoints.waiting()
+        earlier = {
+            t.name: self.startpoints.get_fan_out_for_task(t.name) for t in model.tasks.values()
+        }
+        return {task: sps for task, sps in earlier.items() if sps}
 
     def _apply_deferred_startpoints(self, summary: RunSummary) -> None:
-        """The startpoints a start left waiting for the replay, once it is done: every task
-        commits (its checkpoint covers the replayed batches), then they apply."""
+        """The startpoints a start left waiting (:meth:`_fan_out_startpoints`), once no logged
+        batch waits to be replayed: every task commits (its checkpoint covers the replayed
+        batches), then they apply."""
         if self._startpoints_after_replay and not self._replay:
             self._startpoints_after_replay = False
-            log.info("the logged batches are replayed: applying the startpoints that waited")
+            log.info("applying the startpoints set while the job was stopped")
             self._publish(summary, self.apply_startpoints_now())
 
     def _plan_tasks(
@@ -463,11 +452,8 @@ class JobCoordinator:
             ckpt = checkpoints.get(task.name)
             sps = fanned.get(task.name, {})
             nxt, last = self.offsets.starting_offsets(task, ckpt, meta, sps)
-            written = dict(nxt)
-            if sps:
-                written.update(self._after_checkpoint(ckpt, sps))
-                if self.startpoints is not None:  # a start before a checkpoint: the same
-                    self.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
+            if sps and self.startpoints is not None:  # a start before a checkpoint: the same
+                self.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
             expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
             if clean_start or task.name in must_restore:
                 expected = CleanStart(self.lineage)  # matches no local state: the task restores
@@ -479,22 +465,11 @@ class JobCoordinator:
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),
                 checkpoint_last_processed=dict(last),
-                written=dict(written),
+                # (a fan-out applied here is an earlier start's, or the task API's: what was
+                # logged since was read from it)
+                written=dict(nxt),
                 startpoints=set(sps),
             )
-
-    def _after_checkpoint(
-        self, checkpoint: Checkpoint | None, ssps: Iterable[SystemStreamPartition]
-    ) -> dict[SystemStreamPartition, str]:
-        """The next offsets ``checkpoint`` names for ``ssps`` (those it names), unchecked: a
-        startpoint may move a task off an offset the partition no longer holds."""
-        out: dict[SystemStreamPartition, str] = {}
-        offsets = checkpoint.input_offsets if checkpoint is not None else {}
-        for ssp in ssps:
-            if ssp in offsets:
-                with contextlib.suppress(ValueError):
-                    out[ssp] = self.systems.admin(ssp.system).offset_after(ssp, offsets[ssp])
-        return out
 
     def _start_services(self) -> None:
         """Metrics reporters, host affinity and (DataFrame pipelines) the batch log."""
@@ -561,8 +536,16 @@ class JobCoordinator:
         self.batch_log = BatchLog(self.metadata_store)
         if hasattr(self.runner, "batch_epoch"):  # its sinks tell this log's batch ids apart
             self.runner.batch_epoch = self.batch_log.epoch
-        # a start with startpoints has none: they wait for the replay (_fan_out_startpoints)
         replay = self.batch_log.uncovered(self._covered(), self._cmp)
+        if replay and self._startpoints_after_replay:
+            log.warning(
+                "startpoints wait until batches %d-%d (logged before the last stop, not "
+                "covered by every task's checkpoint) are replayed: they apply once the "
+                "replay's checkpoints are written, so that no row those batches re-keyed is "
+                "lost",
+                replay[0][0],
+                replay[-1][0],
+            )
         if replay and not exactly_once(self.config):
             # replayed at-least-once: the replay sends its own output as it goes, which misses
             # the rows of tasks whose checkpoints cover the batch already; its re-keyed rows
@@ -1417,7 +1400,7 @@ class JobCoordinator:
                     offset,
                     sp.describe(),
                 )
-                ts.resume[ssp] = ts.from_checkpoint[ssp] = offset
+                ts.resume[ssp] = ts.from_checkpoint[ssp] = ts.written[ssp] = offset
                 ts.last_processed.pop(ssp, None)
                 ts.checkpoint_last_processed.pop(ssp, None)
                 ts.startpoints.add(ssp)
