@@ -75,8 +75,11 @@ SLOTS: dict[str, Slot] = {
         Slot(
             "clock",
             "sparkpoint.model.clock",
-            "the source of processing time, when a test set one (else the wall clock)",
-            "set and reset by use_clock() around a block; never set in a Spark worker",
+            "the source of processing time: a test's (use_clock), or in a Spark worker the "
+            "batch plan's (the test kit's fixed time, or the driver's wall clock as an offset "
+            "from this host's); else the wall clock",
+            "set and reset by use_clock() around a block; in a Spark worker set by follow() "
+            "for each plan, and never below what this process read on the driver's time",
         ),
         Slot(
             "ttl-sweeps",

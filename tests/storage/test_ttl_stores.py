@@ -142,3 +142,26 @@ def test_hosts_whose_clocks_disagree_expire_entries_on_the_driver_s_time(
         assert store.get(b"k") is None  # 20 minutes old to it: expired
     finally:
         clock.follow(None)
+
+
+def test_a_later_phase_of_a_batch_does_not_read_an_earlier_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each phase of a batch follows the same plan: its offset taken again, processing time
+    would start back at the driver's planning time; it never goes below what was read."""
+    from sparkpoint.model import clock
+
+    now = [1_000_000]
+    monkeypatch.setattr(clock, "wall_ms", lambda: now[0])
+    try:
+        clock.follow(None, 2_000_000)  # the plan, planned at the driver's 2,000,000
+        now[0] += 5_000  # the read phase takes 5 s
+        assert clock.now_ms() == 2_005_000
+        clock.follow(None, 2_000_000)  # the step phase: the same plan
+        assert clock.now_ms() == 2_005_000  # not 2,000,000
+        now[0] += 1_000
+        assert clock.now_ms() == 2_005_000  # until the driver's time passes it
+        now[0] += 9_000
+        assert clock.now_ms() == 2_010_000
+    finally:
+        clock.follow(None)

@@ -24,6 +24,9 @@ class _Source:
 
     def __init__(self) -> None:
         self.read: Callable[[], int] | None = None
+        #: the latest time read on the driver's clock (:func:`follow`): each plan's offset
+        #: is taken when it arrives, so a later phase of a batch would start back there
+        self.floor = 0
 
 
 _SOURCE = worker.slot("clock", _Source)
@@ -52,15 +55,21 @@ def follow(ms: int | None, driver_wall_ms: int | None = None) -> None:
     (``driver_wall_ms``, read when it planned the batch) is from it, so that every host
     stamps and compares store TTLs and processing-time timers on the driver's time, whatever
     their clocks' skew. It is behind the driver's by the time the plan took to arrive, never
-    ahead: an entry expires, or a timer fires, late by that, never early. Only in a Spark
-    worker, which runs nothing but plans: it is not restored."""
-    if ms is not None:
-        _SOURCE.read = lambda: ms
-    elif driver_wall_ms is None:
-        _SOURCE.read = None
+    ahead: an entry expires, or a timer fires, late by that, never early; and it never goes
+    back below what this process read before on the driver's time (the next phase of a
+    batch, with the same plan). Only in a Spark worker, which runs nothing but plans: it is
+    not restored."""
+    if ms is not None or driver_wall_ms is None:
+        _SOURCE.floor = 0  # off the driver's time
+        _SOURCE.read = None if ms is None else (lambda: ms)
     else:
         skew = driver_wall_ms - wall_ms()
-        _SOURCE.read = lambda: wall_ms() + skew
+
+        def read() -> int:  # not back below what an earlier plan's phase read
+            _SOURCE.floor = max(_SOURCE.floor, wall_ms() + skew)
+            return _SOURCE.floor
+
+        _SOURCE.read = read
 
 
 @contextmanager

@@ -181,7 +181,7 @@ class WindowedStore:
         if self.timers.firing_ms is None:
             self._gone_now.clear()
         elif after is not None and self._gone_now and not self.spec.is_session:
-            after = self._not_again(raw, entry[1], after)
+            after = self._not_again(raw, entry[1], after, at)
         if after is None:
             if self.late_stream is not None and late_to is not None:
                 record = {"key": key, "time": at, "value": value}
@@ -192,17 +192,20 @@ class WindowedStore:
             self.flush()
         return True
 
-    def _not_again(self, raw: bytes, before: list[Open], after: list[Open]) -> list[Open] | None:
-        """``after`` without the windows the record would make again that went out while the
-        timers fire (closed, though not by the watermark yet: a rollup's own window that
-        closed with its hour); None when that leaves nothing it joined."""
+    def _not_again(
+        self, raw: bytes, before: list[Open], after: list[Open], at: int
+    ) -> list[Open] | None:
+        """``after`` without the windows the record at ``at`` would make again that went out
+        while the timers fire (closed, though not by the watermark yet: a rollup's own window
+        that closed with its hour); None when it joins no other (open already, or new)."""
         known = {w.start for w in before}
         kept = [
             w for w in after if w.start in known or entry_key(raw, w.start) not in self._gone_now
         ]
         if len(kept) == len(after):
             return after
-        return None if kept == before else kept
+        targets = {start for start, _end in self.spec.windows_of(at)}
+        return kept if any(w.start in targets for w in kept) else None
 
     def flush(self) -> bool:
         """Write the batch's changed windows back, and move their timers (a window's close
