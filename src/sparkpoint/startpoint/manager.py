@@ -139,13 +139,13 @@ class StartpointManager:
         before one applies it again, and an ``upcoming`` or ``oldest`` resolved again then
         would skip what was written in between."""
         current = self.get_fan_out_for_task(task)
-        pinned = {
-            ssp: StartpointSpecific(offset, creation_timestamp=current[ssp].creation_timestamp)
-            for ssp, offset in resolved.items()
-            if ssp in current
-            and current[ssp]
-            != StartpointSpecific(offset, creation_timestamp=current[ssp].creation_timestamp)
-        }
+        pinned: dict[SystemStreamPartition, Startpoint] = {}
+        for ssp, offset in resolved.items():
+            if ssp in current:
+                created = current[ssp].creation_timestamp
+                kept = StartpointSpecific(offset, creation_timestamp=created)
+                if kept != current[ssp]:
+                    pinned[ssp] = kept
         if pinned:
             self.store.put_all(FAN_OUT, {task.name: dump_fan_out({**current, **pinned})})
 

@@ -53,7 +53,7 @@ from sparkpoint.metadata.job_state import (
     stored_changelog_partitions,
     with_changelog_partitions,
 )
-from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskModel, TaskName
+from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.storage.backend import store_backends
 from sparkpoint.storage.changelog.backend import NAME as CHANGELOG
 from sparkpoint.storage.changelog.backend import changelog_stream
@@ -469,17 +469,29 @@ def _run(
     reshard_id = uuid.uuid4().hex[:12]
     run_id = f"reshard-{reshard_id}"
     storages: dict[int, TaskStorage] = {}
+
+    def open_tasks(new: bool) -> None:
+        """The old tasks' storages, or the new ones', restored to their checkpoints."""
+        for task in plan.model.sorted_tasks():
+            if (_partition(task.name) >= plan.old) != new:
+                continue
+            last = plan.checkpoints.get(task.name)
+            storage = TaskStorage(config, systems, task, run_id=run_id, last_checkpoint=last)
+            storages[_partition(task.name)] = storage
+            _require_copies(config, storage)
+            storage.open(CleanStart(run_id))
+            if progress is not None:
+                progress("restoring", len(storages), len(plan.model.tasks))
+
     try:
         # the old tasks first, then every check: a refusal leaves the changelogs as they were
         # (growing one cannot be taken back); the new tasks' changelog partitions come after
-        tasks = plan.model.sorted_tasks()
-        opening = _Opening(config, systems, plan, run_id, storages, progress)
-        opening.open([t for t in tasks if _partition(t.name) < plan.old])
+        open_tasks(new=False)
         engines = {p: s.logged_engines() for p, s in storages.items()}
         for store in config.stores:
             result.moved[store] = Moved(_check_keys(config, plan, store, engines, progress))
         _grow_changelogs(config, systems, plan.model, plan.old)
-        opening.open([t for t in tasks if _partition(t.name) >= plan.old])
+        open_tasks(new=True)
         engines = {p: s.logged_engines() for p, s in storages.items()}
         for store in config.stores:
             _move(config, plan, store, engines, result.moved[store], progress)
@@ -505,34 +517,6 @@ def _run(
     metadata.put(RESHARD, PENDING, record.dumps())
     maybe_crash(config, "reshard-after-record")
     finish_pending(config, systems, metadata)
-
-
-@dataclass
-class _Opening:
-    """Opens the tasks' storages for a reshard (restoring each to its checkpoint), into
-    ``storages`` by partition, refusing a task whose state is not on this machine."""
-
-    config: Config
-    systems: Systems
-    plan: _Plan
-    run_id: str
-    storages: dict[int, TaskStorage]
-    progress: Progress | None
-
-    def open(self, tasks: Sequence[TaskModel]) -> None:
-        for task in tasks:
-            storage = TaskStorage(
-                self.config,
-                self.systems,
-                task,
-                run_id=self.run_id,
-                last_checkpoint=self.plan.checkpoints.get(task.name),
-            )
-            self.storages[_partition(task.name)] = storage
-            _require_copies(self.config, storage)
-            storage.open(CleanStart(self.run_id))
-            if self.progress is not None:
-                self.progress("restoring", len(self.storages), len(self.plan.model.tasks))
 
 
 def _grow_changelogs(config: Config, systems: Systems, model: JobModel, old: int) -> None:

@@ -123,9 +123,6 @@ class TaskState:
     last_processed: dict[SystemStreamPartition, str]
     from_checkpoint: dict[SystemStreamPartition, str]
     checkpoint_last_processed: dict[SystemStreamPartition, str]
-    #: the next offsets of the last written checkpoint alone, startpoints not applied: what
-    #: the batch log's coverage is judged by (``from_checkpoint`` is where a rewind resumes)
-    written: dict[SystemStreamPartition, str] = field(default_factory=dict)
     processed: int = 0
     lag: int = 0
     # SSPs started from a startpoint; its fan-out entry goes once a checkpoint covers the SSP
@@ -465,9 +462,6 @@ class JobCoordinator:
                 last_processed=dict(last),
                 from_checkpoint=dict(nxt),
                 checkpoint_last_processed=dict(last),
-                # (a fan-out applied here is an earlier start's, or the task API's: what was
-                # logged since was read from it)
-                written=dict(nxt),
                 startpoints=set(sps),
             )
 
@@ -521,22 +515,18 @@ class JobCoordinator:
 
     def _checkpointed(self) -> dict[SystemStreamPartition, str]:
         """Each SSP's offset the job reads next after its checkpoints (and the startpoints it
-        applied): the smallest over its tasks (each task reading a broadcast SSP has its own)."""
+        applied): the smallest over its tasks (each task reading a broadcast SSP has its own).
+        A logged batch that read past it is one some task's checkpoint does not cover: a
+        pipeline applies new startpoints only once no such batch is left
+        (:meth:`_fan_out_startpoints`), and what it logs after one was read from it."""
         return earliest([ts.from_checkpoint for ts in self.tasks.values()], self._cmp)
-
-    def _covered(self) -> dict[SystemStreamPartition, str]:
-        """Each SSP's next offset after its written checkpoints alone: a logged batch that
-        read past it is one some task's checkpoint does not cover. A startpoint that rewinds
-        a task makes no batch its checkpoints covered unread (the other tasks will not read
-        it again: its output, re-keyed rows included, is published as it is)."""
-        return earliest([ts.written for ts in self.tasks.values()], self._cmp)
 
     def _open_batch_log(self) -> None:
         assert self.metadata_store is not None
         self.batch_log = BatchLog(self.metadata_store)
         if hasattr(self.runner, "batch_epoch"):  # its sinks tell this log's batch ids apart
             self.runner.batch_epoch = self.batch_log.epoch
-        replay = self.batch_log.uncovered(self._covered(), self._cmp)
+        replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
         if replay and self._startpoints_after_replay:
             log.warning(
                 "startpoints wait until batches %d-%d (logged before the last stop, not "
@@ -644,7 +634,7 @@ class JobCoordinator:
             ts.last_processed = dict(ts.checkpoint_last_processed)
             ts.pending_outputs = {}
         if self.batch_log is not None:
-            self._replay = self.batch_log.uncovered(self._covered(), self._cmp)
+            self._replay = self.batch_log.uncovered(self._checkpointed(), self._cmp)
             if self._replay:
                 log.info(
                     "replaying batches %d-%d from the tasks' last checkpoints",
@@ -665,7 +655,7 @@ class JobCoordinator:
             batch_outputs.publish(self.config, self.systems, log_, batch, outputs)
             published.append(batch)
 
-        self.batch_log.prune(self._covered(), self._cmp, publish)
+        self.batch_log.prune(self._checkpointed(), self._cmp, publish)
         self._tx.committed += len(published)
         if published or sweep:  # parts no entry names: a failed batch's, a zombie attempt's
             # (counted as one aborted transaction: the output of one failed batch, or of a
@@ -844,8 +834,7 @@ class JobCoordinator:
         ts.last_checkpoint = checkpoint
         for ssp, offset in checkpoint.input_offsets.items():
             if ssp in ts.model.ssps:
-                after = self.systems.admin(ssp.system).offset_after(ssp, offset)
-                ts.from_checkpoint[ssp] = ts.written[ssp] = after
+                ts.from_checkpoint[ssp] = self.systems.admin(ssp.system).offset_after(ssp, offset)
         ts.checkpoint_last_processed = {
             s: o for s, o in checkpoint.input_offsets.items() if s in ts.model.ssps
         }
@@ -1400,7 +1389,7 @@ class JobCoordinator:
                     offset,
                     sp.describe(),
                 )
-                ts.resume[ssp] = ts.from_checkpoint[ssp] = ts.written[ssp] = offset
+                ts.resume[ssp] = ts.from_checkpoint[ssp] = offset
                 ts.last_processed.pop(ssp, None)
                 ts.checkpoint_last_processed.pop(ssp, None)
                 ts.startpoints.add(ssp)

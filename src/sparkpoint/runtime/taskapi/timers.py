@@ -376,7 +376,8 @@ class TaskTimers:
                 while True:  # until a pass finds nothing new (the code may register more)
                     before = len(given)
                     for timer in self._in_order(store.due(kind, upto)):
-                        while mine and self._order(mine[0]) < self._order(timer):
+                        place = self._order(timer)
+                        while mine and self._order(mine[0]) < place:
                             if self._limited():
                                 return
                             yield from self._firing(

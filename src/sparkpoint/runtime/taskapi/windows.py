@@ -178,10 +178,11 @@ class WindowedStore:
                 f"task {self.timers.task}: window store {self.name!r}: the {self.aggregate.name} "
                 f"aggregate failed on key {key!r} at {at}: {type(exc).__name__}: {exc}"
             ) from exc
-        if self.timers.firing_ms is None:
-            self._gone_now.clear()
-        elif after is not None and self._gone_now and not self.spec.is_session:
-            after = self._not_again(raw, entry[1], after, at)
+        if self._gone_now:  # (none but while the timers go out: no step per record)
+            if self.timers.firing_ms is None:
+                self._gone_now.clear()
+            elif after is not None and not self.spec.is_session:
+                after = self._not_again(raw, entry[1], after, at)
         if after is None:
             if self.late_stream is not None and late_to is not None:
                 record = {"key": key, "time": at, "value": value}
