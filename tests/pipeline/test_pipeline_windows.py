@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 from windows_pipeline import build
+from windows_task import UserWindows
 
 from sparkpoint import count, hopping_window, session_window, tumbling_window
 from sparkpoint.config import Config
@@ -91,6 +92,64 @@ def test_late_rows_go_to_the_late_stream(tmp_path: Path, spark: Any) -> None:
     assert emitted(config, "late-views", ("key",))[("user-01",)] == 2  # both windows refused it
     assert len(emitted(config, "user-minute-counts", MINUTE)) > 0
     assert len(emitted(config, "user-sessions", SESSION)) > 0
+
+
+class _WithoutLateStream(UserWindows):
+    """The windows example's task with no late stream: a late add goes nowhere."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        for store in (self.minutes, self.sessions):
+            store.late_stream = None
+
+
+def _without_late_stream(batch: Batch) -> Any:
+    windows = [
+        tumbling_window("minute-counts", size_ms=60_000),
+        session_window("sessions", gap_ms=30_000),
+    ]
+    views = batch.df.select("task", "value.user", "event_time")
+    return [batch.to_stream(batch.window(views, key="user", windows=windows), "filelog.out")]
+
+
+@pytest.mark.parametrize(
+    ("api", "late_stream"), [("task", False), ("frame", True), ("frame", False)]
+)
+def test_late_adds_are_counted_with_a_late_stream_or_without(
+    tmp_path: Path, spark: Any, api: str, late_stream: bool
+) -> None:
+    """A window add refused as late is counted (``task_window_late_records``, and an INFO line
+    naming the store), whether it goes to a late stream or, without one, nowhere: nothing a
+    window store refuses goes uncounted (it was counted only when sent to a late stream)."""
+    from sparkpoint.runtime.driver.metrics import JobMetrics
+
+    overrides = {} if late_stream else {"task.class": f"{__name__}:_WithoutLateStream"}
+    config = job(tmp_path, **overrides)
+    pipeline_of = build if late_stream else _without_late_stream
+    send(config, views(300, seed=95, start_ms=0))
+    run(config, spark if api == "frame" else None, pipeline_of)
+    send(config, [("user-01", 0), ("user-02", 0)])  # their windows closed long ago
+    runner: Any = InlineRunner()
+    if api == "frame":
+        pipeline = Pipeline(
+            pipeline_of, config=config.to_dict(), value_schema="user STRING, page STRING, ts LONG"
+        )
+        runner = DataFrameRunner(spark, pipeline, config)
+    coordinator = JobCoordinator(config, runner)
+    coordinator.start()
+    try:
+        end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+        report, results = coordinator.run_batch(end, commit=True)
+    finally:
+        coordinator.close()
+    # each view refused by its minute and by its session
+    assert sum(r.window_late for r in results) == 4, results
+    metrics = JobMetrics("j")
+    metrics.record(report)
+    counted = {g: v.get("task_window_late_records_total", 0) for g, v in metrics.snapshot().items()}
+    assert sum(counted.values()) == 4, counted
+    late = sorted(k[0] for k in emitted(config, "late-views", ("key",)))
+    assert late == (["user-01", "user-02"] if late_stream else [])
 
 
 def test_a_late_stream_that_must_be_staged_is_refused(tmp_path: Path, spark: Any) -> None:

@@ -137,6 +137,7 @@ class TaskBatchResult:
     group: list[str] = field(default_factory=list)
     state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk
     late: int = 0  # records behind the task's watermark (event time)
+    window_late: int = 0  # window adds refused as late (their windows had all closed)
     timers_fired: int = 0
     #: exactly-once: the output staged since the last written checkpoint, this batch's too
     staged_outputs: dict[str, list[str]] = field(default_factory=dict)

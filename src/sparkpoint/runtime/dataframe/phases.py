@@ -257,14 +257,17 @@ class TaskPhases:
             )
         self.local.write_note(step_note(step), {"batch": self.key})
 
-    def end_step(self, step: str, fired: int) -> None:
-        """``step`` ran to its end, firing ``fired`` timers."""
-        self.local.write_note(step_note(step), {"batch": self.key, "fired": fired})
+    def end_step(self, step: str, fired: int, window_late: int = 0) -> None:
+        """``step`` ran to its end, firing ``fired`` timers; its window stores refused
+        ``window_late`` adds as late."""
+        note = {"batch": self.key, "fired": fired, "window_late": window_late}
+        self.local.write_note(step_note(step), note)
 
-    def fired(self, steps: Sequence[str]) -> int:
-        """How many timers the batch's ``steps`` fired here."""
+    def counted(self, steps: Sequence[str], what: str) -> int:
+        """What the batch's ``steps`` counted here (their :meth:`end_step`): the timers they
+        fired (``fired``) or the window adds they refused as late (``window_late``)."""
         notes = (self._note(step_note(s)) for s in steps)
-        return sum(int(n.get("fired", 0)) for n in notes if n is not None)
+        return sum(int(n.get(what, 0)) for n in notes if n is not None)
 
     def fail_step(self, step: str, error: str) -> None:
         """``step`` raised ``error``: kept so that a retry says why the first run failed."""

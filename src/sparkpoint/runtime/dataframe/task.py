@@ -150,7 +150,9 @@ class FrameTask:
             processed_at=time.monotonic(),
         )
         if whole is not None:
-            result.late, result.timers_fired = whole.end.late, self.phases.fired(steps)
+            result.late = whole.end.late
+            result.timers_fired = self.phases.counted(steps, "fired")
+            result.window_late = self.phases.counted(steps, "window_late")
         result.dropped = whole is None
         self.phases.finished()
         return result
@@ -507,8 +509,8 @@ def run_step(
                 raise TaskError(f"task {batch.task}: {what} {step!r} failed: {error}") from exc
             for store in opened.values():
                 store.flush()
-            if timers is not None and timers.fired:
-                frame.phases.end_step(step, timers.fired)
+            if timers is not None and (timers.fired or timers.refused):
+                frame.phases.end_step(step, timers.fired, timers.window_late())
         finally:
             batch.storage.close()
 

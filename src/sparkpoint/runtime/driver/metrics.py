@@ -62,6 +62,12 @@ class JobMetrics:
         self.late = task(
             Counter, "task_late_messages", "Messages behind the task's watermark (event time)"
         )
+        self.window_late = task(
+            Counter,
+            "task_window_late_records",
+            "Window adds refused as late: every window they would join had closed (sent to "
+            "the store's late_stream if it has one, else dropped)",
+        )
         self.timers_fired = task(Counter, "task_timers_fired", "Timers that fired (on_timer)")
         self.parts_staged = task(
             Counter,
@@ -153,6 +159,7 @@ class JobMetrics:
             self.processed.labels(*labels).inc(r.processed)
             self.sent.labels(*labels).inc(r.sent)
             self.late.labels(*labels).inc(r.late)
+            self.window_late.labels(*labels).inc(r.window_late)
             self.timers_fired.labels(*labels).inc(r.timers_fired)
             self.parts_staged.labels(*labels).inc(r.parts_staged)
             self.published.labels(*labels).inc(r.records_published)

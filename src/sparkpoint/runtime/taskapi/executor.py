@@ -270,7 +270,7 @@ class TaskBatch:
             # the output staged since the last written checkpoint, when this batch continues
             # the live state that staged it (else it starts again from the checkpoint)
             self.storage.outputs = TaskOutputs(plan.pending_outputs if self.kept else {})
-        processed = late = fired = 0
+        processed = late = fired = window_late = 0
         try:
             if not plan.commits.clean_up_only:  # (a clean-up opens no store: LazyEngine)
                 stores = self.storage.stores()
@@ -292,7 +292,7 @@ class TaskBatch:
                     task.window(collector, coordinator)
                 timers.flush_owned()  # what on_timer or window() added to window stores
                 task.close()
-                late, fired = timers.late, timers.fired
+                late, fired, window_late = timers.late, timers.fired, timers.window_late()
                 maybe_pause(self.config, "in-task", str(self.task))
             collector.close()
             if self.storage.outputs is not None:
@@ -305,7 +305,7 @@ class TaskBatch:
                 started=t0,
                 processed_at=time.monotonic(),
             )
-            result.late, result.timers_fired = late, fired
+            result.late, result.timers_fired, result.window_late = late, fired, window_late
             if self.storage.outputs is not None:
                 result.staged_outputs = self.storage.outputs.pending
                 result.parts_staged = len(collector.staged)

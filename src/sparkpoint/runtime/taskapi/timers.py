@@ -118,6 +118,9 @@ class TaskTimers:
         self.firing_ms: int | None = None
         self.late = 0
         self.fired = 0
+        #: per window store, the adds it refused as late this batch (from ``process``,
+        #: ``emit`` or ``on_timer``: every window they would join had closed)
+        self.refused: dict[str, int] = {}
 
     @classmethod
     def open(
@@ -269,6 +272,19 @@ class TaskTimers:
                 run = []
             run.append(timer)
         yield from sorted(run, key=self._order)
+
+    def window_late(self) -> int:
+        """The window adds refused as late this batch, logged per store: each went to its
+        store's ``late_stream``, or nowhere when it has none (``add`` returned ``False``)."""
+        if self.refused:
+            stores = ", ".join(f"{n} in {s!r}" for s, n in sorted(self.refused.items()))
+            log.info(
+                "task %s: window adds refused as late (their windows had closed; sent to the "
+                "store's late_stream, or dropped without one): %s",
+                self.task,
+                stores,
+            )
+        return sum(self.refused.values())
 
     def flush_owned(self) -> None:
         """Each helper writes what it keeps back; again while a pass wrote something, as the
