@@ -172,7 +172,11 @@ def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_once_retention
     system: SystemUnderTest,
 ) -> None:
     partition, in_range = repaired_at_19(system)
+    # retention that keeps nothing starts at the offset readers are told comes next (20), not
+    # at the last record + 1 (19, which a repair removed): its counts match theirs
+    assert partition.retention_start(0, None, now_ms=2**62) == 20
     partition.delete_before(19)  # retention drops every record left
+    assert partition.retention_start(0, None, now_ms=2**62) == 20
     admin = system.factory.get_admin("fl", system.config)
     meta = admin.get_metadata([SSP])[SSP]
     assert (meta.oldest, meta.newest, meta.upcoming) == ("19", None, "20")

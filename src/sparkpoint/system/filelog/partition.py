@@ -942,7 +942,7 @@ class PartitionLog:
         with self._snapshot() as (index, log_file):
             n = len(index)
             if n == 0:
-                return self._current()[1]
+                return self._upcoming(index)
             first = 0
             if retention_bytes is not None:
                 size = os.fstat(log_file.fileno()).st_size
@@ -951,7 +951,7 @@ class PartitionLog:
                 )
             if retention_ms is not None:
                 first = max(first, index.first_with_timestamp(now_ms - retention_ms))
-            return index[first][0] if first < n else index[-1][0] + 1
+            return index[first][0] if first < n else self._upcoming(index)
 
     def _rewrite(self, keep: Sequence[Record], start: int = 0, floor: int | None = None) -> None:
         """Switch atomically to a new generation holding ``keep`` (under the lock); with no
