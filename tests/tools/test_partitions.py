@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,86 @@ def test_a_stateful_job_refuses_inputs_that_gained_partitions(tmp_path: Path) ->
         run(config, until_caught_up=True)
     assert stored_counts(config) == {f"{stream}": "4"}  # nothing changed: it refuses again
     assert committed_counts(config) == dict(expected)
+
+
+def test_a_stateful_job_that_never_ran_is_guarded_too(tmp_path: Path) -> None:
+    """Records already in a stream are keyed by its old count whether the job ran or not: the
+    grow of a job's input is refused while they are unread, and forced, the job's first start
+    refuses (it split 21 of 50 users' counts between two tasks: a reviewer's script). With no
+    record in it, the grow is harmless and the first run counts on the new count."""
+    empty = make(tmp_path / "empty")
+    systems = Systems(empty)
+    assert add_partitions(empty, systems, empty.inputs[0], 8) == 4
+    systems.close()
+    expected = generate(empty, tmp_path / "e.yaml", 200, seed=4)
+    run(empty, until_caught_up=True)
+    assert committed_counts(empty) == dict(expected)
+    assert stored_counts(empty) == {f"{empty.inputs[0]}": "8"}
+
+    config = make(tmp_path / "full")
+    generate(config, tmp_path / "a.yaml", 300, seed=3)
+    systems = Systems(config)
+    stream = config.inputs[0]
+    with pytest.raises(UserError, match=r"job pageviews has not read all of filelog.pageviews"):
+        add_partitions(config, systems, stream, 8)
+    assert systems.admin(stream.system).partition_count(stream.stream) == 4
+    add_partitions(config, systems, stream, 8, force=True)
+    systems.close()
+    with pytest.raises(PartitionCountChanged, match="had 4 partitions .* has 8 now"):
+        run(config, until_caught_up=True)
+    assert committed_counts(config) == {}
+
+
+def test_a_running_driver_stops_when_its_input_grows(tmp_path: Path) -> None:
+    """A stream grown under a running job by other means (another job's config, the system's
+    own tools): the driver commits what was written before and stops, naming the fix, instead
+    of reading keys of the new count into the old tasks (15 of 50 users split before)."""
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+
+    config = make(tmp_path, **{"task.batch.max.messages": "30"})
+    first = generate(config, tmp_path / "a.yaml", 300, seed=5)
+    coordinator = JobCoordinator(config, InlineRunner())
+    batch = coordinator.run_batch
+
+    def grow_after_the_first(*args: Any, **kwargs: Any) -> Any:
+        out = batch(*args, **kwargs)
+        if Systems(config).admin("filelog").partition_count("pageviews") == 4:
+            Systems(config).admin("filelog").add_partitions("pageviews", 6)
+            generate(config, tmp_path / "b.yaml", 300, seed=6)  # placed by 6
+        return out
+
+    coordinator.run_batch = grow_after_the_first  # type: ignore[method-assign]
+    error = r"input stream filelog.pageviews grew from 4 to 6 partitions while job pageviews"
+    try:
+        with pytest.raises(PartitionCountChanged, match=error):
+            coordinator.run(max_batches=40)  # (without the check: ran on, never stopping)
+    finally:
+        coordinator.close()
+    counts = committed_counts(config)  # only views written before the growth, none twice
+    assert all(counts[u] <= first[u] for u in counts) and counts, (counts, first)
+    with pytest.raises(PartitionCountChanged, match="had 4 partitions .* has 6 now"):
+        run(config, until_caught_up=True)
+
+
+def test_a_stream_with_output_staged_by_any_job_is_not_grown(tmp_path: Path) -> None:
+    """Staged output (exactly-once, re-keyed records) is placed by the stream's count: grown
+    before it is published, it would reach tasks without its keys' state. Another job's staged
+    parts refuse the grow as the job's own do."""
+    from sparkpoint.system.base import Record
+
+    config = make(tmp_path)
+    systems = Systems(config)
+    staging = systems.admin("filelog").output_staging()
+    assert staging is not None
+    producer = staging.producer("other-job.Partition_0", "run1-1-abc")
+    producer.send("pageviews", 2, Record("", b"user-01", b"{}", 1))
+    producer.stage()
+    producer.close()
+    with pytest.raises(UserError, match=r"filelog.pageviews has 1 records staged .* other-job"):
+        add_partitions(config, systems, config.inputs[0], 8)
+    assert systems.admin("filelog").partition_count("pageviews") == 4
+    systems.close()
 
 
 def test_a_job_without_state_runs_on_the_new_partitions(tmp_path: Path) -> None:

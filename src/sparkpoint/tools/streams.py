@@ -50,13 +50,18 @@ def add_partitions(
     """Grow ``stream`` to ``partitions`` partitions; the count it had. Shrinking (or keeping the
     count) is refused: a partition's records and offsets cannot be taken back.
 
-    An input of a job with state that has run is the job's keyed state's partitioning: the grow
-    is refused while the job runs (its tasks would go on reading the old partitions with the
-    keys of the new count), and while it has unread input (keyed by the old count: once grown,
-    no task can read it with its keys' state), unless ``force``. Where each old partition ends
-    is recorded for ``state reshard``, which moves the state to the new tasks."""
+    An input of a job with state is the job's keyed state's partitioning, whether the job ran
+    or not: the grow is refused while the job runs (its tasks would go on reading the old
+    partitions with the keys of the new count; the grow holds the job's heartbeat until it is
+    recorded, so no driver starts in between), while it has unread input (keyed by the old
+    count: once grown, no task can read it with its keys' state), unless ``force``, and while
+    any job has output staged for the stream and not published (placed by the old count).
+    Where each old partition ends is recorded for ``state reshard``, which moves the state to
+    the new tasks, and the old count is kept for the job's next start to compare with."""
+    import uuid
+
     from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
-    from sparkpoint.metadata.job_state import refuse_if_running
+    from sparkpoint.metadata.job_state import INPUT_PARTITIONS, Heartbeat
     from sparkpoint.storage.reshard import growth_of, record_growth
 
     admin = systems.admin(stream.system)
@@ -66,12 +71,14 @@ def add_partitions(
             f"stream {stream} has {before} partitions; --partitions {partitions} would not grow "
             "it (a stream never shrinks: its partitions' records and offsets stay)"
         )
-    metadata = None
-    if stream in config.inputs and config.stores and _has_run(config, systems):
-        metadata = CoordinatorStreamStore(config, systems, source="add-partitions")
+    metadata = heartbeat = None
+    unread: list[str] = []
+    if stream in config.inputs and config.stores:
+        heartbeat = Heartbeat(config, f"add-partitions-{uuid.uuid4().hex[:8]}")
+        heartbeat.start()  # refused while a driver runs the job; no driver starts until done
     try:
-        if metadata is not None:
-            refuse_if_running(metadata, config.job_name, "add-partitions", force=False)
+        if heartbeat is not None:
+            metadata = CoordinatorStreamStore(config, systems, source="add-partitions")
             if growth_of(metadata, str(stream)) is not None:
                 raise UserError(
                     f"stream {stream} grew already since job {config.job_name} last ran: move "
@@ -91,22 +98,39 @@ def add_partitions(
                     f"offsets are moved past them with sparkpoint checkpoint set)"
                 )
             refuse_unpublished(config, systems, stream)
+        refuse_staged(systems, stream)
         admin.add_partitions(stream.stream, partitions)
-        if metadata is not None:
+        ran = metadata is not None and metadata.get(INPUT_PARTITIONS, str(stream)) is not None
+        if metadata is not None and (ran or unread):  # (a job that never ran, on records)
             ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
             upcoming = {ssp.partition: m.upcoming for ssp, m in admin.get_metadata(ssps).items()}
             record_growth(metadata, str(stream), before, upcoming)
+            if not ran:  # its first start refuses too, as a job's that ran on the old count
+                metadata.put(INPUT_PARTITIONS, str(stream), str(before))
     finally:
         if metadata is not None:
             metadata.close()
+        if heartbeat is not None:
+            heartbeat.stop()
     return before
 
 
-def _has_run(config: Config, systems: Systems) -> bool:
-    from sparkpoint.metadata.coordinator_stream import coordinator_stream_name
-
-    name = coordinator_stream_name(config.job_name, config.job_id)
-    return name in systems.admin(config.coordinator_system).list_streams()
+def refuse_staged(systems: Systems, stream: SystemStream) -> None:
+    """Refuse while any job has output staged for ``stream`` and not published (exactly-once
+    output, or re-keyed records): it was placed by the stream's old partition count."""
+    staging = systems.admin(stream.system).output_staging()
+    parts = [] if staging is None else staging.staged(stream.stream)
+    if parts:
+        owners = sorted({p.owner for p in parts})
+        raise UserError(
+            f"stream {stream} has {sum(p.records for p in parts)} records staged and not "
+            f"published yet (by {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}): "
+            f"they are placed by its {systems.admin(stream.system).partition_count(stream.stream)} "
+            f"partitions, and published after a growth they would reach tasks that do not hold "
+            f"their keys' state. Nothing was changed. Run the jobs that write it until their "
+            f"output is published (a job's next start publishes what its last checkpoint names "
+            f"and discards the rest), then try again"
+        )
 
 
 def refuse_unpublished(
