@@ -213,6 +213,26 @@ def started(config: Config) -> tuple[JobCoordinator, dict[SystemStreamPartition,
     return coordinator, {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
 
 
+def test_a_run_s_lag_counts_the_re_keyed_records_its_last_pass_publishes(tmp_path: Path) -> None:
+    """A run that stops before the end (``--max-batches``) publishes its last commit's re-keyed
+    records in its clean-up pass: they are lag, as a new driver sees it (the run's summary
+    said 0 for 400 re-keyed views: a reviewer's script)."""
+    config = rekey_job(tmp_path, **{"task.batch.max.messages": "1000"})
+    views(config, tmp_path, 400, seed=21)
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        summary = coordinator.run(max_batches=1)
+    finally:
+        coordinator.close()
+    coordinator, _ends = started(config)
+    try:
+        ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
+        seen = sum(coordinator._lags(coordinator.metadata(ssps)).values())
+    finally:
+        coordinator.close()
+    assert sum(summary.lag.values()) == seen == 400
+
+
 def test_a_dead_attempts_staged_part_does_not_hold_up_the_end_of_a_run(tmp_path: Path) -> None:
     """A Spark task attempt that staged its part and died leaves it behind (never published,
     swept at the next start): a run to the end of its input still ends, every view counted."""

@@ -34,6 +34,7 @@ from sparkpoint.metadata.coordinator_stream import (
 from sparkpoint.metadata.job_state import (
     DriverConflict,
     Heartbeat,
+    PartitionCountChanged,
     assign_changelog_partitions,
     check_input_partitions,
     store_config,
@@ -300,6 +301,9 @@ class JobCoordinator:
         #: the restore ahead's pass (restore_ahead), counted in the run's summary
         self._restored_ahead: BatchReport | None = None
         self._stage_lags: list[tuple[str, str, int]] = []  # BatchReport.stages
+        #: the input that grew while the job ran (:meth:`_grown_input`): raised at the end
+        self._grew: PartitionCountChanged | None = None
+        self._grown_warned: set[SystemStream] = set()
 
     # -- start-up
     def all_ssps(self) -> list[SystemStreamPartition]:
@@ -323,10 +327,14 @@ class JobCoordinator:
         if stages_output(self.config):
             check_exactly_once(self.config, self.checkpoints)
         prepare_intermediate_streams(self.config, self.systems)
-        model = job_model(self.config, self.systems)
-        ssps = self.all_ssps()  # every input exists, before anything is written
+        job_model(self.config, self.systems)
+        self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
         self._claim_the_job()
+        # read again once the job is ours: a stream grown while this driver started (by a
+        # tool that held the job, then let go) is one the tasks must be made for
+        model = job_model(self.config, self.systems)
+        ssps = self.all_ssps()
         self._open_metadata()
         finish_pending(self.config, self.systems, self._metadata())  # an interrupted reshard
         self._check_input_partitions(ssps)
@@ -339,14 +347,46 @@ class JobCoordinator:
         self._announce(model, fanned)
         return model
 
-    def _check_input_partitions(self, ssps: list[SystemStreamPartition]) -> None:
-        """Refuse a stateful job whose inputs' partition counts changed since its last run."""
+    def _input_counts(self, ssps: list[SystemStreamPartition]) -> dict[SystemStream, int]:
+        """The partition count of each input (not broadcast) stream among ``ssps``."""
         broadcast = {ss for ss, _parts in self.config.broadcast_inputs}
         counts: dict[SystemStream, int] = {}
         for ssp in ssps:
             if ssp.system_stream not in broadcast:
                 counts[ssp.system_stream] = max(counts.get(ssp.system_stream, 0), ssp.partition + 1)
-        check_input_partitions(self._metadata(), self.config, counts)
+        return counts
+
+    def _check_input_partitions(self, ssps: list[SystemStreamPartition]) -> None:
+        """Refuse a stateful job whose inputs' partition counts changed since its last run."""
+        check_input_partitions(self._metadata(), self.config, self._input_counts(ssps))
+
+    def _grown_input(self, ssps: list[SystemStreamPartition]) -> PartitionCountChanged | None:
+        """Before a batch reads (after its ends were read): the error to stop a stateful job
+        with when one of its inputs has grown since it started (its producers place keys by
+        the new count from now on: reading on would split their state), else None. A stateless
+        job warns once: it reads the new partitions after a restart."""
+        for stream, count in sorted(self._input_counts(ssps).items(), key=lambda i: str(i[0])):
+            now = self.systems.admin(stream.system).partition_count(stream.stream)
+            if now == count:
+                continue
+            if self.config.stores:
+                return PartitionCountChanged(
+                    f"input stream {stream} grew from {count} to {now} partitions while job "
+                    f"{self.config.job_name} ran: it stopped after committing what was written "
+                    f"before, as reading on would split every key's state. Move the state to "
+                    f"the new tasks, then start it again: sparkpoint state reshard JOB"
+                )
+            if stream not in self._grown_warned:
+                self._grown_warned.add(stream)
+                log.warning(
+                    "input stream %s grew from %d to %d partitions while job %s ran: restart "
+                    "the job to read the new partitions",
+                    stream,
+                    count,
+                    now,
+                    self.config.job_name,
+                )
+        return None
 
     def _metadata(self) -> CoordinatorStreamStore:
         assert self.metadata_store is not None, "the job's metadata store opens at start()"
@@ -1150,6 +1190,11 @@ class JobCoordinator:
             ):
                 self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
+            grown = self._grown_input(ssps)  # after the ends: what lies before them is old
+            if grown is not None:
+                self._grew = grown
+                self.stop(str(grown))
+                break
             self._check_resume_offsets(meta)
             end = dict(targets) if targets is not None else {s: m.upcoming for s, m in meta.items()}
             end.update({s: meta[s].upcoming for s in intermediate})
@@ -1230,17 +1275,20 @@ class JobCoordinator:
             for report in self._commit_all():
                 self._measure(report, meta)
                 self._publish(summary, report)
-        else:
-            summary.lag = self._lags(self.metadata(ssps))
         # one more pass that reads nothing: tasks clean up after the final checkpoint (step 0),
         # so a stopped job leaves no superseded local checkpoints or remote snapshots behind
         end = {s: ts.resume[s] for ts in self.tasks.values() for s in ts.model.ssps}
         with self._running_on(self.local_runner or self.runner):
             self.run_batch(end, commit=False, clean_up_only=True)
+        # measured after that pass: it publishes what the last checkpoints name (re-keyed
+        # records an intermediate stream's readers have yet to read are lag too)
+        summary.lag = self._lags(self.metadata(ssps))
         summary.seconds = time.monotonic() - started
         summary.stopped_by = self.stop_reason
         if self.listener:
             self.listener.on_end(summary)
+        if self._grew is not None:
+            raise self._grew
         return summary
 
     def _apply_retention(self) -> None:
