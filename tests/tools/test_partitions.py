@@ -114,6 +114,37 @@ def test_a_running_driver_stops_when_its_input_grows(tmp_path: Path) -> None:
         run(config, until_caught_up=True)
 
 
+def test_a_tool_in_the_process_of_a_running_driver_is_refused(tmp_path: Path) -> None:
+    """One process may run a driver and call a tool (the Python API): the tool is refused
+    while the driver's heartbeat runs (it was let through as "this process", and a reshard
+    then had the old driver commit its stale state over the new), and let through once the
+    driver closed, or when a driver of this process ended without removing its record."""
+    from sparkpoint.metadata.job_state import LIVENESS, DriverConflict
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+
+    config = make(tmp_path)
+    generate(config, tmp_path / "a.yaml", 100, seed=7)
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.start()
+    systems = Systems(config)
+    try:
+        with pytest.raises(DriverConflict, match="job pageviews is running already"):
+            add_partitions(config, systems, config.inputs[0], 6)
+        store = CoordinatorStreamStore(config, source="test")
+        beat = store.get(LIVENESS, "driver")
+        store.close()
+    finally:
+        coordinator.close()
+    assert systems.admin("filelog").partition_count("pageviews") == 4
+    store = CoordinatorStreamStore(config, source="test")
+    store.put(LIVENESS, "driver", beat or "")  # as a driver of this process that died would
+    store.close()
+    run(config, until_caught_up=True)  # (not refused: no heartbeat of that run beats here)
+    assert add_partitions(config, systems, config.inputs[0], 6) == 4
+    systems.close()
+
+
 def test_a_stream_with_output_staged_by_any_job_is_not_grown(tmp_path: Path) -> None:
     """Staged output (exactly-once, re-keyed records) is placed by the stream's count: grown
     before it is published, it would reach tasks without its keys' state. Another job's staged

@@ -224,18 +224,26 @@ class DriverConflict(UserError):
 
 
 def refuse_if_running(store: MetadataStore, job: str, run_id: str, *, force: bool) -> None:
-    """Raise :class:`DriverConflict` when a live driver other than ``run_id`` (or this process)
-    holds the job, unless ``force``."""
+    """Raise :class:`DriverConflict` when a live driver other than ``run_id`` holds the job,
+    unless ``force`` (a driver or tool of this process counts while its heartbeat runs: a
+    record of this process's with no heartbeat running is one that ended without removing
+    it)."""
     beat = is_running(store)
     if beat is None or force or beat.get("run-id") == run_id:
         return
-    if beat.get("host") == socket.gethostname() and beat.get("pid") == os.getpid():
-        return  # this process: one process is one driver
+    here = beat.get("host") == socket.gethostname() and beat.get("pid") == os.getpid()
+    if here and beat.get("run-id") not in _BEATING:
+        return  # this process's earlier driver, gone without removing its record
     raise DriverConflict(
         f"job {job} is running already ({describe_driver(beat)}): two drivers would commit over "
         f"each other's state. Stop that driver first; if it is gone (its host died), wait "
         f"{3 * HEARTBEAT_SECONDS:.0f} s for its heartbeat to expire, or pass --force"
     )
+
+
+#: the run ids whose heartbeat this process writes now: a record of this process with another
+#: run id is a driver (or tool) that ended without removing it
+_BEATING: set[str] = set()
 
 
 class Heartbeat:
@@ -299,6 +307,7 @@ class Heartbeat:
             raise
         self._store = store
         self._beat()
+        _BEATING.add(self._run_id)
         self._thread.start()
 
     def stop(self) -> None:
@@ -307,6 +316,7 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        _BEATING.discard(self._run_id)
         if self._store is not None:
             beat = read_liveness(self._store)
             if beat is None or beat.get("run-id") == self._run_id:
