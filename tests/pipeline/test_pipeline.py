@@ -320,3 +320,27 @@ def test_a_relative_parquet_sink_path_is_relative_to_the_module_creating_it(
     sink = ParquetSink("out/views")
     assert sink.path == Path(__file__).resolve().parent / "out" / "views"
     assert ParquetSink(tmp_path / "abs").path == tmp_path / "abs"
+
+
+def test_a_value_that_does_not_fit_the_value_schema_names_its_offset(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A value Arrow cannot read as ``value_schema`` (a LONG field sent as text: a re-keying
+    stage 1 can write one into the job's own intermediate stream) names the task, SSP, offset,
+    schema and value, and the way past it; it was a bare pyarrow error."""
+    from sparkpoint.errors import SparkpointError
+    from sparkpoint.tools.streams import Message, send_messages
+
+    config = load_config(None, pageviews_config(tmp_path))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    systems = Systems(config)
+    bad = {"user": "x", "page": "/", "ts": "soon"}
+    send_messages(config, systems, SystemStream("filelog", "pageviews"), [Message(bad, "x")])
+    systems.close()
+    error = (
+        r"task Partition \d: message at filelog.pageviews.\d offset 0 does not fit the "
+        r"pipeline's value_schema \(struct<user: string, page: string, ts: int64>\): .*"
+        r"value '\{.*\"ts\":\"soon\".*sparkpoint startpoint set JOB --stream pageviews"
+    )
+    with pytest.raises(SparkpointError, match=error):
+        _run(config, DataFrameRunner(spark, example_pipeline, config))

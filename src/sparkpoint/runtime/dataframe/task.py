@@ -324,11 +324,34 @@ class _ChunkDecoder:
                 return self._json_structs(data)
             except pa.ArrowInvalid:
                 pass  # a value Arrow cannot parse: decode one by one for a precise error
-        values = self._decode_each(columns.records())
+        records = columns.records()
         names = [f.name for f in self.value_type]
-        return pa.array(
-            [{f: v.get(f) for f in names} if isinstance(v, dict) else None for v in values],
-            self.value_type,
+        rows = [
+            {f: v.get(f) for f in names} if isinstance(v, dict) else None
+            for v in self._decode_each(records)
+        ]
+        try:
+            return pa.array(rows, self.value_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            raise self._misfit(records, rows) from None
+
+    def _misfit(self, records: Sequence[Record], rows: list[Any]) -> MessageDecodeError:
+        """The error naming the first value that does not fit ``value_schema``."""
+        for record, row in zip(records, rows, strict=True):
+            try:
+                pa.array([row], self.value_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                shown = (record.value or b"")[:200].decode("utf-8", "replace")
+                return MessageDecodeError(
+                    f"task {self.task}: message at {self.ssp} offset {record.offset} does not "
+                    f"fit the pipeline's value_schema ({self.value_type}): {e}; value {shown!r}. "
+                    f"Every restart stops here until the schema fits it, or the job is moved "
+                    f"past it (sparkpoint startpoint set JOB --stream {self.ssp.stream} "
+                    f"--partition {self.ssp.partition} --offset <the next offset>)"
+                )
+        return MessageDecodeError(
+            f"task {self.task}: the messages at {self.ssp} from offset {records[0].offset} do "
+            f"not fit the pipeline's value_schema ({self.value_type})"
         )
 
     def _json_structs(self, data: pa.Array) -> pa.Array:
