@@ -221,6 +221,31 @@ def test_batch_input_names_an_input(tmp_path: Path, spark: Any) -> None:
         run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
 
 
+def test_a_key_column_the_stream_s_serde_cannot_take_names_the_column(
+    tmp_path: Path, spark: Any
+) -> None:
+    """Re-keyed by a LONG column into a stream of string keys: the error names the column and
+    the two fixes, and nothing is staged or published (it named neither)."""
+    from sparkpoint.errors import SparkpointError
+
+    config = rekey_job(tmp_path)
+    views(config, tmp_path, 20, seed=104)
+
+    def build(batch: Batch) -> list[Output]:
+        by_page = batch.input("pageviews-by-page").select("value.user", "value.ts")
+        return [batch.to_stream(by_page, "filelog.pageviews-by-user", key="ts")]
+
+    pipeline = Pipeline(build, config={}, value_schema="user STRING, page STRING, ts LONG")
+    error = (
+        r"cannot encode message for filelog.pageviews-by-user: .* \(the key column 'ts', the "
+        r"whole row as value: cast them .* streams.pageviews-by-user.samza.key.serde"
+    )
+    with pytest.raises(SparkpointError, match=error):
+        run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
+    assert not re_keyed(config)
+    assert job_overview(config)["stages"][1]["staged"] == 0
+
+
 def _with_sink(out: Path) -> Pipeline:
     """The re-key pipeline, also writing the views it re-keys to Parquet."""
     sink = ParquetSink(out)

@@ -251,7 +251,17 @@ class StreamWriterUdf:
             messages = pa.StructArray.from_arrays(chunk.columns, names=chunk.schema.names)
         else:
             messages = chunk.column(self.value)
-        collector.send_arrow(self.stream, keys, messages)
+        try:
+            collector.send_arrow(self.stream, keys, messages)
+        except TaskError as exc:
+            if "cannot encode" not in str(exc):
+                raise
+            sent = f"value column {self.value!r}" if self.value else "the whole row as value"
+            raise TaskError(
+                f"{exc} (the key column {self.key!r}, {sent}: cast them to what the stream's "
+                f"serdes take, e.g. F.col(...).cast('string'), or set "
+                f"streams.{self.stream.stream}.samza.key.serde / msg.serde)"
+            ) from exc
 
     def __call__(self, chunks: Iterator[Any]) -> Iterator[Any]:
         yield from self.write(chunks)
@@ -353,18 +363,23 @@ def write_routed(
     task = "" if plan is None else plan.task.name.name
     collectors: list[Any] = []
     written = False
+
+    def opened() -> list[Any]:  # once the task is known (its errors name it)
+        if not collectors:
+            collectors.extend(writer.collector(config, systems, task) for writer, _ in outputs)
+        return collectors
+
     try:
-        collectors += [writer.collector(config, systems, task) for writer, _ in outputs]
         for chunk in chunks:
             if not chunk.num_rows:
                 continue
             if not task and "task" in chunk.schema.names:
                 task = next((str(t) for t in chunk.column("task").to_pylist() if t), "")
-            for (writer, route), collector in zip(outputs, collectors, strict=True):
+            for (writer, route), collector in zip(outputs, opened(), strict=True):
                 rows = route.apply(chunk)
                 if rows.num_rows:
                     writer.send(collector, rows)
-        for collector in collectors:
+        for collector in opened():
             collector.flush()  # durable before the task commits
         maybe_crash(config, "after-output-flush")
         written = True
