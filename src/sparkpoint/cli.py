@@ -416,10 +416,22 @@ def stream_add_partitions(
         systems.close()
     print(f"grown: {ss} ({before} -> {partitions} partitions)")
     if ss in config.inputs and config.stores:
-        print(
-            f"note: {ss} is an input of job {config.job_name}, which has state: it refuses to "
-            f"start until its state is moved to the new tasks: sparkpoint state reshard {job}"
-        )
+        from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+        from sparkpoint.storage.reshard import growth_of
+
+        store = CoordinatorStreamStore(config, source="add-partitions")
+        try:
+            recorded = growth_of(store, str(ss)) is not None
+        finally:
+            store.close()
+        if recorded:
+            print(
+                f"note: {ss} is an input of job {config.job_name}, which has state: it refuses "
+                f"to start until its state is moved to the new tasks: sparkpoint state reshard "
+                f"{job}"
+            )
+        else:  # a job that never ran, with nothing to read: no state to move
+            print(f"note: job {config.job_name} has no state yet: it runs on {partitions} tasks")
 
 
 @stream_app.command("list")

@@ -178,7 +178,9 @@ def test_a_job_without_state_runs_on_the_new_partitions(tmp_path: Path) -> None:
 
 
 def test_the_command_grows_a_stream_and_warns_of_the_job_s_state(tmp_path: Path) -> None:
-    config = make(tmp_path)
+    config = make(tmp_path / "ran")
+    generate(config, tmp_path / "a.yaml", 50, seed=8)
+    run(config, until_caught_up=True)
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(config.to_dict()))
     grown = sp("stream", "add-partitions", str(job_file), "pageviews", "--partitions", "8")
@@ -186,6 +188,11 @@ def test_the_command_grows_a_stream_and_warns_of_the_job_s_state(tmp_path: Path)
     assert "refuses to start until its state is moved to the new tasks" in grown.stdout
     stream = SystemStream("filelog", "pageviews")
     assert Systems(config).admin("filelog").partition_count(stream.stream) == 8
+    fresh = make(tmp_path / "fresh")  # never ran, nothing to read: no state to move
+    fresh_file = tmp_path / "fresh.json"
+    fresh_file.write_text(json.dumps(fresh.to_dict()))
+    grown = sp("stream", "add-partitions", str(fresh_file), "pageviews", "--partitions", "8")
+    assert "job pageviews has no state yet: it runs on 8 tasks" in grown.stdout
 
 
 @pytest.mark.kafka
