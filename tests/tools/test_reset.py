@@ -45,6 +45,40 @@ def test_reset_keeping_the_input_reruns_it_from_scratch(tmp_path: Path) -> None:
     assert committed_counts(config) == dict(expected)
 
 
+@pytest.mark.parametrize("dies_at", [0, 1, 2, 3])
+def test_a_reset_that_dies_half_way_never_starts_a_re_key_over_on_what_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_at: int
+) -> None:
+    """A reset killed before its last deletion: the job refuses to start, naming the reset to
+    run again, and that gives exact counts. (The checkpoints went first, so the next start
+    read the surviving intermediate stream from its oldest record: every view counted twice,
+    a reviewer's script.)"""
+    from sparkpoint.system.filelog.system import FileLogAdmin
+    from tests.storage.test_intermediate import per_user, rekey_job, views
+
+    config = rekey_job(tmp_path)
+    written = views(config, tmp_path, 200, seed=55)
+    run(config)
+    delete, deleted = FileLogAdmin.delete_stream, []
+
+    def dying(self: FileLogAdmin, name: str) -> bool:
+        if len(deleted) == dies_at:
+            raise KeyboardInterrupt(f"killed before deleting {name}")
+        deleted.append(name)
+        return delete(self, name)
+
+    monkeypatch.setattr(FileLogAdmin, "delete_stream", dying)
+    with pytest.raises(KeyboardInterrupt):
+        reset_job(config, keep_input=True)
+    monkeypatch.setattr(FileLogAdmin, "delete_stream", delete)
+    assert not any(name.startswith("__") for name in deleted)  # the metadata goes last
+    with pytest.raises(UserError, match=r"job rekey: a job reset did not finish .* job reset"):
+        run(config)
+    reset_job(config, keep_input=True)
+    run(config)
+    assert committed_counts(config) == per_user(written)
+
+
 def test_reset_without_keep_input_deletes_the_input_too(tmp_path: Path) -> None:
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))

@@ -37,6 +37,21 @@ log = logging.getLogger(__name__)
 
 LIVENESS = "liveness"
 INPUT_PARTITIONS = "input-partitions"
+#: the namespace of a ``job reset`` under way (key ``pending``): written before it deletes
+#: anything, gone with the coordinator stream, which it deletes last
+RESET = "job-reset"
+
+
+def refuse_unfinished_reset(store: MetadataStore, job: str) -> None:
+    """Refuse to start a job whose ``job reset`` stopped half-way (some of what the job made
+    is gone, its checkpoints are not): the fix is to run the reset again."""
+    if store.get(RESET, "pending") is not None:
+        raise UserError(
+            f"job {job}: a job reset did not finish (it deleted part of what the job made, and "
+            f"not its checkpoints yet): run sparkpoint job reset JOB again, then start the job"
+        )
+
+
 HEARTBEAT_SECONDS = 5.0
 
 

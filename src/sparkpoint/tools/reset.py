@@ -7,7 +7,8 @@ the default blob store under ``job.data.dir`` and, on the embedded filelog under
 Refused while a driver runs the job. Only the embedded filelog's streams are deleted: a job
 whose metadata lives on another system (Kafka) is refused with the topics to delete by hand,
 and a filelog directory outside ``job.data.dir`` (shared by jobs) keeps every stream that is
-not the job's own.
+not the job's own. The checkpoint and coordinator streams go last: a reset that dies half-way
+leaves a job that still resumes from its checkpoints (run the reset again to finish it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sparkpoint.checkpoint.manager import checkpoint_stream_name
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
-from sparkpoint.metadata.job_state import refuse_if_running
+from sparkpoint.metadata.job_state import RESET, refuse_if_running
 from sparkpoint.model import SystemStream
 from sparkpoint.system.filelog.system import FileLogAdmin, root_for
 from sparkpoint.system.registry import Systems
@@ -60,10 +61,12 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
             probe = CoordinatorStreamStore(config, systems, source="job-reset")
             try:
                 refuse_if_running(probe, config.job_name, "job-reset", force=force)
+                probe.put(RESET, "pending", "1")  # until the coordinator stream goes, last
             finally:
                 probe.close()
         inputs = set(config.inputs) | {ss for ss, _p in config.broadcast_inputs}
         done: list[str] = []
+        doomed: list[tuple[FileLogAdmin, SystemStream]] = []
         for system in config.systems:
             admin = systems.admin(system)
             if not isinstance(admin, FileLogAdmin):
@@ -73,9 +76,18 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
                 ss = SystemStream(system, name)
                 if ss in inputs and keep_input and ss not in own:
                     continue
-                mine = ss in own or ss in inputs or job_dir
-                if mine and admin.delete_stream(name):
-                    done.append(f"deleted stream {ss}")
+                if ss in own or ss in inputs or job_dir:
+                    doomed.append((admin, ss))
+        # the checkpoints and the metadata go last: a reset that dies half-way leaves a job
+        # that resumes from its checkpoints, never one that starts over on what it made (its
+        # intermediate streams' records would be counted again)
+        last = {
+            checkpoint_stream_name(config),
+            coordinator_stream_name(config.job_name, config.job_id),
+        }
+        for admin, ss in doomed:
+            if ss.stream not in last and admin.delete_stream(ss.stream):
+                done.append(f"deleted stream {ss}")
         for what, path in (
             ("local state", config.store_base_dir),
             ("blob store", None if config.get_str("blob.store.url") else config.data_dir / "blobs"),
@@ -83,6 +95,9 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
             if path is not None and path.is_dir():
                 shutil.rmtree(path)
                 done.append(f"deleted {what} {path}")
+        for admin, ss in doomed:
+            if ss.stream in last and admin.delete_stream(ss.stream):
+                done.append(f"deleted stream {ss}")
         if config.get_str("blob.store.url"):
             done.append(
                 f"kept blob store {config.get_str('blob.store.url')}: its snapshots are no longer "
