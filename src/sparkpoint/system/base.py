@@ -120,6 +120,11 @@ class SystemAdmin(ABC):
     def partition_count(self, stream: str) -> int:
         """Number of partitions; raises :class:`StreamNotFound` naming the stream if absent."""
 
+    def current_partition_count(self, stream: str) -> int:
+        """:meth:`partition_count` read from the system now, never from a cache: a running
+        driver checks it before each batch (a grown input stops a job with state)."""
+        return self.partition_count(stream)
+
     @abstractmethod
     def get_metadata(
         self, ssps: Iterable[SystemStreamPartition]

@@ -175,8 +175,13 @@ class JobTestDriver:
 
     def _started(self) -> JobCoordinator:
         if self._coordinator is None:
-            self._coordinator = JobCoordinator(self.config, self._runner())
-            self._coordinator.start()
+            coordinator = JobCoordinator(self.config, self._runner())
+            try:
+                coordinator.start()
+            except BaseException:  # refused: the next call starts a new one
+                coordinator.close()
+                raise
+            self._coordinator = coordinator
         return self._coordinator
 
     def _runner(self) -> BatchRunner:

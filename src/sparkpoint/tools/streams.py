@@ -72,7 +72,6 @@ def add_partitions(
             "it (a stream never shrinks: its partitions' records and offsets stay)"
         )
     metadata = heartbeat = None
-    unread: list[str] = []
     if stream in config.inputs and config.stores:
         heartbeat = Heartbeat(config, f"add-partitions-{uuid.uuid4().hex[:8]}")
         heartbeat.start()  # refused while a driver runs the job; no driver starts until done
@@ -100,18 +99,23 @@ def add_partitions(
             refuse_unpublished(config, systems, stream)
         refuse_staged(systems, stream)
         admin.add_partitions(stream.stream, partitions)
-        ran = metadata is not None and metadata.get(INPUT_PARTITIONS, str(stream)) is not None
-        if metadata is not None and (ran or unread):  # (a job that never ran, on records)
-            ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
-            upcoming = {ssp.partition: m.upcoming for ssp, m in admin.get_metadata(ssps).items()}
-            record_growth(metadata, str(stream), before, upcoming)
-            if not ran:  # its first start refuses too, as a job's that ran on the old count
-                metadata.put(INPUT_PARTITIONS, str(stream), str(before))
-    finally:
         if metadata is not None:
-            metadata.close()
+            ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
+            metas = admin.get_metadata(ssps)
+            ran = metadata.get(INPUT_PARTITIONS, str(stream)) is not None
+            # a job that never ran has state to move only if records of the old count are
+            # there, read after the grow (records sent since the check above count too)
+            held = any(admin.offset_comparator(m.oldest, m.upcoming) < 0 for m in metas.values())
+            if ran or held:
+                upcoming = {ssp.partition: m.upcoming for ssp, m in metas.items()}
+                record_growth(metadata, str(stream), before, upcoming)
+                if not ran:  # its first start refuses too, as a job's that ran on the old count
+                    metadata.put(INPUT_PARTITIONS, str(stream), str(before))
+    finally:
         if heartbeat is not None:
             heartbeat.stop()
+        if metadata is not None:
+            metadata.close()
     return before
 
 

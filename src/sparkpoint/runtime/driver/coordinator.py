@@ -37,6 +37,7 @@ from sparkpoint.metadata.job_state import (
     PartitionCountChanged,
     assign_changelog_partitions,
     check_input_partitions,
+    refuse_unfinished_reset,
     store_config,
 )
 from sparkpoint.metadata.locality import Executor
@@ -331,11 +332,23 @@ class JobCoordinator:
         self.all_ssps()  # every input exists, before anything is written
         check_tables(self.config, self.systems)
         self._claim_the_job()
+        try:
+            model, fanned = self._start_claimed()
+        except BaseException:  # a start refused after the claim lets the job go
+            self._release_the_job()
+            raise
+        self._announce(model, fanned)
+        return model
+
+    def _start_claimed(
+        self,
+    ) -> tuple[JobModel, dict[TaskName, dict[SystemStreamPartition, Startpoint]]]:
         # read again once the job is ours: a stream grown while this driver started (by a
         # tool that held the job, then let go) is one the tasks must be made for
         model = job_model(self.config, self.systems)
         ssps = self.all_ssps()
         self._open_metadata()
+        refuse_unfinished_reset(self._metadata(), self.config.job_name)
         finish_pending(self.config, self.systems, self._metadata())  # an interrupted reshard
         self._check_input_partitions(ssps)
         model = assign_changelog_partitions(self._metadata(), model)
@@ -344,8 +357,7 @@ class JobCoordinator:
         self._plan_tasks(model, checkpoints, fanned, must_restore, self.metadata(ssps))
         self.model = model
         self._start_services()
-        self._announce(model, fanned)
-        return model
+        return model, fanned
 
     def _input_counts(self, ssps: list[SystemStreamPartition]) -> dict[SystemStream, int]:
         """The partition count of each input (not broadcast) stream among ``ssps``."""
@@ -366,7 +378,7 @@ class JobCoordinator:
         the new count from now on: reading on would split their state), else None. A stateless
         job warns once: it reads the new partitions after a restart."""
         for stream, count in sorted(self._input_counts(ssps).items(), key=lambda i: str(i[0])):
-            now = self.systems.admin(stream.system).partition_count(stream.stream)
+            now = self.systems.admin(stream.system).current_partition_count(stream.stream)
             if now == count:
                 continue
             if self.config.stores:

@@ -288,6 +288,9 @@ class KafkaAdmin(IntegerOffsets, SystemAdmin):
     def partition_count(self, stream: str) -> int:
         return self._count(stream, PARTITION_COUNT_TTL_S)
 
+    def current_partition_count(self, stream: str) -> int:
+        return self._count(stream, 0)
+
     def _count(self, stream: str, max_age: float) -> int:
         """The topic's partition count, read again when this process's is ``max_age`` old."""
         with self._lock:
