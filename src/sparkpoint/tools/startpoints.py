@@ -145,10 +145,23 @@ def set_startpoints(
         offset = systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, startpoint)
         planned.append(PlannedStartpoint(ssp, t, startpoint, offset))
     manager = _manager(config, systems)
-    manager.write_many((p.ssp, p.task, p.startpoint) for p in planned)
+    manager.write_many((p.ssp, p.task, _kept(config, p)) for p in planned)
     if apply_now:
         manager.request_apply_now()
     return planned
+
+
+def _kept(config: Config, planned: PlannedStartpoint) -> Startpoint:
+    """The startpoint to store: on an intermediate stream, the offset it resolves to now (what
+    the tool prints). The job's next start publishes the re-keyed records its last checkpoints
+    name before it applies startpoints: resolved then, ``upcoming`` would skip records the
+    first stage sent before the startpoint was set (and will never send again)."""
+    sp = planned.startpoint
+    if planned.ssp.system_stream not in config.intermediate_streams or isinstance(
+        sp, StartpointSpecific
+    ):
+        return sp
+    return StartpointSpecific(planned.resolves_to, creation_timestamp=sp.creation_timestamp)
 
 
 def list_startpoints(config: Config) -> dict[str, dict[str, Startpoint]]:
