@@ -453,3 +453,28 @@ def test_an_upcoming_startpoint_on_the_intermediate_stream_keeps_what_the_tool_p
     finally:
         coordinator.close()
     assert committed_counts(config) == per_user(written)
+
+
+def test_an_upcoming_startpoint_set_while_the_job_runs_is_resolved_when_applied(
+    tmp_path: Path,
+) -> None:
+    """Set while a driver runs, the startpoint stays ``upcoming``: the driver reads past the
+    offset it resolves to now, and kept as that offset, the next start took stage 2 back to
+    it and counted 200 views twice (a reviewer's script, against the first fix)."""
+    from sparkpoint.tools.startpoints import list_startpoints, make_startpoint, set_startpoints
+
+    config = rekey_job(tmp_path)
+    written = views(config, tmp_path, 300, seed=97)
+    run(config, until_caught_up=True)
+    written += views(config, tmp_path, 200, seed=98)
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        coordinator.start()
+        set_startpoints(config, "pageviews-by-user", make_startpoint(upcoming=True))
+        kinds = {sp.describe() for sp in list_startpoints(config)["waiting"].values()}
+        assert kinds == {"upcoming"}
+        coordinator.run(until_caught_up=True)
+    finally:
+        coordinator.close()
+    run(config, until_caught_up=True)  # the next start applies it
+    assert committed_counts(config) == per_user(written)

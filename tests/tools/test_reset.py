@@ -45,7 +45,7 @@ def test_reset_keeping_the_input_reruns_it_from_scratch(tmp_path: Path) -> None:
     assert committed_counts(config) == dict(expected)
 
 
-@pytest.mark.parametrize("dies_at", [0, 1, 2, 3])
+@pytest.mark.parametrize("dies_at", [0, 1, 2, 3, 4])
 def test_a_reset_that_dies_half_way_never_starts_a_re_key_over_on_what_it_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_at: int
 ) -> None:
@@ -56,7 +56,16 @@ def test_a_reset_that_dies_half_way_never_starts_a_re_key_over_on_what_it_made(
     from sparkpoint.system.filelog.system import FileLogAdmin
     from tests.storage.test_intermediate import per_user, rekey_job, views
 
-    config = rekey_job(tmp_path)
+    # the metadata on a system listed before the checkpoints' (its stream went first)
+    config = rekey_job(
+        tmp_path,
+        **{
+            "systems.a.factory": "filelog",
+            "systems.a.path": str(tmp_path / "data" / "streams" / "a"),
+            "job.coordinator.system": "a",
+            "task.checkpoint.system": "filelog",
+        },
+    )
     written = views(config, tmp_path, 200, seed=55)
     run(config)
     delete, deleted = FileLogAdmin.delete_stream, []
@@ -71,7 +80,9 @@ def test_a_reset_that_dies_half_way_never_starts_a_re_key_over_on_what_it_made(
     with pytest.raises(KeyboardInterrupt):
         reset_job(config, keep_input=True)
     monkeypatch.setattr(FileLogAdmin, "delete_stream", delete)
-    assert not any(name.startswith("__") for name in deleted)  # the metadata goes last
+    # the checkpoints go after everything else, the metadata (its pending record) last
+    assert not any(name.startswith("__coordinator") for name in deleted)
+    assert all(not name.startswith("__checkpoint") for name in deleted[:-1])
     with pytest.raises(UserError, match=r"job rekey: a job reset did not finish .* job reset"):
         run(config)
     reset_job(config, keep_input=True)

@@ -81,10 +81,8 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
         # the checkpoints and the metadata go last: a reset that dies half-way leaves a job
         # that resumes from its checkpoints, never one that starts over on what it made (its
         # intermediate streams' records would be counted again)
-        last = {
-            checkpoint_stream_name(config),
-            coordinator_stream_name(config.job_name, config.job_id),
-        }
+        coordinator = coordinator_stream_name(config.job_name, config.job_id)
+        last = {checkpoint_stream_name(config), coordinator}
         for admin, ss in doomed:
             if ss.stream not in last and admin.delete_stream(ss.stream):
                 done.append(f"deleted stream {ss}")
@@ -95,8 +93,12 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
             if path is not None and path.is_dir():
                 shutil.rmtree(path)
                 done.append(f"deleted {what} {path}")
-        for admin, ss in doomed:
-            if ss.stream in last and admin.delete_stream(ss.stream):
+        # the checkpoints, then the metadata with its pending record: the reset's last step
+        metadata_last = sorted(
+            (d for d in doomed if d[1].stream in last), key=lambda d: d[1].stream == coordinator
+        )
+        for admin, ss in metadata_last:
+            if admin.delete_stream(ss.stream):
                 done.append(f"deleted stream {ss}")
         if config.get_str("blob.store.url"):
             done.append(

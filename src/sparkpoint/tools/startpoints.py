@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.job_state import DriverConflict, Heartbeat
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.model.startpoint import (
     Startpoint,
@@ -145,23 +147,41 @@ def set_startpoints(
         offset = systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, startpoint)
         planned.append(PlannedStartpoint(ssp, t, startpoint, offset))
     manager = _manager(config, systems)
-    manager.write_many((p.ssp, p.task, _kept(config, p)) for p in planned)
+    pinned = [p for p in planned if _pins(config, p)]
+    heartbeat = None
+    if pinned:  # only while no driver runs (holding the job, so none starts meanwhile)
+        heartbeat = Heartbeat(config, f"startpoint-set-{uuid.uuid4().hex[:8]}")
+        try:
+            heartbeat.start()
+        except DriverConflict:  # the running driver reads on: it resolves them when applied
+            heartbeat, pinned = None, []
+    try:
+        manager.write_many(
+            (p.ssp, p.task, _specific(p) if p in pinned else p.startpoint) for p in planned
+        )
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
     if apply_now:
         manager.request_apply_now()
     return planned
 
 
-def _kept(config: Config, planned: PlannedStartpoint) -> Startpoint:
-    """The startpoint to store: on an intermediate stream, the offset it resolves to now (what
-    the tool prints). The job's next start publishes the re-keyed records its last checkpoints
-    name before it applies startpoints: resolved then, ``upcoming`` would skip records the
-    first stage sent before the startpoint was set (and will never send again)."""
-    sp = planned.startpoint
-    if planned.ssp.system_stream not in config.intermediate_streams or isinstance(
-        sp, StartpointSpecific
-    ):
-        return sp
-    return StartpointSpecific(planned.resolves_to, creation_timestamp=sp.creation_timestamp)
+def _pins(config: Config, planned: PlannedStartpoint) -> bool:
+    """Whether to keep an ``upcoming`` startpoint on a job's own intermediate stream as the
+    offset it resolves to now (what the tool prints), when the job is stopped: its next start
+    publishes the re-keyed records its last checkpoints name (a crash left them) before it
+    applies startpoints, and ``upcoming`` resolved after that would skip records the first
+    stage sent before the startpoint was set, and never sends again. (Not while the job runs:
+    it reads past that offset, and the startpoint would take it back.)"""
+    return planned.ssp.system_stream in config.intermediate_streams and isinstance(
+        planned.startpoint, StartpointUpcoming
+    )
+
+
+def _specific(planned: PlannedStartpoint) -> Startpoint:
+    created = planned.startpoint.creation_timestamp
+    return StartpointSpecific(planned.resolves_to, creation_timestamp=created)
 
 
 def list_startpoints(config: Config) -> dict[str, dict[str, Startpoint]]:
