@@ -9,8 +9,9 @@ store's ``stores.<s>.reshard.key``: ``key`` (the store's key is the message key)
 key. In the timer store (``task.timers.store``) the same setting applies to the key inside each
 timer entry. Some entries belong to the task, not to a key (:data:`TASK_ENTRY`): a TTL store's
 format entry, a timer store's watermark and event-time entries. They stay where they are; a
-task that is new gets the smallest value the old tasks had (:func:`new_task_entries`): the
-earliest watermark, so no timer fires early.
+task that is new gets the smallest value of the old tasks its keys come from
+(:func:`new_task_entries`): the earliest of their watermarks, so no timer fires early and no
+window they closed opens again.
 
 **All or nothing.** The offline command (:mod:`sparkpoint.tools.reshard`) writes each task's new
 state through its backends as a commit that nothing references yet, then one record in the
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,12 +154,25 @@ def input_keys(config: Config, store: str) -> Callable[[Sequence[bytes]], Sequen
     return routed
 
 
+def source_tasks(partition: int, old: int, new: int) -> list[int]:
+    """The old tasks whose keys a task may get when a modulo partitioner goes from ``old`` to
+    ``new`` partitions: a key of hash ``h`` leaves ``h % old`` for ``h % new``, so those with
+    the partition's residue modulo ``gcd(old, new)`` (one task when ``new`` is a multiple of
+    ``old``: ``partition % old``)."""
+    g = math.gcd(old, new)
+    return [q for q in range(old) if q % g == partition % g]
+
+
 def new_task_entries(
-    store: str, config: Config, old: Iterable[Mapping[bytes, bytes]]
+    store: str, config: Config, sources: Sequence[Mapping[bytes, bytes]]
 ) -> dict[bytes, bytes]:
-    """The task entries a new task of the reshard starts with: of every entry an old task had
-    (but an input partition's event time, which belongs to that partition's task), the smallest
-    value (the earliest watermark and tracking start; a TTL store's format, the same in all)."""
+    """The task entries a new task of the reshard starts with, from those of the old tasks its
+    keys come from (:func:`source_tasks`; an input partition's event time belongs to that
+    partition's task and is not taken): of each, the smallest value (a TTL store's format,
+    the same in all). A timer store's watermark and tracking start are the earliest of those
+    tasks', none when one of them had none: its keys' windows it closed stay closed (not a
+    later task's, whose records would then be late; not an earlier one's, which would open
+    them again), and no timer fires early."""
     out: dict[bytes, bytes] = {}
     timers = config.get_str("task.timers.store") == store
 
@@ -166,12 +181,15 @@ def new_task_entries(
         # lateness), which their bytes do not sort as
         return (TIME.unpack(value)[0], b"") if timers and len(value) == TIME.size else (0, value)
 
-    for entries in old:
+    for entries in sources:
         for key, value in entries.items():
             if timers and key.startswith(WATERMARK):
                 continue
             if key not in out or order(value) < order(out[key]):
                 out[key] = value
+    if timers:  # a time some source task has not is none at all (nothing closed by it yet)
+        for key in [k for k in out if not all(k in entries for entries in sources)]:
+            del out[key]
     return out
 
 
@@ -300,4 +318,5 @@ __all__ = [
     "new_task_entries",
     "pending",
     "record_growth",
+    "source_tasks",
 ]

@@ -17,8 +17,8 @@ partition counts give each key, offline, all or nothing (docs/reshard.md).
    nothing is changed.
 4. **Move** each entry whose key maps to another task under the new count: written to that
    task's store and deleted from its own, through the stores' backup wrappers (changelog
-   writes and tombstones). New tasks get the old tasks' task entries
-   (:func:`~sparkpoint.storage.reshard.new_task_entries`).
+   writes and tombstones). New tasks get the task entries of the old tasks their keys come
+   from (:func:`~sparkpoint.storage.reshard.new_task_entries`).
 5. **Commit** every task as the job would (changelog flushed, blob snapshot uploaded, local
    checkpoint), without writing its checkpoint; the changelogs are grown first to a partition
    per task. Nothing references this state yet: a crash here leaves the old checkpoints.
@@ -70,6 +70,7 @@ from sparkpoint.storage.reshard import (
     input_keys,
     new_task_entries,
     pending,
+    source_tasks,
 )
 from sparkpoint.storage.state_id import CleanStart, CommittedState
 from sparkpoint.storage.task_storage import TaskStorage
@@ -619,9 +620,10 @@ def _move(
             if progress is not None:
                 progress(f"moving {store}", scanned, moved.entries)
         task_entries.append(kept)
-    fresh = new_task_entries(store, config, task_entries)
-    if fresh:
-        for partition in range(plan.old, plan.new):
+    for partition in range(plan.old, plan.new):
+        sources = source_tasks(partition, plan.old, plan.new)
+        fresh = new_task_entries(store, config, [task_entries[q] for q in sources])
+        if fresh:
             engines[partition][store].write_batch(list(fresh.items()))
 
 
