@@ -70,10 +70,12 @@ def delete_data_blobs(config: Config) -> int:
 def one_batch_without_commit(config: Config) -> None:
     again = JobCoordinator(config, InlineRunner())
     again.start()
-    again.run_batch(
-        {s: ts.resume[s] for ts in again.tasks.values() for s in ts.model.ssps}, commit=False
-    )
-    again.close()
+    try:  # closed when its batch fails too: until then it holds the job, in this process too
+        again.run_batch(
+            {s: ts.resume[s] for ts in again.tasks.values() for s in ts.model.ssps}, commit=False
+        )
+    finally:
+        again.close()
 
 
 def test_restore_from_the_local_checkpoint_trims_the_changelog(

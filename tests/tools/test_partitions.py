@@ -129,7 +129,7 @@ def test_a_tool_in_the_process_of_a_running_driver_is_refused(tmp_path: Path) ->
     coordinator.start()
     systems = Systems(config)
     try:
-        with pytest.raises(DriverConflict, match="job pageviews is running already"):
+        with pytest.raises(DriverConflict, match="held by a driver of this process"):
             add_partitions(config, systems, config.inputs[0], 6)
         store = CoordinatorStreamStore(config, source="test")
         beat = store.get(LIVENESS, "driver")

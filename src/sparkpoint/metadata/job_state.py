@@ -249,6 +249,12 @@ def refuse_if_running(store: MetadataStore, job: str, run_id: str, *, force: boo
     here = beat.get("host") == socket.gethostname() and beat.get("pid") == os.getpid()
     if here and beat.get("run-id") not in _BEATING:
         return  # this process's earlier driver, gone without removing its record
+    if here:
+        raise DriverConflict(
+            f"job {job} is held by a driver of this process that was not closed (run "
+            f"{beat.get('run-id')}): close() that JobCoordinator (or stop its run) first; two "
+            f"drivers would commit over each other's state"
+        )
     raise DriverConflict(
         f"job {job} is running already ({describe_driver(beat)}): two drivers would commit over "
         f"each other's state. Stop that driver first; if it is gone (its host died), wait "
