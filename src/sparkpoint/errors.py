@@ -55,6 +55,11 @@ class PhaseError(TaskError):
     """A phase of a task's DataFrame batch ran out of order (names task, batch and phase)."""
 
 
+class MessageEncodeError(TaskError):
+    """A message the serde of the stream it is sent to cannot encode; names the task and the
+    stream."""
+
+
 class MessageDecodeError(TaskError, UserError):
     """A message its stream's serde cannot decode; names the task, SSP and offset. A problem
     of the data (or of the serde configured for it), so a user error."""

@@ -97,7 +97,7 @@ def add_partitions(
                     f"offsets are moved past them with sparkpoint checkpoint set)"
                 )
             refuse_unpublished(config, systems, stream)
-        refuse_staged(systems, stream)
+        refuse_staged(systems, stream, before)
         admin.add_partitions(stream.stream, partitions)
         if metadata is not None:
             ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(before)]
@@ -119,9 +119,10 @@ def add_partitions(
     return before
 
 
-def refuse_staged(systems: Systems, stream: SystemStream) -> None:
+def refuse_staged(systems: Systems, stream: SystemStream, partitions: int) -> None:
     """Refuse while any job has output staged for ``stream`` and not published (exactly-once
-    output, or re-keyed records): it was placed by the stream's old partition count."""
+    output, or re-keyed records): it was placed by the stream's ``partitions``, its count
+    before a growth."""
     staging = systems.admin(stream.system).output_staging()
     parts = [] if staging is None else staging.staged(stream.stream)
     if parts:
@@ -129,11 +130,10 @@ def refuse_staged(systems: Systems, stream: SystemStream) -> None:
         raise UserError(
             f"stream {stream} has {sum(p.records for p in parts)} records staged and not "
             f"published yet (by {', '.join(owners[:3])}{' ...' if len(owners) > 3 else ''}): "
-            f"they are placed by its {systems.admin(stream.system).partition_count(stream.stream)} "
-            f"partitions, and published after a growth they would reach tasks that do not hold "
-            f"their keys' state. Nothing was changed. Run the jobs that write it until their "
-            f"output is published (a job's next start publishes what its last checkpoint names "
-            f"and discards the rest), then try again"
+            f"they are placed by its {partitions} partitions, and published after a growth "
+            f"they would reach tasks that do not hold their keys' state. Nothing was changed. "
+            f"Run the jobs that write it until their output is published (a job's next start "
+            f"publishes what its last checkpoint names and discards the rest), then try again"
         )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkpoint.errors import ConfigError, TaskError
+from sparkpoint.errors import ConfigError, MessageEncodeError, TaskError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.runtime.dataframe.task import (
@@ -253,11 +253,9 @@ class StreamWriterUdf:
             messages = chunk.column(self.value)
         try:
             collector.send_arrow(self.stream, keys, messages)
-        except TaskError as exc:
-            if "cannot encode" not in str(exc):
-                raise
+        except MessageEncodeError as exc:
             sent = f"value column {self.value!r}" if self.value else "the whole row as value"
-            raise TaskError(
+            raise MessageEncodeError(
                 f"{exc} (the key column {self.key!r}, {sent}: cast them to what the stream's "
                 f"serdes take, e.g. F.col(...).cast('string'), or set "
                 f"streams.{self.stream.stream}.samza.key.serde / msg.serde)"

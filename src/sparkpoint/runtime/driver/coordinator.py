@@ -372,12 +372,12 @@ class JobCoordinator:
         """Refuse a stateful job whose inputs' partition counts changed since its last run."""
         check_input_partitions(self._metadata(), self.config, self._input_counts(ssps))
 
-    def _grown_input(self, ssps: list[SystemStreamPartition]) -> PartitionCountChanged | None:
+    def _grown_input(self, counts: Mapping[SystemStream, int]) -> PartitionCountChanged | None:
         """Before a batch reads (after its ends were read): the error to stop a stateful job
-        with when one of its inputs has grown since it started (its producers place keys by
-        the new count from now on: reading on would split their state), else None. A stateless
-        job warns once: it reads the new partitions after a restart."""
-        for stream, count in sorted(self._input_counts(ssps).items(), key=lambda i: str(i[0])):
+        with when one of its inputs has grown from its ``counts`` at the start (its producers
+        place keys by the new count from now on: reading on would split their state), else
+        None. A stateless job warns once: it reads the new partitions after a restart."""
+        for stream, count in sorted(counts.items(), key=lambda i: str(i[0])):
             now = self.systems.admin(stream.system).current_partition_count(stream.stream)
             if now == count:
                 continue
@@ -1178,6 +1178,7 @@ class JobCoordinator:
             self._account_restores(summary, self._restored_ahead)
         started = time.monotonic()
         ssps = [s for ts in self.tasks.values() for s in ts.model.ssps]
+        counts = self._input_counts(ssps)  # what the tasks were made for
         targets = (
             {s: m.upcoming for s, m in self.metadata(ssps).items()} if until_caught_up else None
         )
@@ -1202,7 +1203,7 @@ class JobCoordinator:
             ):
                 self._publish(summary, self.apply_startpoints_now())
             meta = self.metadata(ssps)
-            grown = self._grown_input(ssps)  # after the ends: what lies before them is old
+            grown = self._grown_input(counts)  # after the ends: what lies before them is old
             if grown is not None:
                 self._grew = grown
                 self.stop(str(grown))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, OutputError, TaskError
+from sparkpoint.errors import ConfigError, MessageEncodeError, OutputError, TaskError
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.serde import Serde
 from sparkpoint.storage.outputs import staging_of
@@ -126,8 +126,7 @@ class OutputCollector:
             key = None if envelope.key is None else route.key(envelope.key)
             value = None if envelope.message is None else route.msg(envelope.message)
         except (TypeError, ValueError) as exc:
-            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
-            raise TaskError(error) from exc
+            raise self._unencodable(stream, exc) from exc
         self._put(route, stream, key, value, envelope.partition, envelope.timestamp)
 
     def forward(self, envelope: IncomingMessageEnvelope, stream: SystemStream, key: Any) -> None:
@@ -146,8 +145,7 @@ class OutputCollector:
             else:
                 value = None if envelope.message is None else route.msg(envelope.message)
         except (TypeError, ValueError) as exc:
-            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
-            raise TaskError(error) from exc
+            raise self._unencodable(stream, exc) from exc
         # stamped when sent, as send() does: an input's old timestamp on a Kafka stream would
         # have the broker's retention delete it before the next stage reads it
         self._put(route, stream, raw_key, value, None, None)
@@ -175,6 +173,9 @@ class OutputCollector:
             raise self._failed(stream, partition, exc) from exc
         self.sent += 1
 
+    def _unencodable(self, stream: SystemStream, exc: Exception) -> MessageEncodeError:
+        return MessageEncodeError(f"task {self._task}: cannot encode message for {stream}: {exc}")
+
     def _failed(self, stream: SystemStream, partition: int, exc: Exception) -> OutputError:
         return OutputError(
             f"task {self._task}: sending to {stream} partition {partition} failed: "
@@ -195,8 +196,7 @@ class OutputCollector:
             kbs = None if keys is None else [None if k is None else key_of(k) for k in keys]
             vbs = [None if m is None else msg_of(m) for m in messages]
         except (TypeError, ValueError) as exc:
-            error = f"task {self._task}: cannot encode message for {stream}: {exc}"
-            raise TaskError(error) from exc
+            raise self._unencodable(stream, exc) from exc
         self._send_encoded(route, stream, kbs, vbs)
 
     def send_arrow(self, stream: SystemStream, keys: pa.Array | None, messages: pa.Array) -> None:

@@ -22,7 +22,7 @@ rewinds an input does not move the watermark back: the rewound records are late.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -120,7 +120,7 @@ class TaskTimers:
         self.fired = 0
         #: per window store, the adds it refused as late this batch (from ``process``,
         #: ``emit`` or ``on_timer``: every window they would join had closed)
-        self.refused: dict[str, int] = {}
+        self.refused: Counter[str] = Counter()
 
     @classmethod
     def open(

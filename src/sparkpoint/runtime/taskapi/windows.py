@@ -184,7 +184,7 @@ class WindowedStore:
             elif after is not None and not self.spec.is_session:
                 after = self._not_again(raw, entry[1], after, at)
         if after is None:
-            self.timers.refused[self.name] = self.timers.refused.get(self.name, 0) + 1
+            self.timers.refused[self.name] += 1
             if self.late_stream is not None and late_to is not None:
                 record = {"key": key, "time": at, "value": value}
                 late_to.send(OutgoingMessageEnvelope(self.late_stream, key, record))
