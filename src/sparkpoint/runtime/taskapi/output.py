@@ -45,6 +45,9 @@ class _Route:
     msg: Callable[[Any], bytes]
     place: Callable[[bytes | None, int], int]
     producer: SystemProducer
+    #: the last input serde :meth:`OutputCollector.forward` compared with ``msg_serde``, and
+    #: whether they encode alike (a stream's messages share one serde: compared once)
+    compared: tuple[Serde[Any] | None, bool] = (None, False)
 
 
 def _alike(one: Serde[Any], other: Serde[Any]) -> bool:
@@ -134,9 +137,14 @@ class OutputCollector:
         (:attr:`arrived`) when it is the message being processed and both serdes are alike."""
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
         arrived = self.arrived
-        as_read = (
-            arrived is not None and arrived[0] is envelope and _alike(arrived[2], route.msg_serde)
-        )
+        as_read = arrived is not None and arrived[0] is envelope
+        if as_read:
+            assert arrived is not None
+            serde, alike = route.compared
+            if serde is not arrived[2]:
+                alike = _alike(arrived[2], route.msg_serde)
+                route.compared = (arrived[2], alike)
+            as_read = alike
         try:
             raw_key = None if key is None else route.key(key)
             if as_read:

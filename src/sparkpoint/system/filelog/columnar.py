@@ -8,6 +8,7 @@ where columns are read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,12 +51,12 @@ def index_entries(raw: bytes) -> np.ndarray:
 
 
 def _checked(
-    buf: bytes, offsets: np.ndarray, positions: np.ndarray
+    buf: bytes, offsets: np.ndarray, positions: np.ndarray, crcs_checked: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The fixed fields of the records at ``positions`` of ``buf`` (which starts at
     ``positions[0]``), with each record's start, body start and end in ``buf``, once every
-    check of ``decode_span`` passed (framing, offsets, lengths, each record's CRC); ``None``
-    if one failed."""
+    check of ``decode_span`` passed (framing, offsets, lengths, each record's CRC, unless
+    ``crcs_checked``: a checksum of the whole of ``buf`` matched); ``None`` if one failed."""
     n = len(offsets)
     data = np.frombuffer(buf, np.uint8)
     starts = positions.astype(np.int64) - int(positions[0])
@@ -76,7 +77,7 @@ def _checked(
         and int(end[-1]) == len(data)
         and bool((vpos + np.maximum(vlen, 0) == end).all())
     )
-    if sound:  # the CRCs: C calls only (a copied slice of bytes checks faster than a view)
+    if sound and not crcs_checked:  # the CRCs: C calls only (a copied slice checks faster)
         crcs = map(crc32, map(buf.__getitem__, map(slice, body.tolist(), end.tolist())))
         sound = bool((np.fromiter(crcs, np.uint32, n) == fixed["crc"]).all())
     return (fixed, starts, body, end) if sound else None
@@ -211,13 +212,28 @@ class StagedRecords:
         return len(self.starts)
 
 
-def check_staged(parts: list[bytes]) -> StagedRecords:
+def check_staged(
+    parts: list[bytes], indexes: Sequence[bytes | None] | None = None
+) -> StagedRecords:
     """Staged parts (each a log of records numbered from 0) checked as ``decode_span`` checks
-    them, without a Python object per record; a bad record raises its :class:`FormatError`."""
+    them, without a Python object per record; a bad record raises its :class:`FormatError`.
+    ``indexes``: per part, its index entries when a checksum of the whole part (and of them)
+    matched (:mod:`~sparkpoint.system.filelog.staging`), or ``None``. When every part has
+    them, the records' positions come from them and their CRCs are not checked one by one;
+    the framing still is, so entries that do not fit the part fail the check."""
     buf = b"".join(parts)
-    starts = [_starts(p) for p in parts]  # by the lengths in the headers (one C call a record)
+    indexed = indexes is not None and all(ix is not None for ix in indexes)
+    starts: list[list[int] | np.ndarray | None]
+    if indexed:
+        assert indexes is not None
+        given = [index_entries(ix or b"")["position"].astype(np.int64) for ix in indexes]
+        starts = list(given)
+        if any(len(s) and int(s[0]) != 0 for s in given):
+            starts, indexed = [_starts(p) for p in parts], False
+    else:  # by the lengths in the headers (one C call a record)
+        starts = [_starts(p) for p in parts]
     if all(s is not None for s in starts):
-        n = sum(len(s or ()) for s in starts)
+        n = sum(0 if s is None else len(s) for s in starts)
         if n == 0:
             empty = np.empty(0, np.int64)
             return StagedRecords(b"", np.empty(0, FIXED), empty, empty, empty)
@@ -225,10 +241,14 @@ def check_staged(parts: list[bytes]) -> StagedRecords:
         positions = np.concatenate(
             [np.asarray(s, np.int64) + b for s, b in zip(starts, bases, strict=True)]
         )
-        offsets = np.concatenate([np.arange(len(s or ()), dtype=np.int64) for s in starts])
-        checked = _checked(buf, offsets, positions)
+        offsets = np.concatenate(
+            [np.arange(0 if s is None else len(s), dtype=np.int64) for s in starts]
+        )
+        checked = _checked(buf, offsets, positions, crcs_checked=indexed)
         if checked is not None:
             return StagedRecords(buf, *checked)
+        if indexed:  # entries that do not fit their part: by the headers instead
+            return check_staged(parts)
     for part in parts:  # the record decoder names the bad record
         decode_span(part, list(range(count_records(part))))
     raise AssertionError("records that failed the columnar check passed decode_span")
