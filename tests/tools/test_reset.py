@@ -129,3 +129,46 @@ def test_reset_is_refused_while_the_job_runs_and_for_streams_it_cannot_delete(
     )
     with pytest.raises(UserError, match="keeps k.counts-changelog elsewhere"):
         reset_job(kafka, keep_input=True)
+
+
+def test_a_driver_that_claims_the_job_while_a_reset_starts_runs_on_and_nothing_is_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver reads the reset's pending record after it claims the job; the reset checks for
+    a driver again after writing that record: whichever comes second stops, so a driver never
+    runs while its streams are deleted. Here the driver claims in between."""
+    import subprocess
+    import sys
+
+    from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+    from sparkpoint.metadata.job_state import RESET
+    from tests.runtime.test_driver_safety import beat
+
+    config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    generate(config, tmp_path / "a.yaml", 100, seed=53)
+    run(config)
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    put = CoordinatorStreamStore.put
+
+    def claimed_meanwhile(self: CoordinatorStreamStore, namespace: str, key: str, v: str) -> None:
+        if namespace == RESET:
+            beat(config, pid=driver.pid)  # the driver's claim, just before the record
+        put(self, namespace, key, v)
+
+    monkeypatch.setattr(CoordinatorStreamStore, "put", claimed_meanwhile)
+    try:
+        with pytest.raises(DriverConflict, match="is running already"):
+            reset_job(config, keep_input=True)
+    finally:
+        driver.kill()
+        driver.wait()
+    monkeypatch.undo()
+    streams = Systems(config).admin("filelog").list_streams()
+    assert {"pageviews", "user-counts-changelog"} <= set(streams)
+    probe = CoordinatorStreamStore(config, Systems(config), source="test")
+    try:
+        assert probe.get(RESET, "pending") is None  # the job starts as before
+    finally:
+        probe.close()
+    assert committed_counts(config)

@@ -20,7 +20,7 @@ from sparkpoint.checkpoint.manager import checkpoint_stream_name
 from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
-from sparkpoint.metadata.job_state import RESET, refuse_if_running
+from sparkpoint.metadata.job_state import RESET, DriverConflict, refuse_if_running
 from sparkpoint.model import SystemStream
 from sparkpoint.system.filelog.system import FileLogAdmin, root_for
 from sparkpoint.system.registry import Systems
@@ -62,6 +62,13 @@ def reset_job(config: Config, *, keep_input: bool, force: bool = False) -> list[
             try:
                 refuse_if_running(probe, config.job_name, "job-reset", force=force)
                 probe.put(RESET, "pending", "1")  # until the coordinator stream goes, last
+                # a driver that claimed the job between the check and the record read no
+                # pending reset (it reads it after its claim): it runs, and nothing is deleted
+                try:
+                    refuse_if_running(probe, config.job_name, "job-reset", force=force)
+                except DriverConflict:
+                    probe.delete(RESET, "pending")
+                    raise
             finally:
                 probe.close()
         inputs = set(config.inputs) | {ss for ss, _p in config.broadcast_inputs}
