@@ -161,6 +161,20 @@ def test_refused_while_the_job_runs_and_dry_run_changes_nothing(tmp_path: Path) 
     assert committed_counts(config) == dict(expected)
 
 
+def test_a_job_that_never_ran_has_nothing_to_move_and_is_left_as_it_is(tmp_path: Path) -> None:
+    """Opening the job's metadata creates its coordinator stream: a reshard (a dry run too) of
+    a job that never ran did, and left it behind."""
+    config = make(tmp_path)
+    generate(config, tmp_path / "a.yaml", 50, seed=9)
+    admin = Systems(config).admin(config.coordinator_system)
+    before = sorted(admin.list_streams())
+    for dry_run in (True, False):
+        result = reshard(config, dry_run=dry_run)
+        assert result.nothing is not None and "never ran" in result.nothing
+        assert not result.moved
+        assert sorted(admin.list_streams()) == before
+
+
 def test_unread_input_keyed_by_the_old_count_is_refused(tmp_path: Path) -> None:
     config = make(tmp_path)
     generate(config, tmp_path / "a.yaml", 400, seed=7)

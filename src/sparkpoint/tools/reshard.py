@@ -45,7 +45,7 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config
 from sparkpoint.errors import StreamNotFound, UserError
 from sparkpoint.failpoints import maybe_crash
-from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, coordinator_stream_name
 from sparkpoint.metadata.job_state import (
     INPUT_PARTITIONS,
     Heartbeat,
@@ -144,6 +144,16 @@ def reshard(
     started = time.monotonic()
     result = ReshardResult(dry_run=dry_run)
     systems = Systems(config)
+    coordinator = coordinator_stream_name(config.job_name, config.job_id)
+    if coordinator not in systems.admin(config.coordinator_system).list_streams():
+        # opening the metadata would create its stream: a job that never ran stays as it is
+        systems.close()
+        result.nothing = (
+            f"job {config.job_name} never ran (it has no coordinator stream "
+            f"{config.coordinator_system}.{coordinator}): there is no state to move"
+        )
+        result.seconds = time.monotonic() - started
+        return result
     metadata = CoordinatorStreamStore(config, systems, source="state-reshard")
     heartbeat: Heartbeat | None = None
     try:
