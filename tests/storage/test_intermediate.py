@@ -478,3 +478,33 @@ def test_an_upcoming_startpoint_set_while_the_job_runs_is_resolved_when_applied(
         coordinator.close()
     run(config, until_caught_up=True)  # the next start applies it
     assert committed_counts(config) == per_user(written)
+
+
+def test_job_show_after_a_crash_counts_apart_what_the_next_start_discards(
+    tmp_path: Path,
+) -> None:
+    """A crash before the checkpoint was written leaves the batch's re-keyed parts, which the
+    next start deletes (the batch's input is read again): ``job show`` counted them as staged,
+    to be read. They are counted apart now, and the next run counts every view once."""
+    from sparkpoint.failpoints import InjectedCrash
+
+    flag = tmp_path / "crash.flag"
+    crashing = rekey_job(
+        tmp_path, **{"testing.crash.at": "after-upload", "testing.crash.flag": str(flag)}
+    )
+    written = views(crashing, tmp_path, 400, seed=97)
+    run(crashing, until_caught_up=True)
+    written += views(crashing, tmp_path, 400, seed=98)
+    flag.write_text("1")
+    with pytest.raises(InjectedCrash):
+        run(crashing, until_caught_up=True)
+    config = rekey_job(tmp_path)
+    second = job_overview(config)["stages"][1]
+    assert second["discarded"] > 0
+    assert second["staged"] == 0  # the first run published all it staged
+    lines = "\n".join(overview_lines(job_overview(config)))
+    assert f"{second['discarded']:,} staged by commits that never finished" in lines
+    run(config, until_caught_up=True)
+    after = job_overview(config)["stages"][1]
+    assert (after["staged"], after["discarded"], after["unread"]) == (0, 0, 0)
+    assert committed_counts(config) == per_user(written)

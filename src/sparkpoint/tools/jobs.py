@@ -10,7 +10,7 @@ that executor (or host, with a per-host store directory) restores nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
@@ -20,9 +20,15 @@ from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import is_running
 from sparkpoint.metadata.locality import stored_assignment, task_locality, task_standbys
-from sparkpoint.model import TaskName
+from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.storage.local import LocalTaskState
-from sparkpoint.storage.outputs import GUARANTEE, waiting_parts
+from sparkpoint.storage.outputs import (
+    GUARANTEE,
+    batch_owner,
+    committed_parts,
+    owner_of,
+    waiting_parts,
+)
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
@@ -84,6 +90,7 @@ def job_overview(config: Config) -> dict[str, Any]:
             }
         )
     beat = is_running(store)
+    stages = _stages(config, systems, checkpoints, running=beat is not None)
     return {
         "job": config.job_name,
         "id": config.job_id,
@@ -91,23 +98,35 @@ def job_overview(config: Config) -> dict[str, Any]:
         # the guarantee the job last ran with (its config's, before any run)
         "processing-guarantee": store.get(GUARANTEE, "last")
         or config.get_str("job.processing.guarantee"),
-        "stages": _stages(config, systems, checkpoints.values()),
+        "stages": stages,
         "tasks": tasks,
     }
 
 
 def _stages(
-    config: Config, systems: Systems, checkpoints: Iterable[Checkpoint]
+    config: Config, systems: Systems, checkpoints: Mapping[str, Checkpoint], *, running: bool
 ) -> list[dict[str, Any]]:
     """The job's stages: the first reads the job's inputs, the second its intermediate
     streams, each with the messages not read yet (by the last checkpoints) and the messages
-    staged, which the stage reads once the checkpoints of their senders are written."""
+    staged, which the stage reads once the checkpoints of their senders are written. When no
+    driver runs, a task's parts that its last checkpoint does not name are counted apart
+    (``discarded``): the commit that staged them never finished, and the next start deletes
+    them (their input is read again). A DataFrame pipeline's parts are its batch log's, and
+    all counted as staged."""
     intermediate = config.intermediate_streams
     first = [str(s) for s in config.inputs if s not in intermediate]
     if not intermediate:
         return [{"stage": 1, "inputs": first}]
-    read = {ssp: o for c in checkpoints for ssp, o in c.input_offsets.items()}
-    unread = staged = 0
+    read = {ssp: o for c in checkpoints.values() for ssp, o in c.input_offsets.items()}
+    named = {
+        (owner_of(config, TaskName(task)), ssp, part)
+        for task, checkpoint in checkpoints.items()
+        for ssp, groups in committed_parts(checkpoint).items()
+        for group in groups
+        for part in group.parts
+    }
+    batches = batch_owner(config)
+    unread = staged = discarded = 0
     for stream in intermediate:
         admin = systems.admin(stream.system)
         if stream.stream not in admin.list_streams():
@@ -117,7 +136,13 @@ def _stages(
             with contextlib.suppress(ValueError):  # offsets that are not numbers: not counted
                 start = int(read[ssp]) + 1 if ssp in read else int(meta.oldest)
                 unread += int(meta.upcoming) - start
-        staged += sum(p.records for p in waiting_parts(config, systems, ssps))
+        for part in waiting_parts(config, systems, ssps):
+            ssp = SystemStreamPartition(stream.system, part.stream, part.partition)
+            kept = running or part.owner == batches or (part.owner, ssp, part.part) in named
+            if kept:
+                staged += part.records
+            else:
+                discarded += part.records
     return [
         {"stage": 1, "inputs": first},
         {
@@ -125,6 +150,7 @@ def _stages(
             "inputs": [str(s) for s in intermediate],
             "unread": unread,
             "staged": staged,
+            "discarded": discarded,
         },
     ]
 
@@ -155,6 +181,11 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
             if "unread" in stage
             else ""
         )
+        if stage.get("discarded"):
+            waiting += (
+                f", {stage['discarded']:,} staged by commits that never finished (the next "
+                "start deletes them and reads their input again)"
+            )
         lines.append(f"  stage {stage['stage']} reads {', '.join(stage['inputs'])}{waiting}")
     for t in data["tasks"]:
         where = f"executor {t['executor']} on {t['host']}" if t["executor"] else "not placed"
