@@ -121,7 +121,7 @@ def test_a_part_that_is_never_staged_leaves_nothing(admin: FileLogAdmin) -> None
     producer.flush()  # durable in a temporary file, not a staged part
     assert staging_of(admin).staged("out") == []
     producer.close()  # the batch failed
-    assert list((root(admin) / "out").rglob("*.tmp")) == []
+    assert [f for f in (root(admin) / "out").rglob("staged/**/*") if f.is_file()] == []
 
 
 def test_a_damaged_staged_part_is_an_error_naming_it_and_publishes_nothing(
@@ -190,14 +190,22 @@ def _log_files(admin: FileLogAdmin, partition: int) -> dict[str, bytes]:
 
 
 def _two_flushes(admin: FileLogAdmin, owner: str, partition: int) -> None:
-    """A part of 300 records written in two flushes (its index spans both)."""
+    """A part of 300 records written in two flushes (its index spans both, as one index of
+    them all would: positions and largest timestamps run on across the flushes)."""
+    from sparkpoint.system.filelog import format as fmt
+
     producer = staging_of(admin).producer(owner, "p1")
+    records = []
     for i in range(300):
         key = None if i % 7 == 3 else f"k{i}".encode()
-        producer.send("out", partition, Record("", key, f"v{i}".encode() * (i % 5), 1_000 + i))
+        ts = 5_000 - i if i < 100 else 1_000 + i  # the largest comes before the first flush
+        records.append(Record("", key, f"v{i}".encode() * (i % 5), ts))
+        producer.send("out", partition, records[-1])
         if i == 120:
             producer.flush()
     assert producer.stage() == {("out", partition): "p1"}
+    staged = root(admin) / "out" / str(partition) / "staged" / owner
+    assert (staged / "p1.idx").read_bytes()[:-8] == fmt.encode_many(0, records)[1]
 
 
 def test_a_publish_by_the_parts_index_writes_what_one_by_its_headers_writes(
@@ -239,6 +247,19 @@ def test_an_index_that_does_not_fit_its_part_is_not_used(admin: FileLogAdmin) ->
     for partition in (0, 1):
         assert staging_of(admin).publish("out", partition, "t0", 1, ["p1"]) == 300
         assert values(admin, partition)[-1] == "v299" * 4
+    # made by hand, with matching checksums: no entries for a part that has records, and a
+    # position past the end (a reviewer's: the first published nothing and deleted the part,
+    # the second raised an IndexError)
+    entry = struct.Struct(">qQq")
+    for n, (partition, entries) in enumerate(
+        [(0, b""), (1, entry.pack(0, 0, 1) + entry.pack(1, 2**63 + 5, 1))], start=2
+    ):
+        stage(admin, "t0", f"p{n}", "a", "b", partition=partition)
+        index = root(admin) / "out" / str(partition) / "staged" / "t0" / f"p{n}.idx"
+        part = index.with_suffix(".log").read_bytes()
+        index.write_bytes(entries + struct.pack(">II", zlib.crc32(part), zlib.crc32(entries)))
+        assert staging_of(admin).publish("out", partition, "t0", n, [f"p{n}"]) == 2
+        assert values(admin, partition)[-2:] == ["a", "b"]
 
 
 def test_a_damaged_part_beside_its_index_is_named_and_publishes_nothing(

@@ -52,7 +52,8 @@ class _Route:
 
 def _alike(one: Serde[Any], other: Serde[Any]) -> bool:
     """Whether two serdes encode alike: the same class with the same settings (settings that
-    cannot be compared count as different)."""
+    cannot be compared count as different). A serde's settings are fixed once it is made:
+    :meth:`OutputCollector.forward` compares an input's serde with a stream's once."""
     if one is other:
         return True
     try:

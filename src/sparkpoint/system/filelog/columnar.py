@@ -226,15 +226,15 @@ def check_staged(
     starts: list[list[int] | np.ndarray | None]
     if indexed:
         assert indexes is not None
-        given = [index_entries(ix or b"")["position"].astype(np.int64) for ix in indexes]
-        starts = list(given)
-        if any(len(s) and int(s[0]) != 0 for s in given):
+        given = [index_entries(ix or b"")["position"] for ix in indexes]
+        starts = [g.astype(np.int64) for g in given]
+        if not all(_fits(g, len(p)) for g, p in zip(given, parts, strict=True)):
             starts, indexed = [_starts(p) for p in parts], False
     else:  # by the lengths in the headers (one C call a record)
         starts = [_starts(p) for p in parts]
     if all(s is not None for s in starts):
         n = sum(0 if s is None else len(s) for s in starts)
-        if n == 0:
+        if n == 0:  # (a part's index of no entries fits only an empty part)
             empty = np.empty(0, np.int64)
             return StagedRecords(b"", np.empty(0, FIXED), empty, empty, empty)
         bases = np.cumsum([0] + [len(p) for p in parts[:-1]])
@@ -252,6 +252,18 @@ def check_staged(
     for part in parts:  # the record decoder names the bad record
         decode_span(part, list(range(count_records(part))))
     raise AssertionError("records that failed the columnar check passed decode_span")
+
+
+def _fits(positions: np.ndarray, size: int) -> bool:
+    """Whether index positions can be a part's of ``size`` bytes: from 0 (none for an empty
+    part), increasing, inside it. The records' framing is checked against them after."""
+    if len(positions) == 0:
+        return size == 0
+    return (
+        int(positions[0]) == 0
+        and int(positions[-1]) < size
+        and bool((positions[1:] > positions[:-1]).all())
+    )
 
 
 def renumber(

@@ -45,7 +45,7 @@ import struct
 import uuid
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -310,7 +310,12 @@ class _Pending:
     written: int = 0  # records
     size: int = 0  # bytes
     crc: int = 0  # CRC-32 of those bytes
-    index: list[bytes] = field(default_factory=list)  # their index entries
+    entries_crc: int = 0  # CRC-32 of their index entries, written beside (``index_tmp``)
+    max_ts: int = fmt.MIN_TIMESTAMP
+
+    @property
+    def index_tmp(self) -> Path:
+        return self.tmp.with_name(self.tmp.name + INDEX)
 
 
 class FileLogStagingProducer(StagingProducer):
@@ -370,15 +375,20 @@ class FileLogStagingProducer(StagingProducer):
         for target in self._pending.values():
             if not target.records:
                 continue
-            data, index, n = fmt.encode_many(target.written, target.records, target.size)
+            data, index, n = fmt.encode_many(
+                target.written, target.records, target.size, target.max_ts
+            )
             with open(target.tmp, "ab") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            with open(target.index_tmp, "ab") as f:  # synced once, when the part is staged
+                f.write(index)
             target.written += n
             target.size += len(data)
             target.crc = fmt.crc32(data, target.crc)
-            target.index.append(index)
+            target.entries_crc = fmt.crc32(index, target.entries_crc)
+            target.max_ts = fmt.INDEX.unpack_from(index, len(index) - fmt.INDEX_SIZE)[2]
             target.records = []
         self._buffered = 0
 
@@ -388,15 +398,14 @@ class FileLogStagingProducer(StagingProducer):
         for (stream, partition), target in self._pending.items():
             if target.written == 0:
                 continue
-            entries = b"".join(target.index)
-            index_tmp = target.tmp.with_name(target.tmp.name + INDEX)
-            with open(index_tmp, "wb") as f:
-                f.write(entries + TRAILER.pack(target.crc, fmt.crc32(entries)))
+            with open(target.index_tmp, "ab") as f:
+                f.write(TRAILER.pack(target.crc, target.entries_crc))
                 f.flush()
                 os.fsync(f.fileno())
-            # the index first: a part is never there without it but for a crash between the
-            # two renames (an index alone is never read, and the next sweep deletes it)
-            os.replace(index_tmp, _index_path(target.plog, self.owner, self.part))
+            # the index first, so a part rarely lands without it (a crash between the renames
+            # or before the directory's sync can leave either alone: a part alone is checked by
+            # its headers; an index alone is never read, and the next sweep deletes it)
+            os.replace(target.index_tmp, _index_path(target.plog, self.owner, self.part))
             os.replace(target.tmp, _part_path(target.plog, self.owner, self.part))
             fsync_dir(target.tmp.parent)
             staged[(stream, partition)] = self.part
@@ -407,4 +416,5 @@ class FileLogStagingProducer(StagingProducer):
         """Drop what was not staged (a batch that failed): its temporary files go."""
         for target in self._pending.values():
             target.tmp.unlink(missing_ok=True)
+            target.index_tmp.unlink(missing_ok=True)
         self._pending = {}
