@@ -64,6 +64,24 @@ def per_user(written: Counter[View]) -> dict[str, int]:
     return dict(counts)
 
 
+def crashed_in_a_second_run(
+    tmp_path: Path, point: str, counts: tuple[int, int], seeds: tuple[int, int]
+) -> Counter[View]:
+    """The views of a first run to its end, then of a second that crashed at its first
+    ``point``: every view written."""
+    from sparkpoint.failpoints import InjectedCrash
+
+    flag = tmp_path / "crash.flag"
+    crashing = rekey_job(tmp_path, **{"testing.crash.at": point, "testing.crash.flag": str(flag)})
+    written = views(crashing, tmp_path, counts[0], seed=seeds[0])
+    run(crashing, until_caught_up=True)
+    written += views(crashing, tmp_path, counts[1], seed=seeds[1])
+    flag.write_text("1")
+    with pytest.raises(InjectedCrash):
+        run(crashing, until_caught_up=True)
+    return written
+
+
 def re_keyed(config: Config) -> Counter[View]:
     """How often each view is in the intermediate stream."""
     rows = read_json_lines(config, Systems(config), BY_USER)
@@ -427,19 +445,9 @@ def test_an_upcoming_startpoint_on_the_intermediate_stream_keeps_what_the_tool_p
     ``upcoming`` startpoint on the intermediate stream applies at the offsets the tool printed:
     the start publishes those records first, and resolved after that, it skipped them (86 of
     900 views never counted: a reviewer's script), though stage 1 will never send them again."""
-    from sparkpoint.failpoints import InjectedCrash
     from sparkpoint.tools.startpoints import make_startpoint, set_startpoints
 
-    flag = tmp_path / "crash.flag"
-    crashing = rekey_job(
-        tmp_path, **{"testing.crash.at": "after-checkpoint-write", "testing.crash.flag": str(flag)}
-    )
-    written = views(crashing, tmp_path, 600, seed=95)
-    run(crashing, until_caught_up=True)
-    written += views(crashing, tmp_path, 300, seed=96)
-    flag.write_text("1")
-    with pytest.raises(InjectedCrash):
-        run(crashing, until_caught_up=True)
+    written = crashed_in_a_second_run(tmp_path, "after-checkpoint-write", (600, 300), (95, 96))
     config = rekey_job(tmp_path)
     assert job_overview(config)["stages"][1]["staged"] > 0
     planned = set_startpoints(config, "pageviews-by-user", make_startpoint(upcoming=True))
@@ -486,18 +494,7 @@ def test_job_show_after_a_crash_counts_apart_what_the_next_start_discards(
     """A crash before the checkpoint was written leaves the batch's re-keyed parts, which the
     next start deletes (the batch's input is read again): ``job show`` counted them as staged,
     to be read. They are counted apart now, and the next run counts every view once."""
-    from sparkpoint.failpoints import InjectedCrash
-
-    flag = tmp_path / "crash.flag"
-    crashing = rekey_job(
-        tmp_path, **{"testing.crash.at": "after-upload", "testing.crash.flag": str(flag)}
-    )
-    written = views(crashing, tmp_path, 400, seed=97)
-    run(crashing, until_caught_up=True)
-    written += views(crashing, tmp_path, 400, seed=98)
-    flag.write_text("1")
-    with pytest.raises(InjectedCrash):
-        run(crashing, until_caught_up=True)
+    written = crashed_in_a_second_run(tmp_path, "after-upload", (400, 400), (97, 98))
     config = rekey_job(tmp_path)
     second = job_overview(config)["stages"][1]
     assert second["discarded"] > 0
