@@ -141,7 +141,7 @@ def committed_parts(
     return out
 
 
-def _named(checkpoint: Checkpoint | None, *, own_only: bool = False) -> dict[str, set[str]]:
+def named_parts(checkpoint: Checkpoint | None, *, own_only: bool = False) -> dict[str, set[str]]:
     """The parts a checkpoint names per SSP (``own_only``: of its own commit, not of the
     unwritten commits it built on)."""
     own = None if checkpoint is None else key_of(checkpoint.checkpoint_id)
@@ -183,7 +183,7 @@ def uncovered(
 ) -> dict[str, list[str]]:
     """``pending`` without the parts ``checkpoint`` names (the driver, once it wrote it; a
     commit, those of the unwritten commit it builds on)."""
-    named = _named(checkpoint)
+    named = named_parts(checkpoint)
     out = {}
     for ssp, parts in pending.items():
         left = [p for p in parts if p not in named.get(ssp, set())]
@@ -197,7 +197,9 @@ def foreign_parts(checkpoint: Checkpoint, staged: Mapping[str, Sequence[str]]) -
     staged since its last written checkpoint) does not hold: the commit was made by a lineage
     the task left (it restored since). Writing it would publish that output twice."""
     have = {p for parts in staged.values() for p in parts}
-    return sorted(p for parts in _named(checkpoint, own_only=True).values() for p in parts - have)
+    return sorted(
+        p for parts in named_parts(checkpoint, own_only=True).values() for p in parts - have
+    )
 
 
 def publish(

@@ -25,7 +25,7 @@ from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.outputs import (
     GUARANTEE,
     batch_owner,
-    committed_parts,
+    named_parts,
     owner_of,
     waiting_parts,
 )
@@ -121,9 +121,8 @@ def _stages(
     named = {
         (owner_of(config, TaskName(task)), ssp, part)
         for task, checkpoint in checkpoints.items()
-        for ssp, groups in committed_parts(checkpoint).items()
-        for group in groups
-        for part in group.parts
+        for ssp, parts in named_parts(checkpoint).items()
+        for part in parts
     }
     batches = batch_owner(config)
     unread = staged = discarded = 0
@@ -137,8 +136,8 @@ def _stages(
                 start = int(read[ssp]) + 1 if ssp in read else int(meta.oldest)
                 unread += int(meta.upcoming) - start
         for part in waiting_parts(config, systems, ssps):
-            ssp = SystemStreamPartition(stream.system, part.stream, part.partition)
-            kept = running or part.owner == batches or (part.owner, ssp, part.part) in named
+            where = str(SystemStreamPartition(stream.system, part.stream, part.partition))
+            kept = running or part.owner == batches or (part.owner, where, part.part) in named
             if kept:
                 staged += part.records
             else:
