@@ -108,8 +108,9 @@ def test_tests_mirror_the_package_layout() -> None:
 
 
 # the runtime's own packages, in the one order they may import each other (plan.py, the
-# contract between the driver and the tasks, is below them all)
-RUNTIME_LAYER = {"plan": 0, "taskapi": 1, "spark": 2, "dataframe": 3, "driver": 4}
+# contract between the driver and the tasks, and runner.py, between the driver and whatever
+# runs a batch, are below them all)
+RUNTIME_LAYER = {"plan": 0, "runner": 0.5, "taskapi": 1, "spark": 2, "dataframe": 3, "driver": 4}
 RUNTIME = SRC / "runtime"
 
 
@@ -128,7 +129,7 @@ def test_the_runtime_is_its_packages() -> None:
     }
     assert parts - {"__init__"} == set(RUNTIME_LAYER)
     for name in RUNTIME_LAYER:
-        if name == "plan":
+        if name in ("plan", "runner"):
             continue
         doc = ast.get_docstring(ast.parse((RUNTIME / name / "__init__.py").read_text())) or ""
         assert "Owns" in doc and "May import" in doc, f"runtime/{name}/__init__.py docstring"
@@ -154,6 +155,59 @@ def test_no_spark_in_the_task_api() -> None:
         f"{where.split(':')[1]}:{line}"
         for where, name, line in imports()
         if name.startswith("pyspark")
-        and runtime_part(where.split(":")[1].replace("/", ".")) in ("plan", "taskapi")
+        and runtime_part(where.split(":")[1].replace("/", ".")) in ("plan", "runner", "taskapi")
     ]
     assert wrong == []
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each product module's imports of other product modules, at any depth of the module
+    (function-level imports too) but for those under ``if TYPE_CHECKING:``."""
+    paths = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in paths)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                deps.update(s for s in subs if s in paths)
+                if any(s not in paths for s in subs) and node.module in paths:
+                    deps.add(node.module)  # a name defined in the module (not a submodule)
+        graph[module] = deps - {module}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    """No module imports, directly or through others, a module that imports it back (imports
+    under TYPE_CHECKING aside): every room can be read, and tested, without the rooms above."""
+    graph = module_imports()
+    cycles = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append(" -> ".join([*path[path.index(module) :], module]))
+            return
+        if module in done:
+            return
+        for dep in sorted(graph[module]):
+            visit(dep, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []

@@ -139,7 +139,7 @@ def test_tansu_deviation_batched_produce_leaves_the_high_watermark_wrong(
 
 def test_stopping_a_broker_closes_this_processs_idle_clients_of_it(tmp_path: Path) -> None:
     """Pooled clients of a stopped broker would reconnect (and log it) for ever."""
-    from sparkpoint.system.kafka import system as kafka
+    from sparkpoint.system.kafka import clients as kafka
 
     with TansuKafka(tmp_path / "t") as b:
         factory = KafkaSystemFactory()
@@ -152,8 +152,8 @@ def test_stopping_a_broker_closes_this_processs_idle_clients_of_it(tmp_path: Pat
             r.value for r in consumer.read(SystemStreamPartition("kafka", "s", 0), "0", "1")
         ] == [b"v"]
         consumer.close()
-        assert sum(len(v) for v in kafka._POOL._idle.values()) >= 2
-    assert not any(b.bootstrap in str(k) for k in kafka._POOL._idle)
+        assert sum(len(v) for v in kafka.POOL._idle.values()) >= 2
+    assert not any(b.bootstrap in str(k) for k in kafka.POOL._idle)
 
 
 def topic_configs(broker: TansuKafka, topic: str) -> dict[str, str]:

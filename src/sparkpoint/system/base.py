@@ -19,28 +19,13 @@ from typing import TYPE_CHECKING, NamedTuple
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import ConfigError, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.system.record import Record as Record  # every system's record
+from sparkpoint.system.record import RecordFields as RecordFields
 
 if TYPE_CHECKING:
     from sparkpoint.model.startpoint import Startpoint
     from sparkpoint.system.columns import RecordColumns
     from sparkpoint.system.staging import OutputStaging
-
-
-#: a record's fields as a plain tuple, ``("", key, value, timestamp)`` (the offset unset)
-RecordFields = tuple[str, bytes | None, bytes | None, int]
-
-
-class Record(NamedTuple):
-    """A raw record as stored in a stream partition: bytes in, bytes out.
-
-    A named tuple rather than a dataclass: readers create one per record on the hot path, and a
-    tuple is built several times faster.
-    """
-
-    offset: str
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
 
 
 class IncomingMessageEnvelope(NamedTuple):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sparkpoint.system.base import Record
+from sparkpoint.system.record import Record
 
 
 @dataclass(frozen=True)

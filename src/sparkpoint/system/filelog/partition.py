@@ -9,7 +9,7 @@ is the cross-process lock; ``LOST`` lists the offset ranges a repair cut (JSON l
 writes a new generation and switches ``CURRENT`` atomically; ``TOMBSTONES`` holds the largest
 offset of a tombstone a compaction dropped (written before the switch), so that a reader that
 last read before it knows its copy may hold keys deleted since. ``staged/``, ``PUBLISHED`` and
-``PUBLISHING`` hold exactly-once output (:mod:`sparkpoint.system.filelog.staging`): readers never
+``PUBLISHING`` hold exactly-once output (:mod:`sparkpoint.system.filelog.publishing`): readers never
 read at or past the first offset ``PUBLISHING`` names, and whoever takes the lock next finishes
 a publish a crash interrupted. ``COMMITTED`` and ``ABORTED`` make a partition *transactional*
 (an exactly-once job's changelog): read-committed readers read only below the offset
@@ -54,6 +54,7 @@ from sparkpoint.errors import CorruptRecordError, UserError
 from sparkpoint.fsutil import USER_ERRNOS, atomic_write
 from sparkpoint.system.base import Entries, PartitionMetadata, Record, RecordFields
 from sparkpoint.system.filelog import format as fmt
+from sparkpoint.system.filelog.publishing import PUBLISHING, finish_interrupted
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,8 +103,6 @@ class _Index(Sequence[tuple[int, int, int]]):
         return bisect.bisect_left(range(self._n), ts, key=lambda i: self[i][2])
 
 
-#: the file naming a publish in progress (see :mod:`sparkpoint.system.filelog.staging`)
-PUBLISHING = "PUBLISHING"
 #: the file holding the largest offset of a tombstone compaction dropped
 TOMBSTONES = "TOMBSTONES"
 #: the file naming the first offset read-committed readers may not read yet
@@ -342,8 +341,6 @@ class PartitionLog:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 if os.path.exists(self._publishing):  # its publisher died holding the lock
-                    from sparkpoint.system.filelog.staging import finish_interrupted
-
                     finish_interrupted(self)
                 yield
             finally:

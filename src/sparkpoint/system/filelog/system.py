@@ -42,7 +42,7 @@ from sparkpoint.system.base import (
     isolation_committed,
     read_max_bytes,
 )
-from sparkpoint.system.filelog import staging
+from sparkpoint.system.filelog import publishing, staging
 from sparkpoint.system.filelog.partition import PartitionLog
 from sparkpoint.system.filelog.staging import FileLogStagingProducer
 from sparkpoint.system.staging import OutputStaging, StagedPart
@@ -413,7 +413,7 @@ class FileLogStaging(OutputStaging):
         parts: Sequence[str],
         failpoints: Mapping[str, str] | None = None,
     ) -> int:
-        return staging.publish(self._s.log(stream, partition), owner, key, parts, failpoints)
+        return publishing.publish(self._s.log(stream, partition), owner, key, parts, failpoints)
 
     def streams(self) -> list[str]:
         return self._s.list()
@@ -426,13 +426,13 @@ class FileLogStaging(OutputStaging):
         ]
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
-        return staging.read_part(self._s.log(stream, partition), owner, part)
+        return publishing.read_part(self._s.log(stream, partition), owner, part)
 
     def published_key(self, stream: str, partition: int, owner: str) -> int | None:
-        return staging.published_key(self._s.log(stream, partition), owner)
+        return publishing.published_key(self._s.log(stream, partition), owner)
 
     def publishers(self, stream: str, partition: int) -> list[str]:
-        return staging.publishers(self._s.log(stream, partition))
+        return publishing.publishers(self._s.log(stream, partition))
 
     def sweep(self, stream: str, owner_prefix: str, keep: Collection[str] = ()) -> Counter[str]:
         swept: Counter[str] = Counter()

@@ -63,6 +63,12 @@ from sparkpoint.errors import CorruptRecordError, SparkpointError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.system.base import Record, StreamSpec
+from sparkpoint.system.kafka.clients import (
+    KafkaConsumer,
+    KafkaProducer,
+    client_config,
+    settings_key,
+)
 from sparkpoint.system.kafka.fetch import fetched
 from sparkpoint.system.kafka.produce import produce
 from sparkpoint.system.staging import (
@@ -74,7 +80,7 @@ from sparkpoint.system.staging import (
 )
 
 if TYPE_CHECKING:
-    from sparkpoint.system.kafka.system import KafkaAdmin, KafkaConsumer, KafkaProducer
+    from sparkpoint.system.kafka.system import KafkaAdmin
 
 log = logging.getLogger(__name__)
 
@@ -260,12 +266,6 @@ _CONTROLS: dict[tuple[_Settings, str], _Control] = {}
 _PUBLISHERS_LOCK = threading.Lock()
 
 
-def settings_key(settings: Mapping[str, Any]) -> _Settings:
-    """Client settings as a hashable key (callbacks left out): the key of a client cached per
-    settings in this process."""
-    return tuple(sorted((k, str(v)) for k, v in settings.items() if not callable(v)))
-
-
 def close_publishers(bootstrap: str | None = None) -> None:
     """Drop this process's publishers and control views (of the brokers ``bootstrap``, or
     all): a client of a broker that is gone would keep reconnecting, and logging it."""
@@ -359,8 +359,6 @@ class KafkaStaging(OutputStaging):
     """Exactly-once output of one Kafka system (see the module docstring)."""
 
     def __init__(self, admin: KafkaAdmin, config: Mapping[str, str]) -> None:
-        from sparkpoint.system.kafka.system import client_config
-
         self._admin = admin
         self._config = dict(config)
         self.system = admin.system
@@ -393,13 +391,9 @@ class KafkaStaging(OutputStaging):
     # clients
 
     def new_producer(self) -> KafkaProducer:
-        from sparkpoint.system.kafka.system import KafkaProducer
-
         return KafkaProducer(self.system, self._config)
 
     def _reader(self) -> KafkaConsumer:
-        from sparkpoint.system.kafka.system import KafkaConsumer
-
         return KafkaConsumer(self.system, self._config)
 
     def _publisher(self, owner: str, fresh: bool = False) -> _Publisher:
