@@ -113,7 +113,7 @@ def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
     coordinator = _coordinator(spark, config)
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    end = {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
     try:
         report, _ = coordinator.run_batch(end, commit=False)
         batch = report.batch

@@ -38,7 +38,7 @@ def test_views_are_counted_per_user_and_other_output_is_not_staged(
     coordinator = JobCoordinator(config, DataFrameRunner(spark, rekey_pipeline, config))
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    end = {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
     try:
         coordinator.run_batch(end, commit=False)
         assert not re_keyed(config)  # staged: the batch's checkpoints are not written yet
@@ -57,7 +57,7 @@ def test_views_are_counted_per_user_and_other_output_is_not_staged(
 
 def _ends(coordinator: Any) -> dict[Any, str]:
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    return {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    return {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
 
 
 #: what the restart after a crash must do: one point in the driver, one in a Python worker

@@ -43,7 +43,9 @@ def run(config: Config, spark: Any | None) -> list[Any]:
     coordinator = JobCoordinator(config, runner)
     try:
         coordinator.start()
-        end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+        end = {
+            s: m.upcoming for s, m in coordinator.partition_metadata(coordinator.all_ssps()).items()
+        }
         _report, results = coordinator.run_batch(end, commit=True)
         coordinator.run(until_caught_up=True)
         return list(results)

@@ -138,7 +138,9 @@ def test_late_adds_are_counted_with_a_late_stream_or_without(
     coordinator = JobCoordinator(config, runner)
     coordinator.start()
     try:
-        end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+        end = {
+            s: m.upcoming for s, m in coordinator.partition_metadata(coordinator.all_ssps()).items()
+        }
         report, results = coordinator.run_batch(end, commit=True)
     finally:
         coordinator.close()

@@ -74,7 +74,7 @@ def test_restart_without_commit_restores_checkpoint_state(tmp_path: Path) -> Non
     expected = generate(config, tmp_path / "job.yaml", 2000, seed=2)
     first = JobCoordinator(config, InlineRunner())
     first.start()
-    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
+    meta = first.partition_metadata(first.all_ssps())
     end = {s: m.upcoming for s, m in meta.items()}
     first.run_batch(end, commit=True)  # checkpoint after 200 per partition
     first.run_batch(end, commit=False)  # 200 more per partition, uncommitted: then "crash"
@@ -177,7 +177,7 @@ def test_a_batch_writes_its_tasks_checkpoints_and_localities_in_one_flush_each(
     expected = generate(config, tmp_path / "job.yaml", 1200, seed=21)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     flushes.clear()
     localities.clear()
     report, results = coordinator.run_batch(end, commit=True)
@@ -238,7 +238,7 @@ def test_a_driver_whose_checkpoint_write_failed_runs_no_more_batches(tmp_path: P
     expected = generate(config, tmp_path / "job.yaml", 1200, seed=24)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     with pytest.raises(InjectedCrash):
         coordinator.run_batch(end, commit=True)
     assert len(CheckpointManager(config).read_all()) == 2  # tasks 0 and 1, flushed first
@@ -255,12 +255,12 @@ def test_a_changelog_compaction_pass_runs_at_a_lower_priority_than_the_batches()
     the batches' workers, so it takes nice 10 over the driver's own priority."""
     import threading
 
-    from sparkpoint.runtime.driver.coordinator import _yield_cpu
+    from sparkpoint.runtime.driver.maintenance import yield_cpu
 
     seen: list[int] = []
 
     def pass_() -> None:
-        _yield_cpu()
+        yield_cpu()
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
 
     thread = threading.Thread(target=pass_)

@@ -11,6 +11,7 @@ from sparkpoint.config import load_config
 from sparkpoint.runtime.dataframe.source import batch_dataframe
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.plan import Commits
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config
@@ -25,8 +26,15 @@ def test_batch_dataframe_has_one_partition_per_task_and_decoded_values(
     expected = generate(config, tmp_path / "a.yaml", 400, seed=71)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    meta = coordinator.metadata(coordinator.all_ssps())
-    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
+    meta = coordinator.partition_metadata(coordinator.all_ssps())
+    plans = coordinator.tasks.plans(
+        coordinator.lineage,
+        coordinator.batch,
+        {s: m.upcoming for s, m in meta.items()},
+        Commits(due=False),
+        locations={},
+        offers={},
+    )
     coordinator.close()
     df = batch_dataframe(spark, plans, value_schema="user STRING, page STRING, ts LONG")
     assert df.rdd.getNumPartitions() == 4
@@ -58,8 +66,15 @@ def _plans_over(
     producer.flush()
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    meta = coordinator.metadata(coordinator.all_ssps())
-    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
+    meta = coordinator.partition_metadata(coordinator.all_ssps())
+    plans = coordinator.tasks.plans(
+        coordinator.lineage,
+        coordinator.batch,
+        {s: m.upcoming for s, m in meta.items()},
+        Commits(due=False),
+        locations={},
+        offers={},
+    )
     coordinator.close()
     return plans
 
@@ -119,8 +134,15 @@ def test_the_batch_dataframe_prefers_each_tasks_executor(tmp_path: Path, spark: 
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    meta = coordinator.metadata(coordinator.all_ssps())
-    plans = coordinator._plans({s: m.upcoming for s, m in meta.items()}, commit=False, window=False)
+    meta = coordinator.partition_metadata(coordinator.all_ssps())
+    plans = coordinator.tasks.plans(
+        coordinator.lineage,
+        coordinator.batch,
+        {s: m.upcoming for s, m in meta.items()},
+        Commits(due=False),
+        locations={},
+        offers={},
+    )
     coordinator.close()
     where = [f"executor_127.0.0.1_{i % 2}" for i in range(4)]
     placed = [replace(p, location=loc) for p, loc in zip(plans, where, strict=True)]

@@ -90,7 +90,9 @@ def test_a_stream_recreated_under_a_running_job_stops_it_before_the_next_batch(
     coordinator = JobCoordinator(config, InlineRunner())
     try:
         coordinator.start()
-        end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+        end = {
+            s: m.upcoming for s, m in coordinator.partition_metadata(coordinator.all_ssps()).items()
+        }
         coordinator.run_batch(end, commit=True)
         recreate_input(config)
         generate(config, tmp_path / "b.yaml", 40, seed=74)

@@ -378,6 +378,8 @@ def test_the_catch_up_after_a_batch_that_lost_an_executor_leaves_that_executor_o
     from tests.helpers import generate
 
     class Runner(InlineRunner):
+        places_tasks = True
+
         def __init__(self) -> None:
             self.live = [A1, B, C]
             self.planned: list[set[Executor]] = []
@@ -401,7 +403,7 @@ def test_the_catch_up_after_a_batch_that_lost_an_executor_leaves_that_executor_o
     job = JobCoordinator(config, runner)
     job.start()
     try:
-        meta = job.metadata([s for t in job.tasks.values() for s in t.model.ssps])
+        meta = job.partition_metadata(job.all_ssps())
         job.run_batch({s: m.upcoming for s, m in meta.items()}, commit=True)
     finally:
         job.close()

@@ -103,7 +103,7 @@ def one_batch_without_commit(
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
     after_start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     coordinator.run_batch(end, commit=False)
     coordinator.close()
 

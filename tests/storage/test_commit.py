@@ -46,7 +46,9 @@ def make_failing(
 def batches(config: Config) -> tuple[JobCoordinator, dict]:  # type: ignore[type-arg]
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    meta = coordinator.metadata([s for t in coordinator.tasks.values() for s in t.model.ssps])
+    meta = coordinator.partition_metadata(
+        [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    )
     return coordinator, {s: m.upcoming for s, m in meta.items()}
 
 
@@ -176,11 +178,11 @@ def test_a_commit_built_on_another_checkpoint_than_the_last_written_is_not_writt
     stale = CheckpointV2(CheckpointId.create(), written.input_offsets, {})
     forked = replace(results[0], completed_checkpoints=[stale.dumps()], completed_bases=["1-1"])
     caplog.set_level("INFO")
-    assert not coordinator._apply(forked)
+    assert not coordinator.apply(forked)
     assert "built on 1-1 instead of the last written" in caplog.text
     assert coordinator.tasks["Partition 0"].last_checkpoint == written
     on_top = replace(forked, completed_bases=[str(written.checkpoint_id)])
-    assert coordinator._apply(on_top)
+    assert coordinator.apply(on_top)
     coordinator.close()
 
 

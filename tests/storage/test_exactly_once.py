@@ -56,7 +56,7 @@ def started(config: Config) -> tuple[JobCoordinator, dict[SystemStreamPartition,
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    return coordinator, {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    return coordinator, {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
 
 
 def total(metrics: JobMetrics, name: str) -> float:

@@ -145,7 +145,7 @@ def test_job_show_names_each_stage_and_what_waits_for_it(tmp_path: Path) -> None
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    end = {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    end = {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
     re_keyed_now = sum(r.sent for r in coordinator.run_batch(end, commit=False)[1])
     assert 0 < re_keyed_now <= 400
     first, second = job_overview(config)["stages"]
@@ -228,7 +228,7 @@ def started(config: Config) -> tuple[JobCoordinator, dict[SystemStreamPartition,
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
     ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-    return coordinator, {s: m.upcoming for s, m in coordinator.metadata(ssps).items()}
+    return coordinator, {s: m.upcoming for s, m in coordinator.partition_metadata(ssps).items()}
 
 
 def test_a_run_s_lag_counts_the_re_keyed_records_its_last_pass_publishes(tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ def test_a_run_s_lag_counts_the_re_keyed_records_its_last_pass_publishes(tmp_pat
     coordinator, _ends = started(config)
     try:
         ssps = [s for t in coordinator.tasks.values() for s in t.model.ssps]
-        seen = sum(coordinator._lags(coordinator.metadata(ssps)).values())
+        seen = sum(coordinator.tasks.lags(coordinator.partition_metadata(ssps)).values())
     finally:
         coordinator.close()
     assert sum(summary.lag.values()) == seen == 400

@@ -34,6 +34,8 @@ STANDBYS = {"job.standbytasks.replication.factor": "2"}
 class LocalMode(InlineRunner):
     """A runner that says what SparkRunner says in local mode: one executor, none to list."""
 
+    places_tasks = True
+
     def executors(self) -> None:
         return None
 
@@ -53,7 +55,9 @@ def uncommitted_batch(config: Config) -> None:
     """A batch whose writes reach the changelog but no checkpoint (then the driver dies)."""
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    meta = coordinator.metadata([s for t in coordinator.tasks.values() for s in t.model.ssps])
+    meta = coordinator.partition_metadata(
+        [s for t in coordinator.tasks.values() for s in t.model.ssps]
+    )
     coordinator.run_batch({s: m.upcoming for s, m in meta.items()}, commit=False)
     coordinator.close()
 

@@ -80,7 +80,7 @@ def uncommitted_tail(config: Config, *, lose_local_state: bool = True) -> JobCoo
     """Commit after one batch, then process a second batch without committing, and 'crash'."""
     first = JobCoordinator(config, InlineRunner())
     first.start()
-    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
+    meta = first.partition_metadata(first.all_ssps())
     end = {s: m.upcoming for s, m in meta.items()}
     first.run_batch(end, commit=True)
     first.run_batch(end, commit=False)
@@ -199,7 +199,7 @@ def test_crash_at_every_step_keeps_state_and_offsets_together(tmp_path: Path, po
     expected = generate(config, tmp_path / "a.yaml", 1500, seed=45)
     first = JobCoordinator(config, InlineRunner())
     first.start()
-    meta = first.metadata([s for t in first.tasks.values() for s in t.model.ssps])
+    meta = first.partition_metadata(first.all_ssps())
     end = {s: m.upcoming for s, m in meta.items()}
     first.run_batch(end, commit=True)
     if point == "during-restore":

@@ -112,7 +112,7 @@ def test_the_task_directory_lists_what_a_batch_a_commit_and_a_clean_up_leave(
     directory = LocalTaskState(config.store_base_dir, TaskName("Partition 0"))
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     coordinator.run_batch(end, commit=False)  # a batch, not committed
     after_batch = directory.contents()
     assert after_batch["state"] == f"batch:{coordinator.run_id}:1"

@@ -46,7 +46,7 @@ def test_rewind_a_stopped_job(tmp_path: Path) -> None:
         int(before[TaskName("Partition 0")].input_offsets[p0]) + 1
     )
     summary = coordinator.run(until_caught_up=True)
-    upcoming = {s: int(m.upcoming) for s, m in coordinator.metadata([p1, p2]).items()}
+    upcoming = {s: int(m.upcoming) for s, m in coordinator.partition_metadata([p1, p2]).items()}
     assert summary.processed == (upcoming[p1] - 10) + upcoming[p2]
     # input was rewound, state was not: re-read views are counted again
     after = committed_counts(config)

@@ -43,7 +43,8 @@ from sparkpoint.model import SystemStream
 from sparkpoint.model.clock import use_clock, wall_ms
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
-from sparkpoint.runtime.driver.reports import BatchRunner, RunSummary
+from sparkpoint.runtime.driver.reports import RunSummary
+from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.storage import task_storage
 from sparkpoint.storage.kv import ttl
@@ -154,7 +155,10 @@ class JobTestDriver:
                     return coordinator.run(until_caught_up=True)  # run() starts a new one
                 finally:
                     self._stop()
-            end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+            end = {
+                s: m.upcoming
+                for s, m in coordinator.partition_metadata(coordinator.all_ssps()).items()
+            }
             report, _ = coordinator.run_batch(end, commit=False)
             return RunSummary(batches=1, processed=report.processed)
 

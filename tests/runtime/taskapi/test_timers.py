@@ -190,7 +190,7 @@ def test_records_behind_the_watermark_are_late_never_dropped_and_past_timers_fir
     again = generate(config, tmp_path / "b.yaml", 200, seed=94, users=10)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     report, results = coordinator.run_batch(end, commit=True)
     coordinator.close()
     late = [r["value"]["at"] for r in rows(config, "late")]

@@ -98,7 +98,7 @@ def test_crash_during_upload_leaves_no_partial_snapshot(
     expected = generate(config, tmp_path / "a.yaml", 1200, seed=64)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     coordinator.run_batch(end, commit=True)
     from sparkpoint.storage.blobstore import manager as mgr
 
@@ -160,7 +160,7 @@ def test_upload_metrics_reach_the_driver(tmp_path: Path) -> None:
     generate(config, tmp_path / "a.yaml", 600, seed=66)
     coordinator = JobCoordinator(config, InlineRunner())
     coordinator.start()
-    end = {s: m.upcoming for s, m in coordinator.metadata(coordinator.all_ssps()).items()}
+    end = coordinator.upcoming()
     first, _ = coordinator.run_batch(end, commit=True)
     assert first.uploads["files-uploaded"] > 0 and first.uploads["bytes-uploaded"] > 0
     assert first.uploads["upload-ms"] >= 0

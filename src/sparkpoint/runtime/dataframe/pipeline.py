@@ -93,6 +93,7 @@ from sparkpoint.runtime.plan import (
     TaskBatchPlan,
     TaskBatchResult,
 )
+from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.spark.locality import ExecutorWatch
 from sparkpoint.runtime.spark.session import (
     batch_job_group,
@@ -654,10 +655,11 @@ def _outputs(result: Output | Iterable[Output] | None) -> list[Output]:
     return outputs
 
 
-class DataFrameRunner:
+class DataFrameRunner(BatchRunner):
     """Runs a :class:`Pipeline`'s micro-batches (the coordinator's :class:`BatchRunner`)."""
 
     exact_batches = True
+    places_tasks = True
 
     def __init__(self, spark: Any, pipeline: Pipeline, config: Config) -> None:
         if not config.inputs:
@@ -670,8 +672,16 @@ class DataFrameRunner:
         #: the job's batch log epoch, set by the driver once the log is open (sinks: begin)
         self.batch_epoch: int | None = None
         #: exactly-once: what the last batch staged, for the driver to record in its batch log
-        self.staged: BatchOutputs | None = None
+        self._staged: BatchOutputs | None = None
         self._owner = batch_owner(config) if stages_output(config) else None
+
+    def begin_epoch(self, epoch: int) -> None:
+        """The batch log's epoch, passed on to every sink before it writes (:meth:`Sink.begin`)."""
+        self.batch_epoch = epoch
+
+    @property
+    def staged(self) -> BatchOutputs | None:
+        return self._staged
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
@@ -684,7 +694,7 @@ class DataFrameRunner:
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         from pyspark import StorageLevel
 
-        self.staged = None if self._owner is None else BatchOutputs()
+        self._staged = None if self._owner is None else BatchOutputs()
         group = batch_job_group(self.spark.sparkContext, batch)
         source = batch_source(
             self.spark,
@@ -790,7 +800,7 @@ class DataFrameRunner:
             begin = getattr(output.sink, "begin", None)
             if begin is not None and self.batch_epoch is not None:
                 begin(self.batch_epoch)
-            if self.staged is None or not exactly_once(self.config):
+            if self._staged is None or not exactly_once(self.config):
                 output.sink.write(output.df, batch)
                 return []
             sink = output.sink
@@ -798,7 +808,7 @@ class DataFrameRunner:
             token = sink.stage(output.df, batch)
             if token:
                 pickled: bytes = cloudpickle.dumps(sink)  # type: ignore[no-untyped-call]
-                self.staged.sinks.append(StagedSink(pickled, repr(sink), token))
+                self._staged.sinks.append(StagedSink(pickled, repr(sink), token))
             return []
         writer = self._writer(output, batch, finisher)
         return self._collect(output.df.mapInArrow(writer, RESULT_SCHEMA), sent)
@@ -840,8 +850,8 @@ class DataFrameRunner:
         results = []
         for row in job.collect():
             sent[row.task] = sent.get(row.task, 0) + int(row.sent)
-            if row.staged and self.staged is not None:
-                self.staged.add_parts(json.loads(row.staged))
+            if row.staged and self._staged is not None:
+                self._staged.add_parts(json.loads(row.staged))
             if row.result is not None:
                 results.append(pickle.loads(row.result))
         return results

@@ -28,7 +28,8 @@ from sparkpoint.errors import ConfigError, UserError
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.job_path import with_dir_on_path
 from sparkpoint.runtime.driver.launch import start_job
-from sparkpoint.runtime.driver.reports import BatchRunner, Listener, RunSummary
+from sparkpoint.runtime.driver.reports import Listener, RunSummary
+from sparkpoint.runtime.runner import BatchRunner
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.dataframe.pipeline import Pipeline

@@ -17,6 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from sparkpoint.errors import SparkpointError
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.taskapi.executor import run_task_batch
 
 log = logging.getLogger(__name__)
@@ -26,14 +27,14 @@ class WorkerProcessDied(SparkpointError):
     """A pool's worker process died (killed, out of memory) on every attempt."""
 
 
-class InlineRunner:
+class InlineRunner(BatchRunner):
     """Runs each task's plan in the calling process."""
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         return [run_task_batch(plan) for plan in plans]
 
 
-class _PoolRunner:
+class _PoolRunner(BatchRunner):
     """Runs the plans in a pool of up to ``workers``, each task in one of them; in this
     process when there is one worker or one plan."""
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkpoint.config import Config
+from sparkpoint.metadata.locality import Executor
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import (
     InlineRunner,
@@ -36,7 +37,7 @@ from sparkpoint.runtime.driver.inline import (
     ThreadPoolRunner,
     WorkerProcessDied,
 )
-from sparkpoint.runtime.driver.reports import BatchRunner, Listener
+from sparkpoint.runtime.driver.reports import Listener
 from sparkpoint.runtime.plan import (
     BatchOutputs,
     StandbyPlan,
@@ -44,6 +45,7 @@ from sparkpoint.runtime.plan import (
     TaskBatchPlan,
     TaskBatchResult,
 )
+from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
 from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
@@ -115,7 +117,7 @@ class SparkStart:
         threading.Thread(target=self._session.stop, name="spark-stop", daemon=True).start()
 
 
-class RestoreRunner:
+class RestoreRunner(BatchRunner):
     """The restore ahead's runner: tasks with nothing to fetch in this process, the others in
     a pool of up to ``workers`` processes. Nothing to fetch: the local state is current, or
     every store has its copy of the last checkpoint on this disk (a restart on the same host:
@@ -148,9 +150,12 @@ class RestoreRunner:
             return done
 
 
-class DeferredRunner:
+class DeferredRunner(BatchRunner):
     """A batch runner made from the Spark session on first use: the job's start-up and
-    :meth:`JobCoordinator.restore_ahead` run before anything waits for Spark."""
+    :meth:`JobCoordinator.restore_ahead` run before anything waits for Spark. Every hook is
+    passed on to the made runner (the epoch once it is made)."""
+
+    places_tasks = True
 
     def __init__(
         self,
@@ -163,20 +168,26 @@ class DeferredRunner:
         self.make = make
         self.exact_batches = exact_batches
         self._runner: BatchRunner | None = None
+        self._epoch: int | None = None
 
     @property
     def runner(self) -> BatchRunner:
         if self._runner is None:
             self._runner = self.make(self.start.session())
+            if self._epoch is not None:
+                self._runner.begin_epoch(self._epoch)
         return self._runner
 
-    def executors(self) -> Any:
-        executors = getattr(self.runner, "executors", None)
-        return None if executors is None else executors()
+    def begin_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        if self._runner is not None:
+            self._runner.begin_epoch(epoch)
+
+    def executors(self) -> list[Executor] | None:
+        return self.runner.executors() if self.runner.places_tasks else None
 
     def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
-        catch_up = getattr(self.runner, "catch_up", None)
-        return [] if catch_up is None else list(catch_up(plans))
+        return self.runner.catch_up(plans) if self.runner.places_tasks else []
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         return self.runner(batch, plans)
@@ -184,13 +195,7 @@ class DeferredRunner:
     @property
     def staged(self) -> BatchOutputs | None:
         """The made runner's output staged by the last batch (see :class:`BatchRunner`)."""
-        if self._runner is None:
-            return None
-        if not hasattr(self._runner, "staged"):  # then neither has this one
-            raise AttributeError("staged")
-        staged = self._runner.staged
-        assert staged is None or isinstance(staged, BatchOutputs)
-        return staged
+        return None if self._runner is None else self._runner.staged
 
 
 def start_job(

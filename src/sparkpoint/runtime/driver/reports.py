@@ -1,32 +1,17 @@
 """What the job coordinator reports, and to whom: :class:`BatchReport` per batch,
 :class:`RunSummary` per run, the :class:`Listener` that shows them (the CLI's progress display,
-metrics reporters), and the :class:`BatchRunner` protocol the coordinator runs batches with."""
+metrics reporters). What runs a batch is declared in :mod:`sparkpoint.runtime.runner`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.driver.placement import Move
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.plan import TaskBatchResult
 from sparkpoint.storage.backend import RestoreStats
 from sparkpoint.storage.restore import LOCAL, PROMOTED
-
-
-class BatchRunner(Protocol):
-    """Runs one micro-batch: one plan per task, results in any order.
-
-    A runner with ``exact_batches = True`` (DataFrame pipelines) gets batches bounded by
-    ``task.batch.max.messages`` per SSP on the driver, numbered durably through the
-    :class:`~sparkpoint.runtime.driver.batchlog.BatchLog` and replayed with the same ids and end
-    offsets after a restart. With exactly-once output such a runner also has ``staged``: the
-    :class:`~sparkpoint.runtime.plan.BatchOutputs` its last batch staged, which the driver
-    records in the batch log (:mod:`sparkpoint.runtime.driver.batch_outputs`); a runner that
-    wraps another passes it on.
-    """
-
-    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]: ...
 
 
 @dataclass
@@ -88,6 +73,40 @@ class BatchReport:
     #: job's own inputs (role ``input``) first, then its ``intermediate`` streams
     stages: list[tuple[str, str, int]] = field(default_factory=list)
     standby: StandbyReport = field(default_factory=StandbyReport)
+
+    @classmethod
+    def of_batch(
+        cls,
+        batch: int,
+        seconds: float,
+        results: list[TaskBatchResult],
+        *,
+        committed: bool,
+        moved: list[Move],
+        away: list[Move],
+        **rest: Any,
+    ) -> BatchReport:
+        """The report of a batch from its tasks' results (``rest``: the other fields)."""
+        report = cls(
+            batch=batch,
+            seconds=seconds,
+            processed=sum(r.processed for r in results),
+            sent=sum(r.sent for r in results),
+            committed=committed,
+            commit_seconds=max((r.commit_seconds for r in results), default=0.0),
+            task_seconds=sum(r.total_seconds for r in results),
+            lag={},
+            restored=[(r.task, i) for r in results for i in r.restored],
+            moved=moved,
+            away=away,
+            tasks=results,
+            **rest,
+        )
+        for r in results:
+            for metrics in r.upload_metrics:
+                for key, value in metrics.items():
+                    report.uploads[key] = report.uploads.get(key, 0) + value
+        return report
 
     @property
     def restored_tasks(self) -> int:

@@ -37,6 +37,7 @@ from sparkpoint.errors import (
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model.clock import follow
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, TaskBatchPlan, TaskBatchResult
+from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.spark import jvm_archive
 from sparkpoint.runtime.spark.gateway import start_gateway
 from sparkpoint.runtime.spark.locality import (
@@ -199,7 +200,7 @@ def task_failure_from(exc: BaseException, batch: int) -> SparkpointError | None:
     )
 
 
-class SparkRunner:
+class SparkRunner(BatchRunner):
     """Runs a batch as Spark jobs. The tasks are dealt into at most :data:`GROUPS_PER_CORE`
     Spark partitions per core (:func:`task_groups`), each running its tasks one after the
     other (Samza's container: a group of tasks), so that Spark's scheduling and a Python
@@ -216,6 +217,8 @@ class SparkRunner:
     tasks of an executor lost mid-batch therefore waited out the whole 30 s for it (measured:
     a 0.5 s batch took 31 s); in a job of their own, the loss leaves no executor of theirs
     alive, and Spark runs them elsewhere at once (where they restore)."""
+
+    places_tasks = True
 
     def __init__(self, spark: Any) -> None:
         """``spark``: the SparkContext (:func:`spark_context`), or a session (its context is
