@@ -45,7 +45,7 @@ from sparkpoint.runtime.plan import (
     TaskBatchPlan,
     TaskBatchResult,
 )
-from sparkpoint.runtime.runner import BatchRunner
+from sparkpoint.runtime.runner import BatchRunner, RunBatch, as_runner
 from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
 from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
@@ -160,7 +160,7 @@ class DeferredRunner(BatchRunner):
     def __init__(
         self,
         start: SparkStart,
-        make: Callable[[Any], BatchRunner],
+        make: Callable[[Any], BatchRunner | RunBatch],
         *,
         exact_batches: bool = False,
     ) -> None:
@@ -173,7 +173,7 @@ class DeferredRunner(BatchRunner):
     @property
     def runner(self) -> BatchRunner:
         if self._runner is None:
-            self._runner = self.make(self.start.session())
+            self._runner = as_runner(self.make(self.start.session()))
             if self._epoch is not None:
                 self._runner.begin_epoch(self._epoch)
         return self._runner

@@ -171,7 +171,7 @@ class MicroBatchLoop:
         # batches) the parts of logged batches (no file listing: a dead attempt's part is
         # never published, and is swept at the next start)
         waiting = bool(self.intermediate) and (
-            job.to_publish > 0
+            job.writer.to_publish > 0
             or job.tasks.waiting_outputs()
             or (job.logged is not None and job.logged.waiting())
         )

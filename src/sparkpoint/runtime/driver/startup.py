@@ -13,6 +13,8 @@
 6. fan out startpoints and plan where every task starts (the coordinator);
 7. start the services: metrics, host affinity, standbys, the batch log.
 
+Steps 3 to 7 are :class:`JobStart`'s, run once the job is claimed.
+
 While the job runs, :class:`GrowthWatch` tells whether an input grew under it.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.checkpoint.manager import CheckpointManager, checkpoint_stream_name
@@ -29,8 +32,22 @@ from sparkpoint.metadata.coordinator_stream import (
     CoordinatorStreamStore,
     coordinator_stream_name,
 )
-from sparkpoint.metadata.job_state import PartitionCountChanged
+from sparkpoint.metadata.job_state import (
+    PartitionCountChanged,
+    assign_changelog_partitions,
+    check_input_partitions,
+    refuse_unfinished_reset,
+    store_config,
+)
 from sparkpoint.model import JobModel, SystemStream, SystemStreamPartition, TaskName
+from sparkpoint.model.startpoint import Startpoint
+from sparkpoint.runtime.driver.affinity import HostAffinity
+from sparkpoint.runtime.driver.logged_batches import LoggedBatches
+from sparkpoint.runtime.driver.metrics import MetricsReporters
+from sparkpoint.runtime.driver.placing import TaskPlacer
+from sparkpoint.runtime.driver.standby import Standbys
+from sparkpoint.runtime.driver.task_state import TaskState
+from sparkpoint.startpoint.manager import StartpointManager
 from sparkpoint.storage.backend import (
     StateBackendAdmin,
     backend_factory,
@@ -44,13 +61,23 @@ from sparkpoint.storage.outputs import (
     exactly_once,
     guarantee,
     owner_of,
+    settle,
     staging_of,
 )
+from sparkpoint.storage.reshard import finish_pending
+from sparkpoint.storage.state_id import EMPTY, CleanStart, CommittedState, StateId
+from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import OutputStaging
-from sparkpoint.system.streams import ensure_stream
+from sparkpoint.system.streams import ensure_stream, job_model
+
+if TYPE_CHECKING:  # the coordinator runs these steps: it imports this module
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
 
 log = logging.getLogger(__name__)
+
+#: the startpoints fanned out to each task at start
+Fanned = Mapping[TaskName, Mapping[SystemStreamPartition, Startpoint]]
 
 
 def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
@@ -252,3 +279,160 @@ class GrowthWatch:
                     self.config.job_name,
                 )
         return None
+
+
+class JobStart:
+    """Steps 3 to 7 of the start-up, once the job is claimed, on the coordinator's parts."""
+
+    def __init__(self, job: JobCoordinator) -> None:
+        self.job = job
+        self.config = job.config
+        self.systems = job.systems
+
+    def run(self) -> tuple[JobModel, Fanned]:
+        # read again once the job is ours: a stream grown while this driver started (by a
+        # tool that held the job, then let go) is one the tasks must be made for
+        job = self.job
+        model = job_model(self.config, self.systems)
+        ssps = job.all_ssps()
+        store = self.open_coordinator_store()
+        refuse_unfinished_reset(store, self.config.job_name)
+        finish_pending(self.config, self.systems, store)  # an interrupted reshard
+        check_input_partitions(store, self.config, input_counts(self.config, ssps))
+        model = assign_changelog_partitions(store, model)
+        checkpoints, must_restore = self.prepare_state(model)
+        fanned = self.fan_out_startpoints(model)
+        self.plan_tasks(model, checkpoints, fanned, must_restore, job.partition_metadata(ssps))
+        job.model = model
+        self.start_services(store)
+        return model, fanned
+
+    def open_coordinator_store(self) -> CoordinatorStreamStore:
+        """Compact the metadata streams, open the coordinator stream, store this run's config."""
+        compact_metadata_streams(self.config, self.systems)
+        store = CoordinatorStreamStore(self.config, self.systems, source="coordinator")
+        self.job.metadata_store = store
+        store_config(store, self.config)
+        record_guarantee(self.config, store)
+        return store
+
+    def prepare_state(self, model: JobModel) -> tuple[dict[TaskName, Checkpoint], set[TaskName]]:
+        """Create and check the state backends' resources, read every task's last checkpoint,
+        let each backend bound its storage by them and name the tasks whose committed state it
+        lost, and delete state of stores no longer configured. The checkpoints, and the tasks
+        that must restore before they process."""
+        job = self.job
+        job.maintenance.finish()  # a pass of the last run: done before the admins change
+        admins = prepare_backends(self.config, model, self.systems, job.checkpoints)
+        job.maintenance.admins = job.writer.admins = admins
+        job.checkpoints.create_resources()
+        checkpoints = dict(job.checkpoints.read_all())
+        must_restore: set[TaskName] = set()
+        for admin in admins:
+            admin.hold_records(checkpoints, exactly_once(self.config))
+            must_restore |= admin.lost_committed_state(checkpoints)
+            admin.compact(checkpoints)
+        delete_unused_state(self.config, model, self.systems, checkpoints)
+        # exactly-once output a crash left: published, or discarded (reported with batch 1)
+        # (from the V2 checkpoints: only they name staged output, whatever the reads prefer)
+        settled = settle(self.config, self.systems, job.checkpoints.read_version(2))
+        # (not counted as aborted transactions: the run that staged them may have counted
+        # them already, when its task restored; a crash's open ones were open in its metrics)
+        job.discarded = settled.discarded
+        return checkpoints, must_restore
+
+    def fan_out_startpoints(self, model: JobModel) -> Fanned:
+        """Fan the waiting startpoints out to the tasks (each task's, new or left from before).
+
+        A DataFrame pipeline's batch log changes that: the batches logged before the last
+        stop were read from the checkpoints (or from the fan-outs of an earlier start, which
+        apply now, as they did then), and the tasks whose checkpoints cover such a batch do
+        not read its input again, so its rows (re-keyed ones too) come only from its recorded
+        output or its replay. New startpoints apply after those batches are published or
+        replayed, in the run's first batches (:meth:`JobCoordinator.apply_deferred_startpoints`)."""
+        job = self.job
+        startpoints = StartpointManager(
+            job.coordinator_store(), max_age_ms=self.config.get_int("task.startpoint.max.age.ms")
+        )
+        job.startpoints = job.writer.startpoints = startpoints
+        if not job.exact_batches:
+            return startpoints.fan_out({t.name: t.ssps for t in model.tasks.values()})
+        job.startpoints_after_replay = startpoints.waiting()
+        earlier = {t.name: startpoints.get_fan_out_for_task(t.name) for t in model.tasks.values()}
+        return {task: sps for task, sps in earlier.items() if sps}
+
+    def plan_tasks(
+        self,
+        model: JobModel,
+        checkpoints: Mapping[TaskName, Checkpoint],
+        fanned: Fanned,
+        must_restore: set[TaskName],
+        meta: Mapping[SystemStreamPartition, PartitionMetadata],
+    ) -> None:
+        """Where each task starts: its offsets (startpoint, else checkpoint, else the stream's
+        policy) and the state it must start from."""
+        job = self.job
+        clean_start = any(
+            self.config.get_bool(f"stores.{s}.clean.on.container.start") for s in self.config.stores
+        )
+        for task in model.sorted_tasks():
+            ckpt = checkpoints.get(task.name)
+            sps = fanned.get(task.name, {})
+            nxt, last = job.offsets.starting_offsets(task, ckpt, meta, sps)
+            if sps and job.startpoints is not None:  # a start before a checkpoint: the same
+                job.startpoints.pin_fan_out(task.name, {s: nxt[s] for s in sps})
+            expected: StateId = CommittedState(str(ckpt.checkpoint_id)) if ckpt else EMPTY
+            if clean_start or task.name in must_restore:
+                expected = CleanStart(job.lineage)  # matches no local state: the task restores
+            job.tasks[task.name.name] = TaskState(
+                model=task,
+                last_checkpoint=ckpt,
+                expected_state_id=expected,
+                resume=dict(nxt),
+                last_processed=dict(last),
+                from_checkpoint=dict(nxt),
+                checkpoint_last_processed=dict(last),
+                startpoints=set(sps),
+            )
+
+    def start_services(self, store: CoordinatorStreamStore) -> None:
+        """Metrics reporters, host affinity and standbys, and (exact batches) the batch log."""
+        job = self.job
+        if self.config.get_list("metrics.reporters") and job.reporters is None:
+            job.reporters = MetricsReporters(self.config, self.systems)
+        affinity = HostAffinity(self.config, store, sorted(job.tasks))
+        standbys = Standbys(
+            self.config,
+            store,
+            {n: ts.model for n, ts in job.tasks.items()},
+            # the last run's copies of a task whose committed state is trusted at this start:
+            # not one that restores from scratch (its changelog was lost or recreated, or its
+            # stores are cleaned at start), whose copies' changelog offsets mean nothing now
+            {
+                n: ts.last_checkpoint
+                for n, ts in job.tasks.items()
+                if isinstance(ts.expected_state_id, CommittedState)
+            },
+        )
+        job.placer = TaskPlacer(affinity, standbys)
+        job.writer.affinity = affinity
+        if job.exact_batches:
+            logged = job.logged = LoggedBatches(self.config, self.systems, store, job.tx)
+            job.runner.begin_epoch(logged.log.epoch)  # its sinks tell our batch ids apart
+            logged.open(
+                job.tasks.checkpointed(),
+                job.tasks.cmp,
+                startpoints_wait=job.startpoints_after_replay,
+            )
+            job.batch = logged.log.last_id
+
+    def announce(self, model: JobModel, fanned: Fanned) -> None:
+        """Tell the listener the job started, and where startpoints make tasks read."""
+        listener = self.job.listener
+        if listener is None:
+            return
+        listener.on_start(model)
+        for task_name, sps in sorted(fanned.items()):
+            ts = self.job.tasks[task_name.name]
+            for ssp, sp in sorted(sps.items()):
+                listener.on_startpoint(task_name.name, ssp, ts.resume[ssp], sp.describe())
