@@ -47,14 +47,10 @@ from pyspark.sql import functions as F  # noqa: E402
 from sss_baseline import run_sss_pageviews  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.dataframe.pipeline import (  # noqa: E402
-    Batch,
-    DataFrameRunner,
-    Output,
-    ParquetSink,
-    Pipeline,
-    StepState,
-)
+from sparkpoint.runtime.dataframe.pipeline import Batch, Output, Pipeline  # noqa: E402
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner  # noqa: E402
+from sparkpoint.runtime.dataframe.sinks import ParquetSink  # noqa: E402
+from sparkpoint.runtime.dataframe.task import StepState  # noqa: E402
 from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
 from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402

@@ -39,7 +39,7 @@ from generate import write  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sparkpoint.config import load_config, read_job_file  # noqa: E402
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner  # noqa: E402
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner  # noqa: E402
 from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
 from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402

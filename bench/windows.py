@@ -67,7 +67,8 @@ from windows_reference import Closed, closed_windows  # noqa: E402
 
 from sparkpoint.config import Config, load_config, read_job_file  # noqa: E402
 from sparkpoint.model import SystemStream  # noqa: E402
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner, Pipeline  # noqa: E402
+from sparkpoint.runtime.dataframe.pipeline import Pipeline  # noqa: E402
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner  # noqa: E402
 from sparkpoint.runtime.driver.coordinator import JobCoordinator  # noqa: E402
 from sparkpoint.runtime.spark.session import SparkRunner, spark_session  # noqa: E402
 from sparkpoint.system.base import StreamSpec  # noqa: E402

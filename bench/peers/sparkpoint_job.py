@@ -131,7 +131,8 @@ def run(config: Config, api: str, recorder: Recorder, *, forever: bool = False) 
             return SparkRunner(spark)  # the SparkContext (sql=False)
         from sparkpoint_steps import per_view
 
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner, Pipeline
+        from sparkpoint.runtime.dataframe.pipeline import Pipeline
+        from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
         pipeline = Pipeline(per_view, config.to_dict(), "user STRING, page STRING, ts LONG")
         return DataFrameRunner(spark, pipeline, config)

@@ -61,7 +61,8 @@ from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvel
 from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, set_startpoints
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.dataframe.pipeline import Batch, Output, ParquetSink, Pipeline, Sink
+    from sparkpoint.runtime.dataframe.pipeline import Batch, Output, Pipeline
+    from sparkpoint.runtime.dataframe.sinks import ParquetSink, Sink
     from sparkpoint.runtime.dataframe.task import StepState
     from sparkpoint.runtime.dataframe.windows import (
         hopping_window,
@@ -76,9 +77,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "Batch": "sparkpoint.runtime.dataframe.pipeline",
     "Output": "sparkpoint.runtime.dataframe.pipeline",
-    "ParquetSink": "sparkpoint.runtime.dataframe.pipeline",
+    "ParquetSink": "sparkpoint.runtime.dataframe.sinks",
     "Pipeline": "sparkpoint.runtime.dataframe.pipeline",
-    "Sink": "sparkpoint.runtime.dataframe.pipeline",
+    "Sink": "sparkpoint.runtime.dataframe.sinks",
     "StepState": "sparkpoint.runtime.dataframe.task",
     "hopping_window": "sparkpoint.runtime.dataframe.windows",
     "session_window": "sparkpoint.runtime.dataframe.windows",

@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.dataframe.pipeline import Batch, Output, ParquetSink, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Output, Pipeline
+from sparkpoint.runtime.dataframe.sinks import ParquetSink
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
@@ -131,7 +132,7 @@ def _sent(config: Config, stream: str) -> Counter[tuple[str, int]]:
 def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
     tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
     task_config, expected = _job(tmp_path / "task")
     _run(task_config, InlineRunner())
@@ -141,7 +142,7 @@ def test_every_way_of_writing_a_step_gives_the_task_apis_state_and_output(
         config, _ = _job(tmp_path / name)
         pipeline = Pipeline(build, config=config.to_dict(), value_schema="user STRING")
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.pipeline"):
+        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.runner"):
             _run(config, DataFrameRunner(spark, pipeline, config))
         batches = [r.getMessage() for r in caplog.records if "outputs written" in r.getMessage()]
         assert len(batches) >= 2, name  # 500 views per task, 250 a batch
@@ -156,7 +157,7 @@ def test_outputs_fused_with_one_step_each_publish_their_part_with_exactly_once(
 ) -> None:
     """Both routed outputs of one step send to the same stream, so each task stages two parts
     of a partition in one Spark task: the batch names both, and every count goes out once."""
-    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
     task_config, _ = _job(tmp_path / "task")
     _run(task_config, InlineRunner())
@@ -189,7 +190,7 @@ def _wrong_types(state: Any, chunks: Any) -> Any:
 def test_a_fused_step_that_yields_other_types_fails_naming_task_and_step(
     tmp_path: Path, spark: Any
 ) -> None:
-    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
     config, _ = _job(tmp_path)
 

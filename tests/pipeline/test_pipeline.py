@@ -13,7 +13,8 @@ from pageviews_pipeline import job as example_pipeline
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Output, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Output, Pipeline
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
@@ -314,7 +315,7 @@ def test_a_relative_parquet_sink_path_is_relative_to_the_module_creating_it(
 ) -> None:
     """Issue 37: `ParquetSink("out/views")` wrote relative to the current directory, unlike
     every other path (relative to the job file's directory)."""
-    from sparkpoint.runtime.dataframe.pipeline import ParquetSink
+    from sparkpoint.runtime.dataframe.sinks import ParquetSink
 
     monkeypatch.chdir(tmp_path)
     sink = ParquetSink("out/views")

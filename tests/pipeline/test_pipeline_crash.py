@@ -18,7 +18,7 @@ from generate import events
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.failpoints import FRAME_POINTS
-from sparkpoint.runtime.dataframe.pipeline import ParquetSink
+from sparkpoint.runtime.dataframe.sinks import ParquetSink
 from tests.e2e.cli import JOB, popen, sp
 from tests.helpers import (
     assert_at_least_once,

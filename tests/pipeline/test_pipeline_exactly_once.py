@@ -20,7 +20,7 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError
 from sparkpoint.failpoints import PUBLISH_POINTS, InjectedCrash
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.storage.outputs import batch_owner

@@ -17,7 +17,8 @@ from table_join import build
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Pipeline
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from tests.runtime.taskapi import test_stream_join as joins
 from tests.runtime.taskapi.test_tables import (

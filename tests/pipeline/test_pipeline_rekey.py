@@ -19,7 +19,8 @@ from sparkpoint import Batch, Output, Pipeline
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError
 from sparkpoint.failpoints import InjectedCrash
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner, ParquetSink
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
+from sparkpoint.runtime.dataframe.sinks import ParquetSink
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.tools.jobs import job_overview
 from tests.helpers import committed_counts, emitted_counts, run_until_caught_up

@@ -14,7 +14,7 @@ from pageviews_pipeline import job as example_pipeline
 from sparkpoint.config import Config, load_config
 from sparkpoint.model import SystemStreamPartition
 from sparkpoint.model.startpoint import StartpointOldest
-from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems

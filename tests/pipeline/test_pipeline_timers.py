@@ -20,7 +20,8 @@ from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.model import SystemStream
 from sparkpoint.model.clock import use_clock
-from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Output, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Output, Pipeline
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.registry import Systems

@@ -17,7 +17,8 @@ from windows_task import UserWindows
 from sparkpoint import count, hopping_window, session_window, tumbling_window
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
-from sparkpoint.runtime.dataframe.pipeline import Batch, DataFrameRunner, Pipeline
+from sparkpoint.runtime.dataframe.pipeline import Batch, Pipeline
+from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.testing import JobTestDriver
@@ -69,7 +70,7 @@ def test_the_pipeline_closes_the_reference_s_windows_and_keeps_the_task_api_s(
         send(config, batch)
         sent += batch
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.pipeline"):
+        with caplog.at_level(logging.INFO, logger="sparkpoint.runtime.dataframe.runner"):
             run(config, spark if api == "frame" else None)
         check(config, sent, once=True)
         if api == "frame":  # the window step sends both streams itself, reading its input

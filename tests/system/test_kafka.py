@@ -351,7 +351,7 @@ def test_a_job_reads_a_topic_written_in_transactions_to_its_end(
     else:
         from pageviews_pipeline import job as pipeline
 
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
         runner = DataFrameRunner(request.getfixturevalue("spark"), pipeline, config)
 

@@ -239,7 +239,7 @@ def test_a_second_growth_before_the_reshard_and_non_transactional_state_are_refu
 def test_a_dataframe_job_s_state_is_resharded(tmp_path: Path, spark: Any) -> None:
     from pageviews_pipeline import job as pipeline
 
-    from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+    from sparkpoint.runtime.dataframe.runner import DataFrameRunner
     from sparkpoint.runtime.driver.coordinator import JobCoordinator
     from tests.helpers import run_until_caught_up
 
@@ -460,7 +460,7 @@ def test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_gro
     if api == "dataframe":
         from rekey_pipeline import job as pipeline
 
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.dataframe.runner import DataFrameRunner
         from sparkpoint.runtime.driver.coordinator import JobCoordinator
         from tests.helpers import run_until_caught_up
 

@@ -191,7 +191,7 @@ class JobTestDriver:
     def _runner(self) -> BatchRunner:
         if self.pipeline is None:
             return InlineRunner()
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.dataframe.runner import DataFrameRunner
         from sparkpoint.runtime.spark.session import spark_session
 
         if self._spark is None:

@@ -33,35 +33,22 @@ ids it committed (:class:`ParquetSink`) never writes a batch twice.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import pickle
 import re
-import shutil
 import sys
-import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from sparkpoint.config import Config, load_config
-from sparkpoint.errors import BatchInterrupted, ConfigError, SparkpointError
-from sparkpoint.fsutil import atomic_write, fsync_dir, fsync_tree
-from sparkpoint.metadata.locality import Executor
+from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream
 from sparkpoint.refs import load_reference
 from sparkpoint.runtime.dataframe.fusion import (
     StepFrame,
-    fusable,
-    reads,
-    source_projection,
-    source_token,
     step_token,
 )
 from sparkpoint.runtime.dataframe.joins import (
@@ -70,84 +57,27 @@ from sparkpoint.runtime.dataframe.joins import (
     TableJoinStep,
     WindowJoinStep,
 )
-from sparkpoint.runtime.dataframe.source import BatchSource, arrow_schema, batch_source
-from sparkpoint.runtime.dataframe.task import StepCode, StepState, require_persistent_stores
+from sparkpoint.runtime.dataframe.sinks import FunctionSink, Sink
+from sparkpoint.runtime.dataframe.source import arrow_schema
+from sparkpoint.runtime.dataframe.task import StepCode
 from sparkpoint.runtime.dataframe.udfs import (
-    RESULT_SCHEMA,
-    Finisher,
-    FusedRead,
-    FusedStep,
     StepFunction,
     StepUdf,
-    StreamWriterUdf,
     TimerFunction,
     partitioning_error,
 )
 from sparkpoint.runtime.dataframe.windows import SCHEMA as WINDOW_SCHEMA
 from sparkpoint.runtime.dataframe.windows import WindowDef, WindowStep, window_defs
 from sparkpoint.runtime.plan import (
-    BatchOutputs,
-    StagedSink,
-    StandbyPlan,
-    StandbyResult,
     TaskBatchPlan,
-    TaskBatchResult,
-)
-from sparkpoint.runtime.runner import BatchRunner
-from sparkpoint.runtime.spark.locality import ExecutorWatch
-from sparkpoint.runtime.spark.session import (
-    batch_job_group,
-    catch_up_standbys,
-    cluster_executors,
-    record_executors,
-    user_error_from,
 )
 from sparkpoint.storage.outputs import (
-    batch_owner,
-    exactly_once,
     staged_stream,
-    stages_output,
     staging_of,
 )
 from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """Where a DataFrame output goes; called once per batch with its durable id. A sink that
-    also has ``begin(epoch)`` is told, before each batch it writes, the epoch of the job's
-    batch log (when it began): batch ids start at 1 again after ``sparkpoint job reset``, so
-    a sink that skips the ids it wrote must tell a new epoch's from the old ones
-    (:class:`ParquetSink` refuses to write over an earlier epoch's batches)."""
-
-    def write(self, df: Any, batch_id: int) -> None: ...
-
-
-@runtime_checkable
-class StagingSink(Sink, Protocol):
-    """A sink that can give exactly-once output (``job.processing.guarantee: exactly-once``):
-    :meth:`stage` writes a batch where no reader sees it and returns a token; once every task's
-    checkpoint covers the batch, the driver calls :meth:`publish` with that token (also after a
-    restart, on the sink unpickled from the batch log), or :meth:`discard` when the batch's
-    output is not to be published. Both must be idempotent."""
-
-    def stage(self, df: Any, batch_id: int) -> str: ...
-
-    def publish(self, batch_id: int, token: str) -> None: ...
-
-    def discard(self, batch_id: int, token: str) -> None: ...
-
-
-class FunctionSink:
-    """A sink made of a function ``fn(df, batch_id)``."""
-
-    def __init__(self, fn: Callable[[Any, int], None]) -> None:
-        self.fn = fn
-
-    def write(self, df: Any, batch_id: int) -> None:
-        self.fn(df, batch_id)
 
 
 @dataclass(frozen=True)
@@ -170,132 +100,6 @@ class SinkOutput:
 Output = StreamOutput | SinkOutput
 
 
-class ParquetSink:
-    """Parquet files under ``path/batch_id=<id>/``; a batch id it has committed is skipped.
-
-    Each batch overwrites its own directory (a retry of an unfinished batch replaces its
-    partial files) and then records its id in ``path/_sparkpoint/last-batch``; reading ``path``
-    with Spark gives every batch once, with a ``batch_id`` column. A relative ``path`` is
-    relative to the module that creates the sink (the pipeline's, next to its job file), as a
-    pipeline's job file is, not to the current directory.
-
-    With exactly-once (a :class:`StagingSink`) a batch is written under
-    ``path/_sparkpoint/staged/batch_id=<id>-<random>/`` (Spark's own commit protocol keeps only
-    the files of the task attempts that succeeded), and renamed to ``path/batch_id=<id>`` when
-    the batch's checkpoints are written: readers never see a batch whose state was not
-    committed, and an executor lost mid-batch leaves nothing behind but a staged directory that
-    the next publish deletes.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._epoch: int | None = None  # the batch log's (:meth:`begin`)
-        if not self.path.is_absolute():
-            creator = sys._getframe(1).f_globals.get("__file__")  # the module calling us
-            base = Path(creator).resolve().parent if creator else Path.cwd()
-            self.path = base / self.path
-
-    @property
-    def _commit_file(self) -> Path:
-        return self.path / "_sparkpoint" / "last-batch"
-
-    def last_committed(self) -> int | None:
-        return self._last()[0]
-
-    def _last(self) -> tuple[int | None, int | None]:
-        """The last batch id recorded and its batch log's epoch (None: not recorded)."""
-        try:
-            data = json.loads(self._commit_file.read_text())
-        except FileNotFoundError:
-            return None, None
-        epoch = data.get("epoch")
-        return int(data["batch"]), None if epoch is None else int(epoch)
-
-    def begin(self, epoch: int) -> None:
-        """The job's batch log epoch for the batches to come (:class:`Sink`). Batches recorded
-        under another epoch are an earlier run's (before a ``job reset``, ids from 1 again):
-        skipped as written, the new run's output would be lost, so this refuses, naming the
-        directory to move away."""
-        last, recorded = self._last()
-        if last is not None and recorded is not None and recorded != epoch:
-            raise SparkpointError(
-                f"parquet sink {self.path} holds batches up to {last} of another run of the "
-                f"job (batch log epoch {recorded}; this run's is {epoch}: the job was reset, or "
-                f"another job writes here), which this run's batches would be skipped as. Move "
-                f"or delete {self.path}, or give the sink another path, and run again"
-            )
-        self._epoch = epoch
-
-    def _written(self, batch_id: int) -> bool:
-        last = self.last_committed()
-        if last is not None and batch_id <= last:
-            log.info("parquet sink %s: batch %d already written; skipped", self.path, batch_id)
-            return True
-        return False
-
-    def _record(self, batch_id: int) -> None:
-        self._commit_file.parent.mkdir(parents=True, exist_ok=True)
-        record: dict[str, int] = {"batch": batch_id}
-        epoch = getattr(self, "_epoch", None)  # (a sink pickled before begin() existed)
-        if epoch is not None:
-            record["epoch"] = epoch
-        atomic_write(self._commit_file, json.dumps(record).encode())
-
-    def write(self, df: Any, batch_id: int) -> None:
-        if self._written(batch_id):
-            return
-        df.write.mode("overwrite").parquet(str(self.path / f"batch_id={batch_id}"))
-        self._record(batch_id)
-
-    @property
-    def _staged(self) -> Path:
-        return self.path / "_sparkpoint" / "staged"
-
-    def stage(self, df: Any, batch_id: int) -> str:
-        """Write batch ``batch_id`` where no reader looks; its token ('' if written already)."""
-        if self._written(batch_id):
-            return ""
-        token = f"batch_id={batch_id}-{uuid.uuid4().hex[:8]}"
-        df.write.parquet(str(self._staged / token))
-        fsync_tree(self._staged / token)  # durable before the batch log names it
-        return token
-
-    def publish(self, batch_id: int, token: str) -> None:
-        """Rename the staged batch into place and record it; then delete older staged dirs."""
-        if token and not self._written(batch_id):
-            staged, final = self._staged / token, self.path / f"batch_id={batch_id}"
-            if staged.is_dir():
-                if final.exists():  # the partial files of an at-least-once run's crashed write
-                    shutil.rmtree(final)
-                os.replace(staged, final)
-                fsync_dir(self.path)
-            elif not final.is_dir():
-                raise SparkpointError(
-                    f"parquet sink {self.path}: batch {batch_id}'s staged files ({staged}) are "
-                    "gone and the batch is not in place: its output is lost; restore the "
-                    "directory, or reset the job's checkpoints to replay that input"
-                )
-            self._record(batch_id)
-        for old in self._staged.glob("batch_id=*"):  # never recorded, discarded, or skipped
-            if _staged_batch(old.name) <= batch_id:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def discard(self, batch_id: int, token: str) -> None:
-        if token:
-            shutil.rmtree(self._staged / token, ignore_errors=True)
-
-    def __repr__(self) -> str:
-        return f"ParquetSink({str(self.path)!r})"
-
-
-def _staged_batch(name: str) -> int:
-    """The batch id of a staged directory ``batch_id=<id>-<random>``."""
-    try:
-        return int(name.removeprefix("batch_id=").partition("-")[0])
-    except ValueError:
-        return -1
-
-
 _SHUFFLE = re.compile(r"(?<!Broadcast)Exchange (\S+)|^\W*(Coalesce \d+)", re.MULTILINE)
 
 
@@ -306,7 +110,7 @@ def shuffle_in(df: Any) -> str | None:
     return None if m is None else (m.group(1) or m.group(2))
 
 
-def _on_task_partitions(df: Any, tasks: int) -> bool:
+def on_task_partitions(df: Any, tasks: int) -> bool:
     """Whether partition ``i`` of ``df`` is task ``i``'s (no shuffle, as many partitions)."""
     return shuffle_in(df) is None and bool(df.rdd.getNumPartitions() == tasks)
 
@@ -326,6 +130,31 @@ class Batch:
         self._timers: str | None = None  # the step with on_timer
         self._frames: list[StepFrame] = []
         self._cached: list[Any] = []
+
+    # what the runner reads of the batch once the pipeline built it
+    @property
+    def plans(self) -> list[TaskBatchPlan]:
+        """The tasks' plans of this batch, one per task."""
+        return list(self._plans)
+
+    @property
+    def step_names(self) -> list[str]:
+        """The stateful steps the pipeline built, sorted."""
+        return sorted(self._steps)
+
+    @property
+    def timer_step(self) -> str | None:
+        """The stateful step with ``on_timer``, if any."""
+        return self._timers
+
+    @property
+    def frames(self) -> list[StepFrame]:
+        """Each stateful step's frames (what output fusion looks at)."""
+        return list(self._frames)
+
+    def keep_cached(self, df: Any) -> None:
+        """Unpersist ``df`` when the batch is released."""
+        self._cached.append(df)
 
     def input(self, stream: str) -> Any:
         """The batch's rows of one input stream (``stream`` or ``system.stream``): with an
@@ -638,291 +467,3 @@ def load_pipeline(spec: str) -> tuple[Pipeline, Path]:
             "task.class=module:Class, then sparkpoint run job.yaml)"
         )
     return obj, Path(module.__file__ or ".").resolve().parent
-
-
-def _outputs(result: Output | Iterable[Output] | None) -> list[Output]:
-    if result is None:
-        return []
-    if isinstance(result, (StreamOutput, SinkOutput)):
-        return [result]
-    outputs = list(result)
-    for out in outputs:
-        if not isinstance(out, (StreamOutput, SinkOutput)):
-            raise ConfigError(
-                f"a pipeline returns outputs made by batch.to_stream(...) or batch.to_sink(...), "
-                f"not {type(out).__name__}"
-            )
-    return outputs
-
-
-class DataFrameRunner(BatchRunner):
-    """Runs a :class:`Pipeline`'s micro-batches (the coordinator's :class:`BatchRunner`)."""
-
-    exact_batches = True
-    places_tasks = True
-
-    def __init__(self, spark: Any, pipeline: Pipeline, config: Config) -> None:
-        if not config.inputs:
-            raise ConfigError("task.inputs is empty: list the job's input streams as system.stream")
-        require_persistent_stores(config)
-        self.steps: list[str] | None = None  # the stateful steps of the first batch
-        self.spark = spark
-        self.pipeline = pipeline
-        self.config = config
-        #: the job's batch log epoch, set by the driver once the log is open (sinks: begin)
-        self.batch_epoch: int | None = None
-        #: exactly-once: what the last batch staged, for the driver to record in its batch log
-        self._staged: BatchOutputs | None = None
-        self._owner = batch_owner(config) if stages_output(config) else None
-
-    def begin_epoch(self, epoch: int) -> None:
-        """The batch log's epoch, passed on to every sink before it writes (:meth:`Sink.begin`)."""
-        self.batch_epoch = epoch
-
-    @property
-    def staged(self) -> BatchOutputs | None:
-        return self._staged
-
-    def executors(self) -> list[Executor] | None:
-        """The live executors on a cluster (host affinity); ``None`` in local mode."""
-        return cluster_executors(self.spark.sparkContext)
-
-    def catch_up(self, plans: list[StandbyPlan]) -> list[StandbyResult]:
-        """Catch the standby copies up, as the task API's runner does."""
-        return catch_up_standbys(self.spark.sparkContext, plans)
-
-    def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
-        from pyspark import StorageLevel
-
-        self._staged = None if self._owner is None else BatchOutputs()
-        group = batch_job_group(self.spark.sparkContext, batch)
-        source = batch_source(
-            self.spark,
-            plans,
-            value_schema=self.pipeline.value_schema,
-            value_type=self.pipeline.value_type,
-            name=source_token(batch),
-        )
-        cached = source.df.persist(StorageLevel.MEMORY_AND_DISK)
-        frame = Batch(self.spark, cached, batch, plans, self.config)
-        frame._cached.append(cached)
-        sent: dict[str, int] = {}
-        t0 = time.monotonic()
-        # (a batch is several Spark jobs, each over every task: one task of a lost executor
-        # would hold its job for spark.locality.wait; the task API runs a job per executor)
-        locations = {p.location for p in plans if p.location}
-        with ExecutorWatch(self.spark.sparkContext, group, locations) as watch:
-            try:
-                if plans and all(p.commits.clean_up_only for p in plans):
-                    # no pipeline: only each task's finish, which cleans up after the checkpoint
-                    return self._finish(cached, Finisher(plans, []))
-                outputs = _outputs(self.pipeline.build(frame))
-                if exactly_once(self.config):
-                    _check_sinks_stage(outputs)
-                steps = sorted(frame._steps)
-                if self.steps is not None and steps != self.steps:
-                    raise ConfigError(
-                        f"batch {batch}: the pipeline's stateful steps changed from "
-                        f"{self.steps} to {steps}; build the same steps for every batch (a step "
-                        "may get no rows, but it must be there), or state would miss messages"
-                    )
-                self.steps = steps
-                timer_store = self.config.get_str("task.timers.store")
-                if timer_store and frame._timers is None:
-                    raise ConfigError(
-                        f"task.timers.store={timer_store!r} is set, but no stateful step has "
-                        "on_timer=...: give the step that registers timers an on_timer (or unset "
-                        "task.timers.store), or the watermark never advances"
-                    )
-                t1 = time.monotonic()
-                writes = _Writes(self.spark, frame, source, outputs)
-                finisher = Finisher(plans, steps)
-                results: list[TaskBatchResult] = []
-                for i, output in enumerate(outputs):
-                    watch.check(f"batch {batch}")  # (a job started after the loss: cancelled too)
-                    fold = finisher if writes.folded and i == len(outputs) - 1 else None
-                    fused = writes.fused.get(i)
-                    if fused is None:
-                        results = self._write(output, batch, sent, fold) or results
-                    elif i == writes.last_of(fused[0]):  # the step's job sends all its outputs
-                        job = self._write_fused(writes, fused[0], outputs, batch, fold)
-                        results = self._collect(job, sent) or results
-                t2 = time.monotonic()
-                if not writes.folded:
-                    watch.check(f"batch {batch}")
-                    results = self._finish(cached, finisher)
-                log.info(
-                    "batch %d: pipeline built in %.2fs, %d outputs written in %.2fs (%s), tasks "
-                    "finished %s",
-                    batch,
-                    t1 - t0,
-                    len(outputs),
-                    t2 - t1,
-                    writes.describe(),
-                    "with the last output" if writes.folded else f"in {time.monotonic() - t2:.2f}s",
-                )
-            except Exception as exc:
-                if watch.lost is not None and not isinstance(exc, BatchInterrupted):
-                    raise BatchInterrupted(
-                        f"batch {batch}: {watch.lost} was lost while the batch ran on it, and its "
-                        f"Spark jobs were cancelled ({type(exc).__name__})"
-                    ) from exc
-                if isinstance(exc, SparkpointError):
-                    raise
-                err = user_error_from(exc)
-                if err is not None:
-                    raise err from None
-                raise
-            finally:
-                frame.release()
-        record_executors(self.spark.sparkContext, group, plans, results)
-        by_task = {r.task: r for r in results}
-        for task, n in sent.items():
-            target = by_task.get(task) or (results[0] if results else None)
-            if target is not None:
-                target.sent += n
-        return results
-
-    @staticmethod
-    def _finish(source: Any, finisher: Finisher) -> list[TaskBatchResult]:
-        """Each task's finish on the cached partitions (locality), without shipping their rows
-        to Python: offsets are never null, and a predicate Spark cannot fold keeps the
-        partitions."""
-        cached = source.select("offset").where(F.col("offset").isNull())
-        finish = cached.mapInArrow(finisher, "result BINARY")
-        return [pickle.loads(row.result) for row in finish.collect()]
-
-    def _write(
-        self, output: Output, batch: int, sent: dict[str, int], finisher: Finisher | None
-    ) -> list[TaskBatchResult]:
-        """Write one output; the tasks' results if ``finisher`` finished them on the way."""
-        if isinstance(output, SinkOutput):
-            begin = getattr(output.sink, "begin", None)
-            if begin is not None and self.batch_epoch is not None:
-                begin(self.batch_epoch)
-            if self._staged is None or not exactly_once(self.config):
-                output.sink.write(output.df, batch)
-                return []
-            sink = output.sink
-            assert isinstance(sink, StagingSink)  # _check_sinks_stage
-            token = sink.stage(output.df, batch)
-            if token:
-                pickled: bytes = cloudpickle.dumps(sink)  # type: ignore[no-untyped-call]
-                self._staged.sinks.append(StagedSink(pickled, repr(sink), token))
-            return []
-        writer = self._writer(output, batch, finisher)
-        return self._collect(output.df.mapInArrow(writer, RESULT_SCHEMA), sent)
-
-    def _write_fused(
-        self,
-        writes: _Writes,
-        step: StepFrame,
-        outputs: list[Output],
-        batch: int,
-        finisher: Finisher | None,
-    ) -> Any:
-        """The job that runs ``step`` and sends what it yields to the streams of the outputs
-        fused with it, in one pass."""
-        routes = []
-        for i, (sender, route) in sorted(writes.fused.items()):
-            output = outputs[i]
-            if sender is step and isinstance(output, StreamOutput):
-                routes.append((self._writer(output, batch, None), route))
-        fused = FusedStep(step.udf, routes, arrow_schema(step.schema), finisher)
-        projection = writes.projections.get(step.udf.name)
-        if projection is None:
-            return step.input.mapInArrow(fused, RESULT_SCHEMA)
-        source = writes.source
-        own_read = FusedRead(fused, source.read_schema, projection, arrow_schema(step.input.schema))
-        return source.plans.mapInArrow(own_read, RESULT_SCHEMA)
-
-    def _writer(
-        self, output: StreamOutput, batch: int, finisher: Finisher | None
-    ) -> StreamWriterUdf:
-        config = self.config.to_dict()
-        owner = self._owner if staged_stream(self.config, output.stream) else None
-        staging = None if owner is None else (owner, batch)
-        return StreamWriterUdf(config, output.stream, output.key, output.value, finisher, staging)
-
-    def _collect(self, job: Any, sent: dict[str, int]) -> list[TaskBatchResult]:
-        """Run a stream output's job; count what each task sent, note the parts it staged, and
-        return the tasks' results that it carries (when it finished them)."""
-        results = []
-        for row in job.collect():
-            sent[row.task] = sent.get(row.task, 0) + int(row.sent)
-            if row.staged and self._staged is not None:
-                self._staged.add_parts(json.loads(row.staged))
-            if row.result is not None:
-                results.append(pickle.loads(row.result))
-        return results
-
-
-class _Writes:
-    """How a batch's outputs are written: which run fused with their step (and which of those
-    read their own input), whether the last one also finishes the tasks, and whether the
-    batch source stays cached (when more than one job reads it)."""
-
-    def __init__(self, spark: Any, frame: Batch, source: BatchSource, outputs: list[Output]):
-        self.source = source
-        pairs = [(o.df, isinstance(o, StreamOutput)) for o in outputs]
-        #: by output: the step it runs fused with, and the rows of the step it sends
-        self.fused = fusable(spark, frame._frames, pairs)
-        self.projections: dict[str, Any] = {}
-        for step in {id(step): step for step, _ in self.fused.values()}.values():
-            step.output.unpersist()  # its one job computes it
-            projection = source_projection(spark, step.input, source.name)
-            if projection is not None:
-                self.projections[step.udf.name] = projection
-        last = outputs[-1] if outputs else None
-        tasks = len(frame._plans)
-        self.folded = bool(outputs) and (
-            len(outputs) - 1 in self.fused
-            or (isinstance(last, StreamOutput) and _on_task_partitions(last.df, tasks))
-        )
-        readers = int(not self.folded)  # the finish job reads the cached source
-        for i, output in enumerate(outputs):
-            fused = self.fused.get(i)
-            if fused is None:
-                readers += reads(output.df, source.name)
-            elif fused[0].udf.name not in self.projections and i == self.last_of(fused[0]):
-                readers += reads(fused[0].input, source.name)
-        if readers < 2:
-            frame.df.unpersist()  # one job reads the batch: nothing to share
-
-    def last_of(self, step: StepFrame) -> int:
-        """The last output fused with ``step``: its job runs there, sending them all."""
-        return max(i for i, (s, _) in self.fused.items() if s is step)
-
-    def describe(self) -> str:
-        if not self.fused:
-            return "none fused"
-        own = sum(s.udf.name in self.projections for s, _ in self.fused.values())
-        return f"{len(self.fused)} fused with their step, {own} of them reading their own input"
-
-
-def _check_sinks_stage(outputs: Sequence[Output]) -> None:
-    """Exactly-once: every sink must stage its batches (:class:`StagingSink`)."""
-    for out in outputs:
-        if isinstance(out, SinkOutput) and not isinstance(out.sink, StagingSink):
-            what = "a function sink" if isinstance(out.sink, FunctionSink) else repr(out.sink)
-            raise ConfigError(
-                f"job.processing.guarantee=exactly-once, but {what} cannot stage its output "
-                "(a sink needs stage, publish and discard: see StagingSink; ParquetSink has "
-                "them): use such a sink, or run with job.processing.guarantee=at-least-once"
-            )
-
-
-__all__ = [
-    "Batch",
-    "DataFrameRunner",
-    "FunctionSink",
-    "Output",
-    "ParquetSink",
-    "Pipeline",
-    "Sink",
-    "SinkOutput",
-    "StagingSink",
-    "StepState",
-    "StreamOutput",
-    "load_pipeline",
-]

@@ -6,7 +6,7 @@ A DataFrame pipeline's output is the batch's, not one task's (its rows are shuff
 
 1. the batch's stream outputs stage one part per Spark task attempt and partition under the
    job's batch owner (:func:`~sparkpoint.storage.outputs.batch_owner`), and its sinks stage
-   their files (:class:`~sparkpoint.runtime.dataframe.pipeline.StagingSink`); the runner
+   their files (:class:`~sparkpoint.runtime.dataframe.sinks.StagingSink`); the runner
    reports what the attempts whose results Spark kept staged
    (:class:`~sparkpoint.runtime.plan.BatchOutputs`);
 2. :func:`record` keeps it in the batch's log entry before any checkpoint covering the batch is
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from sparkpoint.config import Config
 from sparkpoint.errors import SparkpointError
 from sparkpoint.model import SystemStreamPartition
-from sparkpoint.runtime.dataframe.pipeline import StagingSink
+from sparkpoint.runtime.dataframe.sinks import StagingSink
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.plan import BatchOutputs, TaskBatchResult
 from sparkpoint.storage.outputs import batch_owner, discard_staged, publish_parts, stages_output

@@ -1,7 +1,7 @@
 """The batch log: which input offsets each numbered micro-batch ends at, kept durably.
 
 DataFrame pipelines write to sinks with the batch id, and a sink that skips batch ids it has
-already committed (like :class:`~sparkpoint.runtime.dataframe.pipeline.ParquetSink`) must see a
+already committed (like :class:`~sparkpoint.runtime.dataframe.sinks.ParquetSink`) must see a
 retried batch carry the same id *and* the same input. So before running batch ``n`` the driver
 records its end offsets here, in the metadata store (namespace ``batch-log``), and after a restart
 it replays the batches that the tasks' checkpoints do not cover yet, with the same ids and end

@@ -52,7 +52,7 @@ class ResolvedJob:
 
         if self.pipeline is None:
             return SparkRunner(spark)
-        from sparkpoint.runtime.dataframe.pipeline import DataFrameRunner
+        from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 
         return DataFrameRunner(spark, self.pipeline, self.config)
 
