@@ -150,7 +150,7 @@ def test_readers_on_either_side_of_a_repair_s_floor_stay_in_range_during_a_publi
 ) -> None:
     """A reader that had not read the removed 19 resumes there, one that had at 20: both
     are in range, also while records are published (held back from 20)."""
-    from sparkpoint.system.filelog.partition import PUBLISHING
+    from sparkpoint.system.filelog.files import PUBLISHING
 
     _partition, in_range = repaired_at_19(system)
     admin = system.factory.get_admin("fl", system.config)

@@ -23,6 +23,7 @@ from sparkpoint.errors import CorruptRecordError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.fsutil import atomic_write, fsync_dir
 from sparkpoint.system.filelog import format as fmt
+from sparkpoint.system.filelog.files import PUBLISHING
 from sparkpoint.system.record import Record
 
 if TYPE_CHECKING:  # the partition log imports this module (it finishes interrupted publishes)
@@ -30,8 +31,6 @@ if TYPE_CHECKING:  # the partition log imports this module (it finishes interrup
 
 log = logging.getLogger(__name__)
 
-#: the file naming a publish in progress: readers stop before its first offset
-PUBLISHING = "PUBLISHING"
 PUBLISHED = "PUBLISHED"
 STAGED = "staged"
 #: a part's index beside it: its entries, then :data:`TRAILER` (CRC-32 of the part, of the
