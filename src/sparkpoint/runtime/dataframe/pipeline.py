@@ -337,22 +337,26 @@ class Batch:
         code = TableJoinStep(table, key, into, how, value_type).code()
         return self._step(df, name or f"join-{table}", [table], code, schema)
 
-    def _step(self, df: Any, step: str, used: list[str], code: StepCode, schema: str) -> Any:
-        if code.on_timer is not None:
-            timer_store = self.config.get_str("task.timers.store")
-            if not timer_store:
-                raise ConfigError(
-                    f"stateful step {step!r}: on_timer needs a store to keep the timers in: set "
-                    "task.timers.store to one of the job's stores (stores.<name>.factory="
-                    "rocksdb, with a changelog or a blob store backup)"
-                )
-            if timer_store not in used:
-                used.append(timer_store)
-            if self._timers is not None:
-                raise ConfigError(
-                    f"stateful steps {self._timers!r} and {step!r} both have timers (on_timer, "
-                    "or a window); a pipeline's timers belong to one step"
-                )
+    def _check_timers(self, step: str, used: list[str]) -> None:
+        """A step with ``on_timer``: the timer store is configured and becomes one of the
+        step's stores; one step per pipeline has timers."""
+        timer_store = self.config.get_str("task.timers.store")
+        if not timer_store:
+            raise ConfigError(
+                f"stateful step {step!r}: on_timer needs a store to keep the timers in: set "
+                "task.timers.store to one of the job's stores (stores.<name>.factory="
+                "rocksdb, with a changelog or a blob store backup)"
+            )
+        if timer_store not in used:
+            used.append(timer_store)
+        if self._timers is not None:
+            raise ConfigError(
+                f"stateful steps {self._timers!r} and {step!r} both have timers (on_timer, "
+                "or a window); a pipeline's timers belong to one step"
+            )
+
+    def _check_stores(self, step: str, used: list[str]) -> None:
+        """Every store the step uses is configured and is the step's alone; its name is new."""
         for store in used:
             if store not in self.config.stores:
                 raise ConfigError(
@@ -368,6 +372,11 @@ class Batch:
                     f"stateful steps {other!r} and {step!r} both use store {shared[0]!r}; a "
                     "store belongs to one step per pipeline (pass stores=[...] to each step)"
                 )
+
+    def _step(self, df: Any, step: str, used: list[str], code: StepCode, schema: str) -> Any:
+        if code.on_timer is not None:
+            self._check_timers(step, used)
+        self._check_stores(step, used)
         if "task" not in df.columns:
             raise partitioning_error(step, "its input has no 'task' column")
         moved = shuffle_in(df)

@@ -148,24 +148,8 @@ class DataFrameRunner(BatchRunner):
                 if plans and all(p.commits.clean_up_only for p in plans):
                     # no pipeline: only each task's finish, which cleans up after the checkpoint
                     return self._finish(cached, Finisher(plans, []))
-                outputs = _outputs(self.pipeline.build(frame))
-                if exactly_once(self.config):
-                    _check_sinks_stage(outputs)
+                outputs = self._build(frame, batch)
                 steps = frame.step_names
-                if self.steps is not None and steps != self.steps:
-                    raise ConfigError(
-                        f"batch {batch}: the pipeline's stateful steps changed from "
-                        f"{self.steps} to {steps}; build the same steps for every batch (a step "
-                        "may get no rows, but it must be there), or state would miss messages"
-                    )
-                self.steps = steps
-                timer_store = self.config.get_str("task.timers.store")
-                if timer_store and frame.timer_step is None:
-                    raise ConfigError(
-                        f"task.timers.store={timer_store!r} is set, but no stateful step has "
-                        "on_timer=...: give the step that registers timers an on_timer (or unset "
-                        "task.timers.store), or the watermark never advances"
-                    )
                 t1 = time.monotonic()
                 writes = _Writes(self.spark, frame, source, outputs)
                 finisher = Finisher(plans, steps)
@@ -214,6 +198,30 @@ class DataFrameRunner(BatchRunner):
             if target is not None:
                 target.sent += n
         return results
+
+    def _build(self, frame: Batch, batch: int) -> list[Output]:
+        """The pipeline's outputs for the batch, once its steps are checked: the same steps as
+        every earlier batch, timers only with a step that fires them, and (exactly-once)
+        sinks that stage."""
+        outputs = _outputs(self.pipeline.build(frame))
+        if exactly_once(self.config):
+            _check_sinks_stage(outputs)
+        steps = frame.step_names
+        if self.steps is not None and steps != self.steps:
+            raise ConfigError(
+                f"batch {batch}: the pipeline's stateful steps changed from "
+                f"{self.steps} to {steps}; build the same steps for every batch (a step "
+                "may get no rows, but it must be there), or state would miss messages"
+            )
+        self.steps = steps
+        timer_store = self.config.get_str("task.timers.store")
+        if timer_store and frame.timer_step is None:
+            raise ConfigError(
+                f"task.timers.store={timer_store!r} is set, but no stateful step has "
+                "on_timer=...: give the step that registers timers an on_timer (or unset "
+                "task.timers.store), or the watermark never advances"
+            )
+        return outputs
 
     @staticmethod
     def _finish(source: Any, finisher: Finisher) -> list[TaskBatchResult]:

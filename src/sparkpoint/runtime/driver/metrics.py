@@ -38,6 +38,7 @@ from sparkpoint.system.streams import ensure_stream
 
 if TYPE_CHECKING:
     from sparkpoint.runtime.driver.reports import BatchReport
+    from sparkpoint.runtime.plan import TaskBatchResult
 
 log = logging.getLogger(__name__)
 
@@ -155,32 +156,7 @@ class JobMetrics:
         self.batches.labels(job).inc()
         self.batch_time.labels(job).observe(report.seconds)
         for r in report.tasks:
-            labels = (job, r.task)
-            self.processed.labels(*labels).inc(r.processed)
-            self.sent.labels(*labels).inc(r.sent)
-            self.late.labels(*labels).inc(r.late)
-            self.window_late.labels(*labels).inc(r.window_late)
-            self.timers_fired.labels(*labels).inc(r.timers_fired)
-            self.parts_staged.labels(*labels).inc(r.parts_staged)
-            self.published.labels(*labels).inc(r.records_published)
-            self.process_time.labels(*labels).inc(r.process_seconds)
-            if r.commit_started:
-                self.commits.labels(*labels).inc()
-                self.commit_sync.labels(*labels).observe(r.commit_seconds)
-            for done in r.upload_metrics:
-                self.commit_async.labels(*labels).observe(done.get("upload-ms", 0) / 1000)
-                self.uploaded.labels(*labels).inc(done.get("bytes-uploaded", 0))
-                if "bytes-retained" in done:
-                    self.retained.labels(*labels).set(done["bytes-retained"])
-            restored = [s for s in r.restored if s.source != PROMOTED]
-            if restored:
-                self.restores.labels(*labels).inc()
-                self.restore_time.labels(*labels).inc(sum(s.seconds for s in restored))
-                self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in restored))
-            if len(restored) < len(r.restored):
-                self.promotions.labels(*labels).inc()
-            for store, size in r.state_bytes.items():
-                self.state_bytes.labels(job, r.task, store).set(size)
+            self._record_task(r)
         for task, parts in report.parts_open.items():
             self.parts_open.labels(job, task).set(parts)
         if report.parts_discarded:
@@ -199,6 +175,36 @@ class JobMetrics:
         for task, lag in report.standby.lags.items():
             self.standby_lag.labels(job, task).set(lag)
         self.standby_seconds.labels(job).inc(report.standby.seconds)
+
+    def _record_task(self, r: TaskBatchResult) -> None:
+        """One task's counts of the batch."""
+        job = self.job
+        labels = (job, r.task)
+        self.processed.labels(*labels).inc(r.processed)
+        self.sent.labels(*labels).inc(r.sent)
+        self.late.labels(*labels).inc(r.late)
+        self.window_late.labels(*labels).inc(r.window_late)
+        self.timers_fired.labels(*labels).inc(r.timers_fired)
+        self.parts_staged.labels(*labels).inc(r.parts_staged)
+        self.published.labels(*labels).inc(r.records_published)
+        self.process_time.labels(*labels).inc(r.process_seconds)
+        if r.commit_started:
+            self.commits.labels(*labels).inc()
+            self.commit_sync.labels(*labels).observe(r.commit_seconds)
+        for done in r.upload_metrics:
+            self.commit_async.labels(*labels).observe(done.get("upload-ms", 0) / 1000)
+            self.uploaded.labels(*labels).inc(done.get("bytes-uploaded", 0))
+            if "bytes-retained" in done:
+                self.retained.labels(*labels).set(done["bytes-retained"])
+        restored = [s for s in r.restored if s.source != PROMOTED]
+        if restored:
+            self.restores.labels(*labels).inc()
+            self.restore_time.labels(*labels).inc(sum(s.seconds for s in restored))
+            self.restore_bytes.labels(*labels).inc(sum(s.bytes for s in restored))
+        if len(restored) < len(r.restored):
+            self.promotions.labels(*labels).inc()
+        for store, size in r.state_bytes.items():
+            self.state_bytes.labels(job, r.task, store).set(size)
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """Samza's ``metrics`` part: groups (``sparkpoint.job``, ``sparkpoint.task.<task>``)
