@@ -9,7 +9,7 @@ from pageviews_task import PageViewCounter
 
 from sparkpoint import OutgoingMessageEnvelope, StreamTask
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.taskapi.api import MessageCollector, TaskContext, TaskCoordinator
+from sparkpoint.runtime.api.task import MessageCollector, TaskContext, TaskCoordinator
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope
 

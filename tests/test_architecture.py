@@ -110,7 +110,15 @@ def test_tests_mirror_the_package_layout() -> None:
 # the runtime's own packages, in the one order they may import each other (plan.py, the
 # contract between the driver and the tasks, and runner.py, between the driver and whatever
 # runs a batch, are below them all)
-RUNTIME_LAYER = {"plan": 0, "runner": 0.5, "taskapi": 1, "spark": 2, "dataframe": 3, "driver": 4}
+RUNTIME_LAYER = {
+    "plan": 0,
+    "runner": 0.5,
+    "api": 0.7,
+    "executor": 1,
+    "spark": 2,
+    "dataframe": 3,
+    "driver": 4,
+}
 RUNTIME = SRC / "runtime"
 
 
@@ -149,13 +157,18 @@ def test_runtime_packages_import_one_way() -> None:
     assert wrong == []
 
 
+# the runtime's parts that run without Spark (the inline runner, the test kit)
+SPARKLESS = ("plan", "runner", "api", "executor")
+
+
 def test_no_spark_in_the_task_api() -> None:
     """The task API's executor side runs without Spark (the inline runner, the test kit)."""
     wrong = [
         f"{where.split(':')[1]}:{line}"
         for where, name, line in imports()
         if name.startswith("pyspark")
-        and runtime_part(where.split(":")[1].replace("/", ".")) in ("plan", "runner", "taskapi")
+        and runtime_part(where.split(":")[1].replace("/", "."))
+        in ("plan", "runner", "api", "executor")
     ]
     assert wrong == []
 
@@ -211,3 +224,15 @@ def test_no_import_cycles() -> None:
     for module in sorted(graph):
         visit(module, [])
     assert cycles == []
+
+
+def test_the_task_api_imports_no_runtime_implementation() -> None:
+    """``runtime/api`` (what a user implements and calls) imports no other runtime package:
+    its context, timers and windows are protocols the executor runtime implements."""
+    wrong = [
+        f"{where.split(':')[1]}:{line} imports {name}"
+        for where, name, line in imports()
+        if runtime_part(where.split(":")[1].replace("/", ".")) == "api"
+        and runtime_part(name) not in (None, "api")
+    ]
+    assert wrong == []

@@ -9,7 +9,7 @@ from typing import Any
 
 from pageviews_task import PageViewCounter
 
-from sparkpoint.runtime.taskapi.api import MessageCollector, TaskContext, TaskCoordinator
+from sparkpoint.runtime.api.task import MessageCollector, TaskContext, TaskCoordinator
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.system.base import IncomingMessageEnvelope
 

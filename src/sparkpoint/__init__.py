@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
-from sparkpoint.runtime.taskapi.api import (
+from sparkpoint.runtime.api.task import (
     MessageCollector,
     StreamTask,
     TaskContext,

@@ -31,7 +31,7 @@ SLOTS: dict[str, Slot] = {
     for s in (
         Slot(
             "configs",
-            "sparkpoint.runtime.taskapi.executor",
+            "sparkpoint.runtime.executor.task_batch",
             "the Config and Systems (clients) of the last few job configs this process ran",
             "reused by every batch of the same config; the oldest is closed when a fifth comes",
         ),
@@ -68,7 +68,7 @@ SLOTS: dict[str, Slot] = {
         ),
         Slot(
             "frozen-imports",
-            "sparkpoint.runtime.taskapi.worker_heap",
+            "sparkpoint.runtime.executor.worker_heap",
             "whether this Spark worker froze what it had imported (gc.freeze)",
             "set once, by the first task or step that runs; kept for the life of the process",
         ),

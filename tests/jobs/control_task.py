@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.taskapi.api import (
+from sparkpoint.runtime.api.task import (
     MessageCollector,
     StreamTask,
     TaskContext,

@@ -10,7 +10,7 @@ import os
 
 from pageviews_task import PageViewCounter
 
-from sparkpoint.runtime.taskapi.api import MessageCollector, TaskContext, TaskCoordinator
+from sparkpoint.runtime.api.task import MessageCollector, TaskContext, TaskCoordinator
 from sparkpoint.system.base import IncomingMessageEnvelope
 
 

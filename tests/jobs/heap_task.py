@@ -1,5 +1,5 @@
 """A test task that reports, per message, whether its process froze its imports
-(:mod:`sparkpoint.runtime.taskapi.worker_heap`), how many objects are frozen there, and the
+(:mod:`sparkpoint.runtime.executor.worker_heap`), how many objects are frozen there, and the
 collector's thresholds while it processes.
 
 Its ``init`` marks the process unfrozen, as a new worker is: the batch freezes after ``init``,
@@ -11,13 +11,13 @@ from __future__ import annotations
 import gc
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.taskapi import worker_heap
-from sparkpoint.runtime.taskapi.api import (
+from sparkpoint.runtime.api.task import (
     MessageCollector,
     StreamTask,
     TaskContext,
     TaskCoordinator,
 )
+from sparkpoint.runtime.executor import worker_heap
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
 
 

@@ -4,7 +4,7 @@ the input's system."""
 from __future__ import annotations
 
 from sparkpoint.model import SystemStream
-from sparkpoint.runtime.taskapi.api import (
+from sparkpoint.runtime.api.task import (
     MessageCollector,
     StreamTask,
     TaskContext,

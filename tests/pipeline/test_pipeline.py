@@ -176,7 +176,7 @@ def _report_heap(state: Any, chunks: Any) -> Any:
     by whatever ran in it first, cannot pass for one the step froze."""
     import pyarrow as pa
 
-    from sparkpoint.runtime.taskapi import worker_heap
+    from sparkpoint.runtime.executor import worker_heap
 
     frozen = worker_heap.FROZEN.done
     ran_here_before = getattr(worker_heap, "_test_step_ran_here", False)

@@ -1,8 +1,8 @@
 """Joins in a DataFrame pipeline. ``batch.join_table``: the task API's stream-table join
-(``tests/runtime/taskapi/test_tables.py``) run as a pipeline gives the same enriched views, a
+(``tests/runtime/executor/test_tables.py``) run as a pipeline gives the same enriched views, a
 job moves between the APIs keeping its table, and a crash in the batch changes no view's
 enrichment. ``batch.join_window``: the task API's windowed join
-(``tests/runtime/taskapi/test_stream_join.py``) gives the reference's pairs, bounded buffers,
+(``tests/runtime/executor/test_stream_join.py``) gives the reference's pairs, bounded buffers,
 keeps the task API's buffers, and stays exact across a crash. Both joins run on filelog and on
 Kafka (Tansu)."""
 
@@ -20,8 +20,8 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.runtime.dataframe.pipeline import Batch, Pipeline
 from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
-from tests.runtime.taskapi import test_stream_join as joins
-from tests.runtime.taskapi.test_tables import (
+from tests.runtime.executor import test_stream_join as joins
+from tests.runtime.executor.test_tables import (
     Profiles,
     enriched,
     expected,

@@ -27,7 +27,7 @@ from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import Message, send_messages
 from tests.helpers import committed_counts, generate
-from tests.runtime.taskapi.test_timers import T0, Clock, idle, rows, timer_job
+from tests.runtime.executor.test_timers import T0, Clock, idle, rows, timer_job
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def run(config: Config, spark: Any | None) -> list[Any]:
 def test_idle_timers_fire_once_as_in_the_task_api(
     tmp_path: Path, spark: Any, clock: type[Clock]
 ) -> None:
-    """(Timers on Kafka: tests/runtime/taskapi/test_timers.py; the store and the system are
+    """(Timers on Kafka: tests/runtime/executor/test_timers.py; the store and the system are
     the same for both APIs.)"""
     seen: dict[str, tuple[list[tuple[str, int]], dict[str, int]]] = {}
     for api in ("task", "frame"):

@@ -22,7 +22,7 @@ from sparkpoint.runtime.dataframe.runner import DataFrameRunner
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.testing import JobTestDriver
-from tests.runtime.taskapi.test_windows import (
+from tests.runtime.executor.test_windows import (
     BAD,
     HOP_SIZE,
     HOP_SLIDE,
@@ -278,7 +278,7 @@ def test_hopping_windows_move_between_the_apis_and_stay_exact_across_a_crash(
         tmp_path,
         log_system,
         **{
-            "task.class": "tests.runtime.taskapi.test_windows:_Hops",
+            "task.class": "tests.runtime.executor.test_windows:_Hops",
             "testing.crash.at": "during-stateful-step",
             "testing.crash.flag": str(flag),
         },

@@ -13,7 +13,7 @@ import pytest
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import TaskError
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
-from sparkpoint.runtime.taskapi.output import OutputCollector
+from sparkpoint.runtime.executor.output import OutputCollector
 from sparkpoint.system.base import OutgoingMessageEnvelope
 from sparkpoint.system.registry import Systems
 from tests.conftest import pageviews_config

@@ -37,4 +37,4 @@ def test_spark_workers_import_pyspark_from_the_installed_package(spark: Any) -> 
         assert ".zip" not in file, file
         assert Path(file).resolve().is_relative_to(PACKAGE)
         assert threads == 1  # nothing imported before the fork started a thread
-        assert "sparkpoint.runtime.taskapi.executor" in modules  # imported once, by the daemon
+        assert "sparkpoint.runtime.executor.task_batch" in modules  # imported once, by the daemon

@@ -14,8 +14,8 @@ from sparkpoint.config import load_config
 from sparkpoint.model import SystemStream
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
+from sparkpoint.runtime.executor import worker_heap
 from sparkpoint.runtime.spark.session import SparkRunner
-from sparkpoint.runtime.taskapi import worker_heap
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
@@ -24,7 +24,7 @@ from tests.helpers import generate
 
 
 def _freeze_twice(_: int) -> tuple[int, int, int, bool]:
-    from sparkpoint.runtime.taskapi import worker_heap
+    from sparkpoint.runtime.executor import worker_heap
 
     inherited = gc.get_freeze_count()  # the daemon's, plus this worker's if it froze before
     worker_heap.freeze_imported_objects()

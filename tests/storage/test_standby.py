@@ -276,8 +276,8 @@ def test_an_executors_catch_up_deletes_what_it_no_longer_keeps_and_goes_on_past_
     from sparkpoint.checkpoint.checkpoint import CheckpointV2
     from sparkpoint.checkpoint.id import CheckpointId
     from sparkpoint.metadata.locality import Executor
+    from sparkpoint.runtime.executor.standby import run_standby
     from sparkpoint.runtime.plan import StandbyPlan, StandbyTarget
-    from sparkpoint.runtime.taskapi.standby import run_standby
     from sparkpoint.storage.local import standby_tasks
 
     config = make(tmp_path, **STANDBYS)
@@ -318,7 +318,7 @@ def test_a_copy_behind_tombstones_compaction_dropped_is_seeded_again(tmp_path: P
     again (the changelog says how far tombstones went), and equals the live state."""
     from sparkpoint.model import SystemStreamPartition
     from sparkpoint.storage.changelog.backend import changelog_stream
-    from tests.runtime.taskapi.test_windows import job, send, views
+    from tests.runtime.executor.test_windows import job, send, views
 
     config = job(
         tmp_path,
@@ -399,8 +399,8 @@ def test_a_copy_held_by_another_process_is_neither_caught_up_nor_promoted(
     from dataclasses import replace
 
     from sparkpoint.metadata.locality import Executor
+    from sparkpoint.runtime.executor.standby import run_standby
     from sparkpoint.runtime.plan import StandbyPlan, StandbyTarget
-    from sparkpoint.runtime.taskapi.standby import run_standby
     from sparkpoint.storage import restore, standby
     from sparkpoint.storage.standby import StandbyCopyInUse
 

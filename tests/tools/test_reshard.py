@@ -558,7 +558,7 @@ def test_a_windowed_job_is_resharded_and_its_windows_close_in_their_new_tasks(
     each window (``reshard.key: window``), and their timers go with them (a timer of a window
     store is keyed by the store's name and the window; before, the key check refused them).
     After more views, every minute that went out counts its user's views in it, once."""
-    from tests.runtime.taskapi.test_windows import MINUTE, emitted, job, send, views
+    from tests.runtime.executor.test_windows import MINUTE, emitted, job, send, views
 
     config = job(
         tmp_path,
@@ -591,7 +591,7 @@ def test_a_new_task_takes_the_watermark_of_the_task_its_keys_come_from(tmp_path:
     source task had none has none (its first records were late)."""
     from sparkpoint.storage.timers import TIME
     from sparkpoint.tools.state import committed_raw_entries
-    from tests.runtime.taskapi.test_windows import MINUTE, emitted, job, send
+    from tests.runtime.executor.test_windows import MINUTE, emitted, job, send
 
     def p(user: str, n: int) -> int:
         return zlib.crc32(user.encode()) % n

@@ -5,7 +5,7 @@ A window store holds, for each key, its open windows and their accumulators; a w
 window's end (a session's: its last event + the gap) fires when the task's watermark reaches
 it, a processing-time one when processing time does. State is therefore bounded by the windows
 still open. This module holds the layout and the arithmetic, over a raw engine; the APIs'
-helpers (:mod:`sparkpoint.runtime.taskapi.windows`) register the timers and send the results.
+helpers (:mod:`sparkpoint.runtime.executor.windows`) register the timers and send the results.
 
 Layout (raw engine keys; the user's key as its store's key serde makes it)::
 

@@ -32,7 +32,7 @@ class IncomingMessageEnvelope(NamedTuple):
     """A message a task receives: its SSP, offset, decoded key and value, and timestamp (ms);
     its event time (ms: the timestamp, or ``streams.<s>.event.time.field`` of the message) and
     whether it is late (older than the task's watermark when its batch began; see
-    :mod:`sparkpoint.runtime.taskapi.timers`). A named tuple, as :class:`Record` and for the
+    :mod:`sparkpoint.runtime.executor.timers`). A named tuple, as :class:`Record` and for the
     same reason: one is built per message."""
 
     ssp: SystemStreamPartition

@@ -41,11 +41,11 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
 from sparkpoint.model import SystemStream
 from sparkpoint.model.clock import use_clock, wall_ms
+from sparkpoint.runtime.api.task import StreamTask
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.runtime.driver.reports import RunSummary
 from sparkpoint.runtime.runner import BatchRunner
-from sparkpoint.runtime.taskapi.api import StreamTask
 from sparkpoint.storage import task_storage
 from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.store import store_serdes

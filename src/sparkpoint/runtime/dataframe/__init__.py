@@ -8,6 +8,6 @@ runs per task partition (:mod:`.udfs`), which outputs run fused with their state
 (:mod:`.fusion`), the executor side of a task's batch in phases (:mod:`.task`) and the phase
 machine those phases advance (:mod:`.phases`, no Spark in it).
 
-May import :mod:`sparkpoint.runtime.plan`, :mod:`sparkpoint.runtime.taskapi`,
+May import :mod:`sparkpoint.runtime.plan`, :mod:`sparkpoint.runtime.executor`,
 :mod:`sparkpoint.runtime.spark`, pyspark and every package below the runtime; never the driver.
 """

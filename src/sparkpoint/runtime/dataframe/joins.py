@@ -1,7 +1,7 @@
 """Joins as stateful steps of a DataFrame pipeline.
 
 ``batch.join_window``: the task API's windowed stream-stream join
-(:mod:`sparkpoint.runtime.taskapi.joins`, the same buffers and timers, so a job can move
+(:mod:`sparkpoint.runtime.executor.joins`, the same buffers and timers, so a job can move
 between the APIs): the rows of one DataFrame, split into the two sides by a column (the
 ``stream`` column of ``batch.df``), are joined by key within ``within_ms`` of event time; the
 step yields each matching pair once, as the row ``key, left_time, left, right_time, right``.
@@ -27,9 +27,9 @@ import pyarrow.compute as pc
 
 from sparkpoint.errors import TaskError
 from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
-from sparkpoint.runtime.taskapi.executor import worker_config
-from sparkpoint.runtime.taskapi.joins import open_join
-from sparkpoint.runtime.taskapi.output import OutputCollector
+from sparkpoint.runtime.executor.joins import open_join
+from sparkpoint.runtime.executor.output import OutputCollector
+from sparkpoint.runtime.executor.task_batch import worker_config
 from sparkpoint.storage.joins import Joined
 
 JOIN_KINDS = ("left", "inner")

@@ -5,7 +5,7 @@ compute a part of it more than once (a second output reading the batch again, a 
 task). The work of one task is therefore split into phases, which
 :class:`~sparkpoint.runtime.dataframe.phases.TaskPhases` orders and checks (read its docstring
 for the machine); this module runs them around the same
-:class:`~sparkpoint.runtime.taskapi.executor.TaskBatch` the task API uses, so commits,
+:class:`~sparkpoint.runtime.executor.task_batch.TaskBatch` the task API uses, so commits,
 backups, restore and the marker work the same:
 
 * **read** (:func:`read_batches`, the batch source of the task's Spark partition): the first
@@ -48,13 +48,13 @@ from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.model.clock import follow
 from sparkpoint.refs import raised_at
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
-from sparkpoint.runtime.taskapi.executor import BatchCoordinator, TaskBatch
-from sparkpoint.runtime.taskapi.timers import OwnedTimer, TaskTimers
-from sparkpoint.runtime.taskapi.worker_heap import (
+from sparkpoint.runtime.executor.task_batch import CoordinatorRequests, TaskBatch
+from sparkpoint.runtime.executor.timers import OwnedTimer, TaskTimers
+from sparkpoint.runtime.executor.worker_heap import (
     fewer_full_collections,
     freeze_imported_objects,
 )
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind, TimerStore
@@ -145,7 +145,7 @@ class FrameTask:
             next_offsets,
             processed=processed,
             sent=0,
-            coordinator=BatchCoordinator(),
+            coordinator=CoordinatorRequests(),
             started=started,
             processed_at=time.monotonic(),
         )

@@ -170,7 +170,7 @@ class Finisher:
 
     def finish(self, plan: TaskBatchPlan | None = None) -> bytes:
         """Finish the task of ``plan`` (or of the current Spark partition); its pickled result."""
-        from sparkpoint.runtime.taskapi.executor import setup_worker_logging
+        from sparkpoint.runtime.executor.task_batch import setup_worker_logging
 
         plan = plan or self.plans[partition_index()]
         setup_worker_logging(plan.config)
@@ -235,7 +235,7 @@ class StreamWriterUdf:
     def collector(self, config: Any, systems: Any, task: str) -> Any:
         """This output's collector for a task (an ``OutputCollector``); exactly-once, it
         stages a part of its own."""
-        from sparkpoint.runtime.taskapi.output import OutputCollector
+        from sparkpoint.runtime.executor.output import OutputCollector
 
         staging = None
         if self.staging is not None:
@@ -355,7 +355,7 @@ def write_routed(
     (with ``finisher``) finish the task; yields a :data:`RESULT_SCHEMA` row per output (each
     names the parts its output staged: two outputs may stage to one partition), the task's
     result on the last."""
-    from sparkpoint.runtime.taskapi.executor import worker_config
+    from sparkpoint.runtime.executor.task_batch import worker_config
 
     config, systems = worker_config(outputs[0][0].config)
     task = "" if plan is None else plan.task.name.name

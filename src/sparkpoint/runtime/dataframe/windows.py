@@ -1,4 +1,4 @@
-"""``batch.window``: the task API's window stores (:mod:`sparkpoint.runtime.taskapi.windows`)
+"""``batch.window``: the task API's window stores (:mod:`sparkpoint.runtime.executor.windows`)
 as a stateful step of a DataFrame pipeline.
 
 The step adds each row of its input to each of its window stores (the same layout and the same
@@ -19,9 +19,9 @@ import pyarrow as pa
 
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
-from sparkpoint.runtime.taskapi.executor import worker_config
-from sparkpoint.runtime.taskapi.output import OutputCollector
-from sparkpoint.runtime.taskapi.windows import TaskWindows, WindowedStore
+from sparkpoint.runtime.executor.output import OutputCollector
+from sparkpoint.runtime.executor.task_batch import worker_config
+from sparkpoint.runtime.executor.windows import TaskWindows, WindowedStore
 from sparkpoint.storage.windows import Aggregate, Window, WindowSpec, count
 
 #: the columns of ``batch.window``'s result, after ``value``'s type
@@ -39,7 +39,7 @@ class WindowDef:
     spec: WindowSpec
     aggregate: Aggregate
     late_stream: str | None = None
-    #: the triggers (:class:`~sparkpoint.runtime.taskapi.windows.Triggers`)
+    #: the triggers (:class:`~sparkpoint.runtime.executor.windows.Triggers`)
     early: bool = False
     allowed_lateness_ms: int = 0
 

@@ -75,7 +75,7 @@ def resolve_job(
         path = Path(job)  # type: ignore[arg-type]
         directory = path.resolve().parent
         config = with_dir_on_path(load_config(path, values).with_one_off(values), directory)
-        from sparkpoint.runtime.taskapi.executor import load_task_class
+        from sparkpoint.runtime.executor.task_batch import load_task_class
 
         load_task_class(config.require("task.class"))  # a bad module fails before Spark starts
     if not config.inputs:

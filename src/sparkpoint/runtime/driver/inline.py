@@ -16,9 +16,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from sparkpoint.errors import SparkpointError
+from sparkpoint.runtime.executor.task_batch import run_task_batch
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.runner import BatchRunner
-from sparkpoint.runtime.taskapi.executor import run_task_batch
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from sparkpoint.runtime.driver.inline import (
     WorkerProcessDied,
 )
 from sparkpoint.runtime.driver.reports import Listener
+from sparkpoint.runtime.executor.task_batch import restores_in_threads, state_is_on_disk
 from sparkpoint.runtime.plan import (
     BatchOutputs,
     StandbyPlan,
@@ -47,7 +48,6 @@ from sparkpoint.runtime.plan import (
 )
 from sparkpoint.runtime.runner import BatchRunner, RunBatch, as_runner
 from sparkpoint.runtime.spark.session import choose_master, spark_context, spark_session
-from sparkpoint.runtime.taskapi.executor import restores_in_threads, state_is_on_disk
 
 log = logging.getLogger(__name__)
 

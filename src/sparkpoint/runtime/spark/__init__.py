@@ -6,6 +6,6 @@ preferred hosts (:mod:`.locality`), the Python worker daemon that imports sparkp
 before it forks (:mod:`.pydaemon`) and the JVM class archive that shortens every start
 (:mod:`.jvm_archive`).
 
-May import :mod:`sparkpoint.runtime.plan`, :mod:`sparkpoint.runtime.taskapi`, pyspark and
+May import :mod:`sparkpoint.runtime.plan`, :mod:`sparkpoint.runtime.executor`, pyspark and
 every package below the runtime; never the DataFrame API or the driver.
 """

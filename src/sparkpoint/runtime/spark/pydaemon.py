@@ -46,9 +46,9 @@ def main() -> None:
     import pyspark.worker  # noqa: F401  (every worker imports it)
     from pyspark.daemon import manager
 
-    import sparkpoint.runtime.taskapi.executor  # noqa: F401  (the task API's whole batch path)
+    import sparkpoint.runtime.executor.task_batch  # noqa: F401  (the task API's whole batch path)
 
-    gc.freeze()  # see runtime/taskapi/worker_heap.py: the workers' collections skip all this
+    gc.freeze()  # see runtime/executor/worker_heap.py: the workers' collections skip all this
     manager()
 
 

@@ -3,7 +3,7 @@
 The driver (this process) is the job coordinator. Each batch is one Spark job (one per executor
 with host affinity) over an RDD of the task plans, dealt into groups of tasks, one Spark
 partition per group (:class:`SparkRunner`); the executor side is
-:func:`sparkpoint.runtime.taskapi.executor.run_task_batch`, once per task of the group. Python
+:func:`sparkpoint.runtime.executor.task_batch.run_task_batch`, once per task of the group. Python
 workers use this interpreter (``PYSPARK_PYTHON``), so they import the same sparkpoint.
 """
 
@@ -36,6 +36,8 @@ from sparkpoint.errors import (
 )
 from sparkpoint.metadata.locality import Executor
 from sparkpoint.model.clock import follow
+from sparkpoint.runtime.executor.standby import run_standby
+from sparkpoint.runtime.executor.task_batch import run_task_batch
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, TaskBatchPlan, TaskBatchResult
 from sparkpoint.runtime.runner import BatchRunner
 from sparkpoint.runtime.spark import jvm_archive
@@ -46,8 +48,6 @@ from sparkpoint.runtime.spark.locality import (
     live_executors,
     located_rdd,
 )
-from sparkpoint.runtime.taskapi.executor import run_task_batch
-from sparkpoint.runtime.taskapi.standby import run_standby
 
 _ERRORS: dict[str, type[SparkpointError]] = {
     "ConfigError": ConfigError,

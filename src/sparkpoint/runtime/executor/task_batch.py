@@ -42,15 +42,15 @@ from sparkpoint.errors import (
 from sparkpoint.failpoints import maybe_pause
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.refs import load_reference, raised_at
-from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
-from sparkpoint.runtime.taskapi.api import StreamTask
-from sparkpoint.runtime.taskapi.output import OutputCollector
-from sparkpoint.runtime.taskapi.timers import TaskTimers
-from sparkpoint.runtime.taskapi.windows import TaskWindows
-from sparkpoint.runtime.taskapi.worker_heap import (
+from sparkpoint.runtime.api.task import StreamTask
+from sparkpoint.runtime.executor.output import OutputCollector
+from sparkpoint.runtime.executor.timers import TaskTimers
+from sparkpoint.runtime.executor.windows import TaskWindows
+from sparkpoint.runtime.executor.worker_heap import (
     fewer_full_collections,
     freeze_imported_objects,
 )
+from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkpoint
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
@@ -162,7 +162,7 @@ class ErrorPolicy:
         return False
 
 
-class BatchCoordinator:
+class CoordinatorRequests:
     def __init__(self) -> None:
         self.commit_requested = False
         self.shutdown_requested = False
@@ -262,7 +262,7 @@ class TaskBatch:
         plan = self.plan
         t0 = time.monotonic()
         next_offsets = self.begin()
-        coordinator = BatchCoordinator()
+        coordinator = CoordinatorRequests()
         collector = OutputCollector(
             self.config, self.systems, self.task, self._staging(), staged_streams(self.config)
         )
@@ -328,7 +328,7 @@ class TaskBatch:
         *,
         processed: int,
         sent: int,
-        coordinator: BatchCoordinator,
+        coordinator: CoordinatorRequests,
         started: float,
         processed_at: float,
     ) -> TaskBatchResult:
@@ -437,7 +437,7 @@ class TaskBatch:
         next_offsets: dict[SystemStreamPartition, str],
         task: StreamTask,
         collector: OutputCollector,
-        coordinator: BatchCoordinator,
+        coordinator: CoordinatorRequests,
         timers: TaskTimers,
     ) -> int:
         """Process the SSP's messages of this batch."""
@@ -490,7 +490,7 @@ class TaskBatch:
         records: Sequence[Record],
         task: StreamTask,
         collector: OutputCollector,
-        coordinator: BatchCoordinator,
+        coordinator: CoordinatorRequests,
         timers: TaskTimers,
     ) -> None:
         key_serde, msg_serde = self.input_serdes(ssp.system_stream)

@@ -38,7 +38,7 @@ from sparkpoint.storage.tables import Tables
 from sparkpoint.storage.timers import OWNED, TimeKind, Timer, TimerStore, owned_key, split_owned
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.taskapi.api import MessageCollector, StreamTask, TaskCoordinator
+    from sparkpoint.runtime.api.task import MessageCollector, StreamTask, TaskCoordinator
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, SparkpointError
 from sparkpoint.failpoints import POINTS, InjectedCrash
 from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.runtime.taskapi.windows import TaskWindows
+from sparkpoint.runtime.executor.windows import TaskWindows
 from sparkpoint.storage.windows import WindowSpec
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
@@ -293,8 +293,8 @@ def test_a_users_timer_finds_the_windows_closed_before_it_gone(tmp_path: Path) -
     window store's reads."""
     from sparkpoint.config import load_config
     from sparkpoint.model import SystemStreamPartition, TaskName
-    from sparkpoint.runtime.taskapi.timers import TaskTimers
-    from sparkpoint.runtime.taskapi.windows import WindowedStore
+    from sparkpoint.runtime.executor.timers import TaskTimers
+    from sparkpoint.runtime.executor.windows import WindowedStore
     from sparkpoint.serde import JsonSerde, StringSerde
     from sparkpoint.storage.kv.factory import open_engine
     from sparkpoint.storage.kv.store import SerializedKeyValueStore
@@ -387,8 +387,8 @@ class _Recorded:
         of a window (``+ emission`` with ``triggers``), ``("timer", key, time)`` of a user's
         timer (``user_timers`` are registered first). ``on_emit(windows, window)`` runs as a
         window goes out."""
-        from sparkpoint.runtime.taskapi.timers import TaskTimers
-        from sparkpoint.runtime.taskapi.windows import WindowedStore
+        from sparkpoint.runtime.executor.timers import TaskTimers
+        from sparkpoint.runtime.executor.windows import WindowedStore
         from sparkpoint.storage.timers import TimeKind
 
         emitted: list[Any] = []
@@ -471,7 +471,7 @@ def test_held_windows_past_the_batch_s_limit_go_out_in_the_next(
 ) -> None:
     """Held windows the per-batch limit leaves are written back with their timers, and go out
     in the next batch: none lost, none twice."""
-    import sparkpoint.runtime.taskapi.timers as timers_module
+    import sparkpoint.runtime.executor.timers as timers_module
 
     monkeypatch.setattr(timers_module, "MAX_FIRED_PER_BATCH", 2)
     recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
@@ -608,7 +608,7 @@ def test_windows_with_triggers_still_go_out_in_the_batch_that_closes_them(tmp_pa
     """A window store with early emissions or an allowed lateness keeps its windows after they
     go out (no window is held): its changes are written before the timers fire, so a window
     opened and closed in one batch goes out on time in that batch."""
-    from sparkpoint.runtime.taskapi.windows import Triggers
+    from sparkpoint.runtime.executor.windows import Triggers
 
     late = _Recorded(tmp_path / "late", WindowSpec.tumbling(10))
     assert late.batch([("a", 1), ("a", 40)], triggers=Triggers(allowed_lateness_ms=5)) == [
@@ -652,7 +652,7 @@ def test_reading_a_window_store_while_its_windows_go_out_delays_none(tmp_path: P
 def test_a_window_store_opened_twice_in_a_batch_is_refused(tmp_path: Path) -> None:
     """Two objects over one window store would each hold their own changes and windows (and
     one would be dropped): the second open names the store and the fix."""
-    from sparkpoint.runtime.taskapi.timers import TaskTimers
+    from sparkpoint.runtime.executor.timers import TaskTimers
 
     recorded = _Recorded(tmp_path, WindowSpec.tumbling(10))
     timers = TaskTimers(
@@ -674,8 +674,8 @@ def test_an_early_emission_that_adds_to_another_window_store_is_written(
     run in the same pass (here: a record added by ``window()``, after the timers). The change
     is written before the batch ends, in either order of opening (before, the rollup's change
     was dropped when it was opened first)."""
-    from sparkpoint.runtime.taskapi.timers import TaskTimers
-    from sparkpoint.runtime.taskapi.windows import Triggers, WindowedStore
+    from sparkpoint.runtime.executor.timers import TaskTimers
+    from sparkpoint.runtime.executor.windows import Triggers, WindowedStore
     from sparkpoint.serde import JsonSerde, StringSerde
     from sparkpoint.storage.kv.factory import open_engine
     from sparkpoint.storage.kv.store import SerializedKeyValueStore
@@ -733,8 +733,8 @@ def test_early_updates_that_feed_their_own_store_are_stopped_naming_it(tmp_path:
     """An ``emit`` that adds a store's early updates to that store changes it on every write:
     the batch stops with an error naming the store, rather than looping."""
     from sparkpoint.errors import TaskError
-    from sparkpoint.runtime.taskapi.timers import MAX_FLUSH_PASSES, TaskTimers
-    from sparkpoint.runtime.taskapi.windows import Triggers, WindowedStore
+    from sparkpoint.runtime.executor.timers import MAX_FLUSH_PASSES, TaskTimers
+    from sparkpoint.runtime.executor.windows import Triggers, WindowedStore
     from sparkpoint.serde import JsonSerde, StringSerde
     from sparkpoint.storage.kv.factory import open_engine
     from sparkpoint.storage.kv.store import SerializedKeyValueStore

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError
 from sparkpoint.model import SystemStream, TaskName
+from sparkpoint.runtime.api.task import EmitPair
 from sparkpoint.storage.joins import JoinBuffer, Joined
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
@@ -42,11 +43,10 @@ from sparkpoint.storage.windows import entry_key
 from sparkpoint.system.base import OutgoingMessageEnvelope
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.taskapi.api import MessageCollector
-    from sparkpoint.runtime.taskapi.timers import TaskTimers
+    from sparkpoint.runtime.api.task import MessageCollector
+    from sparkpoint.runtime.executor.timers import TaskTimers
 
 #: what a windowed join calls with each matching pair
-EmitPair = Callable[[Joined, "MessageCollector"], None]
 
 
 class WindowedJoin:
@@ -175,4 +175,4 @@ def open_join(
     return WindowedJoin((opened[0], opened[1]), names, timers, within_ms, emit, late)
 
 
-__all__ = ["EmitPair", "WindowedJoin", "open_join"]
+__all__ = ["WindowedJoin", "open_join"]

@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
+from sparkpoint.runtime.executor.task_batch import setup_worker_logging, worker_config
 from sparkpoint.runtime.plan import StandbyPlan, StandbyResult, parse_checkpoint
-from sparkpoint.runtime.taskapi.executor import setup_worker_logging, worker_config
 from sparkpoint.storage.local import (
     remove_standby_copy,
     remove_standby_executor,

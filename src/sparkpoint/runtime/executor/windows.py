@@ -25,14 +25,15 @@ there (``{"key", "time", "value"}``) through the collector given to ``add``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.model import SystemStream, TaskName
-from sparkpoint.runtime.taskapi.joins import EmitPair, WindowedJoin, open_join
+from sparkpoint.runtime.api.task import Emit, EmitPair
+from sparkpoint.runtime.executor.joins import WindowedJoin, open_join
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.kv.store import SerializedKeyValueStore
 from sparkpoint.storage.kv.ttl import ttl_of
@@ -50,8 +51,8 @@ from sparkpoint.storage.windows import (
 from sparkpoint.system.base import OutgoingMessageEnvelope
 
 if TYPE_CHECKING:
-    from sparkpoint.runtime.taskapi.api import MessageCollector
-    from sparkpoint.runtime.taskapi.timers import TaskTimers
+    from sparkpoint.runtime.api.task import MessageCollector
+    from sparkpoint.runtime.executor.timers import TaskTimers
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ class Triggers:
 FLUSH_KEYS = 10_000
 
 #: what a window store calls with each closed window
-Emit = Callable[[Window, "MessageCollector"], None]
 
 
 class WindowedStore:
@@ -381,7 +381,7 @@ class TaskWindows:
     ) -> WindowedJoin:
         """A windowed stream-stream join: records of one key at most ``within_ms`` apart in
         event time, one from each side, go to ``emit`` once per pair
-        (:mod:`sparkpoint.runtime.taskapi.joins`)."""
+        (:mod:`sparkpoint.runtime.executor.joins`)."""
         names = (left_store, right_store)
         return open_join(
             self.task,
@@ -437,4 +437,4 @@ class TaskWindows:
         return WindowedStore(store, kept, self.timers, spec, aggregate, emit, kind, late, triggers)
 
 
-__all__ = ["Emit", "TaskWindows", "Triggers", "WindowedStore"]
+__all__ = ["TaskWindows", "Triggers", "WindowedStore"]
