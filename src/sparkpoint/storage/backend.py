@@ -4,8 +4,9 @@ A task keeps its stores on local disk. Local disk can be lost (a host dies, a ta
 another executor), so each store names one or more *backends* (``stores.<s>.backup.factories``)
 that keep a copy elsewhere, and the backends it may be restored from, in order of preference
 (``stores.<s>.restore.factories``). Built in: ``changelog`` (every write is also appended to a
-changelog stream partition) and, later, ``blobstore`` (the store's files are copied to a blob
-store). A commit runs in two phases:
+changelog stream partition, :mod:`sparkpoint.storage.changelog`) and ``blobstore`` (the store's
+files are copied to a blob store: a local directory, Azure Blob Storage or S3,
+:mod:`sparkpoint.storage.blobstore`). A commit runs in two phases, then a clean-up:
 
 * **snapshot** (synchronous, while processing waits, so it must be fast): the backend notes
   *what* it will back up and returns its markers so far (the changelog backend flushes its
