@@ -89,7 +89,7 @@ def test_only_where_allowed(forbidden: str) -> None:
 
 
 # test folders that are not a package of sparkpoint: whole-job tests, fixtures
-NOT_PACKAGES = {"e2e", "golden", "jobs", "pipeline"}
+NOT_PACKAGES = {"e2e", "golden", "jobs"}
 
 
 def test_tests_mirror_the_package_layout() -> None:
@@ -105,6 +105,44 @@ def test_tests_mirror_the_package_layout() -> None:
         and not (SRC / d.relative_to(tests)).is_dir()
     ]
     assert stray == [], f"test folders with no sparkpoint package of that name: {stray}"
+
+
+# packages whose tests live elsewhere, and where
+TESTED_ELSEWHERE = {
+    "cli": "tests/e2e/test_cli.py and test_cli_errors.py run the commands end to end",
+    "runtime/api": "protocols only: every task test runs a StreamTask through them",
+    "storage/changelog": "tests/storage/test_state_backends.py runs it as a backend, with the "
+    "blob store, through every failpoint",
+    "testing": "tests/testing",
+}
+
+
+def test_every_package_has_its_tests_folder() -> None:
+    """The other way round: each package of sparkpoint has a test folder of its name (those
+    tested elsewhere are named above, with where)."""
+    packages = sorted(
+        str(d.relative_to(SRC))
+        for d in SRC.rglob("*")
+        if d.is_dir() and (d / "__init__.py").is_file()
+    )
+    tests = Path(__file__).resolve().parent
+    missing = [p for p in packages if not (tests / p).is_dir() and p not in TESTED_ELSEWHERE]
+    assert missing == [], f"packages with no tests/<package> folder: {missing}"
+
+
+@pytest.mark.parametrize("package", ["runtime", "system"])
+def test_a_package_of_packages_holds_only_tests_of_its_own_modules(package: str) -> None:
+    """In ``tests/runtime`` and ``tests/system``, whose packages are split into subpackages,
+    a test file at the top tests one of the package's own modules (``test_retry.py`` tests
+    ``system/retry.py``): a subpackage's tests are in its own folder."""
+    tests = Path(__file__).resolve().parent / package
+    modules = {p.stem for p in (SRC / package).glob("*.py")}
+    stray = [
+        f.name
+        for f in sorted(tests.glob("test_*.py"))
+        if not any(f.stem[len("test_") :].startswith(m) for m in modules)
+    ]
+    assert stray == [], f"tests/{package}: move these to their subpackage's folder: {stray}"
 
 
 # the runtime's own packages, in the one order they may import each other (plan.py, the

@@ -11,14 +11,14 @@ record, a checkpointed offset that is not an offset. Elsewhere:
 
 - input skipped or state lost: a recreated input stream, one recreated under a running job, a
   second driver, a driver taken over, a checkpoint id from a clock a day ahead
-  (tests/runtime/test_driver_safety.py); offsets before or beyond the partition
+  (tests/runtime/driver/test_driver_safety.py); offsets before or beyond the partition
   (tests/checkpoint/test_offsets.py); a deleted changelog (tests/storage/test_restore.py); a
   damaged indexed record, repair, index entries the OS never wrote, a full disk
-  (tests/system/test_filelog.py);
+  (tests/system/filelog/test_filelog.py);
 - transient faults: the driver's metadata reads and writes (tests/system/test_retry.py), a
-  restore process that dies (tests/runtime/test_launch.py);
+  restore process that dies (tests/runtime/driver/test_launch.py);
 - advice that fits: a failed send, a changed store serde, a failure's file and line
-  (tests/runtime/test_bad_messages.py);
+  (tests/runtime/executor/test_bad_messages.py);
 - an unwritable directory (tests/e2e/test_cli_errors.py); a blob URL no filesystem serves and a
   filesystem option its class does not take (tests/storage/blobstore/test_manager.py); a binary
   `checkpoint set` file (tests/tools/test_checkpoint_tool.py).

