@@ -14,6 +14,11 @@ way). The driver calls them in this order:
 5. after the batch's checkpoints are written, when :attr:`BatchRunner.places_tasks`:
    :meth:`BatchRunner.catch_up` (standby copies).
 
+A runner subclasses :class:`BatchRunner`: the driver reads the hooks of a subclass only (a plain
+callable is wrapped with every default, and so is any other object with a ``__call__``: its
+``exact_batches`` or ``executors`` would not be seen). A subclass that overrides
+:meth:`BatchRunner.executors` or :meth:`BatchRunner.catch_up` sets ``places_tasks = True``.
+
 The runners: :class:`~sparkpoint.runtime.spark.session.SparkRunner` (the task API on Spark),
 :class:`~sparkpoint.runtime.dataframe.runner.DataFrameRunner`, the driver's own
 (:mod:`.inline`: inline, process and thread pools; :mod:`.launch`: the restore ahead and the

@@ -240,10 +240,8 @@ class JobCoordinator:
         plans = self._plan_batch(
             end, Commits(commit, window, wait, clean_up_only), batch_id, logged
         )
-        t0 = time.monotonic()
         self.writer.to_publish = 0  # the batch's clean-ups publish what was written before it
-        results = self._run_plans(plans, logged=logged, clean_up_only=clean_up_only)
-        seconds = time.monotonic() - t0
+        results, seconds = self._run_plans(plans, logged=logged, clean_up_only=clean_up_only)
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
         committed = self._apply_results(results)
         standby = (  # phase 5
@@ -301,25 +299,32 @@ class JobCoordinator:
 
     def _run_plans(
         self, plans: list[TaskBatchPlan], *, logged: bool, clean_up_only: bool
-    ) -> list[TaskBatchResult]:
-        """Phase 2: the runner runs the plans. An interrupted batch, or (exact batches) one
-        whose staged output a task lost, has no results to apply: every task rewinds."""
+    ) -> tuple[list[TaskBatchResult], float]:
+        """Phase 2: the runner runs the plans; their results and the seconds the run took. An
+        interrupted batch, or (exact batches) one whose staged output a task lost, has no
+        results to apply: every task rewinds."""
+        t0 = time.monotonic()
         try:
             results = self.runner(self.batch, plans)
         except BatchInterrupted as exc:
             self.tx.aborted += bool(self.runner.staged)
             self._rewind(exc)
-            return []
+            return [], time.monotonic() - t0
+        seconds = time.monotonic() - t0
         if logged and self.logged is not None:
             try:
                 self.logged.record(
-                    self.batch, self.runner.staged, results, clean_up_only=clean_up_only
+                    self.batch,
+                    self.runner.staged,
+                    results,
+                    clean_up_only=clean_up_only,
+                    runner=type(self.runner).__name__,
                 )
             except BatchOutputsLost as exc:
                 self._rewind(exc)
-                return []
+                return [], seconds
         self._rewinds = 0  # a batch that kept its output
-        return results
+        return results, seconds
 
     def _rewind(self, why: BatchInterrupted | BatchOutputsLost) -> None:
         """Start every task again from its last written checkpoint, as a restart does, without

@@ -118,14 +118,16 @@ class LoggedBatches:
         results: list[TaskBatchResult],
         *,
         clean_up_only: bool,
+        runner: str,
     ) -> None:
         """Exactly-once: keep the batch's staged output in its log entry, before any checkpoint
-        covering it is written. Raises :class:`~.batch_outputs.BatchOutputsLost` when a task
-        lost what it staged (the batch must be rewound)."""
+        covering it is written (``runner``: its name, for the error when it passed nothing
+        on). Raises :class:`~.batch_outputs.BatchOutputsLost` when a task lost what it staged
+        (the batch must be rewound)."""
         if staged is None and not clean_up_only and stages_output(self.config):
             raise SparkpointError(  # its output would wait forever
-                f"job {self.config.job_label}: the runner of exact batches did not pass on "
-                "what its batch staged (BatchRunner.staged)"
+                f"job {self.config.job_label}: runner {runner} of exact batches does not pass "
+                "on what its batches staged (BatchRunner.staged)"
             )
         try:
             kept = batch_outputs.record(self.config, self.systems, self.log, batch, staged, results)
