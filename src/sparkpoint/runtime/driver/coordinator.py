@@ -37,8 +37,7 @@ from sparkpoint.metadata.job_state import (
     DriverConflict,
     Heartbeat,
 )
-from sparkpoint.model import JobModel, SystemStreamPartition, TaskName
-from sparkpoint.model.startpoint import Startpoint
+from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.driver import startup
 from sparkpoint.runtime.driver.accounting import count_restores, report_batch
 from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
@@ -75,8 +74,6 @@ log = logging.getLogger(__name__)
 
 #: batches in a row the driver may rewind (an executor lost, exact output lost) before it stops
 MAX_REWINDS = 5
-
-Fanned = Mapping[TaskName, Mapping[SystemStreamPartition, Startpoint]]
 
 
 class JobCoordinator:

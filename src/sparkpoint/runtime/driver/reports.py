@@ -5,7 +5,7 @@ metrics reporters). What runs a batch is declared in :mod:`sparkpoint.runtime.ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from sparkpoint.model import JobModel, SystemStreamPartition
 from sparkpoint.runtime.driver.placement import Move
@@ -84,9 +84,13 @@ class BatchReport:
         committed: bool,
         moved: list[Move],
         away: list[Move],
-        **rest: Any,
+        parts_discarded: int,
+        parts_open: dict[str, int],
+        parts_to_publish: int,
+        transactions: Transactions,
+        standby: StandbyReport,
     ) -> BatchReport:
-        """The report of a batch from its tasks' results (``rest``: the other fields)."""
+        """The report of a batch from its tasks' results (lags are measured after it)."""
         report = cls(
             batch=batch,
             seconds=seconds,
@@ -100,7 +104,11 @@ class BatchReport:
             moved=moved,
             away=away,
             tasks=results,
-            **rest,
+            parts_discarded=parts_discarded,
+            parts_open=parts_open,
+            parts_to_publish=parts_to_publish,
+            transactions=transactions,
+            standby=standby,
         )
         for r in results:
             for metrics in r.upload_metrics:
