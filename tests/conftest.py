@@ -28,6 +28,16 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs on both cores (pytest-xdist, ``-n 2 --dist loadgroup``). The tests on
+    a standalone cluster run on one worker, in their order: they share one cluster
+    (tests/e2e/conftest.py) whose workers some of them add or kill, and two clusters at once
+    would starve a 2-core machine. Being the largest group, they start first."""
+    for item in items:
+        if item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The one local Spark session of this test run."""

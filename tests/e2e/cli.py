@@ -17,7 +17,9 @@ SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
 
 
 def env() -> dict[str, str]:
-    e = dict(os.environ)
+    """The test's environment, less the terminal size pytest-xdist's workers set (80 columns):
+    a user's piped run has none."""
+    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     e["PYSPARK_PYTHON"] = sys.executable
     e["PYSPARK_DRIVER_PYTHON"] = sys.executable
     return e
@@ -63,6 +65,16 @@ def wait_for_checkpoints(
     while len(manager.read_all()) < tasks:
         assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
+
+
+def locality_wait() -> float:
+    """``spark.locality.wait`` on a cluster, in seconds. A batch that waited for a lost
+    executor took at least this long (31 to 35 s seen before the fix), so a test asserts its
+    slowest batch is shorter: a bound the bug cannot meet however loaded the machine is
+    (12 s was seen for a good batch with two test workers on two cores)."""
+    from sparkpoint.runtime.spark.session import CLUSTER_DEFAULTS
+
+    return float(CLUSTER_DEFAULTS["spark.locality.wait"].removesuffix("s"))
 
 
 def slowest_batch(text: str) -> float:

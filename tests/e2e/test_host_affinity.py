@@ -17,7 +17,7 @@ import pytest
 from sparkpoint.config import Config
 from sparkpoint.testing.spark_cluster import StandaloneCluster
 from sparkpoint.tools.jobs import job_overview
-from tests.e2e.cli import JOB, popen, slowest_batch, sp, wait_for_checkpoints
+from tests.e2e.cli import JOB, locality_wait, popen, slowest_batch, sp, wait_for_checkpoints
 from tests.e2e.test_cluster import cluster_sets, prepared
 from tests.helpers import (
     assert_at_least_once,
@@ -192,7 +192,7 @@ def test_an_added_worker_takes_nothing_and_a_lost_one_moves_only_its_tasks(
     assert restores == len(held), text[-4000:]  # only the moved tasks restored their state
     # no batch waited for the lost executor (spark.locality.wait, 30 s on a cluster: one
     # batch took 31 s when every task was in one Spark job; SparkRunner's docstring)
-    assert slowest_batch(text) < 10, text[-4000:]
+    assert slowest_batch(text) < locality_wait(), text[-4000:]
     assert re.search(r"lost executor \S+ on \S+ \(its tasks: Partition", text), text[-4000:]
     assert changelog_view(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)
@@ -248,7 +248,9 @@ def test_a_dataframe_batch_does_not_wait_for_an_executor_lost_mid_batch(
     text = log.read_text()
     assert "done (caught up)" in text
     after = text[text.index("batch 3: ") :]
-    assert slowest_batch(after) < 10, text[-4000:]  # no batch waited for the lost executor
+    assert slowest_batch(after) < locality_wait(), text[
+        -4000:
+    ]  # no batch waited for the lost executor
     assert re.search(r"was lost while the batch ran on it", text), text[-4000:]
     assert committed_counts(config) == dict(expected)
     assert_at_least_once(emitted_counts(config), expected)

@@ -25,7 +25,14 @@ pytestmark = pytest.mark.slow
 JOB = REKEY_DIR / "job.yaml"
 
 
-@pytest.mark.parametrize("seed", [random.randrange(1_000_000)])
+def run_seed() -> int:
+    """A new seed each run (it is in the test's id); pytest-xdist's workers must all collect the
+    same one, so under it the seed comes from the run's id, which they share."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return int(run[:8], 16) % 1_000_000 if run else random.randrange(1_000_000)
+
+
+@pytest.mark.parametrize("seed", [run_seed()])
 def test_kill_9_at_a_random_moment_then_restart_counts_each_view_once(
     tmp_path: Path, seed: int
 ) -> None:
