@@ -26,6 +26,42 @@ def generate(config: Config, job_file: Path, n: int, seed: int, users: int = 50)
     return Counter(str(e["user"]) for e in events(n, seed, users))
 
 
+def changelog_job(
+    tmp_path: Path, log: dict[str, str] | None = None, partitions: int = 4, **overrides: str
+) -> Config:
+    """The example with a changelog, on filelog, or with every stream on ``log`` (the
+    ``log_system`` fixture's system); its input stream created with ``partitions``."""
+    from sparkpoint.config import load_config
+    from sparkpoint.system.base import StreamSpec
+    from tests.conftest import pageviews_config
+
+    system = "filelog" if log is None else "log"
+    values = pageviews_config(
+        tmp_path,
+        log,
+        **{
+            "stores.user-counts.changelog": f"{system}.user-counts-changelog",
+            "task.batch.max.messages": "100",
+            "task.commit.ms": "0",
+            **overrides,
+        },
+    )
+    config = load_config(None, values)
+    Systems(config).admin(system).create_stream(StreamSpec("pageviews", partitions))
+    return config
+
+
+def changelog_records(config: Config) -> int:
+    """How many records the example's changelog holds, over its partitions."""
+    from sparkpoint.storage.changelog.backend import changelog_ssp, changelog_stream
+
+    systems = Systems(config)
+    changelog = changelog_stream(config, "user-counts")
+    partitions = systems.admin(changelog.system).partition_count(changelog.stream)
+    ssps = [changelog_ssp(config, "user-counts", p) for p in range(partitions)]
+    return sum(len(systems.consumer(s.system).read(s, "0", "10000000")) for s in ssps)
+
+
 def committed_counts(config: Config) -> dict[str, int]:
     return {k: v for _t, k, v in committed_entries(config, "user-counts")}
 
@@ -102,7 +138,7 @@ def changelog_view(config: Config) -> dict[str, int]:
     systems = Systems(config)
     changelog = changelog_stream(config, "user-counts")
     out: dict[str, int] = {}
-    for p in range(4):
+    for p in range(systems.admin(changelog.system).partition_count(changelog.stream)):
         ssp = SystemStreamPartition(changelog.system, changelog.stream, p)
         for rec in systems.consumer(changelog.system).read(ssp, "0", "10000000"):
             key = (rec.key or b"").decode()

@@ -99,37 +99,32 @@ def test_the_task_directory_lists_what_a_batch_a_commit_and_a_clean_up_leave(
     """Issue 30: every file a task keeps is named by its directory (storage/local.py); after
     each step of a run it lists exactly what that step left, and nothing it does not name."""
     from sparkpoint.config import load_config
-    from sparkpoint.runtime.driver.coordinator import JobCoordinator
-    from sparkpoint.runtime.driver.inline import InlineRunner
     from sparkpoint.system.base import StreamSpec
     from sparkpoint.system.registry import Systems
     from tests.conftest import pageviews_config
-    from tests.helpers import generate
+    from tests.storage.cycle import TaskCycle
 
-    config = load_config(None, pageviews_config(tmp_path, **{"task.commit.ms": "3600000"}))
+    config = load_config(None, pageviews_config(tmp_path))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 1))
-    generate(config, tmp_path / "a.yaml", 100, seed=1)
     directory = LocalTaskState(config.store_base_dir, TaskName("Partition 0"))
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    end = coordinator.upcoming()
-    coordinator.run_batch(end, commit=False)  # a batch, not committed
+    cycle = TaskCycle(config)
+    cycle.batch(commit=False)  # a batch, not committed
     after_batch = directory.contents()
-    assert after_batch["state"] == f"batch:{coordinator.run_id}:1"
+    assert after_batch["state"] == f"batch:{cycle.run_id}:1"
     assert after_batch["stores"] == ["user-counts"]
     assert after_batch["checkpoints"] == {} and after_batch["commit-records"] == []
     assert after_batch["notes"] == [] and after_batch["unknown"] == []
-    coordinator.run_batch(end, commit=True, wait=True)  # a commit
-    cid = str(coordinator.tasks["Partition 0"].last_checkpoint.checkpoint_id)  # type: ignore[union-attr]
+    cycle.batch(wait=True)  # a commit
+    assert cycle.last is not None
+    cid = str(cycle.last.checkpoint_id)
     after_commit = directory.contents()
     assert after_commit["state"] == f"ckpt:{cid}"
     assert after_commit["checkpoints"] == {"user-counts": [cid]}
     assert after_commit["commit-records"] == [cid]
     assert after_commit["cleaned"] is None and after_commit["unknown"] == []
-    coordinator.run_batch(end, commit=False, clean_up_only=True)  # the clean-up after it
+    cycle.clean_up()  # the clean-up after it
     after_clean_up = directory.contents()
-    coordinator.close()
-    assert after_clean_up["cleaned"] == f"{coordinator.run_id}:{cid}"
+    assert after_clean_up["cleaned"] == f"{cycle.run_id}:{cid}"
     assert after_clean_up["commit-records"] == []  # done and written: removed
     assert after_clean_up["checkpoints"] == {"user-counts": [cid]}  # the last one stays
     assert after_clean_up["state"] == f"ckpt:{cid}" and after_clean_up["unknown"] == []

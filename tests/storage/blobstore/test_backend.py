@@ -1,4 +1,5 @@
-"""The blob store backend end to end on the inline runner."""
+"""The blob store backend: one task's storage batch after batch, with no driver
+(:class:`tests.storage.cycle.TaskCycle`), its state read back by the tools."""
 
 from __future__ import annotations
 
@@ -12,21 +13,15 @@ from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import InjectedCrash
-from sparkpoint.runtime.driver.coordinator import JobCoordinator
-from sparkpoint.runtime.driver.inline import InlineRunner
-from sparkpoint.storage.blobstore.backend import blob_manager
+from sparkpoint.storage.backend import backend_factory
+from sparkpoint.storage.blobstore.backend import NAME, blob_manager
 from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
+from sparkpoint.system.streams import job_model
 from sparkpoint.tools.state import blob_snapshots, check_blobs
 from tests.conftest import pageviews_config
-from tests.helpers import (
-    assert_at_least_once,
-    assert_committed_state_matches_its_offsets,
-    committed_counts,
-    emitted_counts,
-    generate,
-    live_counts,
-)
+from tests.helpers import committed_counts
+from tests.storage.cycle import TaskCycle, state_after
 
 
 def make(tmp_path: Path, **overrides: str) -> Config:
@@ -35,53 +30,51 @@ def make(tmp_path: Path, **overrides: str) -> Config:
         **{
             "stores.user-counts.backup.factories": "blobstore",
             "task.checkpoint.read.versions": "2",
-            "task.batch.max.messages": "150",
-            "task.commit.ms": "0",
+            "task.commit.async.enabled": "false",
             **overrides,
         },
     )
     config = load_config(None, values)
-    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
+    Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 1))
     return config
 
 
-def run(config: Config) -> None:
-    coordinator = JobCoordinator(config, InlineRunner())
-    try:
-        coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
+def committed(config: Config, batches: int, *, wait: bool = True) -> TaskCycle:
+    """A task that ran ``batches`` batches, each committed, then cleaned up after the last."""
+    cycle = TaskCycle(config)
+    for _ in range(batches):
+        cycle.batch(wait=wait)
+    cycle.clean_up()
+    return cycle
 
 
 def test_lost_host_restores_from_the_blob_store(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = make(tmp_path)
-    expected = generate(config, tmp_path / "a.yaml", 1500, seed=61)
-    run(config)
+    config = make(tmp_path, **{"task.commit.async.enabled": "true"})
+    cycle = committed(config, 3, wait=False)
+    cycle.batch(wait=True)
     assert check_blobs(config) == []
     snapshots = blob_snapshots(config)
-    assert len(snapshots) == 4 and all(s["files"] > 0 and s["bytes"] > 0 for s in snapshots)
+    assert len(snapshots) == 1 and snapshots[0]["files"] > 0 and snapshots[0]["bytes"] > 0
     shutil.rmtree(config.store_base_dir)
     # the committed state can be read straight from the blob store, without the job
-    assert committed_counts(config) == dict(expected)
-    expected += generate(config, tmp_path / "b.yaml", 300, seed=62)
+    assert committed_counts(config) == state_after(4)
     caplog.set_level("INFO")
-    run(config)
+    cycle.batch(wait=True)
+    assert cycle.restored and cycle.sources == {NAME}
     assert "from the blob store" in caplog.text
-    assert committed_counts(config) == dict(expected)
-    assert_at_least_once(emitted_counts(config), expected)
+    assert cycle.assert_committed_state_matches_its_offsets() == 5
     assert check_blobs(config) == []
 
 
 def test_clean_up_keeps_only_what_the_last_snapshot_uses(tmp_path: Path) -> None:
-    config = make(tmp_path)
-    generate(config, tmp_path / "a.yaml", 1500, seed=63)
-    run(config)
-    blobs = blob_manager(config)
-    used = set()
     from sparkpoint.storage.blobstore.index import SnapshotIndex
 
+    config = make(tmp_path)
+    committed(config, 4)
+    blobs = blob_manager(config)
+    used = set()
     for row in blob_snapshots(config):
         used.add(row["snapshot-index"])
         index = SnapshotIndex.loads(blobs.get_bytes(row["snapshot-index"]))
@@ -94,14 +87,11 @@ def test_clean_up_keeps_only_what_the_last_snapshot_uses(tmp_path: Path) -> None
 def test_crash_during_upload_leaves_no_partial_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = make(tmp_path, **{"task.commit.async.enabled": "false"})
-    expected = generate(config, tmp_path / "a.yaml", 1200, seed=64)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    end = coordinator.upcoming()
-    coordinator.run_batch(end, commit=True)
     from sparkpoint.storage.blobstore import manager as mgr
 
+    config = make(tmp_path)
+    cycle = TaskCycle(config)
+    cycle.batch(wait=True)
     real = mgr.BlobStoreManager.put_bytes
     calls = {"n": 0}
 
@@ -111,18 +101,19 @@ def test_crash_during_upload_leaves_no_partial_snapshot(
 
     monkeypatch.setattr(mgr.BlobStoreManager, "put_bytes", dying)
     with pytest.raises((InjectedCrash, CommitError)):
-        coordinator.run_batch(end, commit=True)
-    coordinator.close()
+        cycle.batch(wait=True)
     monkeypatch.setattr(mgr.BlobStoreManager, "put_bytes", real)
     assert calls["n"] >= 1
     assert check_blobs(config) == []  # no checkpoint references the partial upload
-    assert_committed_state_matches_its_offsets(config)
-    run(config)  # the next commits succeed (and adopt what the last checkpoint uses)
-    blobs = blob_manager(config)
-    orphans = blobs.sweep(now_ms=10**15)  # long after the TTL of the crashed upload
+    assert cycle.assert_committed_state_matches_its_offsets() == 1
+    cycle.batch(wait=True)  # restores batch 1's snapshot, and commits batch 2 again
+    cycle.batch(wait=True)
+    cycle.clean_up()  # adopts what the last checkpoint uses
+    assert cycle.restored is False and cycle.batches == 3
+    orphans = blob_manager(config).sweep(now_ms=10**15)  # long after the crashed upload's TTL
     assert orphans  # the files uploaded before the crash expire, unreferenced
     assert check_blobs(config) == []
-    assert committed_counts(config) == dict(expected)
+    assert committed_counts(config) == state_after(3)
 
 
 def test_dual_commit_with_the_changelog_then_restore_from_either(tmp_path: Path) -> None:
@@ -133,8 +124,7 @@ def test_dual_commit_with_the_changelog_then_restore_from_either(tmp_path: Path)
             "stores.user-counts.backup.factories": "blobstore,changelog",
         },
     )
-    expected = generate(config, tmp_path / "a.yaml", 800, seed=65)
-    run(config)
+    committed(config, 3)
     checkpoints = CheckpointManager(config).read_version(2)
     assert all(
         set(c.state_checkpoint_markers) == {"blobstore", "changelog"} for c in checkpoints.values()
@@ -146,36 +136,27 @@ def test_dual_commit_with_the_changelog_then_restore_from_either(tmp_path: Path)
             only = {keep: dict(c.state_checkpoint_markers[keep])}
             manager.write_checkpoint(task, CheckpointV2(c.checkpoint_id, c.input_offsets, only))
         shutil.rmtree(config.store_base_dir)
-        coordinator = JobCoordinator(config, InlineRunner())
-        coordinator.start()
-        end = {s: ts.resume[s] for ts in coordinator.tasks.values() for s in ts.model.ssps}
-        _, results = coordinator.run_batch(end, commit=False)
-        coordinator.close()
-        assert {i.source for r in results for i in r.restored} == {keep}
-        assert live_counts(config) == dict(expected), keep
+        cycle = TaskCycle(config)
+        assert cycle.contents() == state_after(3), keep
+        assert cycle.restored and cycle.sources == {keep}
 
 
-def test_upload_metrics_reach_the_driver(tmp_path: Path) -> None:
-    config = make(tmp_path, **{"task.commit.async.enabled": "false"})
-    generate(config, tmp_path / "a.yaml", 600, seed=66)
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    end = coordinator.upcoming()
-    first, _ = coordinator.run_batch(end, commit=True)
-    assert first.uploads["files-uploaded"] > 0 and first.uploads["bytes-uploaded"] > 0
-    assert first.uploads["upload-ms"] >= 0
-    second, _ = coordinator.run_batch(end, commit=True)
+def test_upload_metrics_are_reported_with_each_commit(tmp_path: Path) -> None:
+    config = make(tmp_path)
+    cycle = TaskCycle(config)
+    (first,) = cycle.batch(wait=True).completed
+    assert first.metrics["files-uploaded"] > 0 and first.metrics["bytes-uploaded"] > 0
+    assert first.metrics["upload-ms"] >= 0
+    (second,) = cycle.batch(wait=True).completed
     # the second snapshot re-uses the first one's unchanged files
-    assert second.uploads["bytes-retained"] > 0
-    coordinator.close()
+    assert second.metrics["bytes-retained"] > 0
 
 
 def test_restore_reuses_identical_local_files_and_downloads_the_rest(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = make(tmp_path, **{"task.commit.async.enabled": "false"})
-    expected = generate(config, tmp_path / "a.yaml", 900, seed=67)
-    run(config)
+    config = make(tmp_path)
+    committed(config, 3)
     # lose the live store and the committed local checkpoint, but keep an older local one
     for task_dir in config.store_base_dir.iterdir():
         shutil.rmtree(task_dir / "user-counts")
@@ -184,47 +165,28 @@ def test_restore_reuses_identical_local_files_and_downloads_the_rest(
         older = checkpoints[0].with_name("0-0")  # pretend it is an older checkpoint of the store
         checkpoints[0].rename(older)
     caplog.set_level("INFO")
-    coordinator = JobCoordinator(config, InlineRunner())
-    coordinator.start()
-    end = {s: ts.resume[s] for ts in coordinator.tasks.values() for s in ts.model.ssps}
-    _, results = coordinator.run_batch(end, commit=False)
-    coordinator.close()
-    assert {i.source for r in results for i in r.restored} == {"blobstore"}
+    cycle = TaskCycle(config)
+    assert cycle.contents() == state_after(3)
+    assert cycle.sources == {NAME}
     assert "reused" in caplog.text and "restored 0 files" in caplog.text  # every file was local
-    assert live_counts(config) == dict(expected)
 
 
 def test_snapshot_of_a_removed_store_is_deleted(tmp_path: Path) -> None:
+    """A store gone from the job: the backend's admin deletes its snapshots (the driver calls
+    it at start, for every backend a checkpoint names)."""
     config = make(
-        tmp_path,
-        **{"stores.old.factory": "rocksdb", "stores.old.backup.factories": "blobstore"},
+        tmp_path, **{"stores.old.factory": "rocksdb", "stores.old.backup.factories": "blobstore"}
     )
-    generate(config, tmp_path / "a.yaml", 300, seed=68)
-    run(config)
+    committed(config, 2)
     old_indexes = {r["snapshot-index"] for r in blob_snapshots(config) if r["store"] == "old"}
-    assert len(old_indexes) == 4
+    assert len(old_indexes) == 1
     values = {k: v for k, v in config.to_dict().items() if not k.startswith("stores.old.")}
     without = load_config(None, values)
-    generate(without, tmp_path / "b.yaml", 50, seed=69)
-    run(without)
+    systems = Systems(without)
+    admin = backend_factory(NAME).admin(without, job_model(without, systems), systems)
+    admin.delete_unused(CheckpointManager(without).read_all())
+    committed(without, 1)  # the next commit names the store no more
     blobs = blob_manager(without)
     assert not any(blobs.exists(i) for i in old_indexes)
     assert {r["store"] for r in blob_snapshots(without)} == {"user-counts"}
     assert check_blobs(without) == []
-
-
-def test_a_run_to_the_end_commits_its_last_batch_once_its_uploads_are_done(
-    tmp_path: Path,
-) -> None:
-    """A run to the end of its input commits its last batch, waiting for the batch's uploads,
-    as the commit after the last batch did: an upload still running then would leave the
-    tasks uncommitted, and the driver would snapshot and upload once more."""
-    config = make(tmp_path, **{"task.batch.max.messages": "1000", "task.commit.ms": "600000"})
-    expected = generate(config, tmp_path / "a.yaml", 1200, seed=64)
-    coordinator = JobCoordinator(config, InlineRunner())
-    try:
-        summary = coordinator.run(until_caught_up=True)
-    finally:
-        coordinator.close()
-    assert (summary.batches, summary.commits) == (1, 1), summary
-    assert committed_counts(config) == dict(expected)
