@@ -51,6 +51,20 @@ def changelog_job(
     return config
 
 
+def run_job(config: Config, **kwargs: Any) -> Any:
+    """Run the job in this process (the inline runner) with ``kwargs`` for
+    ``JobCoordinator.run`` (``until_caught_up=True`` ...); returns the closed coordinator."""
+    from sparkpoint.runtime.driver.coordinator import JobCoordinator
+    from sparkpoint.runtime.driver.inline import InlineRunner
+
+    coordinator = JobCoordinator(config, InlineRunner())
+    try:
+        coordinator.run(**kwargs)
+    finally:
+        coordinator.close()
+    return coordinator
+
+
 def changelog_records(config: Config) -> int:
     """How many records the example's changelog holds, over its partitions."""
     from sparkpoint.storage.changelog.backend import changelog_ssp, changelog_stream

@@ -274,3 +274,42 @@ def test_the_task_api_imports_no_runtime_implementation() -> None:
         and runtime_part(name) not in (None, "api")
     ]
     assert wrong == []
+
+
+# storage test modules that run a job through its driver, and why the driver is part of what
+# they test; every other one drives TaskStorage itself (tests/storage/cycle.py)
+STORAGE_TESTS_WITH_A_DRIVER = {
+    "test_ttl_stores.py": "TTL as a running job sees it: the task reads an expired count as "
+    "absent and counts again from zero, with the driver's clock on every host; the TTL store "
+    "alone is tests/storage/kv/test_ttl.py",
+}
+
+
+def driver_imports(path: Path) -> list[str]:
+    """What ``path`` imports that builds or runs a driver."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = {a.name for a in node.names}
+            if node.module.startswith("sparkpoint.runtime.driver"):
+                found.append(node.module)
+            elif node.module == "tests.helpers" and "run_job" in names:
+                found.append("tests.helpers.run_job")
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("sparkpoint.runtime.driver")]
+    return found
+
+
+def test_storage_is_tested_without_a_driver() -> None:
+    """Issue 70: storage behaviour is tested on the storage itself, not through a driver, unless
+    the driver's part is what is under test (named above, with why; those moved to
+    tests/runtime/driver/ when the driver is most of it)."""
+    storage_tests = Path(__file__).resolve().parent / "storage"
+    found = {
+        p.name: imports
+        for p in sorted(storage_tests.rglob("*.py"))
+        if (imports := driver_imports(p)) and p.name not in STORAGE_TESTS_WITH_A_DRIVER
+    }
+    assert found == {}, f"storage tests that build a driver: {found}"
+    gone = [n for n in STORAGE_TESTS_WITH_A_DRIVER if not (storage_tests / n).exists()]
+    assert gone == [], f"named above but gone: {gone}"

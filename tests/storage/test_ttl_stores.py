@@ -16,8 +16,9 @@ from sparkpoint.model import SystemStreamPartition
 from sparkpoint.model.clock import use_clock
 from sparkpoint.storage.changelog.backend import changelog_stream
 from sparkpoint.system.registry import Systems
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 TTL = 60_000
 

@@ -12,8 +12,9 @@ from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.faults import InjectedFault
 from sparkpoint.tools.state import check_blobs
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 
 def test_a_flaky_blob_store_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -20,8 +20,9 @@ from sparkpoint.model import SystemStream
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.streams import add_partitions
 from tests.e2e.cli import sp
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 
 def stored_counts(config: object) -> dict[str, str]:

@@ -54,7 +54,7 @@ def test_a_reset_that_dies_half_way_never_starts_a_re_key_over_on_what_it_made(
     read the surviving intermediate stream from its oldest record: every view counted twice,
     a reviewer's script.)"""
     from sparkpoint.system.filelog.system import FileLogAdmin
-    from tests.storage.test_intermediate import per_user, rekey_job, views
+    from tests.runtime.driver.test_intermediate import per_user, rekey_job, views
 
     # the metadata on a system listed before the checkpoints' (its stream went first)
     config = rekey_job(

@@ -33,8 +33,9 @@ from sparkpoint.tools.reshard import reshard
 from sparkpoint.tools.state import committed_entries
 from sparkpoint.tools.streams import add_partitions
 from tests.e2e.cli import sp
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 BACKENDS = {
     "changelog": {},
@@ -454,7 +455,7 @@ def test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_gro
     moves each count to its user's new partition. Exact after each, with a run in between,
     in both APIs (``rekey_task``, ``rekey_pipeline``)."""
     from sparkpoint.model import SystemStream
-    from tests.storage.test_intermediate import BY_USER, per_user, rekey_job, views
+    from tests.runtime.driver.test_intermediate import BY_USER, per_user, rekey_job, views
 
     config = rekey_job(tmp_path, **{"task.batch.max.messages": "300"})
     if api == "dataframe":
@@ -470,7 +471,7 @@ def test_a_re_keyed_job_s_state_follows_its_intermediate_stream_through_both_gro
             assert until_caught_up
             run_until_caught_up(JobCoordinator(config, DataFrameRunner(spark, pipeline, config)))
     else:
-        from tests.storage.test_state_backends import run
+        from tests.helpers import run_job as run
 
     by_page = SystemStream("filelog", "pageviews-by-page")
     written = views(config, tmp_path, 900, seed=91)
@@ -505,7 +506,7 @@ def test_a_re_keying_job_s_store_must_name_the_stream_it_follows(tmp_path: Path)
     could not tell a store of one stage from the other's: unset, the reshard is refused; set
     to a stream the job does not read, too. Nothing changes either way."""
     from sparkpoint.model import SystemStream
-    from tests.storage.test_intermediate import rekey_job, views
+    from tests.runtime.driver.test_intermediate import rekey_job, views
 
     config = rekey_job(tmp_path)
     views(config, tmp_path, 300, seed=94)

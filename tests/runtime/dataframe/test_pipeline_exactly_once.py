@@ -233,7 +233,7 @@ def test_output_to_a_system_that_cannot_stage_is_refused_naming_it(
     config = _config(
         tmp_path,
         **{
-            "systems.log.factory": "tests.storage.test_exactly_once:NoStaging",
+            "systems.log.factory": "tests.runtime.driver.test_exactly_once:NoStaging",
             "systems.log.path": str(tmp_path / "log"),
         },
     )

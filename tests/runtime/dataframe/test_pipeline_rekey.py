@@ -24,7 +24,7 @@ from sparkpoint.runtime.dataframe.sinks import ParquetSink
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.tools.jobs import job_overview
 from tests.helpers import committed_counts, emitted_counts, run_until_caught_up
-from tests.storage.test_intermediate import per_user, re_keyed, rekey_job, views
+from tests.runtime.driver.test_intermediate import per_user, re_keyed, rekey_job, views
 
 
 def _run(spark: Any, config: Config) -> None:

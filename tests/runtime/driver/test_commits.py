@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.config import Config, load_config
+from sparkpoint.config import load_config
 from sparkpoint.errors import CommitError
 from sparkpoint.failpoints import POINTS, InjectedCrash
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
@@ -26,14 +26,7 @@ from tests.helpers import (
     emitted_counts,
     generate,
 )
-
-
-def run(config: Config, **kwargs: object) -> None:
-    coordinator = JobCoordinator(config, InlineRunner())
-    try:
-        coordinator.run(**kwargs)  # type: ignore[arg-type]
-    finally:
-        coordinator.close()
+from tests.helpers import run_job as run
 
 
 def test_a_commit_built_on_another_checkpoint_than_the_last_written_is_not_written(

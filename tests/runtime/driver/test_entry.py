@@ -98,8 +98,8 @@ def test_a_task_job_runs_twice_on_the_caller_s_session(tmp_path: Path, spark: An
 
 
 def test_a_pipeline_object_runs_on_the_caller_s_session(tmp_path: Path, spark: Any) -> None:
+    from tests.helpers import changelog_job as make
     from tests.helpers import generate
-    from tests.storage.test_state_backends import make
 
     config = make(tmp_path)
     expected = generate(config, tmp_path / "a.yaml", 300, seed=3)

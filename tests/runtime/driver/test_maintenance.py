@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.config import Config
-from sparkpoint.runtime.driver.coordinator import JobCoordinator
-from sparkpoint.runtime.driver.inline import InlineRunner
 from tests.helpers import (
     assert_committed_state_matches_its_offsets,
     changelog_job,
@@ -20,17 +17,9 @@ from tests.helpers import (
     committed_counts,
     generate,
 )
+from tests.helpers import run_job as run
 
 make = changelog_job
-
-
-def run(config: Config, **kwargs: object) -> JobCoordinator:
-    coordinator = JobCoordinator(config, InlineRunner())
-    try:
-        coordinator.run(**kwargs)  # type: ignore[arg-type]
-    finally:
-        coordinator.close()
-    return coordinator
 
 
 def test_changelogs_are_compacted_during_a_long_run_as_they_grow(

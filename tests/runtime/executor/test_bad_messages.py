@@ -12,8 +12,9 @@ import pytest
 from sparkpoint.errors import TaskError
 from sparkpoint.system.base import Record, RecordFields
 from sparkpoint.system.registry import Systems
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 
 def add_input(config: object, value: bytes, user: str = "poison") -> None:

@@ -22,7 +22,7 @@ from sparkpoint.system.base import StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import committed_raw_entries
 from sparkpoint.tools.streams import Message, read_json_lines, send_messages
-from tests.storage.test_state_backends import run
+from tests.helpers import run_job as run
 
 Events = list[tuple[str, str, int]]  # (stream, user, event time)
 LATENESS = 1000

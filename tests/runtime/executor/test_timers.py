@@ -26,8 +26,9 @@ from sparkpoint.runtime.driver.metrics import JobMetrics
 from sparkpoint.system.registry import Systems
 from sparkpoint.testing.backends import NAME as COPY
 from sparkpoint.tools.streams import read_json_lines
+from tests.helpers import changelog_job as make
 from tests.helpers import committed_counts, generate
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 T0 = 1_700_000_000_000
 

@@ -30,7 +30,7 @@ from sparkpoint.tools.state import committed_raw_entries
 from sparkpoint.tools.streams import Message, read_json_lines, send_messages
 from tests.conftest import WINDOWS_DIR, pageviews_config
 from tests.e2e.cli import sp
-from tests.storage.test_state_backends import run
+from tests.helpers import run_job as run
 
 Views = list[tuple[str, int]]
 

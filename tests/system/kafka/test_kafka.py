@@ -323,8 +323,8 @@ def test_a_job_reads_a_topic_written_in_transactions_to_its_end(
 
     from sparkpoint.runtime.driver.coordinator import JobCoordinator
     from sparkpoint.runtime.driver.inline import InlineRunner
+    from tests.helpers import changelog_job as make
     from tests.helpers import committed_counts
-    from tests.storage.test_state_backends import make
 
     config = make(tmp_path, broker.config("log"))
     producer = Producer(

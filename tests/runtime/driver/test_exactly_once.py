@@ -32,8 +32,9 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.tools.jobs import job_overview, overview_lines
 from sparkpoint.tools.streams import read_json_lines, read_staged_json_lines
 from tests.helpers import assert_exactly_once, committed_counts, emitted_counts, generate
+from tests.helpers import changelog_job as make
 from tests.helpers import crash_runs as shared_crash_runs
-from tests.storage.test_state_backends import make, run
+from tests.helpers import run_job as run
 
 OUT = SystemStream("filelog", "user-counts")
 
@@ -247,7 +248,7 @@ def test_output_to_a_system_that_cannot_stage_names_it(tmp_path: Path) -> None:
     config = make(
         tmp_path,
         {
-            "systems.log.factory": "tests.storage.test_exactly_once:NoStaging",
+            "systems.log.factory": "tests.runtime.driver.test_exactly_once:NoStaging",
             "systems.log.path": str(tmp_path / "log"),
         },
         **{"job.processing.guarantee": "exactly-once"},

@@ -30,7 +30,7 @@ from sparkpoint.tools.streams import read_json_lines
 from tests.conftest import REKEY_DIR, pageviews_config
 from tests.helpers import committed_counts
 from tests.helpers import crash_runs as shared_crash_runs
-from tests.storage.test_state_backends import run
+from tests.helpers import run_job as run
 
 BY_USER = SystemStream("filelog", "pageviews-by-user")
 
@@ -215,7 +215,7 @@ def test_an_intermediate_stream_on_a_system_that_cannot_stage_is_refused(
     config = rekey_job(
         tmp_path,
         **{
-            "systems.filelog.factory": "tests.storage.test_exactly_once:NoStaging",
+            "systems.filelog.factory": "tests.runtime.driver.test_exactly_once:NoStaging",
             "systems.filelog.path": str(tmp_path / "log"),
         },
     )
