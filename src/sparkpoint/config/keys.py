@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkpoint.serde import BUILTIN_SERDES
+from sparkpoint.serde import BUILTIN_SERDES, REGISTRY_SERDES
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
 
 #: what a serde key allows: the built-in serdes, or one registered in config
 SERDE_NAMES = (
-    " | ".join(BUILTIN_SERDES) + ", or a name registered as serializers.registry.<name>.class"
+    " | ".join([*BUILTIN_SERDES, *REGISTRY_SERDES])
+    + ", or a name registered as serializers.registry.<name>.class (or .type)"
 )
 
 
@@ -56,6 +57,84 @@ def _one_of(*choices: str) -> Callable[[str], bool]:
 
 def _bool(v: str) -> bool:
     return v.lower() in ("true", "false")
+
+
+#: the Schema Registry serdes' keys (sparkpoint.serde.registry): the system's registry and its
+#: client's options (passed to confluent-kafka's SchemaRegistryClient as they are named), then
+#: a named registry serde's own
+REGISTRY_KEYS = (
+    ConfigKey(
+        "systems.<s>.schema.registry.url",
+        None,
+        "http(s)://host:port",
+        "the Schema Registry of the avro, protobuf and json-schema serdes of this system's "
+        "streams (Confluent's REST API)",
+    ),
+    *(
+        ConfigKey(f"systems.<s>.schema.registry.{option}", None, allowed, what)
+        for option, allowed, what in (
+            ("basic.auth.user.info", "user:password", "basic auth for the registry"),
+            ("basic.auth.credentials.source", "USER_INFO | URL", "where basic auth comes from"),
+            ("ssl.ca.location", "a file", "CA certificates to trust for the registry"),
+            ("ssl.certificate.location", "a file", "the client certificate (mutual TLS)"),
+            ("ssl.key.location", "a file", "the client certificate's key"),
+            ("ssl.key.password", "a string", "the password of that key"),
+            ("timeout", "seconds", "a request's timeout"),
+            ("max.retries", "an integer", "retries of a failed request (confluent-kafka: 3)"),
+            ("retries.wait.ms", "milliseconds", "the first wait before a retry, doubling"),
+            ("retries.max.wait.ms", "milliseconds", "the longest wait between retries"),
+        )
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.type",
+        None,
+        " | ".join(REGISTRY_SERDES),
+        "a named registry serde of this kind, with the settings below",
+        _one_of(*REGISTRY_SERDES),
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.schema.registry.url",
+        None,
+        "http(s)://host:port",
+        "the named serde's own registry (else its stream's system's)",
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.subject.name.strategy",
+        "topic",
+        "topic | record | topic-record",
+        "the subject of a schema: <topic>-key|value, the record's full name, or both",
+        _one_of("topic", "record", "topic-record"),
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.auto.register.schemas",
+        None,
+        "true | false",
+        "register the writer's schema under its subject (default: true with a schema file or "
+        "a Protobuf class, else false: the subject's latest schema is written)",
+        _bool,
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.schema.file",
+        None,
+        "a file",
+        "the writer's schema (Avro .avsc or JSON Schema); without it an output writes with "
+        "its subject's latest schema",
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.message.class",
+        None,
+        "module:Class",
+        "the generated Protobuf message class (protobuf serdes need one)",
+    ),
+    ConfigKey(
+        "serializers.registry.<s>.protobuf.as",
+        "dict",
+        "dict | message",
+        "what a task gets from a protobuf serde: a dict (field names as in the .proto) or the "
+        "message object",
+        _one_of("dict", "message"),
+    ),
+)
 
 
 KEYS: tuple[ConfigKey, ...] = (
@@ -604,6 +683,7 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
+    *REGISTRY_KEYS,
 )
 
 OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.", "blob.store.")

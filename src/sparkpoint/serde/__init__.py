@@ -22,29 +22,15 @@ import json.scanner
 import re
 import struct
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import orjson
 
 from sparkpoint.errors import ConfigError
 from sparkpoint.refs import load_reference
-
-T = TypeVar("T")
-
-
-class Serde(ABC, Generic[T]):
-    """Converts values of one type to bytes and back; ``from_bytes(to_bytes(x)) == x``."""
-
-    name: str = ""
-
-    @abstractmethod
-    def to_bytes(self, value: T) -> bytes: ...
-
-    @abstractmethod
-    def from_bytes(self, data: bytes) -> T: ...
+from sparkpoint.serde.base import Serde as Serde
 
 
 class BytesSerde(Serde[bytes]):
@@ -240,13 +226,37 @@ BUILTIN_SERDES: dict[str, type[Serde[Any]]] = {
 }
 
 
-def load_serde(name: str, config: Mapping[str, str] | None = None, *, key: str = "") -> Serde[Any]:
-    """The serde called ``name``: a built-in, or one registered in config.
+#: the serdes of records framed for a Schema Registry (:mod:`sparkpoint.serde.registry`)
+REGISTRY_SERDES = ("avro", "protobuf", "json-schema")
+
+
+def load_serde(
+    name: str,
+    config: Mapping[str, str] | None = None,
+    *,
+    key: str = "",
+    stream: tuple[str, str] | None = None,
+    for_keys: bool = False,
+) -> Serde[Any]:
+    """The serde called ``name``: a built-in, a registry serde, or one registered in config.
 
     ``key`` is the config key that named it, quoted in the error when the name is unknown.
+    ``stream`` (system, stream) and ``for_keys`` say what a registry serde serves: its subject
+    is named after them.
     """
     if name in BUILTIN_SERDES:
         return BUILTIN_SERDES[name]()
+    values = config or {}
+    if name in REGISTRY_SERDES or f"serializers.registry.{name}.type" in values:
+        if stream is None:
+            raise ConfigError(
+                f"{key}: serde {name!r} takes its schemas from a Schema Registry, which "
+                "serves streams' keys and values; a store cannot use it yet"
+            )
+        from sparkpoint.serde.registry import RegistrySerde, RegistrySettings
+
+        settings = RegistrySettings.of(values, name, stream[0], key)
+        return RegistrySerde(settings, stream[1], for_keys)
     path = (config or {}).get(f"serializers.registry.{name}.class")
     if path:
         cls = load_reference(path, f"serializers.registry.{name}.class={path!r}")
@@ -254,7 +264,7 @@ def load_serde(name: str, config: Mapping[str, str] | None = None, *, key: str =
         if not isinstance(serde, Serde):
             raise ConfigError(f"serializers.registry.{name}.class: {path!r} is not a Serde")
         return serde
-    allowed = ", ".join(sorted(BUILTIN_SERDES))
+    allowed = ", ".join(sorted([*BUILTIN_SERDES, *REGISTRY_SERDES]))
     where = f"{key}: " if key else ""
     raise ConfigError(
         f"{where}unknown serde {name!r}; built-in serdes are {allowed}, "

@@ -61,8 +61,19 @@ def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Ser
                 m = config.get_str(f"stores.{store}.msg.serde") or m
             break
     return (
-        load_serde(k, config, key=f"streams.{stream.stream}.samza.key.serde"),
-        load_serde(m, config, key=f"streams.{stream.stream}.samza.msg.serde"),
+        load_serde(
+            k,
+            config,
+            key=f"streams.{stream.stream}.samza.key.serde",
+            stream=(stream.system, stream.stream),
+            for_keys=True,
+        ),
+        load_serde(
+            m,
+            config,
+            key=f"streams.{stream.stream}.samza.msg.serde",
+            stream=(stream.system, stream.stream),
+        ),
     )
 
 

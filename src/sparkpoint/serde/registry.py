@@ -1,0 +1,292 @@
+"""Schema Registry serdes: ``avro``, ``protobuf`` and ``json-schema`` in the Confluent wire
+format (magic byte 0, the 4-byte schema id, Protobuf's message indexes, then the payload).
+
+Built on confluent-kafka's serializers and registry client (which use fastavro, protobuf and
+jsonschema): sparkpoint adds where their settings come from, one client per registry per
+process (its caches make one request per schema id, none per record), and errors that say what
+to fix. A serde is bound to the stream and the field (key or value) it serves, which the
+subject name strategies need.
+
+Settings, the system's first (``systems.<s>.schema.registry.url`` and its other
+``systems.<s>.schema.registry.<option>`` for the client: basic auth, TLS, retries), then a
+named serde's (``serializers.registry.<name>.type = avro | protobuf | json-schema`` with its
+own ``schema.registry.url``, ``subject.name.strategy``, ``auto.register.schemas``,
+``schema.file``, ``message.class`` and ``protobuf.as``). Without a ``schema.file`` an output
+writes with the latest schema of its subject, registering nothing.
+
+Imports the serde base, config and errors only; confluent-kafka is imported when a serde is
+first used (``pip install sparkpoint[schemas]``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from sparkpoint.errors import ConfigError, SparkpointError
+from sparkpoint.refs import load_reference
+from sparkpoint.serde.base import Serde
+
+#: the registry serde names, and the registry's name of their schema type
+KINDS = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
+STRATEGIES = ("topic", "record", "topic-record")
+
+
+class SchemaRegistryUnavailable(SparkpointError):
+    """The registry did not answer within the client's retries: the batch fails (a record
+    that cannot be decoded is the record's fault; this is not)."""
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where a registry serde finds its registry and schemas (see the module docstring)."""
+
+    kind: str
+    url: str
+    client: tuple[tuple[str, str], ...] = ()
+    strategy: str = "topic"
+    auto_register: bool = True
+    schema_file: str | None = None
+    message_class: str | None = None
+    protobuf_as: str = "dict"
+
+    @classmethod
+    def of(cls, config: Mapping[str, str], name: str, system: str, where: str) -> RegistrySettings:
+        """The settings of serde ``name`` (a registry kind, or a named serde of one) used by a
+        stream of ``system``; ``where`` is the config key that named the serde."""
+        named = f"serializers.registry.{name}."
+        kind = config.get(named + "type", name)
+        if kind not in KINDS:
+            raise ConfigError(
+                f"{named}type={kind!r}: a registry serde is one of {', '.join(KINDS)}"
+            )
+        prefix = f"systems.{system}.schema.registry."
+        options = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
+        url = config.get(named + "schema.registry.url") or options.pop("url", "")
+        options.pop("url", None)
+        if not url:
+            raise ConfigError(
+                f"{where}: serde {name!r} needs a Schema Registry: set "
+                f"systems.{system}.schema.registry.url (or {named}schema.registry.url)"
+            )
+        strategy = config.get(named + "subject.name.strategy", "topic")
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"{named}subject.name.strategy={strategy!r}; allowed: {' | '.join(STRATEGIES)}"
+            )
+        schema_file = config.get(named + "schema.file") or None
+        # a schema of its own (a file, a Protobuf class) is registered unless told not to;
+        # without one, an output writes with its subject's latest schema
+        own = schema_file is not None or kind == "protobuf"
+        auto = config.get(named + "auto.register.schemas", "true" if own else "false")
+        protobuf_as = config.get(named + "protobuf.as", "dict")
+        if protobuf_as not in ("dict", "message"):
+            raise ConfigError(f"{named}protobuf.as={protobuf_as!r}; allowed: dict | message")
+        message_class = config.get(named + "message.class") or None
+        if kind == "protobuf" and message_class is None:
+            raise ConfigError(
+                f"{where}: a protobuf serde needs its generated message class: register a "
+                f"named serde with serializers.registry.<name>.type=protobuf and "
+                f"serializers.registry.<name>.message.class=module:Class"
+            )
+        return cls(
+            kind,
+            url.rstrip("/"),
+            tuple(sorted(options.items())),
+            strategy,
+            auto.lower() == "true",
+            schema_file,
+            message_class,
+            protobuf_as,
+        )
+
+
+Encoder = Callable[[Any, Any], bytes | None]
+Decoder = Callable[[bytes, Any], Any]
+_CLIENTS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def registry_client(settings: RegistrySettings) -> Any:
+    """This process's client of the settings' registry (one per URL and options)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    key = (settings.url, settings.client)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            conf: dict[str, Any] = {"url": settings.url}
+            for option, value in settings.client:
+                conf[option] = int(value) if value.isdigit() else value
+            client = _CLIENTS[key] = SchemaRegistryClient(conf)
+        return client
+
+
+class RegistrySerde(Serde[Any]):
+    """A registry serde of one stream's keys or values; see the module docstring."""
+
+    def __init__(self, settings: RegistrySettings, topic: str, key: bool) -> None:
+        self.name = settings.kind
+        self.settings = settings
+        self.topic = topic
+        self.field = "key" if key else "value"
+        self._encode: Encoder | None = None
+        self._decode: Decoder | None = None
+        self._ctx: Any = None
+
+    def _context(self) -> Any:
+        if self._ctx is None:
+            from confluent_kafka.serialization import MessageField, SerializationContext
+
+            field = MessageField.KEY if self.field == "key" else MessageField.VALUE
+            self._ctx = SerializationContext(self.topic, field)
+        return self._ctx
+
+    def _conf(self, *, serializer: bool) -> dict[str, Any]:
+        s = self.settings
+        conf: dict[str, Any] = {"subject.name.strategy.type": s.strategy.replace("-", "_").upper()}
+        if serializer:
+            conf["auto.register.schemas"] = s.auto_register
+            conf["use.latest.version"] = s.schema_file is None and s.kind != "protobuf"
+        return conf
+
+    def _schema_text(self) -> str | None:
+        path = self.settings.schema_file
+        if path is None:
+            return None
+        try:
+            return Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"schema.file {path}: {exc.strerror or exc}") from None
+
+    def _message_class(self) -> Any:
+        assert self.settings.message_class is not None
+        return load_reference(self.settings.message_class, "message.class")
+
+    def _make_encoder(self) -> Encoder:
+        client, kind = registry_client(self.settings), self.settings.kind
+        if kind == "avro":
+            from confluent_kafka.schema_registry.avro import AvroSerializer
+
+            return cast(
+                Encoder,
+                AvroSerializer(client, self._schema_text(), conf=self._conf(serializer=True)),
+            )
+        if kind == "json-schema":
+            from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+            return cast(
+                Encoder,
+                JSONSerializer(self._schema_text(), client, conf=self._conf(serializer=True)),
+            )
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+        conf = {**self._conf(serializer=True), "use.deprecated.format": False}
+        encode = ProtobufSerializer(self._message_class(), client, conf=conf)
+        if self.settings.protobuf_as == "message":
+            return cast(Encoder, encode)
+        message_class = self._message_class()
+
+        def from_dict(value: Any, ctx: Any) -> bytes | None:
+            from google.protobuf.json_format import ParseDict
+
+            message = value if not isinstance(value, dict) else ParseDict(value, message_class())
+            return encode(message, ctx)  # type: ignore[no-any-return]
+
+        return from_dict
+
+    def _make_decoder(self) -> Decoder:
+        client, kind = registry_client(self.settings), self.settings.kind
+        conf = self._conf(serializer=False)
+        if kind == "avro":
+            from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+            return cast(Decoder, AvroDeserializer(client, conf=conf))
+        if kind == "json-schema":
+            from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+            return cast(Decoder, JSONDeserializer(None, schema_registry_client=client, conf=conf))
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+        decode = ProtobufDeserializer(self._message_class(), conf=conf)
+        if self.settings.protobuf_as == "message":
+            return cast(Decoder, decode)
+
+        def to_dict(data: bytes, ctx: Any) -> Any:
+            from google.protobuf.json_format import MessageToDict
+
+            return MessageToDict(decode(data, ctx), preserving_proto_field_name=True)
+
+        return to_dict
+
+    def to_bytes(self, value: Any) -> bytes:
+        if self._encode is None:
+            self._encode = self._make_encoder()
+        data = self._call(self._encode, value, "encode")
+        if data is None:
+            raise ValueError(f"{self.name} serde: cannot encode None")
+        return data  # type: ignore[no-any-return]
+
+    def from_bytes(self, data: bytes) -> Any:
+        if len(data) < 5 or data[0] != 0:
+            first = f"0x{data[0]:02x}" if data else "nothing"
+            raise ValueError(
+                f"{self.name} serde: not in the Schema Registry wire format (magic byte 0 and "
+                f"a 4-byte schema id): starts with {first}, {len(data)} bytes"
+            )
+        if self._decode is None:
+            self._decode = self._make_decoder()
+        return self._call(self._decode, bytes(data), "decode")
+
+    def _call(self, fn: Callable[[Any, Any], Any], arg: Any, what: str) -> Any:
+        """``fn(arg, ctx)``, its errors as sparkpoint's: the record's fault is a ValueError
+        (the task names the SSP and offset), the registry's unavailability is not."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        from confluent_kafka.serialization import SerializationError
+
+        try:
+            return fn(arg, self._context())
+        except SchemaRegistryError as exc:
+            status = exc.http_status_code
+            if status is None or status < 0 or status >= 500:
+                raise self._unavailable(exc) from exc
+            if what == "decode" and status == 404:
+                schema_id = int.from_bytes(arg[1:5], "big")
+                raise ValueError(
+                    f"{self.name} serde: schema id {schema_id} is not in the registry at "
+                    f"{self.settings.url} (error {exc.error_code})"
+                ) from None
+            raise SerdeRegistryError(
+                f"{self.name} serde for {self.topic} {self.field}s: the registry at "
+                f"{self.settings.url} refused: {exc.error_message} (error {exc.error_code})"
+            ) from exc
+        except SerializationError as exc:
+            raise ValueError(f"{self.name} serde: cannot {what}: {exc}") from None
+        except (OSError, TimeoutError) as exc:
+            raise self._unavailable(exc) from exc
+        except Exception as exc:
+            if _is_transport_error(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    def _unavailable(self, exc: BaseException) -> SchemaRegistryUnavailable:
+        return SchemaRegistryUnavailable(
+            f"{self.name} serde for {self.topic} {self.field}s: the Schema Registry at "
+            f"{self.settings.url} did not answer ({type(exc).__name__}: {exc}); check the URL "
+            "(systems.<s>.schema.registry.url) and that the registry is up"
+        )
+
+
+class SerdeRegistryError(SparkpointError):
+    """The registry refused a request (an incompatible schema, a subject with no schema)."""
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """An HTTP client's connect or timeout error (httpx's, without importing it here)."""
+    return any(
+        c.__name__ in ("TransportError", "ConnectError", "TimeoutException")
+        for c in type(exc).__mro__
+    )
