@@ -222,6 +222,30 @@ class RegistrySerde(Serde[Any]):
 
         return to_dict
 
+    def latest_schema(self) -> Any:
+        """The parsed schema of this serde's subject's latest version (``<topic>-key`` or
+        ``<topic>-value``: the topic strategy, the only one that names a subject before a
+        record is seen)."""
+        import json
+
+        if self.settings.strategy != "topic":
+            raise ConfigError(
+                f"{self.name} serde for {self.topic} {self.field}s: its schema can be looked up "
+                "before a record is read only with subject.name.strategy=topic"
+            )
+        subject = f"{self.topic}-{self.field}"
+        client = registry_client(self.settings)
+        try:
+            registered = self._call(
+                lambda _arg, _ctx: client.get_latest_version(subject), None, "look up"
+            )
+        except SerdeRegistryError as exc:
+            raise SerdeRegistryError(
+                f"{exc}: register the schema of {self.topic}'s {self.field}s under {subject}, "
+                "or give the pipeline a value_schema"
+            ) from None
+        return json.loads(registered.schema.schema_str)
+
     def to_bytes(self, value: Any) -> bytes:
         if self._encode is None:
             self._encode = self._make_encoder()

@@ -106,6 +106,10 @@ class DataFrameRunner(BatchRunner):
         #: exactly-once: what the last batch staged, for the driver to record in its batch log
         self._staged: BatchOutputs | None = None
         self._owner = batch_owner(config) if stages_output(config) else None
+        #: the ``value`` struct's columns: the pipeline's, or its Avro input's registry schema
+        self.value_schema = pipeline.value_schema
+        if self.value_schema is None and pipeline.value_type == "STRING":
+            self.value_schema = registry_value_schema(config)
 
     def begin_epoch(self, epoch: int) -> None:
         """The batch log's epoch, passed on to every sink before it writes (:meth:`Sink.begin`)."""
@@ -131,7 +135,7 @@ class DataFrameRunner(BatchRunner):
         source = batch_source(
             self.spark,
             plans,
-            value_schema=self.pipeline.value_schema,
+            value_schema=self.value_schema,
             value_type=self.pipeline.value_type,
             name=source_token(batch),
         )
@@ -350,3 +354,24 @@ def _check_sinks_stage(outputs: Sequence[Output]) -> None:
                 "(a sink needs stage, publish and discard: see StagingSink; ParquetSink has "
                 "them): use such a sink, or run with job.processing.guarantee=at-least-once"
             )
+
+
+def registry_value_schema(config: Config) -> str | None:
+    """The columns of the inputs' values when they are read with the ``avro`` serde: their
+    subject's latest schema as Spark columns (the inputs must agree); else ``None``."""
+    from sparkpoint.serde.avro_types import value_columns
+    from sparkpoint.serde.registry import RegistrySerde
+    from sparkpoint.system.streams import stream_serdes
+
+    found: dict[str, list[str]] = {}
+    for stream in config.inputs:
+        serde = stream_serdes(config, stream)[1]
+        if isinstance(serde, RegistrySerde) and serde.name == "avro":
+            found.setdefault(value_columns(serde.latest_schema()), []).append(str(stream))
+    if len(found) > 1:
+        raise ConfigError(
+            "the inputs read with the avro serde have different schemas ("
+            + "; ".join(f"{', '.join(streams)}: {cols}" for cols, streams in found.items())
+            + "): give the pipeline a value_schema that fits them all"
+        )
+    return next(iter(found), None)

@@ -55,6 +55,7 @@ from sparkpoint.runtime.executor.worker_heap import (
     freeze_imported_objects,
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
+from sparkpoint.serde import REGISTRY_SERDES
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind, TimerStore
@@ -313,18 +314,24 @@ class _ChunkDecoder:
                     f"task {self.task}: message at {self.ssp} offset {bad.offset} is not UTF-8 "
                     "text; read this input with value_type='BINARY'"
                 ) from None
+        if self.msg_serde.name in REGISTRY_SERDES:  # records to dicts, by the writer's schema
+            return self._struct_rows(columns.records())
         if self.msg_serde.name != "json":
             raise ConfigError(
-                f"value_schema decodes JSON, but stream {self.ssp.system_stream} uses the "
-                f"{self.msg_serde.name!r} serde (streams.{self.ssp.stream}.samza.msg.serde); "
-                "read it with value_type='STRING' or 'BINARY' instead"
+                f"value_schema decodes JSON (or a registry serde's records), but stream "
+                f"{self.ssp.system_stream} uses the {self.msg_serde.name!r} serde "
+                f"(streams.{self.ssp.stream}.samza.msg.serde); read it with "
+                "value_type='STRING' or 'BINARY' instead"
             )
         if not data.null_count and not pc.any(pc.match_substring(data, pattern="\n")).as_py():
             try:
                 return self._json_structs(data)
             except pa.ArrowInvalid:
                 pass  # a value Arrow cannot parse: decode one by one for a precise error
-        records = columns.records()
+        return self._struct_rows(columns.records())
+
+    def _struct_rows(self, records: Sequence[Record]) -> pa.Array:
+        """Each record decoded by the stream's serde, as a row of ``value_schema``."""
         names = [f.name for f in self.value_type]
         rows = [
             {f: v.get(f) for f in names} if isinstance(v, dict) else None

@@ -1,0 +1,17 @@
+"""The example's counts as a DataFrame pipeline over Avro input: no value_schema, the value
+struct comes from the input's registry schema; the counts go out with the output's serde."""
+
+from __future__ import annotations
+
+from pageviews_pipeline import count_views
+
+from sparkpoint import Batch, Output, Pipeline
+
+
+def build(batch: Batch) -> Output:
+    views = batch.df.select("task", "value.user")
+    counts = batch.stateful(views, count_views, "user STRING, count LONG")
+    return batch.to_stream(counts, "log.user-counts", key="user")
+
+
+job = Pipeline(build, config={})  # the test gives the job's config
