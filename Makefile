@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers clean
+.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers bench-schemas clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -51,6 +51,10 @@ soak: setup
 
 bench: setup
 	@.venv/bin/python bench/run.py
+
+# the page-view count with Avro input and output through a Schema Registry against JSON, both APIs
+bench-schemas: setup
+	@.venv/bin/python bench/schemas.py
 
 bench-commit: setup
 	@.venv/bin/python bench/commit.py

@@ -8,10 +8,10 @@ from pageviews_pipeline import count_views
 from sparkpoint import Batch, Output, Pipeline
 
 
-def build(batch: Batch) -> Output:
+def build(batch: Batch, output: str = "log.user-counts") -> Output:
     views = batch.df.select("task", "value.user")
     counts = batch.stateful(views, count_views, "user STRING, count LONG")
-    return batch.to_stream(counts, "log.user-counts", key="user")
+    return batch.to_stream(counts, output, key="user")
 
 
 job = Pipeline(build, config={})  # the test gives the job's config

@@ -97,6 +97,12 @@ def test_avro_written_by_confluent_decodes_and_ours_decodes_with_confluent(
         assert decode(data, VALUE) == view
     # without a schema file an output writes with the subject's latest schema
     assert decode(plain.to_bytes(VIEWS[1]), VALUE) == VIEWS[1]
+    # after the first record sparkpoint encodes with fastavro directly: the same bytes
+    assert [ours.to_bytes(v) for v in VIEWS] == [theirs(v, VALUE) for v in VIEWS]
+    with pytest.raises(ValueError, match="avro serde: cannot decode with schema id"):
+        ours.from_bytes(theirs(VIEWS[0], VALUE)[:-3])  # a truncated record
+    with pytest.raises(ValueError, match="avro serde: cannot encode"):
+        ours.to_bytes({"user": "u1", "page": "/", "ts": "not a long"})
 
 
 def test_json_schema_both_ways(registry: str, tmp_path: Path) -> None:

@@ -106,6 +106,7 @@ class RegistrySettings:
 
 Encoder = Callable[[Any, Any], bytes | None]
 Decoder = Callable[[bytes, Any], Any]
+_UNSEEN = object()
 _CLIENTS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -136,6 +137,10 @@ class RegistrySerde(Serde[Any]):
         self._encode: Encoder | None = None
         self._decode: Decoder | None = None
         self._ctx: Any = None
+        #: avro: each writer schema id's fastavro schema (None: confluent's path, see _plain)
+        self._readers: dict[int, Any] = {}
+        #: avro: the wire header and fastavro schema every record is written with, once known
+        self._writer: tuple[bytes, Any] | None = None
 
     def _context(self) -> Any:
         if self._ctx is None:
@@ -246,12 +251,24 @@ class RegistrySerde(Serde[Any]):
             ) from None
         return json.loads(registered.schema.schema_str)
 
+    # Avro's records go through fastavro directly once their schema is known: confluent's
+    # serializers take 20-30 us a record around the same fastavro call (29 us against 4.3 us
+    # to decode a page view here). The bytes are the same: the wire header, then fastavro's
+    # schemaless encoding. A schema with data-contract rules (or references) keeps confluent's
+    # path, which runs them.
+
     def to_bytes(self, value: Any) -> bytes:
+        if self._writer is not None:
+            return self._fast_encode(value, *self._writer)
         if self._encode is None:
             self._encode = self._make_encoder()
         data = self._call(self._encode, value, "encode")
         if data is None:
             raise ValueError(f"{self.name} serde: cannot encode None")
+        if self.name == "avro":
+            parsed = self._plain(int.from_bytes(data[1:5], "big"), data)
+            if parsed is not None:
+                self._writer = (bytes(data[:5]), parsed)
         return data  # type: ignore[no-any-return]
 
     def from_bytes(self, data: bytes) -> Any:
@@ -261,9 +278,55 @@ class RegistrySerde(Serde[Any]):
                 f"{self.name} serde: not in the Schema Registry wire format (magic byte 0 and "
                 f"a 4-byte schema id): starts with {first}, {len(data)} bytes"
             )
+        if self.name == "avro":
+            schema_id = int.from_bytes(data[1:5], "big")
+            parsed = self._readers.get(schema_id, _UNSEEN)
+            if parsed is _UNSEEN:
+                parsed = self._readers[schema_id] = self._plain(schema_id, data)
+            if parsed is not None:
+                return self._fast_decode(data, parsed)
         if self._decode is None:
             self._decode = self._make_decoder()
         return self._call(self._decode, bytes(data), "decode")
+
+    def _plain(self, schema_id: int, data: bytes) -> Any:
+        """fastavro's form of Avro schema ``schema_id`` (one registry request per id and
+        process), or None when it has data-contract rules or references."""
+        import json
+
+        import fastavro
+
+        client = registry_client(self.settings)
+        schema = self._call(lambda _arg, _ctx: client.get_schema(schema_id), data, "decode")
+        if schema.rule_set is not None or schema.references:
+            return None
+        return fastavro.parse_schema(json.loads(schema.schema_str))
+
+    def _fast_encode(self, value: Any, header: bytes, parsed: Any) -> bytes:
+        import io
+
+        import fastavro
+
+        out = io.BytesIO()
+        out.write(header)
+        try:
+            fastavro.schemaless_writer(out, parsed, value)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"avro serde: cannot encode {value!r:.200}: {exc}") from None
+        return out.getvalue()
+
+    def _fast_decode(self, data: bytes, parsed: Any) -> Any:
+        import io
+
+        import fastavro
+
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(data[5:]), parsed, None)
+        except (EOFError, ValueError, IndexError, UnicodeDecodeError, OverflowError) as exc:
+            schema_id = int.from_bytes(data[1:5], "big")
+            raise ValueError(
+                f"avro serde: cannot decode with schema id {schema_id}: {type(exc).__name__}: {exc}"
+            ) from None
 
     def _call(self, fn: Callable[[Any, Any], Any], arg: Any, what: str) -> Any:
         """``fn(arg, ctx)``, its errors as sparkpoint's: the record's fault is a ValueError
