@@ -50,20 +50,8 @@ from sparkpoint.system.registry import Systems  # noqa: E402
 from sparkpoint.testing.schema_registry import TestSchemaRegistry  # noqa: E402
 from sparkpoint.tools.state import committed_entries  # noqa: E402
 
-VIEW = {
-    "type": "record",
-    "name": "PageView",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "page", "type": "string"},
-        {"name": "ts", "type": "long"},
-    ],
-}
-COUNT = {
-    "type": "record",
-    "name": "UserCount",
-    "fields": [{"name": "user", "type": "string"}, {"name": "count", "type": "long"}],
-}
+SCHEMAS = ROOT / "examples" / "avro"  # a page view, a user's count
+VIEW = json.loads((SCHEMAS / "page-view.avsc").read_text())
 PARTITIONS = 4
 
 
@@ -77,8 +65,7 @@ def job(tmp: Path, name: str, registry: str | None) -> Config:
         }
     )
     if registry is not None:
-        avsc = tmp / "count.avsc"
-        avsc.write_text(json.dumps(COUNT))
+        avsc = SCHEMAS / "user-count.avsc"
         values.update(
             {
                 "systems.filelog.schema.registry.url": registry,

@@ -22,20 +22,9 @@ from sparkpoint.system.registry import Systems
 from sparkpoint.testing.schema_registry import schema_registry
 from tests.helpers import changelog_job
 
-VIEW = {
-    "type": "record",
-    "name": "PageView",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "page", "type": "string"},
-        {"name": "ts", "type": "long"},
-    ],
-}
-COUNT = {
-    "type": "record",
-    "name": "UserCount",
-    "fields": [{"name": "user", "type": "string"}, {"name": "count", "type": "long"}],
-}
+#: the Avro schemas of examples/avro: a page view (VIEW), and a user's count (user-count.avsc)
+SCHEMAS = Path(__file__).resolve().parent.parent / "examples" / "avro"
+VIEW = json.loads((SCHEMAS / "page-view.avsc").read_text())
 
 
 @pytest.fixture
@@ -46,8 +35,7 @@ def registry() -> Iterator[str]:
 
 def avro_job(tmp_path: Path, log: dict[str, str], registry: str, **overrides: str) -> Config:
     system = "log"
-    avsc = tmp_path / "count.avsc"
-    avsc.write_text(json.dumps(COUNT))
+    avsc = SCHEMAS / "user-count.avsc"
     return changelog_job(
         tmp_path,
         log,

@@ -24,17 +24,8 @@ from sparkpoint.errors import ConfigError
 from sparkpoint.serde import load_serde
 from sparkpoint.serde.registry import SchemaRegistryUnavailable, SerdeRegistryError
 from sparkpoint.testing.schema_registry import TestSchemaRegistry, schema_registry
+from tests.registry import VIEW
 
-VIEW = {
-    "type": "record",
-    "name": "PageView",
-    "namespace": "sparkpoint.tests",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "page", "type": "string"},
-        {"name": "ts", "type": "long"},
-    ],
-}
 VIEW_JSON = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "title": "PageView",
