@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -117,6 +118,7 @@ def run(spark: Any, config: Config, pipeline: Pipeline | None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, interleaved")
     args = parser.parse_args()
     views = [
         {"user": str(e["user"]), "page": str(e["page"]), "ts": int(e["ts"])}
@@ -126,7 +128,7 @@ def main() -> None:
     from avro_counts_pipeline import build
     from counts_pipeline import job as json_pipeline
 
-    rates: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="sparkpoint-bench-") as tmp_dir,
         TestSchemaRegistry() as reg,
@@ -134,21 +136,31 @@ def main() -> None:
         tmp = Path(tmp_dir)
         spark = spark_session(job(tmp, "warm", None), "local[2]")
         avro_pipeline = Pipeline(lambda b: build(b, "filelog.user-counts"), config={})
-        for api in ("task", "dataframe"):
-            for kind in ("json", "avro"):
-                registry = reg.url if kind == "avro" else None
-                config = job(tmp, f"{api}-{kind}", registry)
-                write_views(config, views, registry)
-                pipeline = (
-                    None if api == "task" else (json_pipeline if kind == "json" else avro_pipeline)
-                )
-                rates[f"{api}-{kind}"] = run(spark, config, pipeline)
-                counts = {k: v for _t, k, v in committed_entries(config, "user-counts")}
-                assert counts == dict(expected), f"{api}-{kind}: wrong counts"
+        pipelines = {"json": json_pipeline, "avro": avro_pipeline}
+        # a warm-up of each API on 20k views (Python workers, the JVM's JIT), then the rounds
+        # in ABBA order, so that neither kind always runs first
+        order = [
+            (api, kind)
+            for r in range(args.rounds)
+            for api in ("task", "dataframe")
+            for kind in (("json", "avro") if r % 2 == 0 else ("avro", "json"))
+        ]
+        for n, (api, kind) in enumerate([("task", "avro"), ("dataframe", "avro"), *order]):
+            registry = reg.url if kind == "avro" else None
+            config = job(tmp, f"{api}-{kind}-{n}", registry)
+            write_views(config, views if n >= 2 else views[:20_000], registry)
+            rate = run(spark, config, None if api == "task" else pipelines[kind])
+            if n < 2:
+                continue  # the warm-up
+            counts = {k: v for _t, k, v in committed_entries(config, "user-counts")}
+            assert counts == dict(expected), f"{api}-{kind}: wrong counts"
+            runs.setdefault(f"{api}-{kind}", []).append(rate)
         spark.stop()
-    print(f"events: {args.events:,} per variant, {PARTITIONS} tasks, local[2]")
+    print(f"events: {args.events:,} per run, {PARTITIONS} tasks, local[2], {args.rounds} rounds")
+    rates = {name: statistics.median(r) for name, r in runs.items()}
     for name, rate in rates.items():
-        print(f"{name:18} {rate:12,.0f} events/s")
+        shown = " / ".join(f"{r:,.0f}" for r in runs[name])
+        print(f"{name:16} {rate:10,.0f} events/s (median of {shown})")
     for api, target in (("task", 1.0), ("dataframe", 0.9)):
         ratio = rates[f"{api}-avro"] / rates[f"{api}-json"]
         print(f"{api} API: Avro/JSON = {ratio:.2f}x (target >= {target}x)")

@@ -96,6 +96,22 @@ def test_avro_written_by_confluent_decodes_and_ours_decodes_with_confluent(
         ours.to_bytes({"user": "u1", "page": "/", "ts": "not a long"})
 
 
+def test_many_records_decode_in_blocks_as_one_by_one(registry: str, tmp_path: Path) -> None:
+    """from_bytes_many decodes each run of one schema id as one fastavro block: the same
+    values as from_bytes, runs of two schemas interleaved, and a bad record still named."""
+    client = SchemaRegistryClient({"url": registry})
+    old = AvroSerializer(client, json.dumps(VIEW))
+    wider = {**VIEW, "fields": [*VIEW["fields"], {"name": "ref", "type": "string", "default": ""}]}
+    new = AvroSerializer(client, json.dumps(wider))
+    data = [old(v, VALUE) for v in VIEWS[:20]] + [new({**v, "ref": "/"}, VALUE) for v in VIEWS]
+    data += [old(v, VALUE) for v in VIEWS[20:]]
+    ours = serde("avro", config(registry, tmp_path))
+    assert ours.from_bytes_many(data) == [ours.from_bytes(d) for d in data]
+    assert ours.from_bytes_many(data)[20] == {**VIEWS[0], "ref": "/"}
+    with pytest.raises(ValueError, match="avro serde: cannot decode with schema id"):
+        ours.from_bytes_many([*data[:30], data[30][:-2], *data[31:]])
+
+
 def test_json_schema_both_ways(registry: str, tmp_path: Path) -> None:
     client = SchemaRegistryClient({"url": registry})
     theirs = JSONSerializer(json.dumps(VIEW_JSON), client)

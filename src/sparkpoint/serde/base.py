@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,3 +19,8 @@ class Serde(ABC, Generic[T]):
 
     @abstractmethod
     def from_bytes(self, data: bytes) -> T: ...
+
+    def from_bytes_many(self, values: Sequence[bytes]) -> list[T]:
+        """Each of ``values`` decoded, as ``from_bytes`` does; a serde may decode them in one
+        go (the avro serde: a run of one schema's records in one fastavro block)."""
+        return [self.from_bytes(v) for v in values]
