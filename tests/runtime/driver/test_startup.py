@@ -177,3 +177,13 @@ def test_a_deleted_changelog_is_rewritten_from_a_local_checkpoint(tmp_path: Path
     shutil.rmtree(config.store_base_dir)  # now another host restores from the changelog
     run(config, until_caught_up=True)
     assert committed_counts(config) == dict(expected + more)
+
+
+def test_an_avro_input_without_a_registry_stops_the_job_at_its_start(tmp_path: Path) -> None:
+    """A Schema Registry serde that cannot work is refused before any batch, naming the key to
+    set (not by every task of the first batch)."""
+    config = make(tmp_path, **{"streams.pageviews.samza.msg.serde": "avro"})
+    generate(config, tmp_path / "a.yaml", 10, seed=1)
+    with pytest.raises(ConfigError, match=r"needs a Schema Registry: set systems\.filelog\.schema"):
+        run(config, until_caught_up=True)
+    assert CheckpointManager(config).read_all() == {}  # no batch ran

@@ -169,6 +169,7 @@ class JobCoordinator:
         """The job's start-up, step by step; then :meth:`run` loops over batches."""
         if stages_output(self.config):
             startup.check_exactly_once(self.config, self.checkpoints)
+        startup.check_registry_serdes(self.config)
         startup.prepare_intermediate_streams(self.config, self.systems)
         job_model(self.config, self.systems)
         self.all_ssps()  # every input exists, before anything is written

@@ -1,7 +1,8 @@
 """The driver's start-up, as named steps (:meth:`JobCoordinator.start` calls them in order):
 
 1. refuse what cannot hold: exactly-once without V2 checkpoints
-   (:func:`check_exactly_once`), intermediate streams that are not the job's own
+   (:func:`check_exactly_once`), inputs' Schema Registry serdes that cannot work
+   (:func:`check_registry_serdes`), intermediate streams that are not the job's own
    (:func:`prepare_intermediate_streams`);
 2. claim the job (the heartbeat, in the coordinator);
 3. compact and open the metadata streams (:func:`compact_metadata_streams`), record the run's
@@ -69,7 +70,7 @@ from sparkpoint.storage.state_id import EMPTY, CleanStart, CommittedState, State
 from sparkpoint.system.base import PartitionMetadata
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import OutputStaging
-from sparkpoint.system.streams import ensure_stream, job_model
+from sparkpoint.system.streams import ensure_stream, job_model, stream_serdes
 
 if TYPE_CHECKING:  # the coordinator runs these steps: it imports this module
     from sparkpoint.runtime.driver.coordinator import JobCoordinator
@@ -102,6 +103,19 @@ def check_exactly_once(config: Config, checkpoints: CheckpointManager) -> None:
             "(task.checkpoint.write.versions with 2, task.checkpoint.read.versions starting "
             "with 2): only V2 names the staged output a checkpoint covers"
         )
+
+
+def check_registry_serdes(config: Config) -> None:
+    """Build the inputs' Schema Registry serdes, which checks their settings (no request is
+    made): one that cannot work stops the job here, naming the key to set, rather than every
+    task of its first batch. Other serdes load where they run (a user's class may be on the
+    executors' path only)."""
+    from sparkpoint.serde import REGISTRY_SERDES
+
+    for stream in config.inputs:
+        names = [config.stream_key(stream, s) for s in ("samza.key.serde", "samza.msg.serde")]
+        if any(n in REGISTRY_SERDES or f"serializers.registry.{n}.type" in config for n in names):
+            stream_serdes(config, stream)
 
 
 def prepare_intermediate_streams(config: Config, systems: Systems) -> None:
