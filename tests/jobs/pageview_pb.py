@@ -1,6 +1,7 @@
-"""A Protobuf ``PageView`` message for the registry serde tests, built from its descriptor (no
-protoc on these machines): ``message PageView { string user = 1; string page = 2;
-int64 ts = 3; }`` in package ``sparkpoint.tests``."""
+"""Protobuf messages for the registry serde tests, built from their descriptors (no protoc on
+these machines): ``message PageView { string user = 1; string page = 2; int64 ts = 3; }`` in
+package ``sparkpoint.tests``, and ``message UserCount { int64 count = 1; }`` in package
+``sparkpoint.other`` (another file)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,30 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+FIELD = descriptor_pb2.FieldDescriptorProto
 
-def _message_class() -> Any:
+
+def _message_class(package: str, name: str, fields: list[tuple[str, int]]) -> Any:
     pool = descriptor_pool.Default()
     try:
-        descriptor = pool.FindMessageTypeByName("sparkpoint.tests.PageView")
+        descriptor = pool.FindMessageTypeByName(f"{package}.{name}")
     except KeyError:
         proto = descriptor_pb2.FileDescriptorProto(
-            name="sparkpoint_tests/pageview.proto", package="sparkpoint.tests", syntax="proto3"
+            name=f"{package.replace('.', '_')}/{name.lower()}.proto",
+            package=package,
+            syntax="proto3",
         )
-        message = proto.message_type.add(name="PageView")
-        field = descriptor_pb2.FieldDescriptorProto
-        for number, (name, kind) in enumerate(
-            (("user", field.TYPE_STRING), ("page", field.TYPE_STRING), ("ts", field.TYPE_INT64)),
-            start=1,
-        ):
-            message.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+        message = proto.message_type.add(name=name)
+        for number, (field, kind) in enumerate(fields, start=1):
+            message.field.add(name=field, number=number, type=kind, label=FIELD.LABEL_OPTIONAL)
         pool.Add(proto)
-        descriptor = pool.FindMessageTypeByName("sparkpoint.tests.PageView")
+        descriptor = pool.FindMessageTypeByName(f"{package}.{name}")
     return message_factory.GetMessageClass(descriptor)
 
 
-PageView = _message_class()
+PageView = _message_class(
+    "sparkpoint.tests",
+    "PageView",
+    [("user", FIELD.TYPE_STRING), ("page", FIELD.TYPE_STRING), ("ts", FIELD.TYPE_INT64)],
+)
+UserCount = _message_class("sparkpoint.other", "UserCount", [("count", FIELD.TYPE_INT64)])

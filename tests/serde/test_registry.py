@@ -140,6 +140,17 @@ def test_protobuf_both_ways_as_dicts_or_messages(registry: str, tmp_path: Path) 
     decode = ProtobufDeserializer(PageView, {"use.deprecated.format": False})
     assert decode(as_dicts.to_bytes(view), VALUE) == PageView(**view)
     assert decode(as_messages.to_bytes(PageView(**view)), VALUE) == PageView(**view)
+    # read as another message, Protobuf would decode it silently into nonsense: refused
+    other = serde(
+        "views-pb",
+        {**values, "serializers.registry.views-pb.message.class": "pageview_pb:UserCount"},
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"written as sparkpoint\.tests\.PageView \(schema id \d+\), not the "
+        r"sparkpoint\.other\.UserCount its message\.class decodes",
+    ):
+        other.from_bytes(data)
 
 
 def test_one_registry_request_per_schema_id_none_per_record(tmp_path: Path) -> None:

@@ -229,15 +229,66 @@ class RegistrySerde(Serde[Any]):
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
         decode = ProtobufDeserializer(self._message_class(), conf=conf)
+        checked: set[bytes] = set()  # wire headers (schema id, message indexes) found right
+
+        def checked_decode(data: bytes, ctx: Any) -> Any:
+            header = self._protobuf_header(data)
+            if header not in checked:
+                self._check_protobuf_writer(data)
+                checked.add(header)
+            return decode(data, ctx)
+
         if self.settings.protobuf_as == "message":
-            return cast(Decoder, decode)
+            return checked_decode
 
         def to_dict(data: bytes, ctx: Any) -> Any:
             from google.protobuf.json_format import MessageToDict
 
-            return MessageToDict(decode(data, ctx), preserving_proto_field_name=True)
+            return MessageToDict(checked_decode(data, ctx), preserving_proto_field_name=True)
 
         return to_dict
+
+    @staticmethod
+    def _protobuf_header(data: bytes) -> bytes:
+        """The magic byte, schema id and message indexes of a Protobuf record."""
+        from confluent_kafka.schema_registry.common.serde import SchemaId
+
+        payload = BytesIO(data)
+        SchemaId("PROTOBUF").from_bytes(payload)
+        return bytes(data[: payload.tell()])
+
+    def _check_protobuf_writer(self, data: bytes) -> None:
+        """A record written as another message than the configured class decodes without
+        error into nonsense (Protobuf reads unknown fields silently): compare the message the
+        writer's schema and indexes name with the class's. A schema the registry keeps as
+        .proto text (not the descriptor confluent-kafka registers) is not checked here."""
+        import base64
+
+        from confluent_kafka.schema_registry.common.serde import SchemaId
+        from google.protobuf import descriptor_pb2
+
+        wire = SchemaId("PROTOBUF")
+        wire.from_bytes(BytesIO(data))
+        client = registry_client(self.settings)
+        schema = self._call(lambda _arg, _ctx: client.get_schema(wire.id), data, "decode")
+        try:
+            file = descriptor_pb2.FileDescriptorProto.FromString(
+                base64.b64decode(schema.schema_str, validate=True)
+            )
+        except ValueError:
+            return
+        messages, name = file.message_type, file.package
+        for index in wire.message_indexes or [0]:
+            if index >= len(messages):
+                return
+            name = f"{name}.{messages[index].name}" if name else messages[index].name
+            messages = messages[index].nested_type
+        expected = self._message_class().DESCRIPTOR.full_name
+        if name != expected:
+            raise ValueError(
+                f"protobuf serde: the record was written as {name} (schema id {wire.id}), "
+                f"not the {expected} its message.class decodes"
+            )
 
     def latest_schema(self) -> Any:
         """The parsed schema of this serde's subject's latest version (``<topic>-key`` or
