@@ -9,6 +9,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -51,35 +52,60 @@ def avro_job(tmp_path: Path, log: dict[str, str], registry: str, **overrides: st
     )
 
 
-def send_views(config: Config, registry: str, n: int, seed: int) -> Counter[str]:
-    """``n`` page views in Avro, written by confluent-kafka's serializer; the count per user."""
+def send_views(
+    config: Config,
+    registry: str,
+    n: int,
+    seed: int,
+    *,
+    system: str = "log",
+    users: int = 12,
+    partitions: int = 2,
+    one_by_one: bool = True,
+) -> Counter[str]:
+    """``n`` page views in Avro, written by confluent-kafka's serializer, partitioned by user
+    as the example's input is; the count per user. ``one_by_one``: one record per produce
+    request (Tansu's high watermark is wrong after a batched one); else each partition's in
+    one call."""
     rng = random.Random(seed)
     serialize = AvroSerializer(SchemaRegistryClient({"url": registry}), json.dumps(VIEW))
     ctx = SerializationContext("pageviews", MessageField.VALUE)
-    producer = Systems(config).producer("log")
+    producer = Systems(config).producer(system)
     expected: Counter[str] = Counter()
+    parts: list[list[Any]] = [[] for _ in range(partitions)]
     for i in range(n):
-        user = f"user-{rng.randrange(12)}"
+        user = f"user-{rng.randrange(users)}"
         expected[user] += 1
         value = serialize({"user": user, "page": f"/p/{i}", "ts": 1_700_000_000_000 + i}, ctx)
-        # partitioned by user, as the example's input is; one record per produce request:
-        # Tansu's high watermark is wrong after a batched one
-        producer.send("pageviews", int(user[5:]) % 2, Record("", user.encode(), value, 0))
-        producer.flush()
+        partition = int(user[5:]) % partitions
+        if one_by_one:
+            producer.send("pageviews", partition, Record("", user.encode(), value, 0))
+            producer.flush()
+        else:
+            parts[partition].append(("", user.encode(), value, 0))
+    for partition, records in enumerate(parts):
+        if records:
+            producer.send_fields_many("pageviews", partition, records)
+    producer.flush()
     return expected
 
 
-def emitted(config: Config, registry: str) -> dict[str, int]:
-    """The last count per user in the output, decoded by confluent-kafka's deserializer."""
+def emitted_all(config: Config, registry: str, system: str = "log") -> dict[str, list[int]]:
+    """Every count the output holds per user, decoded by confluent-kafka's deserializer."""
     systems = Systems(config)
     decode = AvroDeserializer(SchemaRegistryClient({"url": registry}))
     ctx = SerializationContext("user-counts", MessageField.VALUE)
-    admin = systems.admin("log")
-    last: dict[str, int] = {}
+    admin = systems.admin(system)
+    out: dict[str, list[int]] = {}
     for p in range(admin.partition_count("user-counts")):
-        ssp = SystemStreamPartition("log", "user-counts", p)
+        ssp = SystemStreamPartition(system, "user-counts", p)
         end = admin.get_metadata([ssp])[ssp].upcoming
-        for rec in systems.consumer("log").read(ssp, "0", end):
+        for rec in systems.consumer(system).read(ssp, "0", end):
             value = decode(rec.value, ctx)
-            last[value["user"]] = max(last.get(value["user"], 0), value["count"])
-    return last
+            out.setdefault(value["user"], []).append(value["count"])
+    return out
+
+
+def emitted(config: Config, registry: str, system: str = "log") -> dict[str, int]:
+    """The last count per user in the output."""
+    return {user: max(counts) for user, counts in emitted_all(config, registry, system).items()}
