@@ -220,8 +220,10 @@ def test_settings_that_cannot_work_are_config_errors(tmp_path: Path) -> None:
         serde("avro", {})
     with pytest.raises(ConfigError, match="protobuf serde needs its generated message class"):
         serde("protobuf", {"systems.log.schema.registry.url": "http://127.0.0.1:1"})
-    with pytest.raises(ConfigError, match="a store cannot use it yet"):
-        load_serde("avro", {}, key="stores.counts.msg.serde")
+    with pytest.raises(ConfigError, match=r"an avro store needs its value schema"):
+        load_serde("avro", {}, key="stores.counts.msg.serde", store="counts")
+    with pytest.raises(ConfigError, match=r"and the values of stores \(avro\)"):
+        load_serde("protobuf", {}, key="stores.counts.msg.serde", store="counts")
     bad = {"systems.log.schema.registry.url": "http://x", "serializers.registry.a.type": "avro"}
     with pytest.raises(ConfigError, match="subject.name.strategy='topics'"):
         serde("a", {**bad, "serializers.registry.a.subject.name.strategy": "topics"})

@@ -86,6 +86,20 @@ REGISTRY_KEYS = (
         )
     ),
     ConfigKey(
+        "stores.<s>.schema.file",
+        None,
+        "an .avsc file",
+        "an avro store's value schema: values are written with it, and values written with "
+        "an earlier schema are read with it (Avro's resolution rules; a change that cannot "
+        "read them is refused at start)",
+    ),
+    ConfigKey(
+        "stores.<s>.schema.registry.url",
+        None,
+        "http(s)://host:port",
+        "where an avro store registers its value schemas (else its changelog's system's)",
+    ),
+    ConfigKey(
         "serializers.registry.<s>.type",
         None,
         " | ".join(REGISTRY_SERDES),

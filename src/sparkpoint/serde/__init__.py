@@ -237,23 +237,30 @@ def load_serde(
     key: str = "",
     stream: tuple[str, str] | None = None,
     for_keys: bool = False,
+    store: str | None = None,
 ) -> Serde[Any]:
     """The serde called ``name``: a built-in, a registry serde, or one registered in config.
 
     ``key`` is the config key that named it, quoted in the error when the name is unknown.
     ``stream`` (system, stream) and ``for_keys`` say what a registry serde serves: its subject
-    is named after them.
+    is named after them; ``store`` names a store whose values it serves (``avro`` only).
     """
     if name in BUILTIN_SERDES:
         return BUILTIN_SERDES[name]()
     values = config or {}
     if name in REGISTRY_SERDES or f"serializers.registry.{name}.type" in values:
+        from sparkpoint.serde.registry import RegistrySerde, RegistrySettings
+
+        if stream is None and store is not None and name == "avro" and not for_keys:
+            job = values.get("job.name", "job")
+            return RegistrySerde(
+                RegistrySettings.for_store(values, store, key), f"{job}.{store}", False
+            )
         if stream is None:
             raise ConfigError(
                 f"{key}: serde {name!r} takes its schemas from a Schema Registry, which "
-                "serves streams' keys and values; a store cannot use it yet"
+                "serves streams' keys and values, and the values of stores (avro)"
             )
-        from sparkpoint.serde.registry import RegistrySerde, RegistrySettings
 
         settings = RegistrySettings.of(values, name, stream[0], key)
         return RegistrySerde(settings, stream[1], for_keys)

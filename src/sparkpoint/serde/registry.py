@@ -54,6 +54,34 @@ class RegistrySettings:
     schema_file: str | None = None
     message_class: str | None = None
     protobuf_as: str = "dict"
+    #: a store's values: read with its current schema (the schema file), whatever schema
+    #: each was written with, by Avro's resolution rules
+    resolve: bool = False
+
+    @classmethod
+    def for_store(cls, config: Mapping[str, str], store: str, where: str) -> RegistrySettings:
+        """A store's ``avro`` values: written with ``stores.<s>.schema.file``, registered under
+        ``<job name>.<store>-value`` in ``stores.<s>.schema.registry.url`` (else the registry
+        of the store's changelog's system), read with that schema."""
+        prefix = f"stores.{store}."
+        schema_file = config.get(prefix + "schema.file")
+        if not schema_file:
+            raise ConfigError(
+                f"{where}: an avro store needs its value schema: set {prefix}schema.file "
+                "(an .avsc file)"
+            )
+        changelog = config.get(prefix + "changelog", "")
+        system = changelog.split(".", 1)[0] if changelog else ""
+        url = config.get(prefix + "schema.registry.url") or config.get(
+            f"systems.{system}.schema.registry.url", ""
+        )
+        if not url:
+            raise ConfigError(
+                f"{where}: an avro store registers each schema its values are written with: "
+                f"set {prefix}schema.registry.url"
+                + (f" (or systems.{system}.schema.registry.url)" if system else "")
+            )
+        return cls("avro", url.rstrip("/"), (), "topic", True, schema_file, resolve=True)
 
     @classmethod
     def of(cls, config: Mapping[str, str], name: str, system: str, where: str) -> RegistrySettings:
@@ -153,6 +181,7 @@ class RegistrySerde(Serde[Any]):
         self._readers: dict[int, Any] = {}
         #: avro: the wire header and fastavro schema every record is written with, once known
         self._writer: tuple[bytes, Any] | None = None
+        self._current: Any = None  # a store's current schema, parsed (see _reader)
 
     def _context(self) -> Any:
         if self._ctx is None:
@@ -221,7 +250,8 @@ class RegistrySerde(Serde[Any]):
         if kind == "avro":
             from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-            return cast(Decoder, AvroDeserializer(client, conf=conf))
+            reader = self._schema_text() if self.settings.resolve else None
+            return cast(Decoder, AvroDeserializer(client, reader, conf=conf))
         if kind == "json-schema":
             from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
@@ -320,6 +350,39 @@ class RegistrySerde(Serde[Any]):
     # schemaless encoding. A schema with data-contract rules (or references) keeps confluent's
     # path, which runs them.
 
+    def check_evolution(self, store: str) -> None:
+        """A store's current schema must read every value written before: each schema its
+        subject holds, by Avro's resolution rules. Refused with the store, the field and the
+        rule (before any batch: the driver checks at start)."""
+        import json
+
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from sparkpoint.serde.avro_resolution import problems
+
+        text = self._schema_text()
+        assert text is not None
+        current = json.loads(text)
+        subject = f"{self.topic}-{self.field}"
+        client = registry_client(self.settings)
+        try:
+            versions = client.get_versions(subject)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return  # nothing written yet
+            raise self._unavailable(exc) from exc
+        for version in versions:
+            old = client.get_version(subject, version)
+            found = problems(current, json.loads(old.schema.schema_str))
+            if found:
+                raise ConfigError(
+                    f"store {store}: its schema {self.settings.schema_file} cannot read the "
+                    f"values written with version {version} of {subject}: {found[0]}"
+                    + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+                    + ". Change the schema so that it can (Avro's resolution rules), or start "
+                    "the store over"
+                )
+
     def to_bytes(self, value: Any) -> bytes:
         if self._writer is not None:
             return self._fast_encode(value, *self._writer)
@@ -387,7 +450,7 @@ class RegistrySerde(Serde[Any]):
         container.write(sync)
         container.seek(0)
         try:
-            records = list(fastavro.reader(container))
+            records = list(fastavro.reader(container, reader_schema=self._reader()))
         except Exception:  # a bad record: decoded one by one below, it is named
             records = []
         if len(records) != len(run):
@@ -414,11 +477,24 @@ class RegistrySerde(Serde[Any]):
             raise ValueError(f"avro serde: cannot encode {value!r:.200}: {exc}") from None
         return out.getvalue()
 
+    def _reader(self) -> Any:
+        """The schema values are read with: the current one, for a store's (None: each
+        record's own writer schema)."""
+        if not self.settings.resolve:
+            return None
+        if self._current is None:
+            import json
+
+            text = self._schema_text()
+            assert text is not None
+            self._current = _fastavro().parse_schema(json.loads(text))
+        return self._current
+
     def _fast_decode(self, data: bytes, parsed: Any) -> Any:
         stream = BytesIO(data)
         stream.seek(5)  # past the wire header, without copying the payload
         try:
-            return _fastavro().schemaless_reader(stream, parsed, None)
+            return _fastavro().schemaless_reader(stream, parsed, self._reader())
         except (EOFError, ValueError, IndexError, UnicodeDecodeError, OverflowError) as exc:
             schema_id = int.from_bytes(data[1:5], "big")
             raise ValueError(

@@ -55,6 +55,7 @@ from sparkpoint.storage.backend import (
     known_backends,
     store_backends,
 )
+from sparkpoint.storage.kv.store import check_store_schemas
 from sparkpoint.storage.outputs import (
     EXACTLY_ONCE,
     GUARANTEE,
@@ -109,13 +110,15 @@ def check_registry_serdes(config: Config) -> None:
     """Build the inputs' Schema Registry serdes, which checks their settings (no request is
     made): one that cannot work stops the job here, naming the key to set, rather than every
     task of its first batch. Other serdes load where they run (a user's class may be on the
-    executors' path only)."""
+    executors' path only). An avro store's current schema must read every schema its values
+    were written with (:func:`~sparkpoint.storage.kv.store.check_store_schemas`)."""
     from sparkpoint.serde import REGISTRY_SERDES
 
     for stream in config.inputs:
         names = [config.stream_key(stream, s) for s in ("samza.key.serde", "samza.msg.serde")]
         if any(n in REGISTRY_SERDES or f"serializers.registry.{n}.type" in config for n in names):
             stream_serdes(config, stream)
+    check_store_schemas(config)  # an avro store's schema must read what it holds
 
 
 def prepare_intermediate_streams(config: Config, systems: Systems) -> None:

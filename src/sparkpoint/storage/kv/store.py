@@ -35,8 +35,20 @@ def store_serdes(config: Config, store: str) -> tuple[Serde[Any], Serde[Any]]:
     k, m = f"stores.{store}.key.serde", f"stores.{store}.msg.serde"
     return (
         load_serde(config.get_str(k) or "", config, key=k),
-        load_serde(config.get_str(m) or "", config, key=m),
+        load_serde(config.get_str(m) or "", config, key=m, store=store),
     )
+
+
+def check_store_schemas(config: Config) -> None:
+    """Every store whose values are ``avro``: its current schema can read each schema its
+    values were written with (the serde says which rule a change breaks, and where)."""
+    for store in config.stores:
+        if config.get_str(f"stores.{store}.msg.serde") == "avro":
+            from sparkpoint.serde.registry import RegistrySerde
+
+            serde = store_serdes(config, store)[1]
+            assert isinstance(serde, RegistrySerde)
+            serde.check_evolution(store)
 
 
 _DECODE: Final = object()  # a buffered value that get() must decode again (it may be mutable)
