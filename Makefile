@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers bench-schemas clean
+.PHONY: setup example example-windows example-rekey example-avro test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers bench-schemas clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -19,6 +19,11 @@ example-windows:
 example-rekey:
 	@scripts/bootstrap.sh run
 	@.venv/bin/python examples/rekey/run_example.py
+
+# Avro through a Schema Registry: views in Avro, counted per user, the counts out in Avro
+example-avro:
+	@scripts/bootstrap.sh schemas
+	@.venv/bin/python examples/avro/run_example.py
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup

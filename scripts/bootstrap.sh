@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with sparkpoint, once; re-runs only when pyproject.toml changes or more is needed.
 #   scripts/bootstrap.sh run   what a job needs: `pip install sparkpoint` (make example)
+#   scripts/bootstrap.sh schemas  that and the [schemas] extra (make example-avro)
 #   scripts/bootstrap.sh dev   that, the [dev] extra and Azurite (npm) for the tests (make test)
 #   scripts/bootstrap.sh docs  .venv-docs with only what the docs build needs (make docs):
 #                              mkdocs, and sparkpoint without its runtime dependencies
@@ -8,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-dev}
-case "$mode" in run|dev|docs) ;; *) echo "usage: $0 [run|dev|docs]" >&2; exit 2 ;; esac
+case "$mode" in run|schemas|dev|docs) ;; *) echo "usage: $0 [run|schemas|dev|docs]" >&2; exit 2 ;; esac
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
@@ -60,11 +61,16 @@ PY=$(find_python)
 stamp=.venv/.sparkpoint-installed
 want=$(sha1sum pyproject.toml | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
-# a dev install serves both modes; a run install only `run`
-if [ -x .venv/bin/python ] && { [ "$have" = "$want dev" ] || [ "$have" = "$want $mode" ]; }; then
+# a dev install serves every mode, a schemas install `run` too; a run install only `run`
+if [ -x .venv/bin/python ] && { [ "$have" = "$want dev" ] || [ "$have" = "$want $mode" ] \
+    || { [ "$mode" = run ] && [ "$have" = "$want schemas" ]; }; }; then
   exit 0
 fi
-if [ "$mode" = dev ]; then spec='.[dev]'; what="sparkpoint with its test tools"; else spec='.'; what="sparkpoint"; fi
+case "$mode" in
+  dev) spec='.[dev]'; what="sparkpoint with its test tools" ;;
+  schemas) spec='.[schemas]'; what="sparkpoint with its Schema Registry serdes" ;;
+  *) spec='.'; what="sparkpoint" ;;
+esac
 say "creating .venv with $PY and installing $what (first run takes a minute or two)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true

@@ -129,8 +129,8 @@ def load_config(
 ) -> Config:
     """Load a job file (or start from ``base``), apply overrides and defaults, validate.
 
-    Paths (``job.data.dir``, ``systems.<s>.path``, ``job.logged.store.base.dir``) are made
-    absolute: a relative one from the job file against the job file's directory, any other
+    Paths (``job.data.dir``, ``systems.<s>.path``, ``job.logged.store.base.dir``, the
+    ``*.schema.file`` keys) are made absolute: a relative one from the job file against the job file's directory, any other
     against the current directory. ``job.data.dir`` defaults to ``.sparkpoint/<job.name>`` in
     the job file's directory (the current one without a job file).
     """
@@ -162,6 +162,8 @@ def load_config(
                 name = key[len("systems.") : -len(".factory")]
                 values[path_key] = str(Path(values["job.data.dir"]) / "streams" / name)
             values[path_key] = absolute(path_key)
+    for key in [k for k in values if k.endswith(".schema.file") and values[k]]:
+        values[key] = absolute(key)  # a store's or a registry serde's schema, read anywhere
     if (
         values.get("job.logged.store.base.dir")
         and "{cwd}" not in values["job.logged.store.base.dir"]
