@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,31 @@ def test_reading_an_undeclared_key_is_an_error_in_the_suite() -> None:
         Config({}).get_bool("task.made.up")
     with pytest.raises(ConfigError, match="is read but not declared"):
         Config({}).get_int("task.made.up.ms")
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("streams.clicks.event.time.feild", "streams.clicks.event.time.field"),
+        ("streams.page.views.partitionz", "streams.page.views.partitions"),  # a dotted name
+        ("streams.clicks.samza.msg.serd", "streams.clicks.samza.msg.serde"),
+    ],
+)
+def test_a_misspelt_stream_key_is_refused_not_passed_on(key: str, meant: str) -> None:
+    """Issue 72: an undeclared streams.<s>.<p> key is passed to the system as a stream
+    property, so a typo of a declared one ran with exit 0 and was ignored (no event time, no
+    window ever closed). One close to a declared key is refused, naming it."""
+    with pytest.raises(ConfigError, match=rf"unknown config key {re.escape(key)}; did you mean "):
+        load_config(None, {"job.name": "j", key: "x"})
+    with pytest.raises(ConfigError, match=re.escape(meant)):
+        load_config(None, {"job.name": "j", key: "x"})
+
+
+@pytest.mark.parametrize(
+    "key", ["retention.ms", "cleanup.policy", "segment.ms", "max.message.bytes"]
+)
+def test_stream_properties_for_the_system_still_pass(key: str) -> None:
+    from sparkpoint.model import SystemStream
+
+    config = load_config(None, {"job.name": "j", f"streams.clicks.{key}": "1"})
+    assert config.stream_properties(SystemStream("filelog", "clicks")) == {key: "1"}

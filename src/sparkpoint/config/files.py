@@ -130,9 +130,10 @@ def load_config(
     """Load a job file (or start from ``base``), apply overrides and defaults, validate.
 
     Paths (``job.data.dir``, ``systems.<s>.path``, ``job.logged.store.base.dir``, the
-    ``*.schema.file`` keys) are made absolute: a relative one from the job file against the job file's directory, any other
-    against the current directory. ``job.data.dir`` defaults to ``.sparkpoint/<job.name>`` in
-    the job file's directory (the current one without a job file).
+    ``*.schema.file`` keys) are made absolute: a relative one from the job file against the
+    job file's directory, any other against the current directory. ``job.data.dir`` defaults
+    to ``.sparkpoint/<job.name>`` in the job file's directory (the current one without a job
+    file).
     """
     values: dict[str, str] = dict(base or {})
     from_file: dict[str, str] = {}

@@ -253,9 +253,7 @@ class Config(Mapping[str, str]):
         for key, value in self._values.items():
             spec = declared(key) or declared(key, self.plugin_keys)
             if spec is None:
-                passed_on = is_stream_property(key) or key.startswith("blob.store.options.")
-                if key.startswith(OWNED_PREFIXES) and not passed_on:
-                    self._unknown(key)
+                self._undeclared(key)
                 continue
             if spec.check is not None and value != "" and not spec.check(value):
                 raise ConfigError(f"{key}={value!r} is invalid; allowed: {spec.allowed}")
@@ -303,6 +301,15 @@ class Config(Mapping[str, str]):
                         yield store, key
                     break
 
+    def _undeclared(self, key: str) -> None:
+        """A key no one declares: passed on (a stream property, a blob store option), or
+        refused where sparkpoint owns the prefix, or as a typo of a declared stream key."""
+        passed_on = is_stream_property(key) or key.startswith("blob.store.options.")
+        if key.startswith(OWNED_PREFIXES) and not passed_on:
+            self._unknown(key)
+        if is_stream_property(key):
+            _refuse_misspelt_stream_key(key)
+
     def _unknown(self, key: str) -> None:
         # compare against declared patterns with the name part filled from the key itself
         candidates = []
@@ -315,3 +322,25 @@ class Config(Mapping[str, str]):
         close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ConfigError(f"unknown config key {key}{hint} (run 'sparkpoint config keys' to list)")
+
+
+def _refuse_misspelt_stream_key(key: str) -> None:
+    """``streams.<s>.<p>`` keys sparkpoint does not declare are passed to the system as the
+    stream's properties, so a typo of a declared one (``event.time.feild``) would be taken for
+    one and ignored: refused, with the key it is close to. Stream names may hold dots, so each
+    split of the key into a name and a suffix is tried."""
+    suffixes = [
+        spec.pattern[len("streams.<s>.") :]
+        for spec in KEYS
+        if spec.pattern.startswith("streams.<s>.") and "<" not in spec.pattern[12:]
+    ]
+    parts = key.split(".")
+    for i in range(2, len(parts)):
+        name, suffix = ".".join(parts[1:i]), ".".join(parts[i:])
+        close = difflib.get_close_matches(suffix, suffixes, n=1, cutoff=0.85)
+        if close and close[0] != suffix:
+            raise ConfigError(
+                f"unknown config key {key}; did you mean streams.{name}.{close[0]}? (an "
+                "undeclared streams.<s>.<p> key is passed to the system as a stream "
+                "property; run 'sparkpoint config keys' to list sparkpoint's)"
+            )
