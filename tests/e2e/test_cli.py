@@ -57,6 +57,8 @@ def test_every_subcommand_has_help_with_an_example() -> None:
         ["job", "show"],
         ["job", "reset"],
         ["stream", "repair"],
+        ["dlq", "show"],
+        ["dlq", "replay"],
     ):
         out = sp(*cmd, "--help").stdout  # piped, as in a log or a pager
         assert "Example" in out, cmd

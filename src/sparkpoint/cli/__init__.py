@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 
-from sparkpoint.cli import checkpoints, config, jobs, run, startpoints, state, streams
+from sparkpoint.cli import checkpoints, config, dlq, jobs, run, startpoints, state, streams
 from sparkpoint.cli.app import app, err, error_line, help_width
 from sparkpoint.errors import SparkpointError, UserError
 from sparkpoint.fsutil import USER_ERRNOS
 
 #: the command groups, registered on :data:`app` as they are imported
-COMMANDS = (run, streams, jobs, checkpoints, state, config, startpoints)
+COMMANDS = (run, streams, jobs, checkpoints, state, config, startpoints, dlq)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,12 @@ app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(state_app, name="state")
 app.add_typer(config_app, name="config")
 app.add_typer(startpoint_app, name="startpoint")
+dlq_app = typer.Typer(
+    help="The dead-letter stream: list what the tasks could not handle, and replay it.",
+    no_args_is_help=True,
+)
 app.add_typer(job_app, name="job")
+app.add_typer(dlq_app, name="dlq")
 
 JobArg = Annotated[Path, typer.Argument(help="The job file (YAML or .properties).")]
 SetOpt = Annotated[

@@ -349,6 +349,22 @@ KEYS: tuple[ConfigKey, ...] = (
         _bool,
     ),
     ConfigKey(
+        "task.dlq.stream",
+        None,
+        "system.stream",
+        "the dead-letter stream: an input record that cannot be decoded (or whose process() "
+        "raises, per task.dlq.on) goes there, its key as it was and its value kept whole with "
+        "what went wrong, and the task goes on (sparkpoint dlq show lists them)",
+    ),
+    ConfigKey(
+        "task.dlq.on",
+        "decode",
+        "decode | process | both",
+        "which failures go to task.dlq.stream: records that cannot be decoded (or lack their "
+        "event time), records whose process() raises, or both",
+        _one_of("decode", "process", "both"),
+    ),
+    ConfigKey(
         "task.window.ms",
         "-1",
         "an integer (milliseconds; -1 disables)",

@@ -138,6 +138,8 @@ class TaskBatchResult:
     state_bytes: dict[str, int] = field(default_factory=dict)  # per persistent store, on disk
     late: int = 0  # records behind the task's watermark (event time)
     window_late: int = 0  # window adds refused as late (their windows had all closed)
+    #: records sent to the dead-letter stream (task.dlq.stream), per reason
+    dead_letters: dict[str, int] = field(default_factory=dict)
     timers_fired: int = 0
     #: exactly-once: the output staged since the last written checkpoint, this batch's too
     staged_outputs: dict[str, list[str]] = field(default_factory=dict)

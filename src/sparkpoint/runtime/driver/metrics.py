@@ -70,6 +70,12 @@ class JobMetrics:
             "the store's late_stream if it has one, else dropped)",
         )
         self.timers_fired = task(Counter, "task_timers_fired", "Timers that fired (on_timer)")
+        self.dead_letters = task(
+            Counter,
+            "task_dead_letters",
+            "Records sent to the dead-letter stream (task.dlq.stream), by reason",
+            ("task", "reason"),
+        )
         self.parts_staged = task(
             Counter,
             "task_output_parts_staged",
@@ -185,6 +191,8 @@ class JobMetrics:
         self.late.labels(*labels).inc(r.late)
         self.window_late.labels(*labels).inc(r.window_late)
         self.timers_fired.labels(*labels).inc(r.timers_fired)
+        for reason, n in r.dead_letters.items():
+            self.dead_letters.labels(*labels, reason).inc(n)
         self.parts_staged.labels(*labels).inc(r.parts_staged)
         self.published.labels(*labels).inc(r.records_published)
         self.process_time.labels(*labels).inc(r.process_seconds)

@@ -112,7 +112,7 @@ class ProgressDisplay:
             self.console.print(
                 f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s "
                 f"({self._rate:,.0f}/s), lag {lag}{stages_note(report)}{commit}"
-                f"{placement_note(report)}",
+                f"{placement_note(report)}{dead_letters_note(report)}",
                 highlight=False,
             )
 
@@ -181,6 +181,7 @@ class JsonProgress:
             seconds=round(report.seconds, 3),
             lag=sum(report.lag.values()),
             committed=report.committed,
+            **({"dead_letters": report.dead_letters} if report.dead_letters else {}),
             **(
                 {"stages": [{"role": r, "stream": s, "lag": n} for r, s, n in report.stages]}
                 if report.stages
@@ -233,3 +234,13 @@ def stages_note(report: BatchReport) -> str:
     lags = ", ".join(f"{role} {stream} {lag:,}" for role, stream, lag in report.stages)
     open_ = sum(report.parts_open.values())
     return f" ({lags}; staged parts: {open_} to commit, {report.parts_to_publish} to publish)"
+
+
+def dead_letters_note(report: BatchReport) -> str:
+    """``; 3 dead letters (2 decode, 1 process)``, or nothing."""
+    dead = report.dead_letters
+    if not dead:
+        return ""
+    total = sum(dead.values())
+    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(dead.items()))
+    return f"; {total} dead letter{'s' if total != 1 else ''} ({reasons})"

@@ -74,6 +74,15 @@ class BatchReport:
     stages: list[tuple[str, str, int]] = field(default_factory=list)
     standby: StandbyReport = field(default_factory=StandbyReport)
 
+    @property
+    def dead_letters(self) -> dict[str, int]:
+        """Records its tasks sent to the dead-letter stream, per reason."""
+        out: dict[str, int] = {}
+        for r in self.tasks:
+            for reason, n in r.dead_letters.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
     @classmethod
     def of_batch(
         cls,

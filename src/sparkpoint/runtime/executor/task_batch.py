@@ -67,7 +67,8 @@ from sparkpoint.storage.task_storage import (
     TaskStorage,
     persistent_store,
 )
-from sparkpoint.system.base import IncomingMessageEnvelope, Record
+from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
+from sparkpoint.system.dead_letters import DECODE, PROCESS, DeadLetters
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import stream_serdes
 
@@ -203,8 +204,9 @@ class TaskBatch:
     """One task's run of one micro-batch on this executor; its state is a
     :class:`~sparkpoint.storage.task_storage.TaskStorage`."""
 
-    def __init__(self, plan: TaskBatchPlan) -> None:
+    def __init__(self, plan: TaskBatchPlan, attempt: int = 0) -> None:
         self.plan = plan
+        self.attempt = attempt
         self.config, self.systems = _CACHE.config(plan.config)
         self.task = plan.task.name
         self.storage = TaskStorage(
@@ -221,6 +223,8 @@ class TaskBatch:
         self.tables = Tables.of(self.config)
         self.last_processed: dict[SystemStreamPartition, str] = {}
         self.kept = False  # whether begin() kept the live stores (else it restored them)
+        self.dead = DeadLetters.from_config(self.config)
+        self.dead_letters: dict[str, int] = {}  # per reason, in this batch
 
     # -- input
     def input_serdes(self, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
@@ -306,6 +310,7 @@ class TaskBatch:
                 processed_at=time.monotonic(),
             )
             result.late, result.timers_fired, result.window_late = late, fired, window_late
+            result.dead_letters = dict(self.dead_letters)
             if self.storage.outputs is not None:
                 result.staged_outputs = self.storage.outputs.pending
                 result.parts_staged = len(collector.staged)
@@ -508,11 +513,15 @@ class TaskBatch:
                 try:
                     key, msg = self.decode(ssp, rec, key_serde, msg_serde)
                 except TaskError as exc:
-                    if not policy.drop_deserialization_errors:
-                        raise
-                    log.error("%s; dropped (task.drop.deserialization.errors=true)", exc)
+                    self._undecodable(ssp, rec, exc, policy, collector)
                     continue
-            event_time = rec.timestamp if field is None else self._event_time(ssp, rec, msg, field)
+            try:
+                event_time = (
+                    rec.timestamp if field is None else self._event_time(ssp, rec, msg, field)
+                )
+            except MessageDecodeError as exc:
+                self._undecodable(ssp, rec, exc, policy, collector)
+                continue
             late = watermark is not None and event_time < watermark
             if late:
                 timers.late += 1
@@ -530,12 +539,62 @@ class TaskBatch:
                     f"task {self.task} failed processing {ssp} offset {rec.offset}: "
                     f"{type(exc).__name__}: {exc}{raised_at(exc)}"
                 )
-                if not policy.ignores(exc):
+                if self.dead.takes(PROCESS):
+                    self._dead_letter(collector, ssp, rec, exc, PROCESS)
+                elif not policy.ignores(exc):
                     raise TaskError(f"{error}. {failure_advice(exc)}") from exc
-                log.error("%s; ignored (task.ignored.exceptions)", error)
+                else:
+                    log.error("%s; ignored (task.ignored.exceptions)", error)
         collector.arrived = None
         if top >= 0 and timers.tracking:
             timers.seen(ssp, top)
+
+    def _undecodable(
+        self,
+        ssp: SystemStreamPartition,
+        rec: Record,
+        exc: TaskError,
+        policy: ErrorPolicy,
+        collector: OutputCollector,
+    ) -> None:
+        """A record that cannot be decoded (or has no event time): to the dead-letter stream,
+        or dropped under task.drop.deserialization.errors, or the batch fails naming it."""
+        if self.dead.takes(DECODE):
+            self._dead_letter(collector, ssp, rec, exc, DECODE)
+        elif policy.drop_deserialization_errors:
+            log.error("%s; dropped (task.drop.deserialization.errors=true)", exc)
+        else:
+            raise exc
+
+    def _dead_letter(
+        self,
+        collector: OutputCollector,
+        ssp: SystemStreamPartition,
+        rec: Record,
+        exc: BaseException,
+        reason: str,
+    ) -> None:
+        assert self.dead.stream is not None
+        letter = self.dead.letter(
+            str(self.task),
+            ssp,
+            rec,
+            exc,
+            reason=reason,
+            checkpoint=self.storage.last_checkpoint_id,
+            attempt=self.attempt,
+        )
+        collector.send(OutgoingMessageEnvelope(self.dead.stream, rec.key, letter))
+        self.dead_letters[reason] = self.dead_letters.get(reason, 0) + 1
+        log.warning(
+            "task %s: %s at offset %s of %s went to the dead-letter stream %s (%s)",
+            self.task,
+            "a record that cannot be decoded" if reason == DECODE else "a failed record",
+            rec.offset,
+            ssp,
+            self.dead.stream,
+            letter["error"]["message"][:200],
+        )
 
     def _event_time(self, ssp: SystemStreamPartition, rec: Record, msg: Any, field: str) -> int:
         """The integer field ``field`` of the message (``streams.<s>.event.time.field``)."""
@@ -591,7 +650,8 @@ def restores_in_threads(plan: TaskBatchPlan) -> bool:
     return restores_off_the_gil(config)
 
 
-def run_task_batch(plan: TaskBatchPlan) -> TaskBatchResult:
-    """Run one task's micro-batch (called inside a Spark Python worker)."""
+def run_task_batch(plan: TaskBatchPlan, attempt: int = 0) -> TaskBatchResult:
+    """Run one task's micro-batch (called inside a Spark Python worker; ``attempt``: the
+    Spark task's attempt number, which dead letters carry)."""
     setup_worker_logging(plan.config)
-    return TaskBatch(plan).run()
+    return TaskBatch(plan, attempt).run()

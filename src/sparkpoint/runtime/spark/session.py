@@ -369,10 +369,14 @@ def cluster_groups(
 def run_task_group(plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
     """Run several tasks' micro-batches one after the other in one Spark partition (in a
     Spark worker: on the driver's processing time, :func:`follow`)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = 0 if context is None else int(context.attemptNumber())
     results = []
     for plan in plans:
         follow(plan.clock_ms, plan.driver_wall_ms)
-        results.append(run_task_batch(plan))
+        results.append(run_task_batch(plan, attempt))
     return results
 
 
