@@ -44,6 +44,11 @@ READABLE = [
         record(USER),
     ),
     (
+        "a record renamed, the old name an alias",
+        {**record(USER, name="Visit"), "aliases": ["View"]},
+        record(USER),
+    ),
+    (
         "arrays and maps of promoted items",
         record({"name": "a", "type": {"type": "array", "items": "long"}}),
         record({"name": "a", "type": {"type": "array", "items": "int"}}),

@@ -110,6 +110,26 @@ def test_many_records_decode_in_blocks_as_one_by_one(registry: str, tmp_path: Pa
     assert ours.from_bytes_many(data)[20] == {**VIEWS[0], "ref": "/"}
     with pytest.raises(ValueError, match="avro serde: cannot decode with schema id"):
         ours.from_bytes_many([*data[:30], data[30][:-2], *data[31:]])
+    # a record with a byte to spare must not shift the ones after it in its run
+    spare = [data[0] + b"\x00", *data[1:20]]
+    assert ours.from_bytes_many(spare) == [ours.from_bytes(d) for d in spare]
+
+
+def test_a_bare_bytes_schema_is_framed_as_confluent_frames_it(
+    registry: str, tmp_path: Path
+) -> None:
+    """Confluent writes a top-level bytes value unframed (no Avro length): the fast path must
+    not take it."""
+    client = SchemaRegistryClient({"url": registry})
+    theirs = AvroSerializer(client, '"bytes"')
+    avsc = tmp_path / "bytes.avsc"
+    avsc.write_text('"bytes"')
+    values = {**config(registry, tmp_path), "serializers.registry.b.type": "avro"}
+    values["serializers.registry.b.schema.file"] = str(avsc)
+    ours = serde("b", values)
+    for payload in (b"hello", b"\x00\x01"):  # (confluent cannot read back an empty one)
+        assert ours.to_bytes(payload) == theirs(payload, VALUE)
+        assert ours.from_bytes(theirs(payload, VALUE)) == payload
 
 
 def test_json_schema_both_ways(registry: str, tmp_path: Path) -> None:
@@ -180,6 +200,15 @@ def test_an_unknown_schema_id_is_the_record_s_error_naming_id_and_registry(
         ours.from_bytes(b"\x00" + (4242).to_bytes(4, "big") + b"\x02")
 
 
+def test_a_wrong_registry_path_is_not_blamed_on_the_records(tmp_path: Path) -> None:
+    """Only the registry's 'schema not found' (40403) is the record's fault: a 404 of a wrong
+    URL would otherwise drop every record under task.drop.deserialization.errors."""
+    with TestSchemaRegistry() as registry:
+        ours = serde("avro", config(registry.url + "/wrong-prefix", tmp_path))
+        with pytest.raises(SerdeRegistryError, match="refused"):
+            ours.from_bytes(b"\x00" + (1).to_bytes(4, "big") + b"\x02")
+
+
 def test_a_registry_that_does_not_answer_fails_naming_its_url(tmp_path: Path) -> None:
     """Retried by the client (here once, 10 ms apart), then one error naming the URL: not a
     ValueError, so no policy drops the record as undecodable."""
@@ -224,6 +253,21 @@ def test_settings_that_cannot_work_are_config_errors(tmp_path: Path) -> None:
         load_serde("avro", {}, key="stores.counts.msg.serde", store="counts")
     with pytest.raises(ConfigError, match=r"and the values of stores \(avro\)"):
         load_serde("protobuf", {}, key="stores.counts.msg.serde", store="counts")
+    with pytest.raises(ConfigError, match="auto.register.schemas=true needs"):
+        serde(
+            "a",
+            {
+                "systems.log.schema.registry.url": "http://x",
+                "serializers.registry.a.type": "avro",
+                "serializers.registry.a.auto.register.schemas": "true",
+            },
+        )
+    typo = serde(
+        "avro",
+        {"systems.log.schema.registry.url": "http://x", "systems.log.schema.registry.timout": "5"},
+    )
+    with pytest.raises(ConfigError, match="refuses its options"):
+        typo.build()  # what the driver calls at start for its inputs
     bad = {"systems.log.schema.registry.url": "http://x", "serializers.registry.a.type": "avro"}
     with pytest.raises(ConfigError, match="subject.name.strategy='topics'"):
         serde("a", {**bad, "serializers.registry.a.subject.name.strategy": "topics"})

@@ -130,7 +130,7 @@ def _match_complex(
     """Two types of the same complex ``kind`` (record, enum, fixed, array or map)."""
     where = f"field {path}" if path else "the value"
     named = kind in ("record", "error", "enum", "fixed")
-    if named and str(r["name"]).rsplit(".", 1)[-1] != str(w["name"]).rsplit(".", 1)[-1]:
+    if named and not _same_name(r, w):
         out.append(f"{where}: {kind} {w['name']} cannot be read as {r['name']} (names differ)")
     elif kind in ("record", "error"):
         if (id(r), id(w)) not in seen:  # else a recursive type, already being compared
@@ -149,6 +149,14 @@ def _match_complex(
         _match(r["items"], w["items"], rn, wn, f"{path}[]", out, seen)
     elif kind == "map":
         _match(r["values"], w["values"], rn, wn, f"{path}{{}}", out, seen)
+
+
+def _same_name(r: dict[str, Any], w: dict[str, Any]) -> bool:
+    """Whether the reader's named type reads the writer's: the same unqualified name, or the
+    writer's among the reader's aliases."""
+    short = str(w["name"]).rsplit(".", 1)[-1]
+    aliases = {str(a).rsplit(".", 1)[-1] for a in r.get("aliases", [])}
+    return str(r["name"]).rsplit(".", 1)[-1] == short or short in aliases
 
 
 def _records(

@@ -72,16 +72,29 @@ class RegistrySettings:
             )
         changelog = config.get(prefix + "changelog", "")
         system = changelog.split(".", 1)[0] if changelog else ""
-        url = config.get(prefix + "schema.registry.url") or config.get(
-            f"systems.{system}.schema.registry.url", ""
-        )
+        url = config.get(prefix + "schema.registry.url") or ""
+        options: dict[str, str] = {}
+        if not url and system:  # the changelog system's registry, with its client options
+            sys_prefix = f"systems.{system}.schema.registry."
+            options = {
+                k[len(sys_prefix) :]: v for k, v in config.items() if k.startswith(sys_prefix)
+            }
+            url = options.pop("url", "")
         if not url:
             raise ConfigError(
                 f"{where}: an avro store registers each schema its values are written with: "
                 f"set {prefix}schema.registry.url"
                 + (f" (or systems.{system}.schema.registry.url)" if system else "")
             )
-        return cls("avro", url.rstrip("/"), (), "topic", True, schema_file, resolve=True)
+        return cls(
+            "avro",
+            url.rstrip("/"),
+            tuple(sorted(options.items())),
+            "topic",
+            True,
+            schema_file,
+            resolve=True,
+        )
 
     @classmethod
     def of(cls, config: Mapping[str, str], name: str, system: str, where: str) -> RegistrySettings:
@@ -95,8 +108,11 @@ class RegistrySettings:
             )
         prefix = f"systems.{system}.schema.registry."
         options = {k[len(prefix) :]: v for k, v in config.items() if k.startswith(prefix)}
-        url = config.get(named + "schema.registry.url") or options.pop("url", "")
+        own_url = config.get(named + "schema.registry.url")
+        url = own_url or options.pop("url", "")
         options.pop("url", None)
+        if own_url:
+            options = {}  # the system's credentials are its registry's, not this one's
         if not url:
             raise ConfigError(
                 f"{where}: serde {name!r} needs a Schema Registry: set "
@@ -112,6 +128,11 @@ class RegistrySettings:
         # without one, an output writes with its subject's latest schema
         own = schema_file is not None or kind == "protobuf"
         auto = config.get(named + "auto.register.schemas", "true" if own else "false")
+        if auto.lower() == "true" and not own:
+            raise ConfigError(
+                f"{named}auto.register.schemas=true needs {named}schema.file: without one an "
+                "output writes with its subject's latest schema, and registers nothing"
+            )
         protobuf_as = config.get(named + "protobuf.as", "dict")
         if protobuf_as not in ("dict", "message"):
             raise ConfigError(f"{named}protobuf.as={protobuf_as!r}; allowed: dict | message")
@@ -137,6 +158,17 @@ class RegistrySettings:
 Encoder = Callable[[Any, Any], bytes | None]
 Decoder = Callable[[bytes, Any], Any]
 _UNSEEN = object()
+#: the registry client's options that are numbers (the rest, passwords included, are strings)
+_INT_OPTIONS = frozenset(
+    {
+        "timeout",
+        "max.retries",
+        "retries.wait.ms",
+        "retries.max.wait.ms",
+        "cache.capacity",
+        "cache.latest.ttl.sec",
+    }
+)
 
 
 @functools.cache
@@ -161,8 +193,13 @@ def registry_client(settings: RegistrySettings) -> Any:
         if client is None:
             conf: dict[str, Any] = {"url": settings.url}
             for option, value in settings.client:
-                conf[option] = int(value) if value.isdigit() else value
-            client = _CLIENTS[key] = SchemaRegistryClient(conf)
+                conf[option] = int(value) if option in _INT_OPTIONS else value
+            try:
+                client = _CLIENTS[key] = SchemaRegistryClient(conf)
+            except (ValueError, TypeError) as exc:  # options the client refuses
+                raise ConfigError(
+                    f"the Schema Registry client for {settings.url} refuses its options: {exc}"
+                ) from None
         return client
 
 
@@ -182,6 +219,7 @@ class RegistrySerde(Serde[Any]):
         #: avro: the wire header and fastavro schema every record is written with, once known
         self._writer: tuple[bytes, Any] | None = None
         self._current: Any = None  # a store's current schema, parsed (see _reader)
+        self._writer_known = False  # whether the fast path of to_bytes was looked for
 
     def _context(self) -> Any:
         if self._ctx is None:
@@ -274,7 +312,11 @@ class RegistrySerde(Serde[Any]):
         def to_dict(data: bytes, ctx: Any) -> Any:
             from google.protobuf.json_format import MessageToDict
 
-            return MessageToDict(checked_decode(data, ctx), preserving_proto_field_name=True)
+            return MessageToDict(
+                checked_decode(data, ctx),
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,  # proto3's zeros, as zeros
+            )
 
         return to_dict
 
@@ -300,7 +342,9 @@ class RegistrySerde(Serde[Any]):
         wire = SchemaId("PROTOBUF")
         wire.from_bytes(BytesIO(data))
         client = registry_client(self.settings)
-        schema = self._call(lambda _arg, _ctx: client.get_schema(wire.id), data, "decode")
+        schema = self._call(
+            lambda _arg, _ctx: client.get_schema(wire.id, fmt="serialized"), data, "decode"
+        )
         try:
             file = descriptor_pb2.FileDescriptorProto.FromString(
                 base64.b64decode(schema.schema_str, validate=True)
@@ -368,8 +412,8 @@ class RegistrySerde(Serde[Any]):
         try:
             versions = client.get_versions(subject)
         except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                return  # nothing written yet
+            if exc.error_code == 40401:
+                return  # no such subject: nothing written yet
             raise self._unavailable(exc) from exc
         for version in versions:
             old = client.get_version(subject, version)
@@ -387,11 +431,12 @@ class RegistrySerde(Serde[Any]):
         if self._writer is not None:
             return self._fast_encode(value, *self._writer)
         if self._encode is None:
-            self._encode = self._make_encoder()
+            self._encode = self._built(self._make_encoder)
         data = self._call(self._encode, value, "encode")
         if data is None:
             raise ValueError(f"{self.name} serde: cannot encode None")
-        if self.name == "avro":
+        if self.name == "avro" and not self._writer_known:
+            self._writer_known = True  # one look, whatever it finds
             parsed = self._plain(int.from_bytes(data[1:5], "big"), data)
             if parsed is not None:
                 self._writer = (bytes(data[:5]), parsed)
@@ -412,14 +457,26 @@ class RegistrySerde(Serde[Any]):
             if parsed is not None:
                 return self._fast_decode(data, parsed)
         if self._decode is None:
-            self._decode = self._make_decoder()
+            self._decode = self._built(self._make_decoder)
         return self._call(self._decode, bytes(data), "decode")
 
+    def build(self) -> None:
+        """Build the registry client and the decoder now (no request is made): settings they
+        refuse stop the job at start (the driver calls this for its inputs)."""
+        if self._decode is None:
+            self._decode = self._built(self._make_decoder)
+
+    def _built(self, make: Callable[[], Any]) -> Any:
+        """``make()``, a refusal of the settings as the ConfigError it is (not a bad record)."""
+        try:
+            return make()
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.name} serde for {self.topic} {self.field}s: {exc}") from None
+
     def from_bytes_many(self, values: Sequence[bytes]) -> list[Any]:
-        """Avro: each run of records of one schema id decoded as one fastavro block (an Avro
-        container of that schema holding their payloads), 1.4x faster than one by one here; any
-        record that is not plain framed Avro goes through :meth:`from_bytes`, whose error
-        names it."""
+        """Avro: each run of records of one schema id read from one buffer of their payloads,
+        each record checked to end where its bytes end (a record with bytes to spare, or
+        short of some, is decoded alone by :meth:`from_bytes`, whose error names it)."""
         if self.name != "avro":
             return [self.from_bytes(v) for v in values]
         out: list[Any] = []
@@ -430,32 +487,32 @@ class RegistrySerde(Serde[Any]):
             while end < len(values) and values[end][:5] == head:
                 end += 1
             run = values[start:end]
-            parsed = self._readers.get(int.from_bytes(head[1:5], "big")) if len(head) == 5 else None
-            if parsed is None or head[0] != 0 or len(run) < 8:
+            schema_id = int.from_bytes(head[1:5], "big") if len(head) == 5 else -1
+            parsed = self._readers.get(schema_id)
+            if parsed is None or head[0] != 0:
                 out += [self.from_bytes(v) for v in run]  # fetches the schema if new
             else:
-                out += self._block_decode(run, parsed)
+                out += self._run_decode(run, parsed)
             start = end
         return out
 
-    def _block_decode(self, run: Sequence[bytes], parsed: Any) -> list[Any]:
-        fastavro = _fastavro()
-        body = b"".join(memoryview(v)[5:] for v in run)
-        sync = b"\x00" * 16
-        container = BytesIO()
-        fastavro.writer(container, parsed, [], sync_marker=sync)  # the header alone
-        fastavro.schemaless_writer(container, "long", len(run))  # the block: its count,
-        fastavro.schemaless_writer(container, "long", len(body))  # its size, the records
-        container.write(body)
-        container.write(sync)
-        container.seek(0)
-        try:
-            records = list(fastavro.reader(container, reader_schema=self._reader()))
-        except Exception:  # a bad record: decoded one by one below, it is named
-            records = []
-        if len(records) != len(run):
-            return [self.from_bytes(v) for v in run]
-        return records
+    def _run_decode(self, run: Sequence[bytes], parsed: Any) -> list[Any]:
+        read, reader = _fastavro().schemaless_reader, self._reader()
+        stream = BytesIO(b"".join(memoryview(v)[5:] for v in run))
+        out: list[Any] = []
+        end = 0
+        for record in run:
+            end += len(record) - 5
+            try:
+                value = read(stream, parsed, reader)
+            except (EOFError, ValueError, IndexError, UnicodeDecodeError, OverflowError):
+                value = _UNSEEN
+            if value is _UNSEEN or stream.tell() != end:
+                out.append(self.from_bytes(record))  # raises, naming it (or decodes it)
+                stream.seek(end)
+            else:
+                out.append(value)
+        return out
 
     def _plain(self, schema_id: int, data: bytes) -> Any:
         """fastavro's form of Avro schema ``schema_id`` (one registry request per id and
@@ -464,9 +521,14 @@ class RegistrySerde(Serde[Any]):
 
         client = registry_client(self.settings)
         schema = self._call(lambda _arg, _ctx: client.get_schema(schema_id), data, "decode")
-        if schema.rule_set is not None or schema.references:
-            return None
-        return _fastavro().parse_schema(json.loads(schema.schema_str))
+        parsed = json.loads(schema.schema_str)
+        if (
+            schema.rule_set is not None
+            or schema.references
+            or parsed in ("bytes", {"type": "bytes"})
+        ):
+            return None  # confluent's path: rules, references; a bare bytes value, unframed
+        return _fastavro().parse_schema(parsed)
 
     def _fast_encode(self, value: Any, header: bytes, parsed: Any) -> bytes:
         out = BytesIO()
@@ -513,7 +575,7 @@ class RegistrySerde(Serde[Any]):
             status = exc.http_status_code
             if status is None or status < 0 or status >= 500:
                 raise self._unavailable(exc) from exc
-            if what == "decode" and status == 404:
+            if what == "decode" and exc.error_code == 40403:  # no such schema id
                 schema_id = int.from_bytes(arg[1:5], "big")
                 raise ValueError(
                     f"{self.name} serde: schema id {schema_id} is not in the registry at "

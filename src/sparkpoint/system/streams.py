@@ -64,6 +64,10 @@ def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Ser
                 k = config.get_str(f"stores.{store}.key.serde") or k
             if not _set_for(config, stream, "samza.msg.serde"):
                 m = config.get_str(f"stores.{store}.msg.serde") or m
+                if m == "avro":  # the store's values, read with its current schema
+                    key = f"stores.{store}.msg.serde"
+                    msg = load_serde(m, config, key=key, store=store)
+                    return load_serde(k, config, key=f"stores.{store}.key.serde"), msg
             break
     return (
         load_serde(

@@ -314,6 +314,12 @@ class _ChunkDecoder:
                     f"task {self.task}: message at {self.ssp} offset {bad.offset} is not UTF-8 "
                     "text; read this input with value_type='BINARY'"
                 ) from None
+        if self.msg_serde.name == "protobuf":
+            raise ConfigError(
+                f"stream {self.ssp.system_stream}: the DataFrame API reads avro and json-schema "
+                "values into a struct, not protobuf ones (Protobuf's dicts hold 64-bit "
+                "integers as strings): read it with value_type='BINARY' and decode it yourself"
+            )
         if self.msg_serde.name in REGISTRY_SERDES:  # records to dicts, by the writer's schema
             return self._struct_rows(columns.records())
         if self.msg_serde.name != "json":
