@@ -638,4 +638,5 @@ class TaskCommitManager:
                 (self.dir / r.checkpoint_id).unlink(missing_ok=True)
         # not fsynced: the clean-up is idempotent, and a marker lost to a power cut only
         # makes the next batch run it again
-        atomic_write(done_marker, done, durable=False)
+        with self._local_disk():  # a full disk here is the same one-line error
+            atomic_write(done_marker, done, durable=False)
