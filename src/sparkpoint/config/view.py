@@ -4,6 +4,7 @@ defaults come from the declared keys only."""
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -324,16 +325,23 @@ class Config(Mapping[str, str]):
         raise ConfigError(f"unknown config key {key}{hint} (run 'sparkpoint config keys' to list)")
 
 
+@functools.cache
+def _declared_stream_suffixes() -> list[str]:
+    """What follows ``streams.<s>.`` in the declared keys (``event.time.field`` ...)."""
+    head = "streams.<s>."
+    return [
+        spec.pattern[len(head) :]
+        for spec in KEYS
+        if spec.pattern.startswith(head) and "<" not in spec.pattern[len(head) :]
+    ]
+
+
 def _refuse_misspelt_stream_key(key: str) -> None:
     """``streams.<s>.<p>`` keys sparkpoint does not declare are passed to the system as the
     stream's properties, so a typo of a declared one (``event.time.feild``) would be taken for
     one and ignored: refused, with the key it is close to. Stream names may hold dots, so each
     split of the key into a name and a suffix is tried."""
-    suffixes = [
-        spec.pattern[len("streams.<s>.") :]
-        for spec in KEYS
-        if spec.pattern.startswith("streams.<s>.") and "<" not in spec.pattern[12:]
-    ]
+    suffixes = _declared_stream_suffixes()
     parts = key.split(".")
     for i in range(2, len(parts)):
         name, suffix = ".".join(parts[1:i]), ".".join(parts[i:])

@@ -30,7 +30,9 @@ import orjson
 
 from sparkpoint.errors import ConfigError
 from sparkpoint.refs import load_reference
+from sparkpoint.serde.base import REGISTRY_SERDES as REGISTRY_SERDES
 from sparkpoint.serde.base import Serde as Serde
+from sparkpoint.serde.base import is_registry_serde as is_registry_serde
 
 
 class BytesSerde(Serde[bytes]):
@@ -226,10 +228,6 @@ BUILTIN_SERDES: dict[str, type[Serde[Any]]] = {
 }
 
 
-#: the serdes of records framed for a Schema Registry (:mod:`sparkpoint.serde.registry`)
-REGISTRY_SERDES = ("avro", "protobuf", "json-schema")
-
-
 def load_serde(
     name: str,
     config: Mapping[str, str] | None = None,
@@ -248,7 +246,7 @@ def load_serde(
     if name in BUILTIN_SERDES:
         return BUILTIN_SERDES[name]()
     values = config or {}
-    if name in REGISTRY_SERDES or f"serializers.registry.{name}.type" in values:
+    if is_registry_serde(name, values):
         from sparkpoint.serde.registry import RegistrySerde, RegistrySettings
 
         if stream is None and store is not None and name == "avro" and not for_keys:
@@ -261,10 +259,9 @@ def load_serde(
                 f"{key}: serde {name!r} takes its schemas from a Schema Registry, which "
                 "serves streams' keys and values, and the values of stores (avro)"
             )
-
         settings = RegistrySettings.of(values, name, stream[0], key)
         return RegistrySerde(settings, stream[1], for_keys)
-    path = (config or {}).get(f"serializers.registry.{name}.class")
+    path = values.get(f"serializers.registry.{name}.class")
     if path:
         cls = load_reference(path, f"serializers.registry.{name}.class={path!r}")
         serde = cls()

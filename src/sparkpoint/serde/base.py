@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -24,3 +24,13 @@ class Serde(ABC, Generic[T]):
         """Each of ``values`` decoded, as ``from_bytes`` does; a serde may decode them in one
         go (the avro serde: a run of one schema's records in one fastavro block)."""
         return [self.from_bytes(v) for v in values]
+
+
+#: the serdes of records framed for a Schema Registry (:mod:`sparkpoint.serde.registry`)
+REGISTRY_SERDES = ("avro", "protobuf", "json-schema")
+
+
+def is_registry_serde(name: str | None, config: Mapping[str, str]) -> bool:
+    """Whether serde ``name`` is a registry serde: one of :data:`REGISTRY_SERDES`, or a
+    named one (``serializers.registry.<name>.type``)."""
+    return name in REGISTRY_SERDES or f"serializers.registry.{name}.type" in config

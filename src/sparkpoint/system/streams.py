@@ -50,14 +50,14 @@ def create_or_validate(admin: SystemAdmin, spec: StreamSpec) -> None:
 def stream_serdes(config: Config, stream: SystemStream) -> tuple[Serde[Any], Serde[Any]]:
     """The key and message serdes of ``stream`` (string keys, JSON values by default; a
     store's changelog: the store's serdes)."""
-    dead = config.get_str("task.dlq.stream") == f"{stream.system}.{stream.stream}"
+    logged = f"{stream.system}.{stream.stream}"
+    dead = config.get_str("task.dlq.stream") == logged
     # a dead letter's key is the record's, as it was: bytes (its value is a JSON object)
     if dead and not _set_for(config, stream, "samza.key.serde"):
         k = "bytes"
     else:
         k = config.stream_key(stream, "samza.key.serde") or "string"
     m = config.stream_key(stream, "samza.msg.serde") or "json"
-    logged = f"{stream.system}.{stream.stream}"
     for store in config.stores:
         if config.get_str(f"stores.{store}.changelog") == logged:  # unless set for the stream
             if not _set_for(config, stream, "samza.key.serde"):

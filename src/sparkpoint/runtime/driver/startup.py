@@ -112,12 +112,12 @@ def check_registry_serdes(config: Config) -> None:
     task of its first batch. Other serdes load where they run (a user's class may be on the
     executors' path only). An avro store's current schema must read every schema its values
     were written with (:func:`~sparkpoint.storage.kv.store.check_store_schemas`)."""
-    from sparkpoint.serde import REGISTRY_SERDES
+    from sparkpoint.serde import is_registry_serde
     from sparkpoint.serde.registry import RegistrySerde
 
     for stream in config.inputs:
         names = [config.stream_key(stream, s) for s in ("samza.key.serde", "samza.msg.serde")]
-        if any(n in REGISTRY_SERDES or f"serializers.registry.{n}.type" in config for n in names):
+        if any(is_registry_serde(n, config) for n in names):
             for serde in stream_serdes(config, stream):
                 if isinstance(serde, RegistrySerde):
                     serde.build()
