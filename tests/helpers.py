@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 from generate import events, write
 
 from sparkpoint.config import Config
-from sparkpoint.model import SystemStream
+from sparkpoint.model import SystemStream, SystemStreamPartition
+from sparkpoint.system.base import Record
 from sparkpoint.system.registry import Systems
 from sparkpoint.tools.state import committed_entries
 from sparkpoint.tools.streams import read_json_lines
@@ -207,3 +208,26 @@ def crash_runs(
     assert not flag.exists(), "the crash point was never reached"
     run_job()
     return expected
+
+
+def add_input(config: Config, value: bytes, user: str, partition: int = 2) -> None:
+    """One record of ``user`` with the value ``value`` (bytes as they are) on pageviews."""
+    producer = Systems(config).producer("filelog")
+    producer.send("pageviews", partition, Record("", user.encode(), value, 0))
+    producer.flush()
+
+
+def dead_letters(config: Config) -> list[tuple[bytes | None, dict[str, Any]]]:
+    """The (key, letter) of every record on filelog.dead-letters, partition by partition,
+    parsed with json alone."""
+    systems = Systems(config)
+    admin = systems.admin("filelog")
+    if "dead-letters" not in admin.list_streams():
+        return []
+    out = []
+    for p in range(admin.partition_count("dead-letters")):
+        ssp = SystemStreamPartition("filelog", "dead-letters", p)
+        end = admin.get_metadata([ssp])[ssp].upcoming
+        records = systems.consumer("filelog").read(ssp, "0", end)
+        out += [(r.key, json.loads(r.value)) for r in records]
+    return out

@@ -1,7 +1,9 @@
 """Run the Avro example: start a Schema Registry (the one sparkpoint's tests use; point
-``SPARKPOINT_SCHEMA_REGISTRY_URL`` at a real one instead), write page views in Avro, run the
-job to the end of its input, print the busiest users' counts from the ``user-counts`` store,
-and read the last counts back from the output stream with confluent-kafka's own
+``SPARKPOINT_SCHEMA_REGISTRY_URL`` at a real one instead), write page views in Avro and one
+view in JSON by mistake (a poisoned record), run the job to the end of its input (the JSON view
+goes to the dead-letter stream), show the dead letter, replay it where JSON views belong
+(``pageviews-legacy``) and run again; print the busiest users' counts from the ``user-counts``
+store, and read the last counts back from the output stream with confluent-kafka's own
 AvroDeserializer. Each step is a plain command, printed before it runs. Data goes to
 ``.sparkpoint/pageviews-avro`` next to the job file (removed first)."""
 
@@ -63,8 +65,15 @@ def run(url: str) -> None:
         shutil.rmtree(data)
     sp = str(BIN / "sparkpoint")
     registry = ["--set", f"systems.filelog.schema.registry.url={url}"]
-    step(sp, "stream", "create", str(JOB), "pageviews", "--partitions", "4", *registry)
-    step(sys.executable, str(HERE / "write_views.py"), str(JOB), events, "--registry", url)
+    for stream in ("pageviews", "pageviews-legacy"):
+        step(sp, "stream", "create", str(JOB), stream, "--partitions", "4", *registry)
+    write = [sys.executable, str(HERE / "write_views.py"), str(JOB), events, "--json", "1"]
+    step(*write, "--registry", url)
+    step(sp, "run", str(JOB), "--until-caught-up", *registry)
+    print(step(sp, "dlq", "show", str(JOB), *registry), end="")
+    # the fix: the view is JSON, so it goes where JSON views are read
+    replay = ["--where", "reason=decode", "--to", "filelog.pageviews-legacy"]
+    print(step(sp, "dlq", "replay", str(JOB), *replay, *registry), end="")
     step(sp, "run", str(JOB), "--until-caught-up", *registry)
     out = step(sp, "state", "dump", str(JOB), "--store", "user-counts", *registry)
     rows = [json.loads(line) for line in out.splitlines() if line.strip()]

@@ -46,7 +46,8 @@ def dlq_show(
                 f"{row['letter']}  {row['reason']:7}  {row['source']} offset {row['offset']}: "
                 f"{row['error']}" + (f" (at {row['at']})" if row["at"] else "")
             )
-    err.print(f"{len(letters)} dead letters", highlight=False)
+    n = len(letters)
+    err.print(f"{n} dead letter{'' if n == 1 else 's'}", highlight=False)
 
 
 @dlq_app.command("replay")

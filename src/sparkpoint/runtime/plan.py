@@ -145,6 +145,9 @@ class TaskBatchResult:
     staged_outputs: dict[str, list[str]] = field(default_factory=dict)
     parts_staged: int = 0  # exactly-once: parts this batch staged (one per partition sent to)
     records_published: int = 0  # staged records this batch's clean-up published
+    #: a DataFrame task's finish, exactly-once: the parts its dead letters were staged to, by
+    #: ``system.stream.partition`` (the runner records them with the batch's other parts)
+    frame_parts: dict[str, str] = field(default_factory=dict)
     #: the task's progress in this batch was dropped (its input is read again next batch)
     dropped: bool = False
 

@@ -44,6 +44,16 @@ class RecordColumns:
             pa.array([r.timestamp for r in records], pa.int64()),
         )
 
+    def take(self, indices: Sequence[int]) -> RecordColumns:
+        """The records at ``indices`` (in that order)."""
+        picked = pa.array(indices, pa.int64())
+        return RecordColumns(
+            self.offsets.take(picked),
+            self.keys.take(picked),
+            self.values.take(picked),
+            self.timestamps.take(picked),
+        )
+
     def records(self) -> list[Record]:
         """The records, one object each (for the slow paths: per-record decoding, errors)."""
         return [

@@ -9,39 +9,15 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any
 
 import faulty_task
 import pytest
 
-from sparkpoint.config import Config
-from sparkpoint.model import SystemStreamPartition
-from sparkpoint.system.base import Record
-from sparkpoint.system.registry import Systems
+from tests.helpers import add_input, committed_counts, dead_letters, generate
 from tests.helpers import changelog_job as make
-from tests.helpers import committed_counts, generate
 from tests.helpers import run_job as run
 
 DLQ = {"task.dlq.stream": "filelog.dead-letters"}
-
-
-def add_input(config: Config, value: bytes, user: str) -> None:
-    producer = Systems(config).producer("filelog")
-    producer.send("pageviews", 2, Record("", user.encode(), value, 0))
-    producer.flush()
-
-
-def dead_letters(config: Config) -> list[tuple[bytes | None, dict[str, Any]]]:
-    systems = Systems(config)
-    admin = systems.admin("filelog")
-    out = []
-    for p in range(admin.partition_count("dead-letters")):
-        ssp = SystemStreamPartition("filelog", "dead-letters", p)
-        end = admin.get_metadata([ssp])[ssp].upcoming
-        out += [
-            (r.key, json.loads(r.value)) for r in systems.consumer("filelog").read(ssp, "0", end)
-        ]
-    return out
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])

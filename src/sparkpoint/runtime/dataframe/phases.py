@@ -93,6 +93,9 @@ class ReadEnd:
     processed: int
     event_times: dict[SystemStreamPartition, int] = field(default_factory=dict)
     late: int = 0
+    #: the records that could not be decoded, as dead letters (``task.dlq.stream``): the
+    #: finish sends them, so a batch read twice sends them once
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class TaskPhases:
             processed=int(note["processed"]),
             event_times={SystemStreamPartition.parse(k): int(v) for k, v in note["times"].items()},
             late=int(note["late"]),
+            dead_letters=list(note.get("dead", [])),
         )
 
     def phase(self, steps: Sequence[str] = ()) -> Phase:
@@ -226,6 +230,7 @@ class TaskPhases:
                 "processed": end.processed,
                 "times": {str(k): v for k, v in end.event_times.items()},
                 "late": end.late,
+                "dead": end.dead_letters,
             },
         )
 

@@ -68,6 +68,7 @@ from sparkpoint.storage.outputs import (
     staged_stream,
     stages_output,
 )
+from sparkpoint.system.dead_letters import PROCESS, DeadLetters
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ class DataFrameRunner(BatchRunner):
         if not config.inputs:
             raise ConfigError("task.inputs is empty: list the job's input streams as system.stream")
         require_persistent_stores(config)
+        if DeadLetters.from_config(config).takes(PROCESS):
+            raise ConfigError(
+                f"task.dlq.on={config.get_str('task.dlq.on')!r}: a DataFrame pipeline has no "
+                "per-record process() whose failure could be blamed on one record; only "
+                "records that cannot be decoded go to task.dlq.stream here (task.dlq.on: decode)"
+            )
         self.steps: list[str] | None = None  # the stateful steps of the first batch
         self.spark = spark
         self.pipeline = pipeline
@@ -196,12 +203,20 @@ class DataFrameRunner(BatchRunner):
             finally:
                 frame.release()
         record_executors(self.spark.sparkContext, group, plans, results)
+        self._account(results, sent)
+        return results
+
+    def _account(self, results: list[TaskBatchResult], sent: dict[str, int]) -> None:
+        """Add to the tasks' results what the outputs sent for them, and note the parts
+        (dead letters) each task's finish staged."""
+        for result in results:
+            if result.frame_parts and self._staged is not None:
+                self._staged.add_parts(result.frame_parts)
         by_task = {r.task: r for r in results}
         for task, n in sent.items():
             target = by_task.get(task) or (results[0] if results else None)
             if target is not None:
                 target.sent += n
-        return results
 
     def _build(self, frame: Batch, batch: int) -> list[Output]:
         """The pipeline's outputs for the batch, once its steps are checked: the same steps as

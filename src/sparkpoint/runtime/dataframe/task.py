@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -48,6 +49,7 @@ from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.model.clock import follow
 from sparkpoint.refs import raised_at
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
+from sparkpoint.runtime.executor.output import OutputCollector
 from sparkpoint.runtime.executor.task_batch import CoordinatorRequests, TaskBatch
 from sparkpoint.runtime.executor.timers import OwnedTimer, TaskTimers
 from sparkpoint.runtime.executor.worker_heap import (
@@ -57,10 +59,12 @@ from sparkpoint.runtime.executor.worker_heap import (
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.serde import REGISTRY_SERDES
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.outputs import batch_owner, new_part, staged_stream, stages_output
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind, TimerStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
+from sparkpoint.system.dead_letters import DECODE, original
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +146,45 @@ class FrameTask:
                 promoted_copy=begun.promoted_copy,
             )
             next_offsets, processed = dict(end.next), end.processed
+        sent, parts = self._send_dead_letters([] if whole is None else whole.end.dead_letters)
         result = batch.finish(
             next_offsets,
             processed=processed,
-            sent=0,
+            sent=sent,
             coordinator=CoordinatorRequests(),
             started=started,
             processed_at=time.monotonic(),
         )
+        result.frame_parts = parts
         if whole is not None:
+            result.dead_letters = dict(Counter(d["reason"] for d in whole.end.dead_letters))
             result.late = whole.end.late
             result.timers_fired = self.phases.counted(steps, "fired")
             result.window_late = self.phases.counted(steps, "window_late")
         result.dropped = whole is None
         self.phases.finished()
         return result
+
+    def _send_dead_letters(self, letters: Sequence[dict[str, Any]]) -> tuple[int, dict[str, str]]:
+        """Send the batch's dead letters (read once, sent once: here, before the commit);
+        exactly-once, staged as a part of the batch. How many, and the parts staged."""
+        batch = self.batch
+        stream, config = batch.dead.stream, batch.config
+        if not letters or stream is None:
+            return 0, {}
+        staging = None
+        if stages_output(config) and staged_stream(config, stream):
+            staging = (batch_owner(config), new_part(self.plan.run_id, self.plan.batch))
+        collector = OutputCollector(config, batch.systems, batch.task, staging=staging)
+        try:
+            for letter in letters:
+                key = original(letter)[0]
+                collector.send(OutgoingMessageEnvelope(stream, key, letter))
+            collector.flush()  # durable before the task commits
+            collector.close()
+        finally:
+            collector.abort()  # (after close(): nothing)
+        return collector.sent, collector.staged_parts
 
 
 def _watermark(batch: TaskBatch) -> int | None:
@@ -179,6 +207,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     next_offsets = dict(begun.start)
     processed, late = begun.table_records, 0
     event_times: dict[SystemStreamPartition, int] = {}
+    dead_letters: list[dict[str, Any]] = []
     for ssp in [] if begun.held else batch.input_ssps():
         offset, end = begun.start.get(ssp), plan.reads.end.get(ssp)
         if offset is None or end is None:
@@ -196,6 +225,7 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
                         next_offsets[ssp] = admin.offset_after(ssp, skipped)
                     break
                 chunk = decoder.decode(columns)
+                dead_letters += decoder.letters
                 yield chunk
                 processed += len(columns)
                 late += decoder.late
@@ -205,7 +235,9 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
                 offset = next_offsets[ssp] = admin.offset_after(ssp, columns.last_offset)
         finally:
             consumer.close()
-    frame.phases.end_read(ReadEnd(next_offsets, last_processed, processed, event_times, late))
+    frame.phases.end_read(
+        ReadEnd(next_offsets, last_processed, processed, event_times, late, dead_letters)
+    )
 
 
 def _utf8(data: bytes) -> bool:
@@ -243,8 +275,33 @@ class _ChunkDecoder:
             )
         self.top: int | None = None  # the largest event time of the last chunk
         self.late = 0  # late records in the last chunk
+        #: the last chunk's records that could not be decoded, as dead letters
+        self.letters: list[dict[str, Any]] = []
 
     def decode(self, columns: RecordColumns) -> pa.RecordBatch:
+        """The chunk as a record batch of ``schema``. A record that cannot be decoded (or has
+        no event time) fails it, naming the record; with a dead-letter stream for decode
+        failures it leaves the chunk as a dead letter (:attr:`letters`) instead."""
+        self.letters = []
+        try:
+            return self._decode(columns)
+        except TaskError:
+            if not self.batch.dead.takes(DECODE):
+                raise
+        good = []
+        for i, record in enumerate(columns.records()):  # the slow path: which ones
+            try:
+                self._decode(columns.take([i]))
+            except TaskError as exc:
+                self.letters.append(self.batch.dead_letter(self.ssp, record, exc, DECODE))
+            else:
+                good.append(i)
+        if not good:
+            self.top, self.late = None, 0
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
+        return self._decode(columns.take(good))
+
+    def _decode(self, columns: RecordColumns) -> pa.RecordBatch:
         n = len(columns)
         values = self._values(columns)
         event_times = self._event_times(columns, values)

@@ -183,13 +183,8 @@ class Finisher:
 
 
 def _result(
-    task: str,
-    sent: int,
-    result: bytes | None,
-    staged: Mapping[tuple[str, str, int], str] | None = None,
+    task: str, sent: int, result: bytes | None, parts: Mapping[str, str] | None = None
 ) -> pa.RecordBatch:
-    items = (staged or {}).items()
-    parts = {f"{system}.{stream}.{p}": part for (system, stream, p), part in items}
     columns = {
         "task": [task],
         "sent": [sent],
@@ -386,7 +381,7 @@ def write_routed(
     result = None if finisher is None else finisher.finish(plan)
     for i, collector in enumerate(collectors):
         last = i == len(collectors) - 1
-        yield _result(task, collector.sent, result if last else None, collector.staged)
+        yield _result(task, collector.sent, result if last else None, collector.staged_parts)
 
 
 def _end(

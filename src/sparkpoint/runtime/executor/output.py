@@ -252,6 +252,11 @@ class OutputCollector:
                     raise self._failed(stream, partition, exc) from exc
         self.sent += len(vbs)
 
+    @property
+    def staged_parts(self) -> dict[str, str]:
+        """:attr:`staged` by ``system.stream.partition`` (as a batch log records them)."""
+        return {f"{sys}.{stream}.{p}": part for (sys, stream, p), part in self.staged.items()}
+
     def flush(self) -> None:
         for producer in self._producers.values():
             producer.flush()

@@ -575,6 +575,13 @@ class TaskBatch:
         reason: str,
     ) -> None:
         assert self.dead.stream is not None
+        letter = self.dead_letter(ssp, rec, exc, reason)
+        collector.send(OutgoingMessageEnvelope(self.dead.stream, rec.key, letter))
+
+    def dead_letter(
+        self, ssp: SystemStreamPartition, rec: Record, exc: BaseException, reason: str
+    ) -> dict[str, Any]:
+        """The dead letter of ``rec`` (to go to ``task.dlq.stream``), counted and logged."""
         letter = self.dead.letter(
             str(self.task),
             ssp,
@@ -584,7 +591,6 @@ class TaskBatch:
             checkpoint=self.storage.last_checkpoint_id,
             attempt=self.attempt,
         )
-        collector.send(OutgoingMessageEnvelope(self.dead.stream, rec.key, letter))
         self.dead_letters[reason] = self.dead_letters.get(reason, 0) + 1
         log.warning(
             "task %s: %s at offset %s of %s went to the dead-letter stream %s (%s)",
@@ -595,6 +601,7 @@ class TaskBatch:
             self.dead.stream,
             letter["error"]["message"][:200],
         )
+        return letter
 
     def _event_time(self, ssp: SystemStreamPartition, rec: Record, msg: Any, field: str) -> int:
         """The integer field ``field`` of the message (``streams.<s>.event.time.field``)."""
