@@ -53,6 +53,21 @@ def damage_the_middle(system: SystemUnderTest) -> bytes:
     return bytes(raw)
 
 
+def test_a_creation_killed_before_its_rename_leaves_no_stream(system: SystemUnderTest) -> None:
+    """Found by the re-key kill test (CI, seed 76494): a driver killed while it created a
+    stream left its staging directory ``.user-counts.<random>`` with a ``stream.json``, and
+    every later start failed on it as an invalid stream name."""
+    root = Path(system.config["systems.fl.path"])
+    staging = root / ".user-counts.yr6om52b"
+    (staging / "0").mkdir(parents=True)
+    (staging / "stream.json").write_text(json.dumps({"partitions": 1, "compacted": False}))
+    admin = system.factory.get_admin("fl", system.config)
+    assert admin.list_streams() == []
+    assert admin.create_stream(StreamSpec("user-counts", 2))  # made whole, beside the leftover
+    assert admin.list_streams() == ["user-counts"]
+    assert admin.partition_count("user-counts") == 2
+
+
 def test_torn_tail_is_cut_and_never_read(system: SystemUnderTest) -> None:
     fill(system, 10)
     log = part_dir(system) / "0.log"

@@ -77,9 +77,16 @@ class _Streams:
             )
 
     def list(self) -> list[str]:
+        """The streams: directories with a ``stream.json``, except a creation's staging
+        directory (``.<name>.<random>``, renamed to ``<name>`` when whole; one left by a process
+        killed before its rename is not a stream)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / "stream.json").is_file())
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if not p.name.startswith(".") and (p / "stream.json").is_file()
+        )
 
     def partitions(self, stream: str, fresh: bool = False) -> int:
         if fresh or stream not in self._partitions:
