@@ -30,7 +30,7 @@ test: setup
 	@.venv/bin/ruff check src tests examples bench soak docs/hooks
 	@.venv/bin/ruff format --check src tests examples bench soak docs/hooks
 	@.venv/bin/mypy
-	@.venv/bin/mkdocs build --strict --quiet
+	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 	@scripts/pytest.sh tests examples -n 2 --durations=15
 
 test-fast: setup
@@ -43,7 +43,7 @@ lint: setup
 # docs tools are installed (.venv-docs): no Java, Spark or test services
 docs:
 	@scripts/bootstrap.sh docs
-	@.venv-docs/bin/mkdocs build --strict
+	@NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict
 
 typecheck: setup
 	@.venv/bin/mypy

@@ -36,7 +36,7 @@ if [ "$mode" = docs ]; then
   say "creating .venv-docs with $PY and installing the docs tools"
   [ -x .venv-docs/bin/python ] || "$PY" -m venv .venv-docs
   if ! { .venv-docs/bin/python -m pip install -q --no-deps -e . &&
-         .venv-docs/bin/python -m pip install -q pyyaml orjson 'mkdocs>=1.6' 'confluent-kafka>=2.4' 'zlib-ng>=0.5'; } \
+         .venv-docs/bin/python -m pip install -q pyyaml orjson 'mkdocs>=1.6' 'mkdocs-material>=9.5' 'confluent-kafka>=2.4' 'zlib-ng>=0.5'; } \
        >.venv-docs.log 2>&1; then
     tail -n 30 .venv-docs.log >&2; say "pip install failed (full log: .venv-docs.log)"; exit 4
   fi

@@ -1,11 +1,17 @@
-"""mkdocs hook: the configuration reference, generated from sparkpoint's key registry at build
-time (``<!-- config-keys -->`` in configuration.md), so it never drifts from the code."""
+"""The configuration reference, generated from sparkpoint's key registry: committed in
+docs/configuration.md between ``<!-- config-keys -->`` and ``<!-- /config-keys -->`` (so it
+reads on its own, outside the built site), regenerated there by
+``python docs/hooks/config_reference.py --write``, and, as an mkdocs hook, rebuilt at build
+time, so the site never drifts from the code (a test holds the committed copy to it too)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
-MARKER = "<!-- config-keys -->"
+BEGIN, END = "<!-- config-keys -->", "<!-- /config-keys -->"
+PAGE = Path(__file__).resolve().parents[1] / "configuration.md"
 
 
 def _cell(text: str) -> str:
@@ -32,7 +38,21 @@ def reference() -> str:
     return "\n".join(out)
 
 
+def render(markdown: str) -> str:
+    """``markdown`` with the reference between the markers made current."""
+    if BEGIN not in markdown:
+        return markdown
+    head, rest = markdown.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1] if END in rest else "\n"
+    return f"{head}{BEGIN}\n\n{reference()}\n{END}{tail}"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if MARKER in markdown:
-        return markdown.replace(MARKER, reference())
-    return markdown
+    return render(markdown)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python docs/hooks/config_reference.py --write")
+    PAGE.write_text(render(PAGE.read_text()))
+    print(f"wrote the configuration reference into {PAGE}")
