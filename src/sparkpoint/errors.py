@@ -47,6 +47,10 @@ class OutputError(SparkpointError):
     processed); names the task, stream and partition."""
 
 
+class ShutdownOverdue(SparkpointError):
+    """A shutdown waited ``task.shutdown.ms`` for the running batch, then cancelled it."""
+
+
 class TaskError(SparkpointError):
     """User task code failed; names the task and the message being processed."""
 

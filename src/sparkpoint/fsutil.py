@@ -10,6 +10,14 @@ from pathlib import Path
 USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
+def user_disk_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a disk error the user must fix (:data:`USER_ERRNOS`), also as
+    RocksDB reports a full disk (an error whose text says so, not an OSError)."""
+    if isinstance(exc, OSError):
+        return exc.errno in USER_ERRNOS
+    return "No space left on device" in str(exc)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (creations, renames, deletions) durable."""
     fd = os.open(path, os.O_RDONLY)

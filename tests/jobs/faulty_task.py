@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from pageviews_task import PageViewCounter
 
@@ -63,3 +64,28 @@ class PoisonCounter(PageViewCounter):
         if isinstance(view, dict) and view.get("user") == "poison":
             raise ValueError("cannot count the poison user")
         super().process(envelope, collector, coordinator)
+
+
+class BlockingCounter(PageViewCounter):
+    """The example's counter that, on a view of user ``block``, writes the file named by
+    ``test.block.started`` and waits while the file ``test.block.flag`` exists (at most a
+    minute): a batch that does not end until the test lets it."""
+
+    def init(self, context: TaskContext) -> None:
+        super().init(context)
+        self.started = context.config.get("test.block.started", "")
+        self.flag = context.config.get("test.block.flag", "")
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        super().process(envelope, collector, coordinator)
+        if envelope.key == "block" and self.flag:
+            with open(self.started, "w"):
+                pass
+            deadline = time.monotonic() + 60
+            while os.path.exists(self.flag) and time.monotonic() < deadline:
+                time.sleep(0.05)

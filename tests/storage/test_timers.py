@@ -229,3 +229,18 @@ def test_unindexed_keys_are_one_blind_write_each_and_an_earlier_index_goes_with_
     fresh.delete(e, 1, b"\x00h\x00w5")
     fresh.delete(e, 2, b"\x00h\x00never")  # deleting a timer that is not there: no error
     assert list(engine.all()) == []
+
+
+def test_a_negative_watermark_finds_nothing_due_and_negative_times_are_refused(
+    engine: KeyValueEngine,
+) -> None:
+    """Issue 72: times are signed big-endian in the keys, so a scan up to a negative time
+    (early event times less the lateness) used to find every timer due."""
+    store = TimerStore(engine)
+    store.register(TimeKind.EVENT, 0, b"a")
+    store.register(TimeKind.EVENT, 60_000, b"b")
+    assert list(store.timers(TimeKind.EVENT, -1_000)) == []
+    assert list(store.due(TimeKind.EVENT, -1)) == []
+    assert [t.key for t in store.timers(TimeKind.EVENT, 0)] == [b"a"]
+    with pytest.raises(ValueError, match="event-time timer at -5 ms: timers are at times >= 0"):
+        store.register(TimeKind.EVENT, -5, b"c")

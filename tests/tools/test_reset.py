@@ -28,13 +28,21 @@ def run(config: object) -> None:
     coordinator.close()
 
 
-def test_reset_keeping_the_input_reruns_it_from_scratch(tmp_path: Path) -> None:
+def test_reset_keeps_the_input_and_reruns_it_from_scratch(tmp_path: Path) -> None:
     config = load_config(None, pageviews_config(tmp_path, **CHANGELOG))
     Systems(config).admin("filelog").create_stream(StreamSpec("pageviews", 4))
     expected = generate(config, tmp_path / "a.yaml", 400, seed=51)
     run(config)
     assert committed_counts(config) == dict(expected)
-    done = reset_job(config, keep_input=True)
+    before = Systems(config).admin("filelog").list_streams()
+    plan = reset_job(config, dry_run=True)  # issue 72: say what would go, delete nothing
+    assert "would delete stream filelog.user-counts-changelog" in plan
+    assert any(line.startswith("would delete local state ") for line in plan)
+    assert "would delete stream filelog.pageviews" not in plan
+    assert Systems(config).admin("filelog").list_streams() == before
+    assert committed_counts(config) == dict(expected)
+    done = reset_job(config)  # the input is kept by default (issue 72)
+    assert sorted(line.replace("would delete", "deleted") for line in plan) == sorted(done)
     assert "deleted stream filelog.user-counts-changelog" in done
     assert "deleted stream filelog.user-counts" in done  # an output, under job.data.dir
     assert any(line.startswith("deleted local state ") for line in done)

@@ -38,8 +38,13 @@ def job_reset(
     keep_input: Annotated[
         bool,
         typer.Option(
-            "--keep-input", help="Keep the job's input streams (task.inputs): rerun on them."
+            "--keep-input/--delete-input",
+            help="Keep the job's input streams (task.inputs) to rerun on them (the default), "
+            "or delete them too.",
         ),
+    ] = True,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")
     ] = False,
     force: Annotated[
         bool, typer.Option(help="Reset although the job's heartbeat names a live driver.")
@@ -47,18 +52,22 @@ def job_reset(
     set_: SetOpt = None,
 ) -> None:
     """Start a job over: delete its checkpoints, stored config, startpoints, changelogs, local
-    state and, on the embedded filelog under job.data.dir, its streams (inputs too, unless
-    --keep-input). The next run starts from the inputs' oldest (or upcoming) offsets with empty
-    state. Refused while the job runs.
+    state and, on the embedded filelog under job.data.dir, its other streams (outputs, dead
+    letters). Its input streams are kept (--delete-input deletes them too). The next run
+    starts from the inputs' oldest (or upcoming) offsets with empty state. Refused while the
+    job runs.
 
-    Example: `sparkpoint job reset job.yaml --keep-input`
+    Example: `sparkpoint job reset job.yaml --dry-run`, then `sparkpoint job reset job.yaml`
     """
     from sparkpoint.tools.reset import reset_job
 
     config = job_config(job, set_)
-    done = reset_job(config, keep_input=keep_input, force=force)
+    done = reset_job(config, keep_input=keep_input, force=force, dry_run=dry_run)
     for line in done:
         print(line)
+    if dry_run:
+        err.print(f"job {config.job_name}: nothing deleted (--dry-run)")
+        return
     err.print(
         f"job {config.job_name} reset" if done else f"job {config.job_name}: nothing to reset"
     )

@@ -30,6 +30,14 @@ def run(
         bool,
         typer.Option(help="Read every input up to its newest offset at start, commit, exit 0."),
     ] = False,
+    final_watermark: Annotated[
+        bool,
+        typer.Option(
+            help="With --until-caught-up: the input ends there. Every event-time timer fires "
+            "(the last windows and sessions go out) before the last commit; the watermark "
+            "stays at the end of time, so records that come later are late."
+        ),
+    ] = False,
     max_batches: Annotated[
         int | None, typer.Option(help="Stop (with a commit) after N batches.")
     ] = None,
@@ -87,6 +95,9 @@ def run(
 
     Example: `sparkpoint run pageviews_pipeline:job --until-caught-up`
 
+    Example: `sparkpoint run job.yaml --until-caught-up --final-watermark` (a backfill: its
+    last windows go out too)
+
     Example: `sparkpoint run job.yaml --supervise --max-restarts 5` (restarts a driver that
     died; a restart resumes from the last checkpoint)
     """
@@ -104,6 +115,8 @@ def run(
 
     if log_format not in FORMATS:
         raise UserError(f"--log-format {log_format!r}: use one of {', '.join(FORMATS)}")
+    if final_watermark and not until_caught_up:
+        raise UserError("--final-watermark ends the input: use it with --until-caught-up")
     setup_logging(verbose, log_format)
     with errors_as(log_format):
         resolved = resolve_job(job, parse_overrides(set_ or []))
@@ -141,12 +154,16 @@ def run(
                 err.print(f"metrics: {coordinator.reporters.url}", highlight=False)
 
         def on_signal(signum: int, _frame: Any) -> None:
-            coordinator.stop(f"signal {signal.Signals(signum).name}")
+            coordinator.stop(f"signal {signal.Signals(signum).name}", bounded=True)
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
-            coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
+            coordinator.run(
+                until_caught_up=until_caught_up,
+                max_batches=max_batches,
+                final_watermark=final_watermark,
+            )
         finally:
             coordinator.close()
             spark.stop(wait=False)  # the process exits next

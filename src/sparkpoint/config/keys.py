@@ -415,7 +415,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "task.shutdown.ms",
         "30000",
         "an integer >= 0 (milliseconds)",
-        "how long a shutdown may wait for the current batch",
+        "how long a stop from outside (SIGTERM, Ctrl-C) waits for the running batch and the "
+        "last commit; then the batch is cancelled (nothing of it committed) and the run ends "
+        "with an error naming this key",
         _int(0),
     ),
     ConfigKey(

@@ -65,12 +65,15 @@ class Commits:
     """What a task commits in one batch: a commit when ``due``; ``window`` calls the task's
     ``window``; ``wait_for_uploads`` finishes the uploads before the batch returns;
     ``clean_up_only`` reads nothing and runs no user code, only cleans up after the last
-    checkpoint (the pass after a run's final commit: the stores keep the state they have)."""
+    checkpoint (the pass after a run's final commit: the stores keep the state they have);
+    ``end_of_input`` reads nothing and moves the task's watermark to the end of time, so that
+    every event-time timer fires (``--final-watermark``: a bounded run's last windows)."""
 
     due: bool
     window: bool = False
     wait_for_uploads: bool = False
     clean_up_only: bool = False
+    end_of_input: bool = False
 
 
 @dataclass(frozen=True)

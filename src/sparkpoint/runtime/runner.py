@@ -12,7 +12,10 @@ way). The driver calls them in this order:
 3. the batch: ``runner(batch, plans)``;
 4. after it returns: :attr:`BatchRunner.staged` (exactly-once output of exact batches);
 5. after the batch's checkpoints are written, when :attr:`BatchRunner.places_tasks`:
-   :meth:`BatchRunner.catch_up` (standby copies).
+   :meth:`BatchRunner.catch_up` (standby copies);
+
+and, from another thread, at any time: :meth:`BatchRunner.cancel` (a shutdown that waited
+``task.shutdown.ms`` for the batch).
 
 A runner subclasses :class:`BatchRunner`: the driver reads the hooks of a subclass only (a plain
 callable is wrapped with every default, and so is any other object with a ``__call__``: its
@@ -82,6 +85,12 @@ class BatchRunner(ABC):
         checkpoints. Called only when :attr:`places_tasks`. Default: none caught up."""
         del plans
         return []
+
+    def cancel(self) -> None:
+        """Hook 6, from another thread: end the batch running now (a shutdown that waited
+        ``task.shutdown.ms``): it fails, and nothing it did is committed (its input is read
+        again at the next start). Default: nothing to cancel (the batch runs to its end)."""
+        return None
 
 
 class CallableRunner(BatchRunner):

@@ -21,6 +21,7 @@ first used (``pip install sparkpoint[schemas]``).
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -545,11 +546,20 @@ class RegistrySerde(Serde[Any]):
             raise ValueError(f"avro serde: cannot encode {value!r:.200}: {exc}") from None
         return out.getvalue()
 
+    def read_by_latest(self) -> None:
+        """Avro: read every record by its subject's latest schema from now on (Avro's
+        resolution: a field the latest added gets its default in older records), as a
+        DataFrame pipeline's ``value`` struct is built from that schema. The latest is looked
+        up once per process (the registry client caches it). Only with the topic strategy,
+        the one that names a subject before a record is read."""
+        if self.name == "avro" and not self.settings.resolve and self.settings.strategy == "topic":
+            self._current = _parsed_latest(json.dumps(self.latest_schema(), sort_keys=True))
+
     def _reader(self) -> Any:
-        """The schema values are read with: the current one, for a store's (None: each
-        record's own writer schema)."""
-        if not self.settings.resolve:
-            return None
+        """The schema values are read with: the current one, for a store's, or the latest
+        (:meth:`read_by_latest`); None: each record's own writer schema."""
+        if self._current is not None or not self.settings.resolve:
+            return self._current
         if self._current is None:
             import json
 
@@ -610,6 +620,12 @@ class RegistrySerde(Serde[Any]):
 
 class SerdeRegistryError(SparkpointError):
     """The registry refused a request (an incompatible schema, a subject with no schema)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_latest(text: str) -> Any:
+    """fastavro's form of a subject's latest schema (its JSON), parsed once per process."""
+    return _fastavro().parse_schema(json.loads(text))
 
 
 def _is_transport_error(exc: BaseException) -> bool:

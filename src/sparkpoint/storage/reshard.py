@@ -236,7 +236,7 @@ class ReshardRecord:
             raise UserError(
                 f"the metadata store's pending reshard record cannot be read ({exc}): run "
                 f"sparkpoint state reshard JOB again after repairing it, or start the job's "
-                f"state over (sparkpoint job reset JOB --keep-input)"
+                f"state over (sparkpoint job reset JOB)"
             ) from exc
 
 

@@ -53,6 +53,7 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint, CheckpointV1
 from sparkpoint.config import Config
 from sparkpoint.errors import RestoreError
 from sparkpoint.failpoints import InjectedCrash, maybe_crash
+from sparkpoint.fsutil import user_disk_error
 from sparkpoint.model import TaskModel
 from sparkpoint.storage.backend import (
     BackendContext,
@@ -387,7 +388,6 @@ class TaskRestore:
         self, backend: str, group: list[_Pending], context: BackendContext, exc: Exception
     ) -> list[_Pending]:
         reason = f"{type(exc).__name__}: {exc}"
-        retry = []
         for p in group:
             engine = context.engines.pop(p.store, None)
             if engine is not None:
@@ -395,6 +395,10 @@ class TaskRestore:
             self.engines.pop(p.store, None)
             self.stats = [s for s in self.stats if s.store != p.store]
             self.local.clear_store(p.store)  # empty it again
+        if user_disk_error(exc):  # this disk's fault, not the backend's: no other one helps
+            raise exc
+        retry = []
+        for p in group:
             p.failures.append(f"{backend}: {reason}")
             p.candidates.pop(0)
             if not p.candidates:

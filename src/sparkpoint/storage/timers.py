@@ -17,8 +17,10 @@ Layout (raw engine keys, in key order)::
     S                                 when the task first tracked event time (processing ms)
     M                                 the task's watermark (event ms; it never moves back)
 
-Times are big-endian and non-negative, so a range scan of ``T p`` or ``T e`` yields timers in
-firing order. The user's key is the store's key serde's bytes.
+Times are big-endian and non-negative (a timer at a negative time is refused), so a range scan
+of ``T p`` or ``T e`` yields timers in firing order, and the bytes of a time sort as the number
+does. A watermark may be negative (early event times, less the lateness): no timer is due then.
+The user's key is the store's key serde's bytes.
 
 *Unindexed* keys (those starting with the prefix the store is opened with: the runtime's own
 helpers', e.g. a window store's, one timer per key at a time whose time the helper always
@@ -49,6 +51,8 @@ WATERMARK = b"W"
 SINCE = b"S"
 MARK = b"M"
 MAX_TIME = 2**63 - 1
+#: the watermark at the end of input (``--final-watermark``): every event-time timer is due
+END_OF_TIME = MAX_TIME - 1
 #: the start of the timer keys of the runtime's own helpers (window and join stores): then the
 #: helper's store name, a zero byte, and the window's entry key in that store
 #: (:func:`sparkpoint.storage.windows.entry_key`); a key the store's key serde makes never
@@ -97,6 +101,11 @@ class Timer(NamedTuple):
 
 
 def _timer_key(kind: TimeKind, timestamp_ms: int, key: bytes) -> bytes:
+    if timestamp_ms < 0:  # its bytes would sort after every other time's
+        raise ValueError(
+            f"a {kind.value}-time timer at {timestamp_ms} ms: timers are at times >= 0 ms "
+            "(milliseconds since the epoch)"
+        )
     return TIMER + kind.tag + TIME.pack(timestamp_ms) + key
 
 
@@ -293,6 +302,8 @@ class TimerStore:
         when given (a scan that resumes skips the tombstones of the timers fired before it,
         which RocksDB would otherwise step over on every seek)."""
         self.settle()
+        if upto_ms < 0:
+            return  # nothing is due before time 0 (a negative watermark: early event times)
         prefix = _prefix(kind)
         start = prefix if after is None else after + b"\0"
         end = prefix + TIME.pack(upto_ms + 1) if upto_ms < MAX_TIME else prefix + b"\xff" * 9
@@ -382,6 +393,12 @@ class TimerStore:
             return before
         self.engine.put(MARK, TIME.pack(candidate))
         return candidate
+
+    def end_input(self) -> int:
+        """The input ended: the watermark moves to :data:`END_OF_TIME` (and stays: a record
+        that comes later is late)."""
+        self.engine.put(MARK, TIME.pack(END_OF_TIME))
+        return END_OF_TIME
 
     def since(self, now_ms: int) -> int:
         """When this task first tracked event time (set to ``now_ms`` the first time)."""

@@ -214,7 +214,10 @@ def _prefix(key: bytes) -> bytes:
 
 
 def entry_key(key: bytes, start: int) -> bytes:
-    """The engine key of ``key``'s window starting at ``start``."""
+    """The engine key of ``key``'s window starting at ``start`` (>= 0: the bytes of a start
+    sort as the number does)."""
+    if start < 0:
+        raise ValueError(f"a window starting at {start} ms: windows start at times >= 0 ms")
     return _prefix(key) + TIME.pack(start)
 
 

@@ -145,14 +145,17 @@ class JobTestDriver:
         finally:
             systems.close()
 
-    def run(self, *, commit: bool = True) -> RunSummary:
+    def run(self, *, commit: bool = True, final_watermark: bool = False) -> RunSummary:
         """Process everything sent so far and commit every task; with ``commit=False``, one
-        batch up to what was sent, processed but not committed (then :meth:`restart`)."""
+        batch up to what was sent, processed but not committed (then :meth:`restart`). With
+        ``final_watermark`` the input ends there (``sparkpoint run --final-watermark``): every
+        event-time timer fires before the commit."""
         with use_clock(lambda: self.clock_ms):
             coordinator = self._started()
             if commit:
                 try:  # a run ends the driver (it commits and releases the job): the next
-                    return coordinator.run(until_caught_up=True)  # run() starts a new one
+                    # (run() starts a new one)
+                    return coordinator.run(until_caught_up=True, final_watermark=final_watermark)
                 finally:
                     self._stop()
             end = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sparkpoint.config import Config
-from sparkpoint.errors import StreamNotFound, UserError
+from sparkpoint.errors import SparkpointError, StreamNotFound, UserError
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record, SystemAdmin
 from sparkpoint.system.registry import Systems
@@ -286,8 +286,50 @@ def send_messages(
     batch: int = 10_000,
 ) -> int:
     """Append ``messages`` to ``stream`` (created with its configured partition count if
-    absent), encoded with the stream's serdes; returns how many were written."""
+    absent), encoded with the stream's serdes; returns how many were written. A write that
+    fails part-way says exactly what it wrote before (per partition: how many, which
+    offsets), so that a retry does not write those twice."""
     partitions = ensure_stream(config, systems, stream)
+    admin = systems.admin(stream.system)
+    ssps = [SystemStreamPartition(stream.system, stream.stream, p) for p in range(partitions)]
+    before = {s: m.upcoming for s, m in admin.get_metadata(ssps).items()}
+    try:
+        return _send(config, systems, stream, messages, partitions, batch)
+    except SparkpointError as exc:
+        after = {s: m.upcoming for s, m in admin.get_metadata(ssps).items()}
+        exc.args = (f"{exc}; {_written(before, after)}",)  # the same error, told in full
+        raise
+
+
+def _written(
+    before: Mapping[SystemStreamPartition, str], after: Mapping[SystemStreamPartition, str]
+) -> str:
+    """What a failed write wrote, per partition (from the partitions' ends before and after)."""
+    done = {
+        s: (int(before[s]), int(after[s]))
+        for s in sorted(after, key=lambda s: s.partition)
+        if after[s] != before[s] and before[s].isdigit() and after[s].isdigit()
+    }
+    if not done:
+        return "nothing was written to any partition: the same input can be written again"
+    parts = ", ".join(
+        f"partition {s.partition}: {b - a} (offsets {a}..{b - 1})" for s, (a, b) in done.items()
+    )
+    total = sum(b - a for a, b in done.values())
+    return (
+        f"before it stopped, {total} records were written ({parts}): a retry of the same "
+        "input writes those again"
+    )
+
+
+def _send(
+    config: Config,
+    systems: Systems,
+    stream: SystemStream,
+    messages: Iterable[Message],
+    partitions: int,
+    batch: int,
+) -> int:
     key_serde, msg_serde = stream_serdes(config, stream)
     admin = systems.admin(stream.system)
     producer = systems.producer(stream.system)

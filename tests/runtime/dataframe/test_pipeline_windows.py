@@ -40,7 +40,9 @@ from tests.runtime.executor.test_windows import (
 )
 
 
-def run(config: Config, spark: Any | None, pipeline_of: Any = build) -> None:
+def run(
+    config: Config, spark: Any | None, pipeline_of: Any = build, *, final_watermark: bool = False
+) -> None:
     if spark is None:
         runner: Any = InlineRunner()
     else:
@@ -50,9 +52,22 @@ def run(config: Config, spark: Any | None, pipeline_of: Any = build) -> None:
         runner = DataFrameRunner(spark, pipeline, config)
     coordinator = JobCoordinator(config, runner)
     try:
-        coordinator.run(until_caught_up=True)
+        coordinator.run(until_caught_up=True, final_watermark=final_watermark)
     finally:
         coordinator.close()
+
+
+@pytest.mark.parametrize("api", ["task", "frame"])
+def test_a_final_watermark_closes_every_window_once(tmp_path: Path, spark: Any, api: str) -> None:
+    """Issue 72: a bounded run left its still-open windows and sessions unemitted; with
+    --final-watermark every one goes out once, in both APIs, and none is left in state."""
+    config = job(tmp_path)
+    sent = views(300, seed=97, start_ms=0)
+    send(config, sent)
+    run(config, spark if api == "frame" else None)
+    check(config, sent, once=True)
+    run(config, spark if api == "frame" else None, final_watermark=True)
+    check(config, sent, once=True, at_end=True)
 
 
 @pytest.mark.parametrize("apis", [("frame", "frame"), ("task", "frame")])

@@ -69,9 +69,12 @@ def send(config: Config, batch: Views) -> None:
         systems.close()
 
 
-def reference(config: Config, sent: Views) -> tuple[set[Closed], set[Closed], int]:
+def reference(
+    config: Config, sent: Views, *, at_end: bool = False
+) -> tuple[set[Closed], set[Closed], int]:
     admin = Systems(config).admin(config.inputs[0].system)
-    return closed_windows(sent, lambda user: admin.partition_for_key(user.encode(), 4))
+    partition_of = lambda user: admin.partition_for_key(user.encode(), 4)  # noqa: E731
+    return closed_windows(sent, partition_of, at_end=at_end)
 
 
 def emitted(config: Config, stream: str, fields: tuple[str, ...]) -> Counter[tuple[Any, ...]]:
@@ -91,9 +94,11 @@ MINUTE = ("user", "window_start", "window_end", "count")
 SESSION = ("user", "session_start", "session_end", "views")
 
 
-def check(config: Config, sent: Views, *, once: bool) -> None:
-    minutes, sessions, still_open = reference(config, sent)
-    assert minutes and sessions and still_open  # the input closes some windows, not all
+def check(config: Config, sent: Views, *, once: bool, at_end: bool = False) -> None:
+    """What went out is the reference's closed windows (``at_end``: every window, the input
+    ended), each once with ``once``; the window stores hold the ones still open."""
+    minutes, sessions, still_open = reference(config, sent, at_end=at_end)
+    assert minutes and sessions and (still_open or at_end)  # some windows closed, not all
     got_minutes = emitted(config, "user-minute-counts", MINUTE)
     got_sessions = emitted(config, "user-sessions", SESSION)
     assert set(got_minutes) == minutes
@@ -256,6 +261,43 @@ def run_rounds(
         out.append([(v["start"], v[value], v["emission"]) for v in sent])
     late = [m.value["time"] for m in kit.output("late")]
     return out, late, sum(1 for _ in committed_raw_entries(kit.config, "w"))
+
+
+def test_windows_near_time_zero_wait_for_a_watermark_below_zero(tmp_path: Path) -> None:
+    """Issue 72: event times below task.watermark.lateness.ms make the watermark negative,
+    which sorted after every timer: each open window went out at the batch's end, then
+    reopened and went out again."""
+    config = {**BAD, "testing.triggers": "on-time,0", "task.watermark.lateness.ms": "5000"}
+    with JobTestDriver(config, tmp_path, task=_Triggered) as kit:
+        out, _late, _kept = run_rounds(kit, [[3000, 3200], [4000], [9500]], "count")
+    assert out[0] == [] and out[1] == []  # watermarks -1800 and -1000: nothing is closed
+    assert out[2] == [(3000, 2, "on_time")]  # 4500: [3000, 4000) closed, once, whole
+
+
+def test_a_final_watermark_closes_every_window_once(tmp_path: Path) -> None:
+    """Issue 72: a bounded run (--until-caught-up) left its still-open windows unemitted;
+    --final-watermark ends the input: they go out, once, and a record after it is late."""
+    config = {**BAD, "testing.triggers": "on-time,0"}
+    with JobTestDriver(config, tmp_path, task=_Triggered) as kit:
+        kit.send("in", [Message(1, key="a", timestamp=t) for t in (100, 1500, 2500, 2700)])
+        kit.run()
+        assert [(m.value["start"], m.value["count"]) for m in kit.output("out")] == [
+            (0, 1),
+            (1000, 1),
+        ]  # the watermark (2700) is inside [2000, 3000)
+        kit.run(final_watermark=True)
+        assert [(m.value["start"], m.value["count"]) for m in kit.output("out")] == [
+            (0, 1),
+            (1000, 1),
+            (2000, 2),
+        ]
+        assert sum(1 for _ in committed_raw_entries(kit.config, "w")) == 0  # nothing open
+        kit.run(final_watermark=True)  # ended already: nothing again
+        assert len(kit.output("out")) == 3
+        kit.send("in", [Message(1, key="a", timestamp=2800)])
+        kit.run()
+        assert len(kit.output("out")) == 3
+        assert [m.value["time"] for m in kit.output("late")] == [2800]
 
 
 def test_allowed_lateness_sends_late_updates_then_forgets_the_window(tmp_path: Path) -> None:

@@ -126,6 +126,9 @@ class DataFrameRunner(BatchRunner):
     def staged(self) -> BatchOutputs | None:
         return self._staged
 
+    def cancel(self) -> None:
+        self.spark.sparkContext.cancelAllJobs()
+
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
         return cluster_executors(self.spark.sparkContext)

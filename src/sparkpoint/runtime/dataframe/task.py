@@ -50,7 +50,11 @@ from sparkpoint.model.clock import follow
 from sparkpoint.refs import raised_at
 from sparkpoint.runtime.dataframe.phases import Begun, ReadEnd, TaskPhases, WholeBatch
 from sparkpoint.runtime.executor.output import OutputCollector
-from sparkpoint.runtime.executor.task_batch import CoordinatorRequests, TaskBatch
+from sparkpoint.runtime.executor.task_batch import (
+    CoordinatorRequests,
+    TaskBatch,
+    disk_errors_named,
+)
 from sparkpoint.runtime.executor.timers import OwnedTimer, TaskTimers
 from sparkpoint.runtime.executor.worker_heap import (
     fewer_full_collections,
@@ -58,6 +62,7 @@ from sparkpoint.runtime.executor.worker_heap import (
 )
 from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.serde import REGISTRY_SERDES
+from sparkpoint.serde.registry import RegistrySerde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.outputs import batch_owner, new_part, staged_stream, stages_output
 from sparkpoint.storage.task_storage import persistent_store
@@ -199,6 +204,11 @@ def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBa
     ``task, stream, partition, offset, key, value, timestamp, event_time, late``). A struct
     ``value`` is decoded from JSON in bulk by Arrow; otherwise the value column's type decides:
     text (UTF-8) or the raw bytes."""
+    with disk_errors_named(plan.task.name):
+        yield from _read_batches(plan, schema)
+
+
+def _read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     follow(plan.clock_ms, plan.driver_wall_ms)
     frame = FrameTask(plan)
     batch = frame.batch
@@ -264,6 +274,8 @@ class _ChunkDecoder:
         self.watermark = watermark
         self.key_serde, self.msg_serde = batch.input_serdes(ssp.system_stream)
         self.value_type = schema.field("value").type
+        if isinstance(self.msg_serde, RegistrySerde) and pa.types.is_struct(self.value_type):
+            self.msg_serde.read_by_latest()  # as the struct is built: older records resolved
         self.task = batch.plan.task.name.name
         self.field = batch.config.get_str(f"streams.{ssp.stream}.event.time.field")
         if self.field and not (
@@ -571,6 +583,17 @@ def run_step(
     due timers; then flush and close the stores. An error in the step's code fails the batch
     with a :class:`TaskError` naming the task and step (and a retry of it says why it
     failed)."""
+    with disk_errors_named(plan.task.name):
+        yield from _run_step(plan, step, stores, code, chunks)
+
+
+def _run_step(
+    plan: TaskBatchPlan,
+    step: str,
+    stores: Sequence[str],
+    code: StepCode,
+    chunks: Iterator[Any],
+) -> Iterator[Any]:
     with fewer_full_collections():
         follow(plan.clock_ms, plan.driver_wall_ms)
         frame = FrameTask(plan)
@@ -582,6 +605,7 @@ def run_step(
             timers = None
             if code.on_timer is not None:
                 timers = TaskTimers.open(batch.task, batch.config, opened, plan.task.ssps)
+                timers.end_of_input = plan.commits.end_of_input
             freeze_imported_objects()  # the step's code and pyarrow are imported now
             state = StepState(batch.task, batch.config, opened, step, timers)
             what = "stateful step"
@@ -632,6 +656,11 @@ def _advance(frame: FrameTask, timers: TaskTimers) -> None:
 def finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     """After the batch's outputs are written: commit if due and report (on the executor that
     holds the task's cached batch). ``steps`` are the pipeline's stateful steps."""
+    with disk_errors_named(plan.task.name):
+        return _finish_batch(plan, steps)
+
+
+def _finish_batch(plan: TaskBatchPlan, steps: Sequence[str]) -> TaskBatchResult:
     started = time.monotonic()
     follow(plan.clock_ms, plan.driver_wall_ms)
     frame = FrameTask(plan)

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.checkpoint.offsets import OffsetManager
 from sparkpoint.config import Config
-from sparkpoint.errors import BatchInterrupted
+from sparkpoint.errors import BatchInterrupted, UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import (
     DriverConflict,
@@ -56,6 +56,7 @@ from sparkpoint.runtime.driver.reports import (
     StandbyReport,
     Transactions,
 )
+from sparkpoint.runtime.driver.shutdown import ShutdownWatch
 from sparkpoint.runtime.driver.standby import Standbys
 from sparkpoint.runtime.driver.task_state import DriverTasks
 from sparkpoint.runtime.plan import Commits, TaskBatchPlan, TaskBatchResult
@@ -107,6 +108,8 @@ class JobCoordinator:
         self._rewinds = 0  # in a row: batches rewound since the last one that kept its output
         self.stop_event = threading.Event()
         self.stop_reason = ""
+        #: task.shutdown.ms: how long a stop asked from outside waits for the run to end
+        self.shutdown = ShutdownWatch(config, lambda: self.runner.cancel())
         self.model: JobModel | None = None
         self.metadata_store: CoordinatorStreamStore | None = None
         self.startpoints: StartpointManager | None = None
@@ -202,20 +205,43 @@ class JobCoordinator:
             raise DriverConflict(self.heartbeat.conflict)
 
     # -- the batches
-    def stop(self, reason: str = "stopped") -> None:
-        """Ask the loop to finish the current batch, commit and return. Thread- and signal-safe."""
+    def stop(self, reason: str = "stopped", *, bounded: bool = False) -> None:
+        """Ask the loop to finish the current batch, commit and return. Thread- and signal-safe.
+        ``bounded`` (a signal, Ctrl-C): for ``task.shutdown.ms`` at most; then the batch is
+        cancelled and :meth:`run` raises :class:`~sparkpoint.errors.ShutdownOverdue`."""
         self.stop_reason = self.stop_reason or reason
         self.stop_event.set()
+        if bounded:
+            self.shutdown.arm(reason)
 
-    def run(self, *, until_caught_up: bool = False, max_batches: int | None = None) -> RunSummary:
-        """Run batches until stopped; always finish with a commit of every task."""
+    def run(
+        self,
+        *,
+        until_caught_up: bool = False,
+        max_batches: int | None = None,
+        final_watermark: bool = False,
+    ) -> RunSummary:
+        """Run batches until stopped; always finish with a commit of every task.
+        ``final_watermark`` (with ``until_caught_up``): once caught up, every event-time timer
+        fires before that commit (:meth:`MicroBatchLoop.end_input`)."""
+        if final_watermark and not until_caught_up:
+            raise UserError(
+                "--final-watermark ends the input once the run is caught up: use it with "
+                "--until-caught-up"
+            )
         if self.model is None:
             self.start()
         try:
-            summary = MicroBatchLoop(self, until_caught_up, max_batches).run()
+            loop = MicroBatchLoop(self, until_caught_up, max_batches, final_watermark)
+            summary = loop.run()
             self.maintenance.finish()
             return summary
+        except Exception:
+            if self.shutdown.overdue:  # the batch failed because the shutdown cancelled it
+                raise self.shutdown.error() from None
+            raise
         finally:
+            self.shutdown.disarm()
             with contextlib.suppress(Exception):  # an error of its own is raised above
                 self.maintenance.finish()
             self._release_the_job()
@@ -230,14 +256,15 @@ class JobCoordinator:
         batch_id: int | None = None,
         clean_up_only: bool = False,
         logged: bool = True,
+        end_of_input: bool = False,
     ) -> tuple[BatchReport, list[TaskBatchResult]]:
         """One micro-batch, in its five phases; ``wait`` makes tasks finish their uploads
         before returning. ``batch_id`` replays a logged batch under its old id;
-        ``logged=False`` keeps the batch out of the batch log."""
+        ``logged=False`` keeps the batch out of the batch log; ``end_of_input``: see
+        :class:`~sparkpoint.runtime.plan.Commits`."""
         logged = logged and self.logged is not None
-        plans = self._plan_batch(
-            end, Commits(commit, window, wait, clean_up_only), batch_id, logged
-        )
+        commits = Commits(commit, window, wait, clean_up_only, end_of_input)
+        plans = self._plan_batch(end, commits, batch_id, logged)
         self.writer.to_publish = 0  # the batch's clean-ups publish what was written before it
         results, seconds = self._run_plans(plans, logged=logged, clean_up_only=clean_up_only)
         placed = self.affinity.ran(results) if self.affinity else BatchPlacement([], [])
@@ -417,6 +444,7 @@ class JobCoordinator:
                 batch_id=self.batch,
                 logged=False,
             )
+        report.ahead = True
         if self.listener:
             self.listener.on_batch(report)
         self._restored_ahead = report

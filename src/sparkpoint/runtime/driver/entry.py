@@ -134,7 +134,7 @@ def stop_on_interrupt(coordinator: JobCoordinator) -> Iterator[None]:
         return
 
     def on_interrupt(_signum: int, _frame: Any) -> None:
-        coordinator.stop("interrupted")
+        coordinator.stop("interrupted", bounded=True)
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
@@ -152,12 +152,14 @@ def run(
     overrides: Mapping[str, str] | None = None,
     master: str | None = None,
     listener: Listener | None = None,
+    final_watermark: bool = False,
 ) -> RunSummary:
     """Run ``job`` (a job file's path, a :class:`~sparkpoint.Pipeline` or its
     ``module:attribute``) on the session ``spark``, or on one started for the run (``master``,
     default ``spark.master`` or ``local[*,4]``), and return the run's summary. As ``sparkpoint
     run``: ``until_caught_up`` reads every input up to its newest offset at start, commits and
-    returns; ``max_batches`` stops (with a commit) after that many batches; ``overrides`` are
+    returns (with ``final_watermark`` the input ends there: every event-time timer fires
+    first); ``max_batches`` stops (with a commit) after that many batches; ``overrides`` are
     one-off config values. Ctrl-C finishes the batch, commits and returns."""
     resolved = resolve_job(job, overrides)
     config = resolved.config
@@ -183,7 +185,11 @@ def run(
             raise
     try:
         with stop_on_interrupt(coordinator):
-            return coordinator.run(until_caught_up=until_caught_up, max_batches=max_batches)
+            return coordinator.run(
+                until_caught_up=until_caught_up,
+                max_batches=max_batches,
+                final_watermark=final_watermark,
+            )
     finally:
         coordinator.close()
         if stop is not None:

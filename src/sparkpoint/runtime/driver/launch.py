@@ -183,6 +183,10 @@ class DeferredRunner(BatchRunner):
         if self._runner is not None:
             self._runner.begin_epoch(epoch)
 
+    def cancel(self) -> None:
+        if self._runner is not None:  # (none made yet: no batch runs)
+            self._runner.cancel()
+
     def executors(self) -> list[Executor] | None:
         return self.runner.executors() if self.runner.places_tasks else None
 

@@ -29,6 +29,7 @@ from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.driver.decider import Action, Intervals, LoopState, decide
 from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
 from sparkpoint.runtime.driver.startup import GrowthWatch, input_counts
+from sparkpoint.runtime.executor.timers import MAX_FIRED_PER_BATCH
 from sparkpoint.system.base import PartitionMetadata
 
 if TYPE_CHECKING:  # the coordinator runs this loop: it imports this module
@@ -51,8 +52,16 @@ class Poll:
 class MicroBatchLoop:
     """Runs a started job's batches until it is stopped (or caught up, or ``max_batches``)."""
 
-    def __init__(self, job: JobCoordinator, until_caught_up: bool, max_batches: int | None) -> None:
+    def __init__(
+        self,
+        job: JobCoordinator,
+        until_caught_up: bool,
+        max_batches: int | None,
+        final_watermark: bool = False,
+    ) -> None:
         self.job = job
+        #: the run ends the input: every event-time timer fires before the last commit
+        self.final_watermark = final_watermark
         self.config = job.config
         self.max_batches = max_batches
         self.summary = RunSummary()
@@ -206,12 +215,28 @@ class MicroBatchLoop:
         report.lag = self.job.tasks.lags(meta)
         report.stages = list(self.job.tasks.stage_lags)
 
+    def end_input(self) -> None:
+        """``--final-watermark``, once caught up: passes that read nothing with each task's
+        watermark at the end of time, so that every event-time timer fires (the last windows
+        and sessions go out), committed; one more only when a task fired its per-batch most."""
+        job = self.job
+        for _ in range(1000):
+            report, results = job.run_batch(
+                job.tasks.resumes(), commit=True, wait=True, end_of_input=True
+            )
+            self.last_committed = all(r.state_id.committed for r in results)
+            self.account(report)
+            if all(r.timers_fired < MAX_FIRED_PER_BATCH for r in results):
+                return
+
     def finish(self) -> None:
         """The run's end: every task commits (unless the last batch did), then a pass that
         reads nothing cleans up after the final checkpoints; lags measured after that pass,
         which publishes what the last checkpoints name (re-keyed records an intermediate
         stream's readers have yet to read are lag too)."""
         job = self.job
+        if self.final_watermark and job.stop_reason == "caught up":
+            self.end_input()
         if not self.last_committed:
             meta = job.partition_metadata(self.ssps)
             for report in job.commit_all():

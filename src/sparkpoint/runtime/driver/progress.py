@@ -97,7 +97,10 @@ class ProgressDisplay:
             log.info(line)
             if self._live is None:
                 self.console.print(line, highlight=False)
-        if self._live is not None:
+        if report.ahead:  # no batch: the tasks' state, ready before the first one
+            self._last = None
+            self.console.print(state_ready(report), highlight=False)
+        elif self._live is not None:
             self._live.update(self._table())
         else:
             lag = sum(report.lag.values())
@@ -173,6 +176,9 @@ class JsonProgress:
                     bytes=info.bytes,
                     seconds=round(info.seconds, 3),
                 )
+        if report.ahead:
+            self.say(state_ready(report), event="state-ready", seconds=round(report.seconds, 3))
+            return
         self.say(
             f"batch {report.batch}: {report.processed} msgs in {report.seconds:.2f}s",
             event="batch",
@@ -234,6 +240,14 @@ def stages_note(report: BatchReport) -> str:
     lags = ", ".join(f"{role} {stream} {lag:,}" for role, stream, lag in report.stages)
     open_ = sum(report.parts_open.values())
     return f" ({lags}; staged parts: {open_} to commit, {report.parts_to_publish} to publish)"
+
+
+def state_ready(report: BatchReport) -> str:
+    """The line of the restore ahead's pass: each task's state established before the first
+    batch (restored, or kept on disk)."""
+    restored = len({task for task, info in report.restored if info.brought_state})
+    how = f", {restored} restored" if restored else ""
+    return f"state ready: {len(report.tasks)} tasks{how}, in {report.seconds:.2f}s"
 
 
 def dead_letters_note(report: BatchReport) -> str:

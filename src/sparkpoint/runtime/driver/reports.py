@@ -73,6 +73,8 @@ class BatchReport:
     #: job's own inputs (role ``input``) first, then its ``intermediate`` streams
     stages: list[tuple[str, str, int]] = field(default_factory=list)
     standby: StandbyReport = field(default_factory=StandbyReport)
+    #: the restore ahead's pass (no batch: it read nothing; it established the tasks' state)
+    ahead: bool = False
 
     @property
     def dead_letters(self) -> dict[str, int]:

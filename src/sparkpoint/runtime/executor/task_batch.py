@@ -19,6 +19,7 @@ API's phases (:mod:`sparkpoint.runtime.dataframe.task`) call as well.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +37,12 @@ from sparkpoint.errors import (
     ConfigError,
     MessageDecodeError,
     OutputError,
+    SparkpointError,
     StoreError,
     TaskError,
 )
 from sparkpoint.failpoints import maybe_pause
+from sparkpoint.fsutil import user_disk_error
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.refs import load_reference, raised_at
 from sparkpoint.runtime.api.task import StreamTask
@@ -279,6 +282,7 @@ class TaskBatch:
             if not plan.commits.clean_up_only:  # (a clean-up opens no store: LazyEngine)
                 stores = self.storage.stores()
                 timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
+                timers.end_of_input = plan.commits.end_of_input
                 context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
                 tables, held = self.read_tables(stores, next_offsets)
                 processed += tables
@@ -661,4 +665,26 @@ def run_task_batch(plan: TaskBatchPlan, attempt: int = 0) -> TaskBatchResult:
     """Run one task's micro-batch (called inside a Spark Python worker; ``attempt``: the
     Spark task's attempt number, which dead letters carry)."""
     setup_worker_logging(plan.config)
-    return TaskBatch(plan, attempt).run()
+    with disk_errors_named(plan.task.name):
+        return TaskBatch(plan, attempt).run()
+
+
+@contextlib.contextmanager
+def disk_errors_named(task: TaskName) -> Iterator[None]:
+    """A full disk, a quota, a read-only or not writable directory met by a task's batch:
+    one line naming the task, the path and the fix (a :class:`StoreError`, which the driver
+    shows as it is), not a traceback through Spark. State is safe: a checkpoint is written
+    whole or not at all, and the next run resumes from the last one written."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, SparkpointError) or not user_disk_error(exc):
+            raise
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        what = what.splitlines()[0] if what else repr(exc)
+        where = f": {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        raise StoreError(
+            f"task {task}: {what}{where} (a full disk, a "
+            "quota, or a read-only or not writable directory: fix it and run again; the next "
+            "run resumes from the last written checkpoint)"
+        ) from None

@@ -118,6 +118,9 @@ class TaskTimers:
         self.firing_ms: int | None = None
         self.late = 0
         self.fired = 0
+        #: the batch ends the input (``--final-watermark``): :meth:`advance` moves the
+        #: watermark to the end of time
+        self.end_of_input = False
         #: per window store, the adds it refused as late this batch (from ``process``,
         #: ``emit`` or ``on_timer``: every window they would join had closed)
         self.refused: Counter[str] = Counter()
@@ -357,6 +360,9 @@ class TaskTimers:
     def advance(self) -> int | None:
         """Advance the watermark with the event times seen in this batch; the new watermark."""
         store = self._timers()
+        if self.end_of_input:
+            self.watermark_ms = store.end_input()
+            return self.watermark_ms
         self.watermark_ms = store.advance_watermark(
             self.ssps,
             now_ms(),

@@ -232,6 +232,9 @@ class SparkRunner(BatchRunner):
         """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
         return cluster_executors(self.sc)
 
+    def cancel(self) -> None:
+        self.sc.cancelAllJobs()
+
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
         if not plans:
             return []

@@ -325,7 +325,8 @@ class LogFiles:
         return CorruptRecordError(
             f"corrupt record in {self.label} at offset {offset}: {reason}; the index lists it, "
             f"so readers may have read it and committed past it, and it is not cut as a torn "
-            f"tail. Nothing was written. `sparkpoint stream repair <job> <stream> --partition "
+            f"tail. Nothing was written to this partition. `sparkpoint stream repair <job> "
+            f"<stream> --partition "
             f"<n>` removes damaged records (their offsets are not reused, and readers report "
             f"them as lost)"
         )
