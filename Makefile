@@ -31,10 +31,10 @@ test: setup
 	@.venv/bin/ruff format --check src tests examples bench soak docs/hooks
 	@.venv/bin/mypy
 	@NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
-	@scripts/pytest.sh tests examples -n 2 --durations=15
+	@scripts/pytest.sh tests examples -n 3 --durations=15
 
 test-fast: setup
-	@scripts/pytest.sh tests examples -n 2 -m "not slow"
+	@scripts/pytest.sh tests examples -n 3 -m "not slow"
 
 lint: setup
 	@.venv/bin/ruff check src tests examples bench soak docs/hooks && .venv/bin/ruff format --check src tests examples bench soak docs/hooks

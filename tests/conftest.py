@@ -29,7 +29,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
 #: the modules whose tests run on a standalone cluster (marked ``cluster``). ``make test`` runs
-#: on both cores (pytest-xdist, ``-n 2``); these run on one worker, in their order: they share
+#: three workers (pytest-xdist, ``-n 3``); these run on one worker, in their order: they share
 #: one cluster (tests/e2e/conftest.py) whose workers some of them add or kill, and two clusters
 #: at once would starve a 2-core machine. Being the largest unit of work, they start first.
 CLUSTER_MODULES = frozenset(
