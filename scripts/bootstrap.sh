@@ -73,27 +73,32 @@ case "$mode" in
 esac
 say "creating .venv with $PY and installing $what (first run takes a minute or two)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# Azurite (Azure Blob Storage emulator) for the blob store tests, from the npm registry: it
+# installs beside pip's install and the JVM archive (waited for at the end)
+npm_pid=""
+if [ "$mode" = dev ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
+  if command -v npm >/dev/null 2>&1; then
+    say "installing azurite (npm) into .venv/node for the Azure blob store tests, meanwhile"
+    npm install --silent --no-audit --no-fund --prefix .venv/node azurite@3 >.venv/npm.log 2>&1 &
+    npm_pid=$!
+  else
+    say "npm not found: the Azure blob store tests need azurite (apt-get install -y npm)"
+    exit 3
+  fi
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if ! .venv/bin/python -m pip install -q -e "$spec" >.venv/install.log 2>&1; then
   grep -v "^WARNING: Location" .venv/install.log | tail -n 30 >&2
   say "pip install failed (full log: .venv/install.log)"; exit 4
 fi
 .venv/bin/python -c 'import sparkpoint, pyspark, rocksdict' || { say "installation failed"; exit 4; }
-# Azurite (Azure Blob Storage emulator) for the blob store tests, from the npm registry
-if [ "$mode" = dev ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
-  if command -v npm >/dev/null 2>&1; then
-    say "installing azurite (npm) into .venv/node for the Azure blob store tests"
-    npm install --silent --no-audit --no-fund --prefix .venv/node azurite@3 >.venv/npm.log 2>&1 \
-      || { tail -n 20 .venv/npm.log >&2; say "npm install azurite failed"; exit 4; }
-  else
-    say "npm not found: the Azure blob store tests need azurite (apt-get install -y npm)"
-    exit 3
-  fi
-fi
 # a class-data-sharing archive of the Spark driver JVM: every Spark start is seconds faster
 # (sparkpoint/runtime/spark/jvm_archive.py); only a speed-up, so a failure is reported, not fatal
 say "archiving the Spark JVM's classes for faster starts (about 30 s, once)"
 .venv/bin/python -m sparkpoint.runtime.spark.jvm_archive >.venv/jvm-archive.log 2>&1 \
   || { tail -n 5 .venv/jvm-archive.log >&2; say "warning: no JVM class archive; Spark starts slower"; }
+if [ -n "$npm_pid" ] && ! wait "$npm_pid"; then
+  tail -n 20 .venv/npm.log >&2; say "npm install azurite failed"; exit 4
+fi
 echo "$want $mode" > "$stamp"
 say "ready: .venv ($mode; $(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"
