@@ -96,6 +96,31 @@ def test_avro_written_by_confluent_decodes_and_ours_decodes_with_confluent(
         ours.to_bytes({"user": "u1", "page": "/", "ts": "not a long"})
 
 
+def test_reading_by_the_latest_schema_resolves_older_records_or_needs_no_subject(
+    registry: str, tmp_path: Path
+) -> None:
+    """A pipeline's Avro struct is the subject's latest schema: records of an older version
+    read by it get an added field's default; with no subject under the topic strategy (the
+    producer registered by record name) records are read by their writer's schema, as before."""
+    from confluent_kafka.schema_registry import record_subject_name_strategy
+
+    client = SchemaRegistryClient({"url": registry})
+    by_record = AvroSerializer(
+        client, json.dumps(VIEW), conf={"subject.name.strategy": record_subject_name_strategy}
+    )
+    plain = serde("avro", config(registry, tmp_path))
+    plain.read_by_latest()  # no pageviews-value subject: nothing to resolve to
+    assert plain.from_bytes(by_record(VIEWS[0], VALUE)) == VIEWS[0]
+    old = AvroSerializer(client, json.dumps(VIEW))(VIEWS[1], VALUE)
+    added = {"name": "referrer", "type": "string", "default": "direct"}
+    v2 = AvroSerializer(client, json.dumps({**VIEW, "fields": [*VIEW["fields"], added]}))
+    v2({**VIEWS[2], "referrer": "ads"}, VALUE)  # registers version 2
+    latest = serde("avro", config(registry, tmp_path))
+    latest.read_by_latest()
+    assert latest.from_bytes(old) == {**VIEWS[1], "referrer": "direct"}
+    assert latest.from_bytes_many([old, old]) == [{**VIEWS[1], "referrer": "direct"}] * 2
+
+
 def test_many_records_decode_in_blocks_as_one_by_one(registry: str, tmp_path: Path) -> None:
     """from_bytes_many decodes each run of one schema id as one fastavro block: the same
     values as from_bytes, runs of two schemas interleaved, and a bad record still named."""

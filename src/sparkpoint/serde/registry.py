@@ -551,9 +551,16 @@ class RegistrySerde(Serde[Any]):
         resolution: a field the latest added gets its default in older records), as a
         DataFrame pipeline's ``value`` struct is built from that schema. The latest is looked
         up once per process (the registry client caches it). Only with the topic strategy,
-        the one that names a subject before a record is read."""
-        if self.name == "avro" and not self.settings.resolve and self.settings.strategy == "topic":
-            self._current = _parsed_latest(json.dumps(self.latest_schema(), sort_keys=True))
+        the one that names a subject before a record is read; a subject with no version yet
+        (records written under another strategy, read by a pipeline's own value_schema)
+        leaves each record read by its writer's schema."""
+        if self.name != "avro" or self.settings.resolve or self.settings.strategy != "topic":
+            return
+        try:
+            latest = self.latest_schema()
+        except SerdeRegistryError:  # no such subject: nothing to resolve to
+            return
+        self._current = _parsed_latest(json.dumps(latest, sort_keys=True))
 
     def _reader(self) -> Any:
         """The schema values are read with: the current one, for a store's, or the latest
