@@ -57,7 +57,8 @@ soak: setup
 bench: setup
 	@.venv/bin/python bench/run.py
 
-# the page-view count with Avro input and output through a Schema Registry against JSON, both APIs
+# the page-view count with Avro input and output through a Schema Registry against JSON, both APIs;
+# then the avro serde against Quix Streams' Avro serializer (its own venv under bench/out/venvs)
 bench-schemas: setup
 	@.venv/bin/python bench/schemas.py
 

@@ -59,6 +59,8 @@ PEER_PACKAGES = {
     "spark": ["pyspark==4.3.0", "pandas", "pyarrow", "protobuf"],
     "bytewax": ["bytewax==0.21.1"],
     "quix": ["quixstreams==3.28.1"],
+    # its Avro serializer through a Schema Registry (bench/schemas.py, bench/peers/quix_avro.py)
+    "quix-avro": ["quixstreams[avro,schema_registry]==3.28.1"],
     "flink": ["apache-flink==2.3.0"],
 }
 
