@@ -113,6 +113,7 @@ class DataFrameRunner(BatchRunner):
         #: exactly-once: what the last batch staged, for the driver to record in its batch log
         self._staged: BatchOutputs | None = None
         self._owner = batch_owner(config) if stages_output(config) else None
+        self._group: str | None = None  # the running batch's Spark job group (cancel)
         #: the ``value`` struct's columns: the pipeline's, or its Avro input's registry schema
         self.value_schema = pipeline.value_schema
         if self.value_schema is None and pipeline.value_type == "STRING":
@@ -127,7 +128,9 @@ class DataFrameRunner(BatchRunner):
         return self._staged
 
     def cancel(self) -> None:
-        self.spark.sparkContext.cancelAllJobs()
+        """The running batch's Spark jobs (its job group), not the session's other jobs."""
+        if self._group is not None:
+            self.spark.sparkContext.cancelJobGroup(self._group)
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster (host affinity); ``None`` in local mode."""
@@ -141,7 +144,7 @@ class DataFrameRunner(BatchRunner):
         from pyspark import StorageLevel
 
         self._staged = None if self._owner is None else BatchOutputs()
-        group = batch_job_group(self.spark.sparkContext, batch)
+        group = self._group = batch_job_group(self.spark.sparkContext, batch)
         source = batch_source(
             self.spark,
             plans,

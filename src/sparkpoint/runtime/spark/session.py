@@ -227,15 +227,20 @@ class SparkRunner(BatchRunner):
         # kept across batches: each Python thread is a py4j connection and a JVM thread
         self._pool = ThreadPoolExecutor(thread_name_prefix="sparkpoint-batch-job")
         self._grouping: tuple[int, int] | None = None  # (tasks, partitions) last logged
+        self._groups: set[str] = set()  # the running batch's Spark job groups
 
     def executors(self) -> list[Executor] | None:
         """The live executors on a cluster; ``None`` in local mode (one executor: no choice)."""
         return cluster_executors(self.sc)
 
     def cancel(self) -> None:
-        self.sc.cancelAllJobs()
+        """The running batch's Spark jobs (its job groups), not the session's other jobs (a
+        notebook's session runs others)."""
+        for group in list(self._groups):
+            self.sc.cancelJobGroup(group)
 
     def __call__(self, batch: int, plans: list[TaskBatchPlan]) -> list[TaskBatchResult]:
+        self._groups = set()  # the batch's job groups (cancel)
         if not plans:
             return []
         if str(self.sc.master).startswith("local"):  # one executor: no placement
@@ -267,6 +272,7 @@ class SparkRunner(BatchRunner):
         self, batch: int, groups: list[list[TaskBatchPlan]], group: str
     ) -> list[TaskBatchResult]:
         """One Spark job: a partition per group of tasks, preferring its executor."""
+        self._groups.add(group)
         rdd = task_rdd(self.sc, [g[0] for g in groups], groups).flatMap(run_task_group)
         results = collect_batch(batch, rdd)
         record_group_executors(self.sc, group, groups, results)
