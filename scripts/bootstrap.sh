@@ -2,14 +2,15 @@
 # Creates .venv with sparkpoint, once; re-runs only when pyproject.toml changes or more is needed.
 #   scripts/bootstrap.sh run   what a job needs: `pip install sparkpoint` (make example)
 #   scripts/bootstrap.sh schemas  that and the [schemas] extra (make example-avro)
-#   scripts/bootstrap.sh dev   that, the [dev] extra and Azurite (npm) for the tests (make test)
+#   scripts/bootstrap.sh tables  that and the [tables] extra, and PostgreSQL (make example-tables)
+#   scripts/bootstrap.sh dev   that, the [dev] extra, Azurite (npm) and PostgreSQL for the tests
 #   scripts/bootstrap.sh docs  .venv-docs with only what the docs build needs (make docs):
 #                              mkdocs, and sparkpoint without its runtime dependencies
 # Checks for Java 17+ (Spark needs it) and Python 3.11+, and says exactly what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-dev}
-case "$mode" in run|schemas|dev|docs) ;; *) echo "usage: $0 [run|schemas|dev|docs]" >&2; exit 2 ;; esac
+case "$mode" in run|schemas|tables|dev|docs) ;; *) echo "usage: $0 [run|schemas|tables|dev|docs]" >&2; exit 2 ;; esac
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
@@ -61,14 +62,15 @@ PY=$(find_python)
 stamp=.venv/.sparkpoint-installed
 want=$(sha1sum pyproject.toml | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
-# a dev install serves every mode, a schemas install `run` too; a run install only `run`
+# a dev install serves every mode, a schemas or tables install `run` too; a run install only `run`
 if [ -x .venv/bin/python ] && { [ "$have" = "$want dev" ] || [ "$have" = "$want $mode" ] \
-    || { [ "$mode" = run ] && [ "$have" = "$want schemas" ]; }; }; then
+    || { [ "$mode" = run ] && { [ "$have" = "$want schemas" ] || [ "$have" = "$want tables" ]; }; }; }; then
   exit 0
 fi
 case "$mode" in
   dev) spec='.[dev]'; what="sparkpoint with its test tools" ;;
   schemas) spec='.[schemas]'; what="sparkpoint with its Schema Registry serdes" ;;
+  tables) spec='.[tables]'; what="sparkpoint with its Delta, Iceberg and PostgreSQL tables" ;;
   *) spec='.'; what="sparkpoint" ;;
 esac
 say "creating .venv with $PY and installing $what (first run takes a minute or two)"
@@ -86,6 +88,20 @@ if [ "$mode" = dev ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
     exit 3
   fi
 fi
+# PostgreSQL's server (the OS package) for the table tests and example, meanwhile too
+pg_pid=""
+have_postgres() { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
+if { [ "$mode" = dev ] || [ "$mode" = tables ]; } && ! have_postgres; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing PostgreSQL (apt-get) for the table tests and example, meanwhile"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; } \
+      >.venv/apt.log 2>&1 &
+    pg_pid=$!
+  else
+    say "PostgreSQL's server is needed for the table tests (Debian/Ubuntu: sudo apt-get install -y postgresql)"
+    exit 3
+  fi
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if ! .venv/bin/python -m pip install -q -e "$spec" >.venv/install.log 2>&1; then
   grep -v "^WARNING: Location" .venv/install.log | tail -n 30 >&2
@@ -99,6 +115,9 @@ say "archiving the Spark JVM's classes for faster starts (about 30 s, once)"
   || { tail -n 5 .venv/jvm-archive.log >&2; say "warning: no JVM class archive; Spark starts slower"; }
 if [ -n "$npm_pid" ] && ! wait "$npm_pid"; then
   tail -n 20 .venv/npm.log >&2; say "npm install azurite failed"; exit 4
+fi
+if [ -n "$pg_pid" ] && ! wait "$pg_pid"; then
+  tail -n 20 .venv/apt.log >&2; say "apt-get install postgresql failed"; exit 4
 fi
 echo "$want $mode" > "$stamp"
 say "ready: .venv ($mode; $(.venv/bin/python --version), pyspark $(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)'))"

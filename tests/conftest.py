@@ -14,9 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = ROOT / "examples" / "pageviews"
 WINDOWS_DIR = ROOT / "examples" / "windows"
 REKEY_DIR = ROOT / "examples" / "rekey"
+TABLES_DIR = ROOT / "examples" / "tables"
 
 # Python workers started by Spark must import the examples' tasks and the test jobs.
-_EXTRA = [str(EXAMPLE_DIR), str(WINDOWS_DIR), str(REKEY_DIR), str(ROOT / "tests" / "jobs")]
+_EXTRA = [
+    str(d) for d in (EXAMPLE_DIR, WINDOWS_DIR, REKEY_DIR, TABLES_DIR, ROOT / "tests" / "jobs")
+]
 for extra in _EXTRA:
     if extra not in sys.path:
         sys.path.insert(0, extra)

@@ -47,6 +47,16 @@ class OutputError(SparkpointError):
     processed); names the task, stream and partition."""
 
 
+class TableError(OutputError):
+    """A table refused a write or could not be reached (:mod:`sparkpoint.system.tables`); the
+    message names the table and the fix. No batch counts as written when it is raised."""
+
+
+class TableSchemaError(TableError, UserError):
+    """A batch's columns do not fit its table: a new column without
+    ``streams.<t>.table.schema.evolution: add-columns``, or a changed type."""
+
+
 class ShutdownOverdue(SparkpointError):
     """A shutdown waited ``task.shutdown.ms`` for the running batch, then cancelled it."""
 

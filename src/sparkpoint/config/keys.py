@@ -4,150 +4,19 @@ credentials (:func:`redact`). Imports only the serde names and errors."""
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 
+from sparkpoint.config.key_spec import ConfigKey, int_at_least, is_bool, one_of
+from sparkpoint.config.registry_keys import REGISTRY_KEYS
+from sparkpoint.config.table_keys import TABLE_KEYS
 from sparkpoint.serde import BUILTIN_SERDES, REGISTRY_SERDES
 
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """A declared key: ``pattern`` may hold ``<s>`` for a store, system or stream name."""
-
-    pattern: str
-    default: str | None
-    allowed: str
-    help: str
-    check: Callable[[str], bool] | None = None
-
-    @property
-    def regex(self) -> re.Pattern[str]:
-        return _pattern_regex(self.pattern)
-
-
-@functools.cache
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    """A key pattern as a regex, built once per pattern (key lookups run in every batch)."""
-    return re.compile("^" + re.escape(pattern).replace("<s>", r"[^.]+(?:\.[^.]+)*?") + "$")
-
+__all__ = ["KEYS", "OWNED_PREFIXES", "SERDE_NAMES", "ConfigKey", "declared", "redact"]
 
 #: what a serde key allows: the built-in serdes, or one registered in config
 SERDE_NAMES = (
     " | ".join([*BUILTIN_SERDES, *REGISTRY_SERDES])
     + ", or a name registered as serializers.registry.<name>.class (or .type)"
-)
-
-
-def _int(minimum: int | None = None) -> Callable[[str], bool]:
-    def check(v: str) -> bool:
-        try:
-            n = int(v)
-        except ValueError:
-            return False
-        return minimum is None or n >= minimum
-
-    return check
-
-
-def _one_of(*choices: str) -> Callable[[str], bool]:
-    return lambda v: v in choices
-
-
-def _bool(v: str) -> bool:
-    return v.lower() in ("true", "false")
-
-
-#: the Schema Registry serdes' keys (sparkpoint.serde.registry): the system's registry and its
-#: client's options (passed to confluent-kafka's SchemaRegistryClient as they are named), then
-#: a named registry serde's own
-REGISTRY_KEYS = (
-    ConfigKey(
-        "systems.<s>.schema.registry.url",
-        None,
-        "http(s)://host:port",
-        "the Schema Registry of the avro, protobuf and json-schema serdes of this system's "
-        "streams (Confluent's REST API)",
-    ),
-    *(
-        ConfigKey(f"systems.<s>.schema.registry.{option}", None, allowed, what)
-        for option, allowed, what in (
-            ("basic.auth.user.info", "user:password", "basic auth for the registry"),
-            ("basic.auth.credentials.source", "USER_INFO | URL", "where basic auth comes from"),
-            ("ssl.ca.location", "a file", "CA certificates to trust for the registry"),
-            ("ssl.certificate.location", "a file", "the client certificate (mutual TLS)"),
-            ("ssl.key.location", "a file", "the client certificate's key"),
-            ("ssl.key.password", "a string", "the password of that key"),
-            ("timeout", "seconds", "a request's timeout"),
-            ("max.retries", "an integer", "retries of a failed request (confluent-kafka: 3)"),
-            ("retries.wait.ms", "milliseconds", "the first wait before a retry, doubling"),
-            ("retries.max.wait.ms", "milliseconds", "the longest wait between retries"),
-        )
-    ),
-    ConfigKey(
-        "stores.<s>.schema.file",
-        None,
-        "an .avsc file",
-        "an avro store's value schema: values are written with it, and values written with "
-        "an earlier schema are read with it (Avro's resolution rules; a change that cannot "
-        "read them is refused at start)",
-    ),
-    ConfigKey(
-        "stores.<s>.schema.registry.url",
-        None,
-        "http(s)://host:port",
-        "where an avro store registers its value schemas (else its changelog's system's)",
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.type",
-        None,
-        " | ".join(REGISTRY_SERDES),
-        "a named registry serde of this kind, with the settings below",
-        _one_of(*REGISTRY_SERDES),
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.schema.registry.url",
-        None,
-        "http(s)://host:port",
-        "the named serde's own registry (else its stream's system's)",
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.subject.name.strategy",
-        "topic",
-        "topic | record | topic-record",
-        "the subject of a schema: <topic>-key|value, the record's full name, or both",
-        _one_of("topic", "record", "topic-record"),
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.auto.register.schemas",
-        None,
-        "true | false",
-        "register the writer's schema under its subject (default: true with a schema file or "
-        "a Protobuf class, else false: the subject's latest schema is written)",
-        _bool,
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.schema.file",
-        None,
-        "a file",
-        "the writer's schema (Avro .avsc or JSON Schema); without it an output writes with "
-        "its subject's latest schema",
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.message.class",
-        None,
-        "module:Class",
-        "the generated Protobuf message class (protobuf serdes need one)",
-    ),
-    ConfigKey(
-        "serializers.registry.<s>.protobuf.as",
-        "dict",
-        "dict | message",
-        "what a task gets from a protobuf serde: a dict (field names as in the .proto) or the "
-        "message object",
-        _one_of("dict", "message"),
-    ),
 )
 
 
@@ -183,7 +52,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "(a DataFrame pipeline's: when every task's checkpoint covers its batch) "
         "(none twice, none lost; it is seen a commit later and written twice on the filelog). "
         "Needs a system that can stage output (filelog)",
-        _one_of("at-least-once", "exactly-once"),
+        one_of("at-least-once", "exactly-once"),
     ),
     ConfigKey(
         "job.logged.store.base.dir",
@@ -198,7 +67,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "true | false",
         "on a Spark cluster, run each task on the executor that holds its state (Samza's host "
         "affinity); the assignment is kept in the metadata store",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "job.standbytasks.replication.factor",
@@ -207,7 +76,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "copies of each task's changelogged stores: the active one and N-1 standbys kept on "
         "other executors (other hosts first), caught up to each checkpoint, promoted when the "
         "active's executor is lost (Samza's key; 1 = no standby; needs a cluster)",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "job.host-affinity.rebalance",
@@ -215,7 +84,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "true | false",
         "move tasks from the busiest executors to idle ones (a new executor) until task "
         "counts differ by at most one; moved tasks restore there (sparkpoint run --rebalance)",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "job.coordinator.system",
@@ -230,7 +99,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "start the Spark driver JVM with the class-data-sharing archive made at install "
         "(python -m sparkpoint.runtime.spark.jvm_archive), when there is one: seconds off "
         "every start",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "job.spark.driver.quick.jit",
@@ -239,7 +108,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "in local mode, run the Spark driver JVM with its quick (C1) JIT compiler only "
         "(-XX:TieredStopAtLevel=1): Spark starts about 0.8 s sooner; the JVM only schedules "
         "and moves small plans there. Never applied on a cluster",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "job.restore.while.spark.starts",
@@ -248,14 +117,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "in local mode, restore every task's state in the driver while the Spark session "
         "starts (the driver shares the executors' disk), so a restart is back in about the "
         "longer of the two instead of their sum; on a cluster the executors restore",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "job.executor.log.level",
         "WARNING",
         "DEBUG | INFO | WARNING | ERROR",
         "log level of sparkpoint on the executors",
-        _one_of("DEBUG", "INFO", "WARNING", "ERROR"),
+        one_of("DEBUG", "INFO", "WARNING", "ERROR"),
     ),
     ConfigKey("task.inputs", None, "comma-separated system.stream names", "input streams"),
     ConfigKey(
@@ -275,7 +144,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "9464",
         "a port",
         "port of the Prometheus text endpoint, http://<host>:<port>/metrics",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "metrics.reporter.snapshot.stream",
@@ -288,7 +157,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "60000",
         "milliseconds >= 0",
         "how often a metrics snapshot is written (and once when the job stops)",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.broadcast.inputs",
@@ -301,7 +170,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "43200000",
         "an integer >= 0 (milliseconds)",
         "startpoints older than this are ignored with a warning",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.class",
@@ -316,14 +185,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "how often, after a commit, the job applies the retention.ms / retention.bytes of its "
         "input streams on systems that leave retention to sparkpoint (filelog); never past "
         "the job's committed offsets",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.commit.ms",
         "60000",
         "an integer >= 0 (milliseconds)",
         "commit at the end of a batch when this long has passed since the last",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.commit.intermediate.ms",
@@ -333,7 +202,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "re-keyed records wait to be published and this long has passed since the last commit, "
         "whatever task.commit.ms says (they are staged until a checkpoint covers them, so the "
         "next stage reads them only after a commit); 0, the default, commits every such batch",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.ignored.exceptions",
@@ -346,7 +215,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "false",
         "true | false",
         "skip (and log) input messages that cannot be decoded instead of failing the job",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "task.dlq.stream",
@@ -362,14 +231,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "decode | process | both",
         "which failures go to task.dlq.stream: records that cannot be decoded (or lack their "
         "event time), records whose process() raises, or both",
-        _one_of("decode", "process", "both"),
+        one_of("decode", "process", "both"),
     ),
     ConfigKey(
         "task.window.ms",
         "-1",
         "an integer (milliseconds; -1 disables)",
         "call window() on tasks this often",
-        _int(-1),
+        int_at_least(-1),
     ),
     ConfigKey(
         "task.checkpoint.system",
@@ -395,21 +264,21 @@ KEYS: tuple[ConfigKey, ...] = (
         "600000",
         "an integer >= 0 (milliseconds)",
         "a lower-priority checkpoint this much newer than the preferred one wins",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.batch.max.messages",
         "10000",
         "an integer >= 1",
         "most messages read from one partition in one micro-batch",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "task.poll.interval.ms",
         "500",
         "an integer >= 0 (milliseconds)",
         "pause between batches when no input is waiting",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.shutdown.ms",
@@ -418,7 +287,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "how long a stop from outside (SIGTERM, Ctrl-C) waits for the running batch and the "
         "last commit; then the batch is cancelled (nothing of it committed) and the run ends "
         "with an error naming this key",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "systems.<s>.factory",
@@ -431,28 +300,28 @@ KEYS: tuple[ConfigKey, ...] = (
         "oldest",
         "oldest | upcoming",
         "where to start a partition with no checkpoint",
-        _one_of("oldest", "upcoming"),
+        one_of("oldest", "upcoming"),
     ),
     ConfigKey(
         "systems.<s>.default.stream.partitions",
         "1",
         "an integer >= 1",
         "partition count of streams the job creates in this system",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "streams.<s>.samza.offset.default",
         None,
         "oldest | upcoming",
         "overrides the system default for this stream",
-        _one_of("oldest", "upcoming"),
+        one_of("oldest", "upcoming"),
     ),
     ConfigKey(
         "streams.<s>.samza.reset.offset",
         "false",
         "true | false",
         "ignore this stream's checkpointed offsets at start",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "streams.<s>.samza.intermediate",
@@ -461,7 +330,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "a stream the job writes and reads itself, to re-key messages (Samza's name): created "
         "at start, and its messages are read only once the checkpoint of the input they came "
         "from is written, so a replayed input never counts twice downstream",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "streams.<s>.samza.key.serde",
@@ -480,8 +349,9 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "an integer >= 1",
         "partition count when the stream is created",
-        _int(1),
+        int_at_least(1),
     ),
+    *TABLE_KEYS,
     ConfigKey(
         "streams.<s>.<property>",
         None,
@@ -517,7 +387,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "hold the task's input records back until the table is read up to where its streams "
         "stood when the batch was planned, so every input record sees a complete table; "
         "false: input records are processed while a long table is still being read",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "stores.<s>.reshard.key",
@@ -552,7 +422,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "an integer >= 0 (milliseconds)",
         "how far a task's watermark stays behind the smallest largest-event-time of its busy "
         "input partitions: records up to this much out of order are not late",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.watermark.idle.ms",
@@ -560,7 +430,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "an integer >= 1 (milliseconds)",
         "an input partition with no record for this long (processing time) is idle and no "
         "longer holds the task's watermark back (Flink's withIdleness)",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "streams.<s>.event.time.field",
@@ -577,7 +447,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "the store and its changelog at a commit (Samza's key; rocksdb and in-memory stores); "
         "adding, changing or removing it on a store with data takes effect at the next start "
         "(docs/state-backends.md)",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "stores.<s>.write.batch.size",
@@ -586,7 +456,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "writes wait for a commit, a range or all scan, a flush, or this many distinct keys; "
         "then only the newest value of each key is written to the store and logged to its "
         "changelog, in one batch, as Samza's CachedStore does; reads see waiting writes",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "stores.<s>.changelog.restore.accept.loss",
@@ -595,7 +465,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "restore what a changelog that is missing, recreated or shorter than the checkpointed "
         "offset still holds, losing committed writes, instead of stopping the job; set it "
         "once, deliberately, after the error names the store",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "stores.<s>.changelog.min.compaction.lag.ms",
@@ -604,14 +474,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "with transactional state, the changelog's records stay uncompacted this long "
         "(Kafka topic config min.compaction.lag.ms, 4 h) so that a restore can trim writes "
         "made after the last checkpoint; set it above the longest time between commits",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "stores.<s>.clean.on.container.start",
         "false",
         "true | false",
         "at every job start, delete the store's local state and restore it from its backend",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "stores.<s>.backup.factories",
@@ -630,7 +500,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "true",
         "true | false",
         "restore state to exactly its checkpoint (true) or to the newest changelog entry",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "task.transactional.state.retain.existing.state",
@@ -638,49 +508,49 @@ KEYS: tuple[ConfigKey, ...] = (
         "true | false",
         "with no checkpointed changelog offset, restore the whole changelog (true) instead of "
         "trimming it (Samza's default is true)",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "task.commit.max.delay.ms",
         "60000",
         "an integer >= 0 (milliseconds)",
         "skip a commit while the previous upload has run less than this; then wait for it",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.commit.timeout.ms",
         "1800000",
         "an integer >= 1 (milliseconds)",
         "fail the task when a commit waits longer than this for the previous upload",
-        _int(1),
+        int_at_least(1),
     ),
     ConfigKey(
         "task.commit.skip.commit.during.failures.enabled",
         "false",
         "true | false",
         "log and skip failed or timed-out commits (up to the limits below) instead of failing",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "task.commit.skip.commit.exception.max.limit",
         "5",
         "an integer >= 0",
         "with skipping on: fail after more than this many successive failed commits",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.commit.skip.commit.timeout.max.limit",
         "2",
         "an integer >= 0",
         "with skipping on: fail after more than this many successive commit timeouts",
-        _int(0),
+        int_at_least(0),
     ),
     ConfigKey(
         "task.commit.async.enabled",
         "true",
         "true | false",
         "upload while processing continues (true), or wait for uploads inside the batch",
-        _bool,
+        is_bool,
     ),
     ConfigKey(
         "blob.store.url",
@@ -696,23 +566,39 @@ KEYS: tuple[ConfigKey, ...] = (
         lambda v: v == "fsspec" or bool(re.fullmatch(r"[\w.]+:\w+", v)),
     ),
     ConfigKey(
-        "blob.store.ttl.ms", "86400000", "an integer >= 1", "life of unadopted uploads", _int(1)
+        "blob.store.ttl.ms",
+        "86400000",
+        "an integer >= 1",
+        "life of unadopted uploads",
+        int_at_least(1),
     ),
     ConfigKey(
-        "blob.store.max.retries", "5", "an integer >= 0", "retries of a blob operation", _int(0)
+        "blob.store.max.retries",
+        "5",
+        "an integer >= 0",
+        "retries of a blob operation",
+        int_at_least(0),
     ),
     ConfigKey(
-        "blob.store.retry.max.duration.ms", "60000", "an integer >= 0", "retry budget", _int(0)
+        "blob.store.retry.max.duration.ms",
+        "60000",
+        "an integer >= 0",
+        "retry budget",
+        int_at_least(0),
     ),
     ConfigKey(
-        "blob.store.retry.backoff.ms", "100", "an integer >= 0", "first retry backoff", _int(0)
+        "blob.store.retry.backoff.ms",
+        "100",
+        "an integer >= 0",
+        "first retry backoff",
+        int_at_least(0),
     ),
     ConfigKey(
         "blob.store.sst.checksum.skip",
         "true",
         "true | false",
         "compare immutable .sst files by name, size and permissions only",
-        _bool,
+        is_bool,
     ),
     ConfigKey("serializers.registry.<s>.class", None, "module:Class of a Serde", "a user serde"),
     *REGISTRY_KEYS,

@@ -108,7 +108,7 @@ def staging_of(systems: Systems, system: str) -> OutputStaging:
         raise ConfigError(
             f"job.processing.guarantee=exactly-once or an intermediate stream "
             f"(streams.<s>.samza.intermediate), but system {system!r} cannot stage output "
-            f"(the filelog and Kafka can): send that output to a filelog system, or run "
+            f"(the filelog, Kafka and the table systems can): send that output to one, or run "
             f"with job.processing.guarantee=at-least-once"
         )
     return staging

@@ -23,6 +23,8 @@ from sparkpoint.system.record import Record as Record  # every system's record
 from sparkpoint.system.record import RecordFields as RecordFields
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from sparkpoint.model.startpoint import Startpoint
     from sparkpoint.system.columns import RecordColumns
     from sparkpoint.system.staging import OutputStaging
@@ -416,6 +418,27 @@ class SystemProducer(ABC):
     def close(self) -> None:
         """Flush and release resources. Idempotent."""
         self.flush()
+
+
+class TableProducer(SystemProducer):
+    """A producer whose streams are tables (:mod:`sparkpoint.system.tables`): it takes rows,
+    not encoded records. A row is a mapping of column name to value (the task API's message);
+    a DataFrame output sends whole Arrow record batches. The output path checks for this
+    class, so a system declares that it takes rows by producing one."""
+
+    @abstractmethod
+    def send_rows(self, stream: str, rows: Sequence[Mapping[str, object]]) -> None:
+        """Queue ``rows`` for table ``stream``, in order."""
+
+    @abstractmethod
+    def send_batch(self, stream: str, batch: pa.RecordBatch) -> None:
+        """Queue the rows of an Arrow record batch (its columns are the table's)."""
+
+    def send(self, stream: str, partition: int, record: Record) -> None:
+        raise UserError(
+            f"{stream} is a table: send it rows (a dict of column values per message, or a "
+            "DataFrame), not encoded records"
+        )
 
 
 class SystemFactory(ABC):

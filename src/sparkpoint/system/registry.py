@@ -28,6 +28,14 @@ BUILTIN: dict[str, tuple[str, str]] = {
         "sparkpoint.system.kafka:KafkaSystemFactory",
         "needs confluent-kafka: pip install 'sparkpoint[kafka]'",
     ),
+    **{
+        name: (f"sparkpoint.system.tables.{name}:{cls}", f"{lib}: pip install 'sparkpoint[tables]'")
+        for name, cls, lib in (
+            ("delta", "DeltaSystemFactory", "Delta tables need deltalake"),
+            ("iceberg", "IcebergSystemFactory", "Iceberg tables need pyiceberg"),
+            ("postgres", "PostgresSystemFactory", "PostgreSQL tables need psycopg"),
+        )
+    },
 }
 
 

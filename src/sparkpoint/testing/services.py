@@ -1,5 +1,5 @@
-"""Services on loopback for tests: S3 (``moto_server``), Azure Blob (Azurite) and a Kafka-protocol
-broker (Tansu).
+"""Services on loopback for tests: S3 (``moto_server``), Azure Blob (Azurite), a Kafka-protocol
+broker (Tansu) and PostgreSQL (the OS package's server).
 
 Each starts its server on a free 127.0.0.1 port, waits until it answers (polling, with a
 deadline), gives the ``blob.store.*`` config to reach it, and stops it on exit. A missing
@@ -247,3 +247,98 @@ class TansuKafka(_Service):
             f"systems.{system}.producer.batch.num.messages": "1",  # Tansu: see the class doc
             f"systems.{system}.producer.linger.ms": "0",  # no batching: no point in waiting
         }
+
+
+def postgres_bin(program: str) -> str | None:
+    """A PostgreSQL server program (``initdb``, ``postgres``): on ``PATH``, else in Debian's
+    ``/usr/lib/postgresql/<version>/bin`` (the newest)."""
+    found = shutil.which(program)
+    if found:
+        return found
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{program}"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
+    return str(versions[-1]) if versions else None
+
+
+class PostgresServer(_Service):
+    """A PostgreSQL server from the OS packages (Debian: ``apt-get install postgresql``), on a
+    fresh data directory, listening on 127.0.0.1 only, with trust authentication and no fsync
+    (a test's database: nothing in it outlives the test run). PostgreSQL refuses to run as
+    root: as root, it runs as the ``postgres`` user the package creates, from a directory
+    outside the (private) pytest temporary tree."""
+
+    name = "postgres"
+
+    def __enter__(self) -> PostgresServer:
+        import os
+        import pwd
+        import tempfile
+
+        initdb, server = postgres_bin("initdb"), postgres_bin("postgres")
+        if initdb is None or server is None:
+            raise RuntimeError(
+                "PostgreSQL not found: run scripts/bootstrap.sh (it installs the OS package) or "
+                "apt-get install postgresql"
+            )
+        user: int | None = None
+        self.data = Path(tempfile.mkdtemp(prefix="sparkpoint-pg-"))
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres").pw_uid
+            os.chown(self.data, user, -1)
+        data = self.data / "data"
+        subprocess.run(
+            [initdb, "-D", str(data), "-A", "trust", "-U", "sparkpoint", "--no-sync", "-E", "UTF8"],
+            check=True,
+            capture_output=True,
+            user=user,
+        )
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.work_dir / "postgres.log", "wb")
+        cmd = [server, "-D", str(data), "-p", str(self.port), "-c", "listen_addresses=127.0.0.1"]
+        for setting in ("unix_socket_directories=", "fsync=off", "synchronous_commit=off"):
+            cmd += ["-c", setting]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, user=user)
+        try:
+            self._wait_ready(self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"postgres exited at start (code {proc.returncode})")
+            try:
+                psycopg.connect(self.dsn("postgres"), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"postgres did not answer within {timeout}s") from None
+                time.sleep(0.1)
+
+    def dsn(self, database: str) -> str:
+        return f"postgresql://sparkpoint@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self, name: str) -> str:
+        """Create database ``name``; its connection string."""
+        import psycopg
+
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # a fast shutdown: clients are cut off
+        super().stop()
+        data = getattr(self, "data", None)
+        if data is not None:
+            shutil.rmtree(data, ignore_errors=True)

@@ -10,7 +10,7 @@ count. :meth:`OutputCollector.flush` returns only when everything sent is durabl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from sparkpoint.system.base import (
     OutgoingMessageEnvelope,
     RecordFields,
     SystemProducer,
+    TableProducer,
 )
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import StagingProducer
@@ -45,6 +46,8 @@ class _Route:
     msg: Callable[[Any], bytes]
     place: Callable[[bytes | None, int], int]
     producer: SystemProducer
+    #: the producer, when the stream is a table: it takes rows, not encoded records
+    rows: TableProducer | None = None
     #: the last input serde :meth:`OutputCollector.forward` compared with ``msg_serde``, and
     #: whether they encode alike (a stream's messages share one serde: compared once)
     compared: tuple[Serde[Any] | None, bool] = (None, False)
@@ -119,6 +122,7 @@ class OutputCollector:
             msg_serde.to_bytes,
             self._systems.admin(stream.system).partition_for_key,
             producer,
+            producer if isinstance(producer, TableProducer) else None,
         )
         self._routes[(stream.system, stream.stream)] = route
         return route
@@ -126,6 +130,9 @@ class OutputCollector:
     def send(self, envelope: OutgoingMessageEnvelope) -> None:
         stream = envelope.stream
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        if route.rows is not None:
+            self._send_rows(route.rows, stream, [envelope.message])
+            return
         try:
             key = None if envelope.key is None else route.key(envelope.key)
             value = None if envelope.message is None else route.msg(envelope.message)
@@ -137,6 +144,9 @@ class OutputCollector:
         """:meth:`MessageCollector.forward`: the bytes the executor read for ``envelope``
         (:attr:`arrived`) when it is the message being processed and both serdes are alike."""
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        if route.rows is not None:  # a table takes the message as a row
+            self._send_rows(route.rows, stream, [envelope.message])
+            return
         arrived = self.arrived
         as_read = arrived is not None and arrived[0] is envelope
         if as_read:
@@ -182,6 +192,23 @@ class OutputCollector:
             raise self._failed(stream, partition, exc) from exc
         self.sent += 1
 
+    def _send_rows(
+        self, producer: TableProducer, stream: SystemStream, rows: Sequence[Any]
+    ) -> None:
+        """Rows to a table: each message a dict of column values (the envelope's key is the
+        table's key columns, when it has one: not written apart)."""
+        for row in rows:
+            if not isinstance(row, Mapping):
+                raise MessageEncodeError(
+                    f"task {self._task}: a message to table {stream} is a row, a dict of column "
+                    f"values; got {type(row).__name__}"
+                )
+        try:
+            producer.send_rows(stream.stream, rows)
+        except Exception as exc:
+            raise self._failed(stream, 0, exc) from exc
+        self.sent += len(rows)
+
     def _unencodable(self, stream: SystemStream, exc: Exception) -> MessageEncodeError:
         return MessageEncodeError(f"task {self._task}: cannot encode message for {stream}: {exc}")
 
@@ -200,6 +227,9 @@ class OutputCollector:
         if keys is not None and len(keys) != len(messages):
             raise ValueError(f"{len(keys)} keys for {len(messages)} messages")
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        if route.rows is not None:
+            self._send_rows(route.rows, stream, messages)
+            return
         key_of, msg_of = route.key, route.msg
         try:
             kbs = None if keys is None else [None if k is None else key_of(k) for k in keys]
@@ -215,12 +245,29 @@ class OutputCollector:
         from sparkpoint.serde.arrow import encode_array  # pyarrow: only where Arrow is sent
 
         route = self._routes.get((stream.system, stream.stream)) or self._route(stream)
+        if route.rows is not None:  # a table: the rows' columns as they are, no encoding
+            self._send_table(route.rows, stream, messages)
+            return
         kbs = None if keys is None else encode_array(route.key_serde, keys)
         vbs = encode_array(route.msg_serde, messages)
         if (keys is not None and kbs is None) or vbs is None:
             self.send_many(stream, None if keys is None else keys.to_pylist(), messages.to_pylist())
             return
         self._send_encoded(route, stream, kbs, vbs)
+
+    def _send_table(self, producer: TableProducer, stream: SystemStream, rows: pa.Array) -> None:
+        import pyarrow as pa
+
+        if not pa.types.is_struct(rows.type):
+            raise MessageEncodeError(
+                f"task {self._task}: rows to table {stream} are a DataFrame's columns; the "
+                f"value column sent is {rows.type}, not a struct (send the whole row)"
+            )
+        try:
+            producer.send_batch(stream.stream, pa.RecordBatch.from_struct_array(rows))
+        except Exception as exc:
+            raise self._failed(stream, 0, exc) from exc
+        self.sent += len(rows)
 
     def _send_encoded(
         self,

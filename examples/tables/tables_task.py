@@ -1,0 +1,45 @@
+"""The example's task, writing to tables: every view appended to a Delta and an Iceberg table,
+and each user's count upserted into PostgreSQL. A message sent to a table is a row: a dict of
+column values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkpoint import (
+    IncomingMessageEnvelope,
+    KeyValueStore,
+    MessageCollector,
+    OutgoingMessageEnvelope,
+    StreamTask,
+    SystemStream,
+    TaskContext,
+    TaskCoordinator,
+)
+
+VIEWS = (SystemStream("lake", "views"), SystemStream("ice", "views"))
+COUNTS = SystemStream("pg", "user_counts")
+
+
+class TableWriter(StreamTask):
+    """Counts views per user in the ``user-counts`` store; writes each view and each count."""
+
+    counts: KeyValueStore[str, int]
+
+    def init(self, context: TaskContext) -> None:
+        self.counts = context.get_store("user-counts")
+
+    def process(
+        self,
+        envelope: IncomingMessageEnvelope,
+        collector: MessageCollector,
+        coordinator: TaskCoordinator,
+    ) -> None:
+        view: Any = envelope.message
+        user = str(view["user"])
+        count = (self.counts.get(user) or 0) + 1
+        self.counts.put(user, count)
+        row = {"user": user, "page": view["page"], "ts": view["ts"], "n": count}
+        for table in VIEWS:
+            collector.send(OutgoingMessageEnvelope(table, user, row))
+        collector.send(OutgoingMessageEnvelope(COUNTS, user, {"user": user, "views": count}))
