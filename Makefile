@@ -1,5 +1,5 @@
 # The targets here are exactly what CI runs (.ci/run calls `make test`).
-.PHONY: setup example example-windows example-rekey example-avro test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers bench-schemas clean
+.PHONY: setup example example-windows example-rekey example-avro test docs test-fast lint typecheck soak bench bench-commit bench-blobstore bench-filelog bench-dataframe bench-changelog bench-affinity bench-kafka bench-loop bench-ttl bench-timers bench-windows bench-exactly-once bench-rekey bench-reshard bench-scale bench-standby bench-long bench-peers bench-schemas bench-tables example-tables clean
 
 # .venv with sparkpoint and its test tools ([dev] extra, Azurite via npm)
 setup:
@@ -24,6 +24,11 @@ example-rekey:
 example-avro:
 	@scripts/bootstrap.sh schemas
 	@.venv/bin/python examples/avro/run_example.py
+
+# Delta, Iceberg and PostgreSQL tables, and a global table (starts a throwaway PostgreSQL)
+example-tables:
+	@scripts/bootstrap.sh tables
+	@.venv/bin/python examples/tables/run_example.py
 
 # lint + types + every test suite (slow and cluster suites included); fails on no tests.
 test: setup
@@ -61,6 +66,9 @@ bench: setup
 # then the avro serde against Quix Streams' Avro serializer (its own venv under bench/out/venvs)
 bench-schemas: setup
 	@.venv/bin/python bench/schemas.py
+
+bench-tables: setup
+	@.venv/bin/python bench/tables.py
 
 bench-commit: setup
 	@.venv/bin/python bench/commit.py

@@ -1,7 +1,8 @@
 """The example's job with the DataFrame API: every view, with its page's title and section from
-the catalogue, appended to a Delta and an Iceberg table, and each user's running count upserted
-into PostgreSQL (the last count of a user in a batch wins). Tables take the DataFrame's columns
-as they are: written as Arrow batches, no row through Python.
+the global table ``pages`` (``batch.table``), appended to a Delta and an Iceberg table, and
+each user's running count upserted into PostgreSQL (the last count of a user in a batch
+wins). Tables take the DataFrame's columns as they are: written as Arrow batches, no row
+through Python.
 
 Run it with:  python examples/tables/run_example.py --api dataframe
 """
@@ -17,16 +18,6 @@ from pyspark.sql import functions as F
 from sparkpoint import Batch, Output, Pipeline, StepState
 
 HERE = Path(__file__).resolve().parent
-
-CATALOGUE = [
-    ("/", "Home", "marketing"),
-    ("/pricing", "Pricing", "marketing"),
-    ("/docs", "Documentation", "product"),
-    ("/blog", "Blog", "marketing"),
-    ("/signup", "Sign up", "funnel"),
-    ("/login", "Log in", "funnel"),
-    ("/about", "About us", "company"),
-]
 
 
 def running_views(state: StepState, chunks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -52,7 +43,7 @@ def build(batch: Batch) -> list[Output]:
         F.col("value.ts").alias("ts"),
     )
     counts = batch.stateful(views, running_views, "user STRING, views LONG", stores=["user-counts"])
-    pages = batch.spark.createDataFrame(CATALOGUE, "page STRING, title STRING, section STRING")
+    pages = batch.table("pages").select("page", "title", "section")
     rows = views.join(F.broadcast(pages), "page", "left").select(
         "user", "page", "title", "section", "ts"
     )

@@ -58,6 +58,7 @@ from sparkpoint.storage.windows import (
     sum_of,
 )
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+from sparkpoint.system.tables.global_tables import GlobalTable
 from sparkpoint.tools.startpoints import delete_startpoints, list_startpoints, set_startpoints
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ __all__ = [
     "Batch",
     "Config",
     "ConfigError",
+    "GlobalTable",
     "IncomingMessageEnvelope",
     "KeyValueStore",
     "MessageCollector",

@@ -604,7 +604,7 @@ KEYS: tuple[ConfigKey, ...] = (
     *REGISTRY_KEYS,
 )
 
-OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "metrics.", "blob.store.")
+OWNED_PREFIXES = ("job.", "task.", "stores.", "streams.", "tables.", "metrics.", "blob.store.")
 
 
 def is_stream_property(key: str) -> bool:

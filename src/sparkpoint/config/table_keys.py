@@ -4,7 +4,7 @@ like) are declared by its factory. Imports the key declarations only."""
 
 from __future__ import annotations
 
-from sparkpoint.config.key_spec import ConfigKey, one_of
+from sparkpoint.config.key_spec import ConfigKey, int_at_least, one_of
 
 TABLE_KEYS = (
     ConfigKey(
@@ -35,5 +35,34 @@ TABLE_KEYS = (
         "col[,col]",
         "Delta and Iceberg: the columns a new table is partitioned by (identity partitions); "
         "systems.<s>.default.stream.table.partition.by sets it for every table of a system",
+    ),
+    ConfigKey(
+        "tables.<s>.source",
+        None,
+        "<system>.<table or stream> | parquet:<directory>",
+        "a global table every task reads whole (context.get_table / batch.table): a Delta, "
+        "Iceberg or PostgreSQL table of a table system, a compacted stream (each key's newest "
+        "value), or a directory of Parquet files",
+    ),
+    ConfigKey(
+        "tables.<s>.key",
+        None,
+        "a column",
+        "the column a task looks a global table's rows up by (context.get_table(t).get(key))",
+    ),
+    ConfigKey(
+        "tables.<s>.query",
+        None,
+        "SQL",
+        "a global table from a PostgreSQL system: the query whose rows it holds (default: the "
+        "whole table the source names)",
+    ),
+    ConfigKey(
+        "tables.<s>.refresh.ms",
+        "60000",
+        "an integer >= 0",
+        "how often the driver checks a global table's source for a new version (0: read once, "
+        "at the job's start); a new version is seen from the next commit on",
+        int_at_least(0),
     ),
 )

@@ -101,6 +101,8 @@ class TaskBatchPlan:
     #: exactly-once: the output the task staged since its last written checkpoint, per SSP
     #: (``system.stream.partition``), oldest first (:mod:`sparkpoint.storage.outputs`)
     pending_outputs: dict[str, list[str]] = field(default_factory=dict)
+    #: the version of each global table the task sees (``context.get_table``)
+    global_tables: dict[str, str] = field(default_factory=dict)
 
     @property
     def batch_state_id(self) -> UncommittedState:

@@ -93,7 +93,11 @@ def _has_committed_state(checkpoint: Checkpoint, store: str) -> str | None:
     """Why ``checkpoint`` shows committed state for ``store`` (or None if it shows none)."""
     if isinstance(checkpoint, CheckpointV1):
         return None  # V1 names changelog offsets only; the changelog backend reads those
-    owners = sorted(n for n, m in checkpoint.state_checkpoint_markers.items() if store in m)
+    owners = sorted(  # (sparkpoint's own markers, output and global tables, name no store)
+        n
+        for n, m in checkpoint.state_checkpoint_markers.items()
+        if store in m and not n.startswith("sparkpoint.")
+    )
     return f"it has markers of {', '.join(owners)}" if owners else None
 
 

@@ -51,7 +51,16 @@ def test_caught_up_with_a_target_stops() -> None:
 
 def test_the_last_batch_to_a_target_commits_and_waits_for_its_uploads() -> None:
     state = replace(READING, to_target=True, reads_to_target=True)
-    assert decide(state, INTERVALS) == Decision(Action.RUN, commit=True, final=True)
+    assert decide(state, INTERVALS) == Decision(Action.RUN, commit=True, final=True, wait=True)
+
+
+def test_a_global_tables_new_version_makes_the_next_batch_commit_and_wait() -> None:
+    """Issue 67: the tasks move to a global table's new version at a commit every task
+    completes in its batch; with nothing to read, no batch is run for it."""
+    state = replace(READING, tables_changed=True)
+    assert decide(state, INTERVALS) == Decision(Action.RUN, commit=True, wait=True)
+    idle = replace(state, pending=False)
+    assert decide(idle, INTERVALS).action is Action.IDLE
 
 
 def test_a_batch_that_does_not_reach_the_target_is_not_the_last() -> None:

@@ -20,6 +20,7 @@ from sparkpoint.storage.joins import Joined
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.windows import Window
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope
+from sparkpoint.system.tables.global_tables import GlobalTable
 
 
 class MessageCollector(Protocol):
@@ -165,6 +166,12 @@ class TaskContext(Protocol):
 
     def get_store(self, name: str) -> KeyValueStore[Any, Any]:
         """The store configured as ``stores.<name>``; error naming the known stores if absent."""
+        ...
+
+    def get_table(self, name: str) -> GlobalTable:
+        """The global table configured as ``tables.<name>``, at the version this batch sees:
+        every row of it, whatever the task's partition (``.get(key)`` looks one up by
+        ``tables.<name>.key``); error naming the known tables if absent."""
         ...
 
     @property

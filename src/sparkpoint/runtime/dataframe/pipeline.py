@@ -152,6 +152,21 @@ class Batch:
         """Each stateful step's frames (what output fusion looks at)."""
         return list(self._frames)
 
+    def table(self, name: str) -> Any:
+        """The global table ``tables.<name>`` as a Spark DataFrame, at the version this batch
+        sees (a replayed batch: the one it first saw). Join it with ``F.broadcast(...)``: every
+        row of it meets every task's rows, with no co-partitioning."""
+        from sparkpoint.system.tables.global_tables import snapshot_path
+
+        versions = self._plans[0].global_tables if self._plans else {}
+        if name not in versions:
+            known = ", ".join(sorted(versions)) or "none"
+            raise ConfigError(
+                f"batch.table({name!r}): no global table {name!r} (configure "
+                f"tables.{name}.source); global tables: {known}"
+            )
+        return self.spark.read.parquet(str(snapshot_path(self.config, name, versions[name])))
+
     def keep_cached(self, df: Any) -> None:
         """Unpersist ``df`` when the batch is released."""
         self._cached.append(df)

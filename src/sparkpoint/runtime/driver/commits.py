@@ -20,6 +20,7 @@ from sparkpoint.errors import SparkpointError
 from sparkpoint.failpoints import maybe_crash
 from sparkpoint.model import TaskName
 from sparkpoint.runtime.driver.affinity import HostAffinity
+from sparkpoint.runtime.driver.global_tables import GlobalTableVersions
 from sparkpoint.runtime.driver.reports import Transactions
 from sparkpoint.runtime.driver.task_state import DriverTasks, TaskState, parts_of
 from sparkpoint.runtime.plan import TaskBatchResult
@@ -56,6 +57,8 @@ class CheckpointWriter:
         self.startpoints: StartpointManager | None = None
         self.affinity: HostAffinity | None = None
         self.admins: list[StateBackendAdmin] = []
+        #: the global tables' versions, recorded in every checkpoint written
+        self.global_tables: GlobalTableVersions | None = None
         #: staged parts named by the checkpoints written since the last batch began (its
         #: clean-ups publish them)
         self.to_publish = 0
@@ -132,6 +135,12 @@ class CheckpointWriter:
         queued, self._queued = self._queued, []
         if not queued:
             return
+        versions: dict[str, str] = {}
+        if self.global_tables is not None:
+            marked, versions = self.global_tables.mark(queued, len(self.tasks))
+            queued = [(ts, c) for (ts, _), c in zip(queued, marked, strict=True)]
+            for ts, c in queued:
+                ts.last_checkpoint = c
         try:
             self.check_still_the_driver()
             self.checkpoints.write_checkpoints(
@@ -150,6 +159,8 @@ class CheckpointWriter:
             # batch planned from it could clean up after a checkpoint nobody can read
             self._unwritten = f"{type(exc).__name__}: {exc}"
             raise
+        if self.global_tables is not None:
+            self.global_tables.written(versions)
         if exactly_once(self.config):  # the state records they cover become visible
             written: list[tuple[TaskName, Checkpoint]] = [(ts.model.name, c) for ts, c in queued]
             for admin in self.admins:

@@ -44,6 +44,7 @@ from sparkpoint.runtime.driver.affinity import BatchPlacement, HostAffinity
 from sparkpoint.runtime.driver.batch_outputs import BatchOutputsLost
 from sparkpoint.runtime.driver.batchlog import BatchLog
 from sparkpoint.runtime.driver.commits import CheckpointWriter
+from sparkpoint.runtime.driver.global_tables import GlobalTableVersions
 from sparkpoint.runtime.driver.logged_batches import LoggedBatches
 from sparkpoint.runtime.driver.loop import MicroBatchLoop
 from sparkpoint.runtime.driver.maintenance import Maintenance
@@ -126,9 +127,12 @@ class JobCoordinator:
         #: transactions committed and aborted since the driver started (every report carries
         #: the totals, so a report nobody forwards to the metrics loses no count)
         self.tx = Transactions()
+        #: the global tables' versions the tasks see (read from the sources at start)
+        self.global_tables = GlobalTableVersions(config, self.systems)
         self.writer = CheckpointWriter(
             config, self.systems, self.checkpoints, self.tasks, self.tx, self.check_still_the_driver
         )
+        self.writer.global_tables = self.global_tables
         self.last_commit = time.monotonic()
         self.last_window = time.monotonic()
         #: the restore ahead's pass (restore_ahead), counted in the run's summary
@@ -319,7 +323,13 @@ class JobCoordinator:
         locations = self.placer.place(self.runner) if self.placer is not None else {}
         offers = self.placer.offers if self.placer is not None else {}
         return self.tasks.plans(
-            self.lineage, self.batch, end, commits, locations=locations, offers=offers
+            self.lineage,
+            self.batch,
+            end,
+            commits,
+            locations=locations,
+            offers=offers,
+            global_tables=self.global_tables.current,
         )
 
     def _run_plans(

@@ -46,6 +46,9 @@ class LoopState:
     drained_before: bool
     since_commit_ms: float
     since_window_ms: float
+    #: a global table has a version the tasks do not see yet: it is seen from a commit that
+    #: every task completes in the batch (:mod:`sparkpoint.runtime.driver.global_tables`)
+    tables_changed: bool = False
 
 
 class Action(enum.Enum):
@@ -65,6 +68,9 @@ class Decision:
     drain: bool = False
     #: wait a poll interval before the batch (a drain after a drain)
     pause_first: bool = False
+    #: the batch's commits finish in it (uploads waited for): a final batch's, or one that
+    #: moves the tasks to a global table's new version
+    wait: bool = False
 
 
 def decide(state: LoopState, intervals: Intervals) -> Decision:
@@ -86,6 +92,7 @@ def decide(state: LoopState, intervals: Intervals) -> Decision:
     commit = (
         drain
         or final
+        or (state.tables_changed and state.pending)
         or since >= intervals.commit_ms
         or ((state.waiting or state.rekeying) and since >= intervals.intermediate_ms)
     )
@@ -99,4 +106,5 @@ def decide(state: LoopState, intervals: Intervals) -> Decision:
         final=final,
         drain=drain,
         pause_first=drain and state.drained_before,
+        wait=final or (state.tables_changed and state.pending),
     )

@@ -27,6 +27,7 @@ from sparkpoint.failpoints import maybe_pause
 from sparkpoint.metadata.job_state import PartitionCountChanged
 from sparkpoint.model import SystemStreamPartition, TaskName
 from sparkpoint.runtime.driver.decider import Action, Intervals, LoopState, decide
+from sparkpoint.runtime.driver.global_tables import read_nothing_past
 from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
 from sparkpoint.runtime.driver.startup import GrowthWatch, input_counts
 from sparkpoint.runtime.executor.timers import MAX_FIRED_PER_BATCH
@@ -114,7 +115,7 @@ class MicroBatchLoop:
                 poll.end,
                 commit=decision.commit,
                 window=decision.window,
-                wait=decision.final,
+                wait=decision.wait,
                 batch_id=poll.replay_id,
             )
             self.last_committed = all(r.state_id.committed for r in results)
@@ -196,6 +197,7 @@ class MicroBatchLoop:
             drained_before=self.drained,
             since_commit_ms=(now - job.last_commit) * 1000,
             since_window_ms=(now - job.last_window) * 1000,
+            tables_changed=job.global_tables.refresh(),
         )
 
     def checkpoints(self) -> dict[TaskName, Checkpoint]:
@@ -243,4 +245,9 @@ class MicroBatchLoop:
                 self.measure_lags(report, meta)
                 job.report(self.summary, report)
         job.clean_up()
+        if all(read_nothing_past(ts) for ts in job.tasks.values()):
+            job.global_tables.stopped_cleanly(
+                {ts.model.name: ts.last_checkpoint for ts in job.tasks.values()},
+                job.coordinator_store(),
+            )
         self.summary.lag = job.tasks.lags(job.partition_metadata(self.ssps))

@@ -321,6 +321,8 @@ class JobStart:
         check_input_partitions(store, self.config, input_counts(self.config, ssps))
         model = assign_changelog_partitions(store, model)
         checkpoints, must_restore = self.prepare_state(model)
+        # (from the V2 checkpoints: only they record the global tables' versions)
+        job.global_tables.start(job.checkpoints.read_version(2), store)
         fanned = self.fan_out_startpoints(model)
         self.plan_tasks(model, checkpoints, fanned, must_restore, job.partition_metadata(ssps))
         job.model = model

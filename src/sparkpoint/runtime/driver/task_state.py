@@ -166,8 +166,10 @@ class DriverTasks(dict[str, TaskState]):
         *,
         locations: Mapping[str, str],
         offers: Mapping[str, tuple[tuple[str, str], ...]],
+        global_tables: Mapping[str, str] | None = None,
     ) -> list[TaskBatchPlan]:
-        """Every task's plan for one batch (``run_id``: the lineage the tasks see)."""
+        """Every task's plan for one batch (``run_id``: the lineage the tasks see;
+        ``global_tables``: the version of each the tasks see)."""
         max_messages = self.config.get_int("task.batch.max.messages")
         values = self.config.to_dict()
         clock = fixed_ms()
@@ -197,6 +199,7 @@ class DriverTasks(dict[str, TaskState]):
                 clock_ms=clock,
                 driver_wall_ms=driver_wall,
                 pending_outputs={k: list(v) for k, v in ts.pending_outputs.items()},
+                global_tables=dict(global_tables or {}),
             )
             for ts in self.values()
         ]

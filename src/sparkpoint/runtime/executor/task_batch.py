@@ -74,6 +74,7 @@ from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvel
 from sparkpoint.system.dead_letters import DECODE, PROCESS, DeadLetters
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import stream_serdes
+from sparkpoint.system.tables.global_tables import GlobalTable, open_global_table
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +187,23 @@ class _Context:
     config: Mapping[str, str]
     timers: TaskTimers
     stores: dict[str, KeyValueStore[Any, Any]] = field(default_factory=dict)
+    #: the version of each global table this batch sees
+    global_tables: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def windows(self) -> TaskWindows:
         config = self.config if isinstance(self.config, Config) else Config(dict(self.config))
         return TaskWindows(self.task_name, config, self.stores, self.timers)
+
+    def get_table(self, name: str) -> GlobalTable:
+        version = self.global_tables.get(name)
+        if version is None:
+            known = ", ".join(sorted(self.global_tables)) or "none"
+            raise ConfigError(
+                f"task {self.task_name}: no global table {name!r} (configure "
+                f"tables.{name}.source); global tables: {known}"
+            )
+        return open_global_table(self.config, name, version)
 
     def get_store(self, name: str) -> KeyValueStore[Any, Any]:
         try:
@@ -283,7 +296,9 @@ class TaskBatch:
                 stores = self.storage.stores()
                 timers = TaskTimers.open(self.task, self.config, stores, plan.task.ssps)
                 timers.end_of_input = plan.commits.end_of_input
-                context = _Context(self.task, plan.task.ssps, self.config, timers, stores)
+                context = _Context(
+                    self.task, plan.task.ssps, self.config, timers, stores, plan.global_tables
+                )
                 tables, held = self.read_tables(stores, next_offsets)
                 processed += tables
                 task = load_task_class(self.config.require("task.class"))()

@@ -120,14 +120,32 @@ class TableWriter(ABC):
         ``commit``, only when the owner's recorded key is below ``commit.key``, recording it in
         the same commit. Returns the rows written (0: the commit was written already)."""
 
+    #: whether :meth:`write` itself refuses a commit the table holds already, atomically
+    #: (then :class:`Tables` asks :meth:`published` only for a publish's parts)
+    checks_commit = False
+
+    def refresh(self, table: str) -> None:  # noqa: B027 - optional hook
+        """Read the table's state again: what :meth:`published`, :meth:`schema` and
+        :meth:`write` see until the next refresh (a writer may keep a table open between
+        them)."""
+
     def retriable(self, exc: BaseException) -> bool:
         """Whether a second try of a failed write may succeed (a commit conflict, a dropped
         connection). The default: the transient faults of :func:`is_transient`."""
         return is_transient(exc)
 
+    #: whether :meth:`version` names versions :meth:`read` can read again (else a global
+    #: table's version is a hash of its rows)
+    versioned = False
+
+    def version(self, table: str) -> str:
+        """The table's version now (a file name), when :attr:`versioned`."""
+        raise NotImplementedError(f"{self.kind} tables have no versions")
+
     @abstractmethod
-    def read(self, table: str) -> pa.Table:
-        """The table's rows now (a global table's load)."""
+    def read(self, table: str, *, version: str | None = None, query: str | None = None) -> pa.Table:
+        """The table's rows (a global table's load): now, or at ``version``; or the rows
+        ``query`` gives, where the kind runs queries."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Idempotent."""
@@ -245,16 +263,19 @@ class Tables:
             spec = self._specs[table] = TableSpec.of(self.config, self.system, table)
         return spec
 
-    def write(self, table: str, data: pa.Table, commit: Commit | None = None) -> int:
+    def write(
+        self, table: str, data: pa.Table, commit: Commit | None = None, *, fresh: bool = False
+    ) -> int:
         """Write ``data`` to ``table`` (see :meth:`TableWriter.write`); a failure a retry can
-        get past is retried with a doubling pause, then :class:`TableError` names the table."""
+        get past is retried with a doubling pause, then :class:`TableError` names the table.
+        ``fresh``: the caller refreshed the table and found ``commit`` not in it just now."""
         spec = self.spec(table)
         if spec.mode == "upsert":
             data = last_per_key(spec, data)
         delay = 0.2
         for attempt in range(1, self.attempts + 1):
             try:
-                return self._write_once(spec, data, commit)
+                return self._write_once(spec, data, commit, fresh and attempt == 1)
             except SparkpointError:  # the table's answer (its schema), or the config's
                 raise
             except Exception as exc:
@@ -278,10 +299,15 @@ class Tables:
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def _write_once(self, spec: TableSpec, data: pa.Table, commit: Commit | None) -> int:
+    def _write_once(
+        self, spec: TableSpec, data: pa.Table, commit: Commit | None, fresh: bool
+    ) -> int:
         # checked again on every try: a try that failed after its commit landed wrote it
-        if commit is not None and self.writer.published(spec.name, commit):
-            return 0
+        if not fresh:
+            self.writer.refresh(spec.name)
+            asks = commit is not None and not self.writer.checks_commit
+            if asks and commit is not None and self.writer.published(spec.name, commit):
+                return 0
         data, new = conform(spec, self.writer.schema(spec.name), data)
         return self.writer.write(spec, data, new, commit)
 

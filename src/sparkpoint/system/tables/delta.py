@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import ConfigKey
+from sparkpoint.errors import UserError
 from sparkpoint.system.tables.base import Commit, TableSpec, TableWriter
 from sparkpoint.system.tables.system import TableSystemFactory, data_dir
 
@@ -46,15 +47,26 @@ class DeltaTables(TableWriter):
     def __init__(self, root: Path, target_file_size: int | None = None) -> None:
         self.root = root
         self.target_file_size = target_file_size
+        self._open_tables: dict[str, Any] = {}
 
     def _path(self, table: str) -> str:
         return str(self.root / table)
 
     def _open(self, table: str) -> Any:
+        """The table as the last :meth:`refresh` read it (``None``: there is none)."""
+        if table not in self._open_tables:
+            self.refresh(table)
+        return self._open_tables[table]
+
+    def refresh(self, table: str) -> None:
         from deltalake import DeltaTable
 
+        dt = self._open_tables.get(table)
+        if dt is not None:
+            dt.update_incremental()  # only the commits since
+            return
         path = self._path(table)
-        return DeltaTable(path) if DeltaTable.is_deltatable(path) else None
+        self._open_tables[table] = DeltaTable(path) if DeltaTable.is_deltatable(path) else None
 
     def tables(self) -> list[str]:
         if not self.root.is_dir():
@@ -127,13 +139,24 @@ class DeltaTables(TableWriter):
 
         return isinstance(exc, CommitFailedError) or super().retriable(exc)
 
-    def read(self, table: str) -> pa.Table:
-        import pyarrow as pa
+    versioned = True
 
+    def version(self, table: str) -> str:
         dt = self._open(table)
         if dt is None:
-            raise LookupError(f"no Delta table at {self._path(table)}")
-        return pa.table(dt.to_pyarrow_table())
+            raise UserError(f"no Delta table at {self._path(table)}")
+        return f"v{dt.version()}"
+
+    def read(self, table: str, *, version: str | None = None, query: str | None = None) -> pa.Table:
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        if query is not None:
+            raise UserError(f"Delta table {table}: a query needs a PostgreSQL system")
+        if self._open(table) is None:
+            raise UserError(f"no Delta table at {self._path(table)}")
+        at = None if version is None else int(version.removeprefix("v"))
+        return pa.table(DeltaTable(self._path(table), version=at).to_pyarrow_table())
 
 
 class DeltaSystemFactory(TableSystemFactory):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import ConfigKey
-from sparkpoint.errors import ConfigError
+from sparkpoint.errors import ConfigError, UserError
 from sparkpoint.system.tables.base import Commit, TableSpec, TableWriter
 from sparkpoint.system.tables.system import TableSystemFactory, data_dir
 
@@ -40,6 +40,7 @@ class IcebergTables(TableWriter):
         self.properties = dict(properties)
         self.namespace = namespace
         self._catalog: Any = None
+        self._open_tables: dict[str, Any] = {}
 
     @property
     def catalog(self) -> Any:
@@ -65,7 +66,11 @@ class IcebergTables(TableWriter):
                 catalog.create_namespace_if_not_exists(self.namespace)
                 return catalog
             except Exception as exc:
-                racing = "already exists" in str(exc) or "database is locked" in str(exc)
+                text = str(exc)
+                racing = any(
+                    sign in text
+                    for sign in ("already exists", "database is locked", "UNIQUE constraint")
+                )
                 if attempt == attempts or not racing:
                     raise
                 time.sleep(0.05 * attempt)
@@ -75,12 +80,18 @@ class IcebergTables(TableWriter):
         return (self.namespace, table)
 
     def _open(self, table: str) -> Any:
+        """The table as the last :meth:`refresh` loaded it (``None``: there is none)."""
+        if table not in self._open_tables:
+            self.refresh(table)
+        return self._open_tables[table]
+
+    def refresh(self, table: str) -> None:
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return self.catalog.load_table(self._ident(table))
+            self._open_tables[table] = self.catalog.load_table(self._ident(table))
         except NoSuchTableError:
-            return None
+            self._open_tables[table] = None
 
     def tables(self) -> list[str]:
         return sorted(name for _, name in self.catalog.list_tables(self.namespace))
@@ -105,7 +116,8 @@ class IcebergTables(TableWriter):
         try:
             table = self.catalog.create_table(self._ident(spec.name), schema=data.schema)
         except TableAlreadyExistsError:  # another task created it first
-            return self.catalog.load_table(self._ident(spec.name))
+            self.refresh(spec.name)
+            return self._open_tables[spec.name]
         if spec.partition_by:
             with table.update_spec() as update:
                 for column in spec.partition_by:
@@ -129,6 +141,7 @@ class IcebergTables(TableWriter):
                 tx.append(data, snapshot_properties=summary)
             if commit is not None:
                 tx.set_properties({PROGRESS + commit.owner: str(commit.key)})
+        self._open_tables[spec.name] = table  # its metadata is the commit's (pyiceberg's)
         return len(data)
 
     def retriable(self, exc: BaseException) -> bool:
@@ -139,11 +152,25 @@ class IcebergTables(TableWriter):
         # the SQL catalog on SQLite: another writer holds the database for a moment
         return "database is locked" in str(exc) or super().retriable(exc)
 
-    def read(self, table: str) -> pa.Table:
+    versioned = True
+
+    def _existing(self, table: str) -> Any:
         t = self._open(table)
         if t is None:
-            raise LookupError(f"no Iceberg table {self.namespace}.{table}")
-        return t.scan().to_arrow()
+            raise UserError(f"no Iceberg table {self.namespace}.{table} (system {self.system})")
+        return t
+
+    def version(self, table: str) -> str:
+        snapshot = self._existing(table).current_snapshot()
+        return "s-none" if snapshot is None else f"s{snapshot.snapshot_id}"
+
+    def read(self, table: str, *, version: str | None = None, query: str | None = None) -> pa.Table:
+        if query is not None:
+            raise UserError(f"Iceberg table {table}: a query needs a PostgreSQL system")
+        t = self._existing(table)
+        if version in (None, "s-none"):
+            return t.scan().to_arrow()
+        return t.scan(snapshot_id=int(version.removeprefix("s"))).to_arrow()
 
 
 class IcebergSystemFactory(TableSystemFactory):

@@ -99,6 +99,9 @@ class PostgresTables(TableWriter):
         self.schema_name = schema
         self.timeout_s = timeout_s
         self._conn: Any = None
+        #: each table's columns as the last refresh read them
+        self._schemas: dict[str, pa.Schema | None] = {}
+        self._progress_ready = False
 
     @property
     def conn(self) -> Any:
@@ -134,7 +137,18 @@ class PostgresTables(TableWriter):
         ).fetchall()
         return [r[0] for r in rows]
 
+    #: the write's first statement advances the owner's progress, or writes nothing
+    checks_commit = True
+
+    def refresh(self, table: str) -> None:
+        self._schemas.pop(table, None)
+
     def schema(self, table: str) -> pa.Schema | None:
+        if table not in self._schemas:
+            self._schemas[table] = self._read_schema(table)
+        return self._schemas[table]
+
+    def _read_schema(self, table: str) -> pa.Schema | None:
         import pyarrow as pa
 
         rows = self.conn.execute(
@@ -209,15 +223,19 @@ class PostgresTables(TableWriter):
         except Exception:
             if conn.closed or conn.broken:
                 self._conn = None
+            self._progress_ready = False  # a rolled-back transaction may have created it
+            self._schemas.pop(spec.name, None)
             raise
 
     def _advance(self, commit: Commit, table: str) -> bool:
         """Move the owner's progress to ``commit.key`` if it is above it (the row stays locked
         until the transaction ends); whether it moved."""
-        self.conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (owner text NOT NULL, tbl text NOT "
-            "NULL, commit numeric NOT NULL, PRIMARY KEY (owner, tbl))"
-        )
+        if not self._progress_ready:
+            self.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {PROGRESS_TABLE} (owner text NOT NULL, tbl text NOT "
+                "NULL, commit numeric NOT NULL, PRIMARY KEY (owner, tbl))"
+            )
+            self._progress_ready = True
         row = self.conn.execute(
             f"INSERT INTO {PROGRESS_TABLE} AS p (owner, tbl, commit) VALUES (%s, %s, %s) "
             "ON CONFLICT (owner, tbl) DO UPDATE SET commit = EXCLUDED.commit "
@@ -232,7 +250,10 @@ class PostgresTables(TableWriter):
         from psycopg import sql
 
         label = spec.label
-        if self.schema(spec.name) is None:
+        known = self._schemas.get(spec.name) or self._read_schema(spec.name)
+        if new_columns or known is None:  # changed by this transaction (or its rollback)
+            self._schemas.pop(spec.name, None)
+        if known is None:
             cols = [
                 sql.SQL("{} {}").format(
                     self._ident(f.name), sql.SQL(sql_type(label, f.name, f.type))
@@ -274,11 +295,14 @@ class PostgresTables(TableWriter):
 
         return isinstance(exc, psycopg.OperationalError) or super().retriable(exc)
 
-    def read(self, table: str) -> pa.Table:
+    def read(self, table: str, *, version: str | None = None, query: str | None = None) -> pa.Table:
         import pyarrow as pa
         from psycopg import sql
 
-        cur = self.conn.execute(sql.SQL("SELECT * FROM {}").format(self._ident(table)))
+        statement = (
+            sql.SQL(query) if query else sql.SQL("SELECT * FROM {}").format(self._ident(table))
+        )
+        cur = self.conn.execute(statement)
         names = [d.name for d in cur.description or ()]
         rows = cur.fetchall()
         return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows])

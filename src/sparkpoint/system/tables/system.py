@@ -203,11 +203,12 @@ class TableStaging(OutputStaging):
 
         commit = Commit(owner, key)
         written = 0
+        self.tables.writer.refresh(stream)
         if not self.tables.writer.published(stream, commit):
             data = [self._read(stream, owner, p) for p in parts]
             maybe_crash(failpoints or {}, "publish-after-intent")
             table = pa.concat_tables(data, promote_options="permissive")
-            written = self.tables.write(stream, table, commit)
+            written = self.tables.write(stream, table, commit, fresh=True)
             maybe_crash(failpoints or {}, "publish-after-append")
         for part in parts:
             self._path(stream, owner, part).unlink(missing_ok=True)
