@@ -223,7 +223,7 @@ def pipeline_round(spark: Any, args: argparse.Namespace) -> float:
                 batch.df.select("value.user", "value.page", "value.ts"), "lake.views"
             )
 
-        pipeline = Pipeline(build, value_schema="user STRING, page STRING, ts LONG")
+        pipeline = Pipeline(build, values, value_schema="user STRING, page STRING, ts LONG")
         coordinator = JobCoordinator(config, DataFrameRunner(spark, pipeline, config))
         t0 = time.perf_counter()
         coordinator.run(until_caught_up=True)

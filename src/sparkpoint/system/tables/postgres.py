@@ -159,8 +159,10 @@ class PostgresTables(TableWriter):
         return pa.schema([(n, _arrow_type(t)) for n, t in rows]) if rows else None
 
     def _progress_exists(self) -> bool:
-        row = self.conn.execute("SELECT to_regclass(%s)", (PROGRESS_TABLE,)).fetchone()
-        return row is not None and row[0] is not None
+        if not self._progress_ready:
+            row = self.conn.execute("SELECT to_regclass(%s)", (PROGRESS_TABLE,)).fetchone()
+            self._progress_ready = row is not None and row[0] is not None
+        return self._progress_ready
 
     def published(self, table: str, commit: Commit) -> bool:
         if not self._progress_exists():

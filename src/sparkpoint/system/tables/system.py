@@ -96,11 +96,10 @@ class _Rows:
         return out
 
 
-class TableRowsProducer(TableProducer):
-    """At-least-once: each :meth:`flush` writes what was sent, a table commit per table."""
+class _Holding(TableProducer):
+    """A table producer holding what is sent until it writes it."""
 
-    def __init__(self, tables: Tables) -> None:
-        self._tables = tables
+    def __init__(self) -> None:
         self._held = _Rows()
 
     def send_rows(self, stream: str, rows: Sequence[Mapping[str, object]]) -> None:
@@ -108,6 +107,14 @@ class TableRowsProducer(TableProducer):
 
     def send_batch(self, stream: str, batch: pa.RecordBatch) -> None:
         self._held.add_batch(stream, batch)
+
+
+class TableRowsProducer(_Holding):
+    """At-least-once: each :meth:`flush` writes what was sent, a table commit per table."""
+
+    def __init__(self, tables: Tables) -> None:
+        super().__init__()
+        self._tables = tables
 
     def flush(self) -> None:
         for table, data in self._held.take().items():
@@ -118,21 +125,15 @@ class TableRowsProducer(TableProducer):
         self._tables.writer.close()
 
 
-class TableStagingProducer(TableProducer, StagingProducer):
+class TableStagingProducer(_Holding, StagingProducer):
     """Exactly-once: holds one task attempt's batch output; :meth:`stage` writes each table's
     rows as a staged part file (durable), which its commit's publish writes to the table."""
 
     def __init__(self, staging: TableStaging, owner: str, part: str) -> None:
+        super().__init__()
         self._staging = staging
         self._owner = owner
         self._part = part
-        self._held = _Rows()
-
-    def send_rows(self, stream: str, rows: Sequence[Mapping[str, object]]) -> None:
-        self._held.add_rows(stream, rows)
-
-    def send_batch(self, stream: str, batch: pa.RecordBatch) -> None:
-        self._held.add_batch(stream, batch)
 
     def flush(self) -> None:
         """Nothing to do: a part is written whole, durable, by :meth:`stage`."""
@@ -201,8 +202,11 @@ class TableStaging(OutputStaging):
     ) -> int:
         import pyarrow as pa
 
+        if not parts:
+            return 0
         commit = Commit(owner, key)
         written = 0
+        # asked first: a published commit's parts are deleted, and must not be read
         self.tables.writer.refresh(stream)
         if not self.tables.writer.published(stream, commit):
             data = [self._read(stream, owner, p) for p in parts]
