@@ -84,6 +84,16 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A PostgreSQL server for this test worker: the OS package's, on a free loopback port
+    (``new_database`` gives each test its own database)."""
+    from sparkpoint.testing.services import PostgresServer
+
+    with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
+        yield server
+
+
 @pytest.fixture(params=["filelog", pytest.param("kafka", marks=pytest.mark.kafka)])
 def log_system(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
     """Config of a system named ``log``, run once per kind: the embedded filelog (under the

@@ -1,11 +1,10 @@
-"""The table systems' fixtures: a PostgreSQL server for the session (the OS package's, on a free
-loopback port), and each kind of table system with an independent reader of its tables (the
-table library's own client, never sparkpoint's code)."""
+"""The table systems' fixtures: each kind of table system with an independent reader of its
+tables (the table library's own client, never sparkpoint's code); the PostgreSQL server is the
+session's (``postgres`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,6 @@ import pytest
 from sparkpoint.testing.services import PostgresServer
 
 KINDS = ("delta", "iceberg", "postgres")
-
-
-@pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
-        yield server
 
 
 @dataclass
