@@ -120,8 +120,8 @@ class TableWriter(ABC):
         ``commit``, only when the owner's recorded key is below ``commit.key``, recording it in
         the same commit. Returns the rows written (0: the commit was written already)."""
 
-    #: whether :meth:`write` itself refuses a commit the table holds already, atomically
-    #: (then :class:`Tables` asks :meth:`published` only for a publish's parts)
+    #: whether :meth:`write` itself refuses a commit the table holds already, atomically, and
+    #: needs no :meth:`refresh` before it (then :class:`Tables` refreshes only to retry)
     checks_commit = False
 
     def refresh(self, table: str) -> None:  # noqa: B027 - optional hook
@@ -263,19 +263,16 @@ class Tables:
             spec = self._specs[table] = TableSpec.of(self.config, self.system, table)
         return spec
 
-    def write(
-        self, table: str, data: pa.Table, commit: Commit | None = None, *, fresh: bool = False
-    ) -> int:
+    def write(self, table: str, data: pa.Table, commit: Commit | None = None) -> int:
         """Write ``data`` to ``table`` (see :meth:`TableWriter.write`); a failure a retry can
-        get past is retried with a doubling pause, then :class:`TableError` names the table.
-        ``fresh``: the caller refreshed the table and found ``commit`` not in it just now."""
+        get past is retried with a doubling pause, then :class:`TableError` names the table."""
         spec = self.spec(table)
         if spec.mode == "upsert":
             data = last_per_key(spec, data)
         delay = 0.2
         for attempt in range(1, self.attempts + 1):
             try:
-                return self._write_once(spec, data, commit, fresh and attempt == 1)
+                return self._write_once(spec, data, commit, retry=attempt > 1)
             except SparkpointError:  # the table's answer (its schema), or the config's
                 raise
             except Exception as exc:
@@ -300,16 +297,22 @@ class Tables:
         raise AssertionError("unreachable")
 
     def _write_once(
-        self, spec: TableSpec, data: pa.Table, commit: Commit | None, fresh: bool
+        self, spec: TableSpec, data: pa.Table, commit: Commit | None, *, retry: bool
     ) -> int:
-        # checked again on every try: a try that failed after its commit landed wrote it
-        if not fresh:
-            self.writer.refresh(spec.name)
-            asks = commit is not None and not self.writer.checks_commit
-            if asks and commit is not None and self.writer.published(spec.name, commit):
-                return 0
-        data, new = conform(spec, self.writer.schema(spec.name), data)
-        return self.writer.write(spec, data, new, commit)
+        writer = self.writer
+        if retry or not writer.checks_commit:
+            writer.refresh(spec.name)
+        # asked on every try: a try that failed after its commit landed wrote it
+        if commit is not None and not writer.checks_commit and writer.published(spec.name, commit):
+            return 0
+        try:
+            held, new = conform(spec, writer.schema(spec.name), data)
+        except TableSchemaError:
+            if retry or not writer.checks_commit:
+                raise
+            writer.refresh(spec.name)  # a schema kept since another writer changed it
+            held, new = conform(spec, writer.schema(spec.name), data)
+        return writer.write(spec, held, new, commit)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -130,9 +130,10 @@ class PostgresTables(TableWriter):
         return sql.Identifier(name)
 
     def tables(self) -> list[str]:
-        rows = self.conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = "
-            "current_schema() AND table_name <> %s ORDER BY 1",
+        rows = self.conn.execute(  # (the catalog: information_schema takes ms a query)
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname <> %s "
+            "ORDER BY 1",
             (PROGRESS_TABLE,),
         ).fetchall()
         return [r[0] for r in rows]
@@ -141,6 +142,8 @@ class PostgresTables(TableWriter):
     checks_commit = True
 
     def refresh(self, table: str) -> None:
+        """Forget the table's columns (kept between writes: a write that finds them changed
+        fails, and its retry refreshes)."""
         self._schemas.pop(table, None)
 
     def schema(self, table: str) -> pa.Schema | None:
@@ -152,8 +155,10 @@ class PostgresTables(TableWriter):
         import pyarrow as pa
 
         rows = self.conn.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema "
-            "= current_schema() AND table_name = %s ORDER BY ordinal_position",
+            "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relname = %s AND a.attnum > 0 "
+            "AND NOT a.attisdropped ORDER BY a.attnum",
             (table,),
         ).fetchall()
         return pa.schema([(n, _arrow_type(t)) for n, t in rows]) if rows else None

@@ -177,16 +177,29 @@ class TableStaging(OutputStaging):
     def _read(self, table: str, owner: str, part: str) -> pa.Table:
         import pyarrow as pa
 
-        path = self._path(table, owner, part)
-        try:
-            with pa.memory_map(str(path)) as source:
-                return pa.ipc.open_file(source).read_all()
-        except FileNotFoundError:
-            raise UserError(
-                f"table {self.tables.system}.{table}: staged part {part} of {owner} is "
-                f"missing from {path.parent}, and its commit has not reached the table: "
-                "its rows are lost; restore the directory, or reset the job"
-            ) from None
+        with pa.memory_map(str(self._path(table, owner, part))) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def _read_commit(self, table: str, commit: Commit, parts: Sequence[str]) -> pa.Table | None:
+        """The rows of a commit's parts, together; ``None`` when a part is gone because the
+        commit is in the table (its parts are deleted after it)."""
+        import pyarrow as pa
+
+        data = []
+        for part in parts:
+            try:
+                data.append(self._read(table, commit.owner, part))
+            except FileNotFoundError:
+                self.tables.writer.refresh(table)
+                if self.tables.writer.published(table, commit):
+                    return None
+                raise UserError(
+                    f"table {self.tables.system}.{table}: staged part {part} of {commit.owner} "
+                    f"is missing from {self._path(table, commit.owner, part).parent}, and its "
+                    "commit has not reached the table: its rows are lost; restore the staging "
+                    "directory, or reset the job"
+                ) from None
+        return pa.concat_tables(data, promote_options="permissive")
 
     def producer(self, owner: str, part: str) -> TableStagingProducer:
         return TableStagingProducer(self, owner, part)
@@ -200,19 +213,14 @@ class TableStaging(OutputStaging):
         parts: Sequence[str],
         failpoints: Mapping[str, str] | None = None,
     ) -> int:
-        import pyarrow as pa
-
         if not parts:
             return 0
         commit = Commit(owner, key)
         written = 0
-        # asked first: a published commit's parts are deleted, and must not be read
-        self.tables.writer.refresh(stream)
-        if not self.tables.writer.published(stream, commit):
-            data = [self._read(stream, owner, p) for p in parts]
+        table = self._read_commit(stream, commit, parts)
+        if table is not None:  # (its write writes nothing if the table holds it already)
             maybe_crash(failpoints or {}, "publish-after-intent")
-            table = pa.concat_tables(data, promote_options="permissive")
-            written = self.tables.write(stream, table, commit, fresh=True)
+            written = self.tables.write(stream, table, commit)
             maybe_crash(failpoints or {}, "publish-after-append")
         for part in parts:
             self._path(stream, owner, part).unlink(missing_ok=True)
@@ -245,7 +253,10 @@ class TableStaging(OutputStaging):
 
     def read_part(self, stream: str, partition: int, owner: str, part: str) -> list[Record]:
         """The part's rows, each as a record whose value is the row as JSON."""
-        rows = self._read(stream, owner, part).to_pylist()
+        try:
+            rows = self._read(stream, owner, part).to_pylist()
+        except FileNotFoundError:
+            return []  # published (and deleted) since it was listed
         return [
             Record("", None, json.dumps(r, default=str).encode(), 0) for r in rows
         ]  # for tools that show what waits
