@@ -91,10 +91,24 @@ def _set_for(config: Config, stream: SystemStream, suffix: str) -> bool:
     return any(config.get(key) for key in keys)
 
 
-def ensure_stream(config: Config, systems: Systems, stream: SystemStream) -> int:
-    """Create ``stream`` if absent (with its configured partition count); return its count."""
+def ensure_stream(
+    config: Config, systems: Systems, stream: SystemStream, *, like_inputs: bool = False
+) -> int:
+    """Create ``stream`` if absent (with its configured partition count, else 1, or with
+    ``like_inputs`` as many as the job's inputs have: a task's output); return its count."""
     admin = systems.admin(stream.system)
     if stream.stream not in admin.list_streams():
-        partitions = int(config.stream_key(stream, "partitions") or "1")
+        configured = config.stream_key(stream, "partitions")
+        partitions = int(configured or (input_partitions(config, systems) if like_inputs else 1))
         admin.create_stream(stream_spec(config, stream, partitions))
     return admin.partition_count(stream.stream)
+
+
+def input_partitions(config: Config, systems: Systems) -> int:
+    """The most partitions an existing input of the job has (1 when none exists yet)."""
+    counts = [
+        systems.admin(s.system).partition_count(s.stream)
+        for s in config.inputs
+        if s.stream in systems.admin(s.system).list_streams()
+    ]
+    return max(counts, default=1)

@@ -111,7 +111,7 @@ class OutputCollector:
         return producer
 
     def _route(self, stream: SystemStream) -> _Route:
-        partitions = ensure_stream(self._config, self._systems, stream)
+        partitions = ensure_stream(self._config, self._systems, stream, like_inputs=True)
         key_serde, msg_serde = stream_serdes(self._config, stream)
         producer = self._producer(stream)
         route = _Route(
