@@ -173,3 +173,55 @@ def test_a_column_postgres_cannot_take_is_named(tmp_path: Path, postgres: Postgr
     }
     with pytest.raises(TableSchemaError, match="column 'blob' is binary, which this PostgreSQL"):
         flush_one(config, {"a": 1, "blob": b"\x00"})
+
+
+def test_a_postgres_table_made_elsewhere_takes_rows_that_fit_its_columns(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """Found in review: Python's ints are 64-bit; a table made with ``integer`` columns takes
+    them when they fit, and a value that does not fit is named."""
+    import psycopg
+
+    dsn = postgres.new_database("made_elsewhere")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE views (id integer, name text)")
+    config = {"job.data.dir": str(tmp_path), "systems.t.factory": "postgres"}
+    config["systems.t.postgres.dsn"] = dsn
+    flush_one(config, {"id": 5, "name": "x"})
+    with pytest.raises(
+        TableSchemaError,
+        match="'id' is int32 in the table but int64 in the batch, and a value does not fit",
+    ):
+        flush_one(config, {"id": 2**40, "name": "y"})
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT id, name FROM views").fetchall() == [(5, "x")]
+
+
+def test_first_writes_racing_to_create_a_postgres_table_all_land(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """Found in review: two first writes creating one table at once collide in PostgreSQL's
+    catalog; the loser tries again and finds the table."""
+    config = {
+        "job.data.dir": str(tmp_path),
+        "systems.t.factory": "postgres",
+        "systems.t.postgres.dsn": postgres.new_database("racing"),
+    }
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            flush_one(config, {"k": i})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert (
+        len(TableKind("postgres", config, tmp_path, config["systems.t.postgres.dsn"]).read("views"))
+        == 8
+    )

@@ -160,3 +160,16 @@ def test_a_new_column_is_refused_or_added_and_a_changed_type_refused(tables: Tab
     with pytest.raises(TableSchemaError, match="column 'n' is int64 in the table but string"):
         producer.flush()
     assert len(tables.read("views")) == 3  # nothing of the refused batches
+
+
+def test_rows_with_other_columns_and_columns_with_no_value(tables: TableKind) -> None:
+    """Found in review: a batch's columns are those of all its rows, not of its first; a
+    column with no value in a table's first batch leaves no column of no type behind."""
+    s = systems(tables, **{"streams.views.table.schema.evolution": "add-columns"})
+    producer = s.producer("t")
+    producer.send_rows("views", [{"user": "a", "note": None}, {"user": "b", "n": 2}])
+    producer.flush()
+    assert tables.read("views") == [{"user": "a", "n": None}, {"user": "b", "n": 2}]
+    producer.send_rows("views", [{"user": "c", "n": 3, "note": "x"}])
+    producer.flush()
+    assert tables.read("views")[-1] == {"user": "c", "n": 3, "note": "x"}

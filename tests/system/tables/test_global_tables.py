@@ -6,6 +6,7 @@ source named in one line."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sparkpoint.checkpoint.checkpoint import CheckpointV2
+from sparkpoint.checkpoint.id import CheckpointId
 from sparkpoint.config import Config
-from sparkpoint.errors import ConfigError, UserError
+from sparkpoint.errors import CheckpointError, ConfigError, UserError
+from sparkpoint.metadata.base import MetadataStore
+from sparkpoint.model import TaskName
+from sparkpoint.runtime.driver.global_tables import MARKER, GlobalTableVersions
 from sparkpoint.system.base import Record, StreamSpec
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.tables.global_tables import (
@@ -144,3 +150,73 @@ def test_a_bad_source_or_lookup_is_named(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"set tables\.pages\.key to look rows up by it"):
         table.get("/")
     assert table.to_arrow().num_rows == 1
+
+
+class _Store(MetadataStore):
+    """The coordinator stream's interface over a dict."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[str, str]] = {}
+
+    def get(self, namespace: str, key: str) -> str | None:
+        return self.data.get(namespace, {}).get(key)
+
+    def put(self, namespace: str, key: str, value: str) -> None:
+        self.data.setdefault(namespace, {})[key] = value
+
+    def put_all(self, namespace: str, entries: Mapping[str, str | None]) -> None:
+        for key, value in entries.items():
+            if value is None:
+                self.delete(namespace, key)
+            else:
+                self.put(namespace, key, value)
+
+    def delete(self, namespace: str, key: str) -> None:
+        self.data.get(namespace, {}).pop(key, None)
+
+    def all(self, namespace: str) -> dict[str, str]:
+        return dict(self.data.get(namespace, {}))
+
+    def namespaces(self) -> list[str]:
+        return sorted(self.data)
+
+    def flush(self) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+
+def checkpoint(versions: dict[str, str] | None) -> CheckpointV2:
+    markers = {} if versions is None else {MARKER: versions}
+    return CheckpointV2(CheckpointId.create(), {}, markers)
+
+
+def test_a_start_that_moved_at_once_is_remembered_for_the_tasks_that_have_not_committed(
+    tmp_path: Path,
+) -> None:
+    """Found in review: after a clean stop the next run moves to the newest version at once;
+    if one task then commits and another does not before a crash, their checkpoints' markers
+    differ, and the restart must still know both tasks read with the newest version."""
+    source = tmp_path / "pages"
+    source.mkdir()
+    pq.write_table(pa.table({"page": ["/"], "title": ["Home"]}), source / "a.parquet")
+    config = table_config(tmp_path, **{"tables.pages.source": f"parquet:{source}"})
+    store = _Store()
+    first = GlobalTableVersions(config, Systems(config))
+    a, b = TaskName("Partition 0"), TaskName("Partition 1")
+    first.start({a: None, b: None}, store)
+    old = first.current["pages"]
+    stopped = {a: checkpoint({"pages": old}), b: checkpoint({"pages": old})}
+    first.stopped_cleanly(stopped, store)
+    pq.write_table(pa.table({"page": ["/docs"], "title": ["Docs"]}), source / "b.parquet")
+    second = GlobalTableVersions(config, Systems(config))
+    second.start(stopped, store)  # a clean stop: the newest version at once
+    new = second.current["pages"]
+    assert new != old
+    crashed = {a: checkpoint({"pages": new}), b: stopped[b]}  # only a committed, then a crash
+    third = GlobalTableVersions(config, Systems(config))
+    third.start(crashed, store)
+    assert third.current["pages"] == new
+    with pytest.raises(CheckpointError, match="the tasks' checkpoints record different versions"):
+        GlobalTableVersions(config, Systems(config)).start(crashed, _Store())  # no record

@@ -101,20 +101,19 @@ class GlobalTableVersions:
         """Read every source; the tasks see the versions their checkpoints record (a table
         they do not record yet: its newest version), or, after a clean stop at those
         checkpoints, the newest versions."""
-        self._from_checkpoints(checkpoints)
         if not self.specs:
             return
         ids = checkpoint_ids(checkpoints)
         after = json.loads(store.get(NAMESPACE, "after") or "{}")
-        if after.get("checkpoints") != ids:
-            return  # the checkpoints moved on since it was written
-        if after.get("clean"):
+        # a start that moved to new versions at once: a task whose checkpoint is still the
+        # one it moved at read its input after it with those versions, whatever its marker
+        moved_at = {} if after.get("clean", True) else after.get("checkpoints", {})
+        self._from_checkpoints(checkpoints, moved_at, after.get("versions", {}))
+        if after.get("clean") and after.get("checkpoints") == ids:
             self.current = dict(self.latest)
             # before any batch reads past those checkpoints with them
             record = {"checkpoints": ids, "versions": self.current, "clean": False}
             store.put(NAMESPACE, "after", json.dumps(record))
-        else:  # a start before moved to these: the input after the checkpoints saw them
-            self.current.update({n: v for n, v in after["versions"].items() if n in self.specs})
 
     def stopped_cleanly(
         self, checkpoints: Mapping[TaskName, Checkpoint | None], store: MetadataStore
@@ -125,14 +124,22 @@ class GlobalTableVersions:
             record = {"checkpoints": checkpoint_ids(checkpoints), "versions": self.current}
             store.put(NAMESPACE, "after", json.dumps({**record, "clean": True}))
 
-    def _from_checkpoints(self, checkpoints: Mapping[TaskName, Checkpoint | None]) -> None:
+    def _from_checkpoints(
+        self,
+        checkpoints: Mapping[TaskName, Checkpoint | None],
+        moved_at: Mapping[str, str],
+        moved_to: Mapping[str, str],
+    ) -> None:
         for name in self.specs:
             self._read(name)
-            seen = {
-                task: recorded_versions(c)[name]
-                for task, c in checkpoints.items()
-                if name in recorded_versions(c)
-            }
+            seen: dict[TaskName, str] = {}
+            for task, c in checkpoints.items():
+                version = recorded_versions(c).get(name)
+                at = moved_at.get(str(task))
+                if c is not None and at == str(c.checkpoint_id) and name in moved_to:
+                    version = moved_to[name]
+                if version is not None:
+                    seen[task] = version
             versions = set(seen.values())
             if len(versions) > 1:
                 raise CheckpointError(
@@ -175,9 +182,12 @@ class GlobalTableVersions:
             and all(read_nothing_past(ts) for ts, _ in queued)
         )
         versions = dict(self.latest if moves else self.current)
+        last = {ts.model.name: i for i, (ts, _) in enumerate(queued)}
         marked = []
-        for _, checkpoint in queued:
-            markers = {**checkpoint.state_checkpoint_markers, MARKER: versions}
+        for i, (ts, checkpoint) in enumerate(queued):
+            # a task's earlier checkpoint of the append: the input after it saw the current
+            mark = versions if last[ts.model.name] == i else dict(self.current)
+            markers = {**checkpoint.state_checkpoint_markers, MARKER: mark}
             marked.append(dataclasses.replace(checkpoint, state_checkpoint_markers=markers))
         return marked, versions
 

@@ -178,12 +178,43 @@ def _widens(have: pa.DataType, want: pa.DataType) -> bool:
     return bool(t.is_decimal(have) and t.is_decimal(want) and have.scale == want.scale)
 
 
+def _held_to(spec: TableSpec, field: pa.Field, column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` cast to the table's ``field``: a widening always; a narrower integer column
+    (a table made elsewhere, ``integer`` where Python's ints are 64-bit) when every value
+    fits; else :class:`TableSchemaError` naming the column."""
+    import pyarrow as pa
+
+    if _widens(column.type, field.type):
+        return column.cast(field.type, safe=False)
+    refused = (
+        f"table {spec.label}: column {field.name!r} is {field.type} in the table but "
+        f"{column.type} in the batch"
+    )
+    if pa.types.is_integer(column.type) and pa.types.is_integer(field.type):
+        try:
+            return column.cast(field.type, safe=True)
+        except pa.ArrowInvalid:
+            raise TableSchemaError(f"{refused}, and a value does not fit") from None
+    raise TableSchemaError(
+        f"{refused}; a column's type cannot change (cast it in the job, or write to a new table)"
+    )
+
+
 def conform(spec: TableSpec, table: pa.Schema | None, data: pa.Table) -> tuple[pa.Table, list[str]]:
     """``data`` with the table's columns, in its order and types (columns it lacks are null),
     and the columns it adds; :class:`TableSchemaError` names the table and the column when a
     column is new (without ``table.schema.evolution: add-columns``) or changed its type."""
     import pyarrow as pa
 
+    # a column with no value in a batch (null-typed) is left out where the table lacks it:
+    # it writes nothing, and a table created from it would get a column of no type
+    absent = [
+        f.name
+        for f in data.schema
+        if pa.types.is_null(f.type) and (table is None or f.name not in table.names)
+    ]
+    if absent:
+        data = data.drop_columns(absent)
     if table is None:
         return data, []
     new = [n for n in data.schema.names if n not in table.names]
@@ -200,13 +231,7 @@ def conform(spec: TableSpec, table: pa.Schema | None, data: pa.Table) -> tuple[p
             continue
         column = data.column(field.name)
         if column.type != field.type and not pa.types.is_null(field.type):
-            if not _widens(column.type, field.type):
-                raise TableSchemaError(
-                    f"table {spec.label}: column {field.name!r} is {field.type} in the table "
-                    f"but {column.type} in the batch; a column's type cannot change (cast it "
-                    f"in the job, or write to a new table)"
-                )
-            column = column.cast(field.type, safe=False)
+            column = _held_to(spec, field, column)
         columns.append(column)
         fields.append(pa.field(field.name, column.type))
     for name in new:

@@ -299,8 +299,12 @@ class PostgresTables(TableWriter):
 
     def retriable(self, exc: BaseException) -> bool:
         import psycopg
+        from psycopg import errors
 
-        return isinstance(exc, psycopg.OperationalError) or super().retriable(exc)
+        # (two first writes creating one table at once: the loser's CREATE ... IF NOT EXISTS
+        # fails on the catalog, and its second try finds the table)
+        racing = (errors.UniqueViolation, errors.DuplicateObject, errors.DuplicateTable)
+        return isinstance(exc, (psycopg.OperationalError, *racing)) or super().retriable(exc)
 
     def read(self, table: str, *, version: str | None = None, query: str | None = None) -> pa.Table:
         import pyarrow as pa
@@ -312,6 +316,8 @@ class PostgresTables(TableWriter):
         cur = self.conn.execute(statement)
         names = [d.name for d in cur.description or ()]
         rows = cur.fetchall()
+        if not rows:  # (its columns, with no type to tell)
+            return pa.table({n: pa.nulls(0) for n in names})
         return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows])
 
     def close(self) -> None:

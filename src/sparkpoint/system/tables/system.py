@@ -79,8 +79,9 @@ class _Rows:
         import pyarrow as pa
 
         rows = self.rows.pop(table, None)
-        if rows:
-            self.batches.setdefault(table, []).append(pa.Table.from_pylist(rows))
+        if rows:  # (the columns of every row: from_pylist would take the first row's only)
+            batch = pa.RecordBatch.from_struct_array(pa.array(rows))
+            self.batches.setdefault(table, []).append(batch)
 
     def take(self) -> dict[str, pa.Table]:
         """Every table's rows, in the order sent; nothing is held after."""
