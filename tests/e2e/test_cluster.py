@@ -58,46 +58,10 @@ def test_shared_store_dir_gives_exact_state(tmp_path: Path, cluster: StandaloneC
     assert_at_least_once(emitted_counts(config), expected)
 
 
-def test_a_worker_lost_mid_run_leaves_each_table_row_once(
-    tmp_path: Path, cluster: StandaloneCluster, postgres: Any
-) -> None:
-    """Issue 67: the tables example (Delta, Iceberg and PostgreSQL outputs, a global table)
-    exactly-once on the cluster, a worker killed once every task has a checkpoint: its tasks
-    run again on the executor left, and every table holds each row once (read back by each
-    table's own client)."""
-    from catalogue import write_catalogue
-
-    from tests.conftest import TABLES_DIR
-    from tests.e2e.cli import popen, wait_for_checkpoints
-    from tests.system.tables.test_jobs import assert_tables_exact, catalogue
-
-    job = TABLES_DIR / "job.yaml"
-    sets = cluster_sets(
-        tmp_path,
-        f"systems.pg.postgres.dsn={postgres.new_database('cluster_kill')}",
-        "task.batch.max.messages=500",
-    )
-    set_args = [a for s in sets for a in ("--set", s)]
-    config = load_config(job, parse_overrides(sets))
-    write_catalogue(catalogue(config))
-    sp("stream", "create", str(job), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "gen.yaml", 12_000, seed=27, users=60)
-    log = tmp_path / "run.log"
-    driver = popen(
-        "run", str(job), "--until-caught-up", "--master", cluster.master_url, *set_args, log=log
-    )
-    wait_for_checkpoints(config, driver, log, 4)
-    cluster.kill_worker(0)  # its executor, mid-run: staged parts of its attempts left behind
-    assert driver.wait(300) == 0, log.read_text()[-3000:]
-    assert "done (caught up)" in log.read_text()
-    assert cluster.alive_workers() == 1
-    assert_tables_exact(config, expected)
-
-
 def test_worker_killed_mid_run_with_blob_store_in_azurite(
     tmp_path: Path, cluster: StandaloneCluster
 ) -> None:
-    """The module's last test: it kills a worker of the module's cluster."""
+    """It kills a worker of the module's cluster (the fixture starts it again)."""
     from sparkpoint.testing.services import AzuriteBlob
     from tests.e2e.cli import locality_wait, popen, slowest_batch, wait_for_checkpoints
 
@@ -127,3 +91,39 @@ def test_worker_killed_mid_run_with_blob_store_in_azurite(
         assert committed_counts(config) == dict(expected)
         assert_at_least_once(emitted_counts(config), expected)
         assert sp("state", "check", str(JOB), *set_args).stdout.startswith("ok")
+
+
+def test_a_worker_lost_mid_run_leaves_each_table_row_once(
+    tmp_path: Path, cluster: StandaloneCluster, postgres: Any
+) -> None:
+    """Issue 67: the tables example (Delta, Iceberg and PostgreSQL outputs, a global table)
+    exactly-once on the cluster, a worker killed once every task has a checkpoint: its tasks
+    run again on the executor left, and every table holds each row once (read back by each
+    table's own client). The module's last test: it kills a worker of the module's cluster."""
+    from catalogue import write_catalogue
+
+    from tests.conftest import TABLES_DIR
+    from tests.e2e.cli import popen, wait_for_checkpoints
+    from tests.system.tables.test_jobs import assert_tables_exact, catalogue
+
+    job = TABLES_DIR / "job.yaml"
+    sets = cluster_sets(
+        tmp_path,
+        f"systems.pg.postgres.dsn={postgres.new_database('cluster_kill')}",
+        "task.batch.max.messages=500",
+    )
+    set_args = [a for s in sets for a in ("--set", s)]
+    config = load_config(job, parse_overrides(sets))
+    write_catalogue(catalogue(config))
+    sp("stream", "create", str(job), "pageviews", "--partitions", "4", *set_args)
+    expected = generate(config, tmp_path / "gen.yaml", 12_000, seed=27, users=60)
+    log = tmp_path / "run.log"
+    driver = popen(
+        "run", str(job), "--until-caught-up", "--master", cluster.master_url, *set_args, log=log
+    )
+    wait_for_checkpoints(config, driver, log, 4)
+    cluster.kill_worker(0)  # its executor, mid-run: staged parts of its attempts left behind
+    assert driver.wait(300) == 0, log.read_text()[-3000:]
+    assert "done (caught up)" in log.read_text()
+    assert cluster.alive_workers() == 1
+    assert_tables_exact(config, expected)

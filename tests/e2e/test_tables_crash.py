@@ -1,8 +1,8 @@
 """The tables example (examples/tables) through the CLI on local Spark, exactly-once: its driver
-killed with SIGKILL mid-run and run again, then a Python worker killed right after its
-publish's table commit and retried; every view is once in the Delta and the Iceberg table with
-its page's title from the global table, and each user's count in PostgreSQL is exact (issue
-67). Read back by each table's own client."""
+killed with SIGKILL mid-run (3,000 of 12,000 views checkpointed) and run again, then a Python
+worker killed right after its publish's table commit and retried; every view is once in the
+Delta and the Iceberg table with its page's title from the global table, and each user's count
+in PostgreSQL is exact (issue 67). Read back by each table's own client."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_kill_9_of_the_driver_then_of_a_worker_writes_each_row_once(
     config = load_config(JOB, parse_overrides(sets))
     write_catalogue(catalogue(config))
     sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *args)
-    expected = generate(config, tmp_path / "a.yaml", 24_000, seed=31, users=40)
+    expected = generate(config, tmp_path / "a.yaml", 12_000, seed=31, users=40)
     log = tmp_path / "run1.log"
     driver = popen("run", str(JOB), "--until-caught-up", *args, log=log)
     manager = CheckpointManager(config)
@@ -49,7 +49,7 @@ def test_kill_9_of_the_driver_then_of_a_worker_writes_each_row_once(
     while True:
         assert driver.poll() is None, "ended before the kill: " + log.read_text()[-2000:]
         checkpoints = manager.read_all()
-        if len(checkpoints) == 4 and input_progress(checkpoints, config) >= 6_000:
+        if len(checkpoints) == 4 and input_progress(checkpoints, config) >= 3_000:
             break
         assert time.monotonic() < deadline, "no checkpoints in 180 s: " + log.read_text()[-2000:]
         time.sleep(0.1)
@@ -57,7 +57,7 @@ def test_kill_9_of_the_driver_then_of_a_worker_writes_each_row_once(
     driver.wait()
     flag = tmp_path / "crash"
     flag.write_text("2")  # the third publish dies after its table commit (os._exit)
-    expected += generate(config, tmp_path / "b.yaml", 6_000, seed=32, users=40)
+    expected += generate(config, tmp_path / "b.yaml", 3_000, seed=32, users=40)
     crash = ["testing.crash.at=publish-after-append", f"testing.crash.flag={flag}"]
     crash_args = [a for s in [*crash, "testing.crash.mode=exit"] for a in ("--set", s)]
     result = sp("run", str(JOB), "--until-caught-up", *args, *crash_args, timeout=400)
