@@ -163,9 +163,8 @@ class ParquetSource(Source):
         if not self.path.exists():
             raise UserError(f"global table source parquet:{self.path}: no such directory")
         files = sorted(p for p in self.path.rglob("*.parquet") if p.is_file())
-        listing = [
-            (str(p.relative_to(self.path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files
-        ]
+        stats = [(p, p.stat()) for p in files]
+        listing = [(str(p.relative_to(self.path)), s.st_size, s.st_mtime_ns) for p, s in stats]
         return "f" + hashlib.sha1(json.dumps(listing).encode()).hexdigest()[:20]
 
     def read(self, version: str) -> pa.Table:
