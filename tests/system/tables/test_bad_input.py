@@ -6,6 +6,7 @@ read as input, an upsert without its key, a message that is not a row."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,6 +34,24 @@ def flush_one(config: dict[str, str], row: dict[str, object], table: str = "view
     producer = Systems(config).producer("t")
     producer.send_rows(table, [row])
     producer.flush()
+
+
+def at_once(writer: Callable[[int], None], n: int) -> list[BaseException]:
+    """Run ``writer(0)`` .. ``writer(n - 1)`` in threads at once; what they raised."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            writer(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def test_an_unreachable_database_is_retried_then_named_in_one_line(tmp_path: Path) -> None:
@@ -98,21 +117,12 @@ def test_concurrent_upserts_are_retried_until_each_lands(tmp_path: Path, kind: s
         "systems.t.write.attempts": "20",
     }
     flush_one(config, {"k": "seed", "v": 0}, "counts")
-    errors: list[BaseException] = []
 
     def writer(i: int) -> None:
-        try:
-            for j in range(3):
-                flush_one(config, {"k": f"w{i}-{j}", "v": j}, "counts")
-        except BaseException as exc:
-            errors.append(exc)
+        for j in range(3):
+            flush_one(config, {"k": f"w{i}-{j}", "v": j}, "counts")
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert at_once(writer, 4) == []
     rows = TableKind(kind, config, tmp_path).read("counts")
     assert len(rows) == 13 and {r["k"] for r in rows} >= {"seed", "w3-2"}
 
@@ -207,20 +217,7 @@ def test_first_writes_racing_to_create_a_postgres_table_all_land(
         "systems.t.factory": "postgres",
         "systems.t.postgres.dsn": postgres.new_database("racing"),
     }
-    errors: list[BaseException] = []
-
-    def writer(i: int) -> None:
-        try:
-            flush_one(config, {"k": i})
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert at_once(lambda i: flush_one(config, {"k": i}), 8) == []
     assert (
         len(TableKind("postgres", config, tmp_path, config["systems.t.postgres.dsn"]).read("views"))
         == 8
