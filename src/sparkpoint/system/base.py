@@ -441,6 +441,18 @@ class TableProducer(SystemProducer):
         )
 
 
+def not_rows(table: str, rows: Sequence[object]) -> str | None:
+    """What makes ``rows`` not rows of ``table`` (a row is a mapping of column values), or
+    ``None``: the one check of the task API's collector and of a table producer's callers."""
+    for row in rows:
+        if not isinstance(row, Mapping):
+            return (
+                f"a message to table {table} is a row, a dict of column values; got "
+                f"{type(row).__name__}"
+            )
+    return None
+
+
 class SystemFactory(ABC):
     """Builds a system's admin, consumer and producer from the job config."""
 

@@ -22,7 +22,7 @@ from sparkpoint.errors import (
 )
 from sparkpoint.model import SystemStream, TaskName
 from sparkpoint.runtime.executor.output import OutputCollector
-from sparkpoint.system.base import OutgoingMessageEnvelope
+from sparkpoint.system.base import OutgoingMessageEnvelope, TableProducer
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.tables.delta import DeltaTables
 from sparkpoint.testing.services import PostgresServer
@@ -173,6 +173,10 @@ def test_a_message_to_a_table_is_a_row(tmp_path: Path) -> None:
     collector.send_arrow(out, None, pa.array([{"a": 2}]))
     collector.close()
     assert collector.sent == 2
+    producer = Systems(config).producer("t")  # a producer used straight checks the same
+    assert isinstance(producer, TableProducer)
+    with pytest.raises(UserError, match="a message to table views is a row, a dict"):
+        producer.send_rows("views", [{"a": 1}, ["a", 1]])  # type: ignore[list-item]
 
 
 def test_a_column_postgres_cannot_take_is_named(tmp_path: Path, postgres: PostgresServer) -> None:

@@ -97,6 +97,21 @@ def test_a_staged_commit_is_published_once_whoever_publishes_it_again(tables: Ta
     assert store.publishers("views", 0) == sorted([OWNER, "job-1-batches"])
 
 
+def test_a_publish_takes_the_staged_file_not_the_rows_held_since(tables: TableKind) -> None:
+    """A process keeps the rows it staged for its own publish; what is on disk wins when
+    another process staged the part again, or swept it."""
+    s, other = systems(tables), systems(tables)  # two processes' systems, one directory
+    stage(s, "p1", [{"user": "a", "n": 1}])
+    stage(other, "p1", [{"user": "b", "n": 2}])  # a later attempt staged the part again
+    assert staging(s).publish("views", 0, OWNER, 5, ["p1"]) == 1
+    assert tables.read("views") == [{"user": "b", "n": 2}]
+    stage(s, "p2", [{"user": "c", "n": 3}])
+    assert staging(other).sweep("views", "job-1.", ()) == {OWNER: 1}
+    with pytest.raises(UserError, match="staged part p2 of job-1.Partition_0 is missing"):
+        staging(s).publish("views", 0, OWNER, 6, ["p2"])
+    assert tables.read("views") == [{"user": "b", "n": 2}]
+
+
 @pytest.mark.parametrize("point", ["publish-after-intent", "publish-after-append"])
 def test_a_publish_killed_half_way_is_finished_by_the_next(tables: TableKind, point: str) -> None:
     s = systems(tables)

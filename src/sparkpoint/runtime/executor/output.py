@@ -10,7 +10,7 @@ count. :meth:`OutputCollector.flush` returns only when everything sent is durabl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from sparkpoint.system.base import (
     RecordFields,
     SystemProducer,
     TableProducer,
+    not_rows,
 )
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.staging import StagingProducer
@@ -197,12 +198,9 @@ class OutputCollector:
     ) -> None:
         """Rows to a table: each message a dict of column values (the envelope's key is the
         table's key columns, when it has one: not written apart)."""
-        for row in rows:
-            if not isinstance(row, Mapping):
-                raise MessageEncodeError(
-                    f"task {self._task}: a message to table {stream} is a row, a dict of column "
-                    f"values; got {type(row).__name__}"
-                )
+        problem = not_rows(str(stream), rows)
+        if problem:
+            raise MessageEncodeError(f"task {self._task}: {problem}")
         try:
             producer.send_rows(stream.stream, rows)
         except Exception as exc:

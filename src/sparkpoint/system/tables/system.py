@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from abc import abstractmethod
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ from sparkpoint.system.base import (
     SystemFactory,
     SystemProducer,
     TableProducer,
+    not_rows,
 )
 from sparkpoint.system.staging import OutputStaging, StagedPart, StagingProducer, swept_by
 from sparkpoint.system.tables.base import Commit, Tables, TableWriter
@@ -63,12 +65,9 @@ class _Rows:
         self.rows: dict[str, list[Mapping[str, object]]] = {}
 
     def add_rows(self, table: str, rows: Sequence[Mapping[str, object]]) -> None:
-        for row in rows:
-            if not isinstance(row, Mapping):
-                raise UserError(
-                    f"table {table}: a message sent to a table is a row, a dict of column "
-                    f"values; got {type(row).__name__}"
-                )
+        problem = not_rows(table, rows)
+        if problem:
+            raise UserError(problem)
         self.rows.setdefault(table, []).extend(rows)
 
     def add_batch(self, table: str, batch: pa.RecordBatch) -> None:
@@ -151,12 +150,22 @@ class TableStagingProducer(_Holding, StagingProducer):
         self._held = _Rows()  # what was not staged is dropped: no commit names it
 
 
+#: bytes of staged rows a process keeps in memory for their publish by the same process
+HELD_BYTES = 64 << 20
+
+
 class TableStaging(OutputStaging):
-    """Staged parts as Arrow IPC files: ``<root>/<table>/<owner>/<part>.arrow``."""
+    """Staged parts as Arrow IPC files: ``<root>/<table>/<owner>/<part>.arrow``. The parts this
+    process staged last (up to :data:`HELD_BYTES`) are also kept in memory: a task publishes
+    its own parts after its checkpoint, and need not read them back while the file is the one
+    it wrote (same inode, size and time)."""
 
     def __init__(self, root: Path, tables: Tables) -> None:
         self.root = root
         self.tables = tables
+        self._held: OrderedDict[Path, tuple[tuple[int, int, int], pa.Table]] = OrderedDict()
+        self._held_bytes = 0
+        self._lock = threading.Lock()
 
     def _path(self, table: str, owner: str, part: str) -> Path:
         return self.root / table / owner / f"{part}{PART}"
@@ -172,13 +181,41 @@ class TableStaging(OutputStaging):
                 writer.write_table(data)
             f.flush()
             os.fsync(f.fileno())
+            stamp = _stamp(os.fstat(f.fileno()))
         os.replace(tmp, path)
         fsync_dir(path.parent)
+        self._hold(path, stamp, data)
+
+    def _hold(self, path: Path, stamp: tuple[int, int, int], data: pa.Table) -> None:
+        with self._lock:
+            self._drop_held(path)
+            if data.nbytes > HELD_BYTES:
+                return
+            self._held[path] = (stamp, data)
+            self._held_bytes += data.nbytes
+            while self._held_bytes > HELD_BYTES:
+                self._drop_held(next(iter(self._held)))
+
+    def _take(self, path: Path) -> tuple[tuple[int, int, int], pa.Table] | None:
+        """The rows held for ``path`` and the stamp of the file they were written to; held
+        no longer."""
+        with self._lock:
+            return self._drop_held(path)
+
+    def _drop_held(self, path: Path) -> tuple[tuple[int, int, int], pa.Table] | None:
+        held = self._held.pop(path, None)
+        if held is not None:
+            self._held_bytes -= held[1].nbytes
+        return held
 
     def _read(self, table: str, owner: str, part: str) -> pa.Table:
         import pyarrow as pa
 
-        with pa.memory_map(str(self._path(table, owner, part))) as source:
+        path = self._path(table, owner, part)
+        held = self._take(path)
+        if held is not None and _stamp(path.stat()) == held[0]:
+            return held[1]
+        with pa.memory_map(str(path)) as source:
             return pa.ipc.open_file(source).read_all()
 
     def _read_commit(self, table: str, commit: Commit, parts: Sequence[str]) -> pa.Table | None:
@@ -224,7 +261,8 @@ class TableStaging(OutputStaging):
             written = self.tables.write(stream, table, commit)
             maybe_crash(failpoints or {}, "publish-after-append")
         for part in parts:
-            self._path(stream, owner, part).unlink(missing_ok=True)
+            self._take(path := self._path(stream, owner, part))
+            path.unlink(missing_ok=True)
         return written
 
     def streams(self) -> list[str]:
@@ -275,6 +313,7 @@ class TableStaging(OutputStaging):
                     if f.name[: -len(PART)] in keep:
                         continue
                     swept[owner.name] += 1
+                self._take(f)
                 f.unlink(missing_ok=True)
         return swept
 
@@ -365,6 +404,11 @@ class TableSystemFactory(SystemFactory):
 
     def get_producer(self, system: str, config: Mapping[str, str]) -> SystemProducer:
         return TableRowsProducer(self.tables(system, config))
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells a staged file from another written at the same path."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def data_dir(config: Mapping[str, str]) -> Path:
