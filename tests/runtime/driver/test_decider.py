@@ -38,6 +38,15 @@ def test_task_commit_ms_makes_a_commit_due_whether_or_not_there_is_input(pending
     assert decide(state, INTERVALS) == Decision(Action.RUN, commit=True)
 
 
+def test_an_idle_job_whose_state_is_committed_ticks_and_does_not_commit() -> None:
+    idle = replace(READING, pending=False, changed=False, since_commit_ms=60_000.0)
+    assert decide(idle, INTERVALS) == Decision(Action.RUN, tick=True)
+    # input, or a change since the last commit (timers fired by a tick), commits at once
+    assert decide(replace(idle, pending=True), INTERVALS) == Decision(Action.RUN, commit=True)
+    assert decide(replace(idle, changed=True), INTERVALS) == Decision(Action.RUN, commit=True)
+    assert decide(replace(idle, since_commit_ms=59_999.0), INTERVALS).action is Action.IDLE
+
+
 def test_the_window_interval_fires_windows_and_a_negative_one_never() -> None:
     idle = replace(READING, pending=False, since_window_ms=5_000.0)
     assert decide(idle, replace(INTERVALS, window_ms=5_000)) == Decision(Action.RUN, window=True)

@@ -235,3 +235,33 @@ def test_a_message_without_its_event_time_field_names_the_offset(
         r"streams\.pageviews\.event\.time\.field='when'",
     ):
         run(config, until_caught_up=True)
+
+
+def test_an_idle_job_ticks_without_committing_and_its_timers_still_fire(
+    tmp_path: Path, clock: type[Clock]
+) -> None:
+    """Nothing read, nothing fired: ``task.commit.ms`` runs a batch that fires what is due
+    and writes no checkpoint (issue 72: an idle job committed every interval); a timer that
+    comes due while the job idles fires in the next tick and is committed."""
+    config = timer_job(tmp_path, **{"task.commit.ms": "20", "task.poll.interval.ms": "5"})
+    views = generate(config, tmp_path / "a.yaml", 60, seed=86, users=4)
+    summary = JobCoordinator(config, InlineRunner()).run(max_batches=12)
+    assert summary.batches >= 12 and summary.processed == 60
+    # the batches that read, the first interval's commit, the stop's: not one a tick
+    assert summary.commits <= 3, summary
+    assert committed_counts(config) == dict(views)
+
+    class Advance:  # the users go idle while the job runs: after its third batch
+        def on_start(self, model: Any) -> None: ...
+        def on_startpoint(self, *args: Any) -> None: ...
+        def on_end(self, summary: Any) -> None: ...
+        def on_batch(self, report: Any) -> None:
+            if report.batch == 3:
+                clock.now += IDLE_MS
+
+    coordinator = JobCoordinator(config, InlineRunner(), listener=Advance())
+    summary = coordinator.run(max_batches=12)
+    coordinator.close()
+    assert idle(config) == sorted(views.items())  # fired by a tick
+    assert committed_counts(config) == {}  # and committed
+    assert 1 <= summary.commits <= 3, summary

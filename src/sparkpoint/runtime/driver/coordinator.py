@@ -135,6 +135,9 @@ class JobCoordinator:
         self.writer.global_tables = self.global_tables
         self.last_commit = time.monotonic()
         self.last_window = time.monotonic()
+        #: the tasks' state may differ from their last commits' (true at start: startpoints
+        #: may have moved them); see :meth:`.DriverLoop.note_changes`
+        self.changed_since_commit = True
         #: the restore ahead's pass (restore_ahead), counted in the run's summary
         self._restored_ahead: BatchReport | None = None
 
@@ -487,6 +490,7 @@ class JobCoordinator:
     def apply_startpoints_now(self) -> BatchReport:
         """Commit every task, fan out the waiting startpoints, and resume from them (no restart)."""
         report = self.commit_all()[-1]
+        self.changed_since_commit = True  # the tasks move to the startpoints
         assert self.startpoints is not None
         fanned = self.startpoints.fan_out(
             {ts.model.name: ts.model.ssps for ts in self.tasks.values()}

@@ -49,6 +49,10 @@ class LoopState:
     #: a global table has a version the tasks do not see yet: it is seen from a commit that
     #: every task completes in the batch (:mod:`sparkpoint.runtime.driver.global_tables`)
     tables_changed: bool = False
+    #: some batch since the last commit may have changed state: it read input, fired timers
+    #: or windows, or a task skipped its commit, or startpoints moved the tasks (an idle job's
+    #: state is its last checkpoint's: ``task.commit.ms`` only ticks)
+    changed: bool = True
 
 
 class Action(enum.Enum):
@@ -71,6 +75,10 @@ class Decision:
     #: the batch's commits finish in it (uploads waited for): a final batch's, or one that
     #: moves the tasks to a global table's new version
     wait: bool = False
+    #: ``task.commit.ms`` passed with nothing changed since the last commit: a batch that
+    #: fires what is due (processing-time timers, idle inputs' watermarks) and commits only
+    #: if that changes something (the next decision's)
+    tick: bool = False
 
 
 def decide(state: LoopState, intervals: Intervals) -> Decision:
@@ -87,17 +95,19 @@ def decide(state: LoopState, intervals: Intervals) -> Decision:
         and state.reads_to_target
     )
     since = state.since_commit_ms
+    interval = since >= intervals.commit_ms
     # re-keyed records reach the next stage only with a checkpoint that covers them: while
     # some wait, commit at task.commit.intermediate.ms, not task.commit.ms
     commit = (
         drain
         or final
         or (state.tables_changed and state.pending)
-        or since >= intervals.commit_ms
+        or (interval and (state.changed or state.pending))
         or ((state.waiting or state.rekeying) and since >= intervals.intermediate_ms)
     )
     window = intervals.window_ms >= 0 and state.since_window_ms >= intervals.window_ms
-    if not state.pending and not commit and not window:
+    tick = interval and not commit
+    if not state.pending and not commit and not window and not tick:
         return Decision(Action.IDLE, drain=drain)
     return Decision(
         Action.RUN,
@@ -107,4 +117,5 @@ def decide(state: LoopState, intervals: Intervals) -> Decision:
         drain=drain,
         pause_first=drain and state.drained_before,
         wait=final or (state.tables_changed and state.pending),
+        tick=tick,
     )

@@ -26,11 +26,12 @@ from sparkpoint.checkpoint.checkpoint import Checkpoint
 from sparkpoint.failpoints import maybe_pause
 from sparkpoint.metadata.job_state import PartitionCountChanged
 from sparkpoint.model import SystemStreamPartition, TaskName
-from sparkpoint.runtime.driver.decider import Action, Intervals, LoopState, decide
+from sparkpoint.runtime.driver.decider import Action, Decision, Intervals, LoopState, decide
 from sparkpoint.runtime.driver.global_tables import read_nothing_past
 from sparkpoint.runtime.driver.reports import BatchReport, RunSummary
 from sparkpoint.runtime.driver.startup import GrowthWatch, input_counts
 from sparkpoint.runtime.executor.timers import MAX_FIRED_PER_BATCH
+from sparkpoint.runtime.plan import TaskBatchResult
 from sparkpoint.system.base import PartitionMetadata
 
 if TYPE_CHECKING:  # the coordinator runs this loop: it imports this module
@@ -119,6 +120,7 @@ class MicroBatchLoop:
                 batch_id=poll.replay_id,
             )
             self.last_committed = all(r.state_id.committed for r in results)
+            self.note_changes(state, decision, results)
             if report.committed:
                 job.maintenance.after_commit(job.tasks.checkpointed(), self.checkpoints())
             self.account(report)
@@ -198,7 +200,27 @@ class MicroBatchLoop:
             since_commit_ms=(now - job.last_commit) * 1000,
             since_window_ms=(now - job.last_window) * 1000,
             tables_changed=job.global_tables.refresh(),
+            changed=job.changed_since_commit,
         )
+
+    def note_changes(
+        self, state: LoopState, decision: Decision, results: list[TaskBatchResult]
+    ) -> None:
+        """Whether the state may differ from the last commit's after this batch (the
+        decider's ``changed``): a commit covers its batch unless a task skipped it; a batch
+        that read input or fired windows or timers changes it. A tick that changed nothing
+        counts as a commit (the state is the committed one), so the next is a commit
+        interval away."""
+        job = self.job
+        quiet = not (state.pending or decision.window) and not any(
+            r.processed or r.timers_fired for r in results
+        )
+        if decision.commit:
+            job.changed_since_commit = any(r.commit_skipped for r in results)
+        elif not quiet:
+            job.changed_since_commit = True
+        if decision.tick and not job.changed_since_commit:
+            job.last_commit = time.monotonic()
 
     def checkpoints(self) -> dict[TaskName, Checkpoint]:
         """Every task's last written checkpoint (a task that has none yet left out)."""
