@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from sparkpoint.cli.app import JobArg, SetOpt, err, ran_config, state_app
-from sparkpoint.errors import UserError
+from sparkpoint.storage.layouts import Layout
 
 
 @state_app.command("dump")
@@ -18,21 +18,34 @@ def state_dump(
     job: JobArg,
     store: Annotated[str, typer.Option(help="The store to dump.")],
     task: Annotated[str | None, typer.Option(help='Only this task, e.g. "Partition 0".')] = None,
+    layout: Annotated[
+        Layout,
+        typer.Option(
+            help="How entries read: auto (recognised from the store's first entry), plain "
+            "(the store's serdes), window (window and session stores), join (a join's "
+            "buffers) or timers (task.timers.store: timers, event time, watermarks).",
+            case_sensitive=False,
+        ),
+    ] = Layout.AUTO,
     raw: Annotated[
         bool,
         typer.Option(
-            "--raw",
-            help="Print keys and values as escaped bytes, not through the store's serdes "
-            "(window and timer stores keep their own layout).",
+            "--raw", help="Print keys and values as escaped bytes, not decoded in a layout."
         ),
     ] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Print a store's committed contents as JSON lines `{"key", "value"}`.
+    """Print a store's committed contents as JSON lines.
+
+    A plain store prints `{"key", "value"}`; a window or session store `{"task", "key",
+    "window_start", "window_end", "value"}`; a join's buffer `{"task", "key", "time",
+    "values"}`; the timer store a line per timer `{"task", "entry": "timer", "kind", "time",
+    "key"}` (a window's timer names its `store` and `window_start`), each input partition's
+    event time and each task's `watermark`.
 
     Example: `sparkpoint state dump job.yaml --store user-counts --task "Partition 1"`
     """
-    from sparkpoint.tools.state import committed_entries, committed_raw_entries
+    from sparkpoint.tools.state import committed_raw_entries, committed_rows
 
     config = ran_config(job, set_)
     out = sys.stdout
@@ -41,14 +54,9 @@ def state_dump(
             line = {"key": _escaped(key), "value": _escaped(value)}
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
         return
-    try:
-        for _task, key, value in committed_entries(config, store, task):
-            out.write(json.dumps({"key": key, "value": value}, separators=(",", ":")) + "\n")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UserError(
-            f"store {store}: an entry its serdes cannot decode ({exc}); a window or timer store "
-            "keeps its own layout: add --raw to see its bytes"
-        ) from exc
+    for name, found, row in committed_rows(config, store, task, layout):
+        line = row if found is Layout.PLAIN else {"task": name, **row}
+        out.write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
 
 
 def _escaped(data: bytes) -> str:

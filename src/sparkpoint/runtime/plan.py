@@ -146,6 +146,9 @@ class TaskBatchResult:
     #: records sent to the dead-letter stream (task.dlq.stream), per reason
     dead_letters: dict[str, int] = field(default_factory=dict)
     timers_fired: int = 0
+    #: the task's event-time watermark after the batch (``task.timers.store``); ``None``
+    #: when it has none yet, or the batch did not open that store
+    watermark_ms: int | None = None
     #: exactly-once: the output staged since the last written checkpoint, this batch's too
     staged_outputs: dict[str, list[str]] = field(default_factory=dict)
     parts_staged: int = 0  # exactly-once: parts this batch staged (one per partition sent to)

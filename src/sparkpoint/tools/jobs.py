@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from sparkpoint.checkpoint.checkpoint import Checkpoint
@@ -29,6 +30,7 @@ from sparkpoint.storage.outputs import (
     owner_of,
     waiting_parts,
 )
+from sparkpoint.storage.timers import END_OF_TIME
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
 
@@ -82,6 +84,8 @@ def job_overview(config: Config) -> dict[str, Any]:
                     k: record[k] for k in ("executor", "host", "worker") if k in record
                 },
                 "state-bytes": record.get("state-bytes", {}),
+                # its event-time watermark as of its last commit (ms; none: no event time)
+                "watermark": record.get("watermark"),
                 # the tasks of its Spark partition at its last commit (a group of tasks)
                 "group": record.get("group", []),
                 "state-current": last is not None and record.get("checkpoint") == last,
@@ -166,6 +170,15 @@ def _local_directory(config: Config, task: str) -> dict[str, Any] | None:
     return {k: contents[k] for k in ("state", "commit-records", "notes", "commit-failures")}
 
 
+def _watermark_text(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    if ms >= END_OF_TIME:
+        return "; watermark at the end of input"
+    at = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return f"; watermark {at.replace('+00:00', 'Z')} ({ms})"
+
+
 def overview_lines(data: dict[str, Any]) -> list[str]:
     """``job show`` without ``--json``: a line per task."""
     running = f"running ({data['running']})" if data["running"] else "not running"
@@ -194,6 +207,7 @@ def overview_lines(data: dict[str, Any]) -> list[str]:
         others = [g for g in t.get("group", []) if g != t["task"]]
         lines.append(
             f"  {t['task']}: {where}; last checkpoint {last}; local state {state}"
+            + _watermark_text(t.get("watermark"))
             + (f"; {sizes}" if sizes else "")
             + (f"; runs in one Spark partition with {', '.join(others)}" if others else "")
         )

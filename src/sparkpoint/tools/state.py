@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from sparkpoint.storage.kv import ttl
 from sparkpoint.storage.kv.base import KeyValueEngine
 from sparkpoint.storage.kv.rocksdb import RocksDBEngine
 from sparkpoint.storage.kv.store import store_serdes
+from sparkpoint.storage.layouts import Layout, decoder, recognise
 from sparkpoint.storage.local import LocalTaskState
 from sparkpoint.storage.restore import restore_for_reading
 from sparkpoint.system.registry import Systems
@@ -42,6 +44,26 @@ def committed_entries(
     key_serde, msg_serde = store_serdes(config, store)
     for name, key, value in committed_raw_entries(config, store, task):
         yield name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
+
+
+def committed_rows(
+    config: Config, store: str, task: str | None = None, layout: Layout = Layout.AUTO
+) -> Iterator[tuple[str, Layout, dict[str, Any]]]:
+    """``(task, layout, row)`` of a store's committed contents: each entry decoded in
+    ``layout`` (``auto``: the one recognised from the store's first entry), as
+    :mod:`sparkpoint.storage.layouts` reads it; the entries that only index others left out."""
+    _require_store(config, store)
+    entries = committed_raw_entries(config, store, task)
+    first = next(entries, None)
+    if first is None:
+        return
+    if layout is Layout.AUTO:
+        layout = recognise(config, store, first[1:])
+    decode = decoder(config, store, layout)
+    for name, key, value in chain([first], entries):
+        row = decode(key, value)
+        if row is not None:
+            yield name, layout, row
 
 
 def committed_raw_entries(

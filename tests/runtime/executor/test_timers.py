@@ -200,6 +200,11 @@ def test_records_behind_the_watermark_are_late_never_dropped_and_past_timers_fir
     assert sum(r.timers_fired for r in results) == fired
     metrics = JobMetrics("j")
     metrics.record(report)
+    # each task's watermark after the batch: reported, and a gauge (issue 72)
+    marks = {f"sparkpoint.task.{r.task}": r.watermark_ms for r in results}
+    assert all(m is not None and m > T0 for m in marks.values())
+    gauges = {g: v.get("task_watermark_ms") for g, v in metrics.snapshot().items()}
+    assert {g: gauges[g] for g in marks} == marks
     counted = {g: v.get("task_late_messages_total", 0) for g, v in metrics.snapshot().items()}
     assert sum(counted.values()) == len(late)
     assert committed_counts(config) == dict(first + again)  # late views are counted all the same

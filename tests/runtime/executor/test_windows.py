@@ -201,7 +201,7 @@ def test_bad_window_use_names_the_store_and_the_fix(
             kit.run()
 
 
-def test_state_dump_raw_shows_a_window_store_s_own_layout(tmp_path: Path) -> None:
+def test_state_dump_decodes_window_session_and_timer_stores(tmp_path: Path) -> None:
     config = job(tmp_path)
     send(config, views(200, seed=75, start_ms=0))
     run(config, until_caught_up=True)
@@ -214,6 +214,44 @@ def test_state_dump_raw_shows_a_window_store_s_own_layout(tmp_path: Path) -> Non
     assert lines[0]["key"] == repr(stored[0][1])[2:-1]
     assert json.loads(lines[0]["value"])["acc"] > 0  # the window's count so far
     assert lines[0]["key"].startswith("\\x00\\x07user-")  # <key length><key><window start>
+
+    def dump(store: str, *more: str) -> list[dict[str, Any]]:
+        out = sp("state", "dump", str(job_file), "--store", store, *more).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    minutes = dump("minute-counts")  # decoded: its layout is recognised
+    assert len(minutes) == len(stored)
+    for row in minutes:
+        assert row["window_end"] - row["window_start"] == 60_000
+        assert row["window_start"] % 60_000 == 0 and row["value"] > 0
+        assert row["key"].startswith("user-") and row["task"].startswith("Partition ")
+    sessions = dump("sessions")
+    assert sessions and all(r["window_end"] >= r["window_start"] for r in sessions)
+    timers = dump("timers")
+    by_entry: dict[str, list[dict[str, Any]]] = {}
+    for row in timers:
+        by_entry.setdefault(row["entry"], []).append(row)
+    # every open window has its timer, at its end, in the task that holds it
+    due = {(r["task"], r["store"], r["key"], r["window_start"]) for r in by_entry["timer"]}
+    for store, rows in (("minute-counts", minutes), ("sessions", sessions)):
+        assert {(r["task"], store, r["key"], r["window_start"]) for r in rows} <= due
+    # a watermark per task: its partition's largest event time less the lateness
+    largest = {r["task"]: r["max"] for r in by_entry["event-time"]}
+    lateness = config.get_int("task.watermark.lateness.ms")
+    assert {r["task"]: r["time"] for r in by_entry["watermark"]} == {
+        t: m - lateness for t, m in largest.items()
+    }
+    shown = json.loads(sp("job", "show", str(job_file), "--json").stdout)
+    marks = {r["task"]: r["time"] for r in by_entry["watermark"]}
+    assert {t["task"]: t["watermark"] for t in shown["tasks"]} == marks  # as of the commit
+    text = sp("job", "show", str(job_file)).stdout
+    tasks = [line for line in text.splitlines() if line.startswith("  Partition ")]
+    assert len(tasks) == 4 and all("; watermark 1970-01-01T00:" in line for line in tasks), text
+    wrong = sp(
+        "state", "dump", str(job_file), "--store", "sessions", "--layout", "plain", check=False
+    )
+    assert wrong.returncode != 0
+    assert "--layout window|join|timers" in wrong.stderr and len(wrong.stderr.splitlines()) == 1
 
 
 class _Triggered(StreamTask):

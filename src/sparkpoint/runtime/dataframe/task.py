@@ -66,7 +66,7 @@ from sparkpoint.serde.registry import RegistrySerde
 from sparkpoint.storage.kv.base import KeyValueStore
 from sparkpoint.storage.outputs import batch_owner, new_part, staged_stream, stages_output
 from sparkpoint.storage.task_storage import persistent_store
-from sparkpoint.storage.timers import TimeKind, TimerStore
+from sparkpoint.storage.timers import TimeKind
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 from sparkpoint.system.dead_letters import DECODE, original
@@ -112,7 +112,7 @@ class FrameTask:
         require_persistent_stores(batch.config)
         try:
             start = batch.begin()
-            watermark = _watermark(batch)
+            watermark = batch.watermark()
             tables, held = 0, False
             if batch.tables:
                 stores = batch.storage.stores(init=False)
@@ -190,13 +190,6 @@ class FrameTask:
         finally:
             collector.abort()  # (after close(): nothing)
         return collector.sent, collector.staged_parts
-
-
-def _watermark(batch: TaskBatch) -> int | None:
-    """The task's watermark in its timer store (``task.timers.store``), if it has one."""
-    name = batch.config.get_str("task.timers.store")
-    engine = batch.storage.engines.get(name) if name else None
-    return None if engine is None else TimerStore(engine).watermark()
 
 
 def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

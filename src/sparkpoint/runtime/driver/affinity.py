@@ -55,6 +55,8 @@ class HostAffinity:
         self._live: set[Executor] | None = None
         self._away: list[Move] = []  # the last batch's tasks that ran away from their executor
         self._commits: dict[str, dict[str, Any]] = {}  # task -> where it committed, until recorded
+        #: each task's last watermark reported (a batch that did not open its timers has none)
+        self._watermarks: dict[str, int] = {}
 
     def place(
         self, live: Sequence[Executor] | None, standbys: Mapping[str, Executor] | None = None
@@ -133,6 +135,10 @@ class HostAffinity:
         if result.ran_on is not None:
             record["executor"] = result.ran_on.id
             record["host"] = result.ran_on.host
+        if result.watermark_ms is not None:  # (else the last one known: kept on)
+            self._watermarks[result.task] = result.watermark_ms
+        if result.task in self._watermarks:
+            record["watermark"] = self._watermarks[result.task]
         self._commits[result.task] = record
 
     def record_commits(self) -> None:

@@ -121,6 +121,12 @@ class JobMetrics:
         self._tx_seen = Transactions()  # the totals the counters hold (report.transactions)
         self.process_time = task(Counter, "task_process_seconds", "Time in the batch's work")
         self.lag = task(Gauge, "task_lag_messages", "Messages not yet read, over its SSPs")
+        self.watermark = task(
+            Gauge,
+            "task_watermark_ms",
+            "The task's event-time watermark (ms since the epoch) after its last batch that "
+            "read event time",
+        )
         self.commits = task(Counter, "task_commits", "Commits started")
         self.commit_sync = task(
             Summary, "task_commit_sync_seconds", "A commit's synchronous part (snapshot)"
@@ -191,6 +197,8 @@ class JobMetrics:
         self.late.labels(*labels).inc(r.late)
         self.window_late.labels(*labels).inc(r.window_late)
         self.timers_fired.labels(*labels).inc(r.timers_fired)
+        if r.watermark_ms is not None:
+            self.watermark.labels(*labels).set(r.watermark_ms)
         for reason, n in r.dead_letters.items():
             self.dead_letters.labels(*labels, reason).inc(n)
         self.parts_staged.labels(*labels).inc(r.parts_staged)

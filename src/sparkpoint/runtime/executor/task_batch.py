@@ -57,6 +57,7 @@ from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult, parse_checkp
 from sparkpoint.serde import Serde
 from sparkpoint.storage.backend import RestoreStats, restores_off_the_gil
 from sparkpoint.storage.kv.base import KeyValueStore
+from sparkpoint.storage.kv.lazy import LazyEngine
 from sparkpoint.storage.outputs import (
     TaskOutputs,
     new_part,
@@ -70,6 +71,7 @@ from sparkpoint.storage.task_storage import (
     TaskStorage,
     persistent_store,
 )
+from sparkpoint.storage.timers import TimerStore
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
 from sparkpoint.system.dead_letters import DECODE, PROCESS, DeadLetters
 from sparkpoint.system.registry import Systems
@@ -361,6 +363,7 @@ class TaskBatch:
         stores with the marker of the new state."""
         plan = self.plan
         try:
+            watermark = self.watermark(open_store=False)
             report = self.storage.commit(
                 self.last_processed,
                 due=plan.commits.due or coordinator.commit_requested,
@@ -391,6 +394,7 @@ class TaskBatch:
             completed_bases=[r.base for r in done],
             upload_metrics=[r.metrics for r in done],
             commit_started=report.outcome.started,
+            watermark_ms=watermark,
             commit_skipped=report.outcome.skipped,
             restored=self.storage.restored,
             promoted_copy=self.storage.promoted_copy,
@@ -402,6 +406,17 @@ class TaskBatch:
             executor=f"{socket.gethostname()}:{os.getpid()}",
             state_bytes=sizes,
         )
+
+    def watermark(self, *, open_store: bool = True) -> int | None:
+        """The task's watermark in its timer store (``task.timers.store``), if it has one;
+        ``open_store=False``: ``None`` when the batch has not opened that store."""
+        name = self.config.get_str("task.timers.store")
+        engine = self.storage.engines.get(name) if name else None
+        if engine is None:
+            return None
+        if not open_store and isinstance(engine, LazyEngine) and not engine.opened:
+            return None
+        return TimerStore(engine).watermark()
 
     def _uncommitted_state_id(self) -> StateId:
         """The state id of the stores after this batch when it committed nothing: the batch's
