@@ -89,6 +89,19 @@ SLOTS: dict[str, Slot] = {
             "new worker sweeps at its first due commit",
         ),
         Slot(
+            "job-modules",
+            "sparkpoint.runtime.executor.job_modules",
+            "the version of the job's own modules this process last loaded, per job directory",
+            "set by each run's first load of the job's code; a new version makes the process "
+            "forget the modules it imported (the next import reads the edited files)",
+        ),
+        Slot(
+            "python-checked",
+            "sparkpoint.runtime.driver.callers_session",
+            "the (Spark application, worker Python) pairs whose workers imported sparkpoint",
+            "added by the first run on a session the caller started; kept for the process",
+        ),
+        Slot(
             "kafka-clients",
             "sparkpoint.system.kafka.system",
             "idle Kafka consumers, producers and admins, by their settings",

@@ -43,6 +43,20 @@ KEYS: tuple[ConfigKey, ...] = (
         "relative paths in a job file are relative to its directory)",
     ),
     ConfigKey(
+        "job.modules",
+        None,
+        "module names, comma separated",
+        "set by sparkpoint.run on a session you started (a notebook's), not by you: the job's "
+        "own modules it shipped, which a Python worker forgets when job.modules.version changes",
+    ),
+    ConfigKey(
+        "job.modules.version",
+        None,
+        "a hash",
+        "set by sparkpoint.run on a session you started: the version (content hash) of "
+        "job.modules; an edited module ships as a new version and runs as edited",
+    ),
+    ConfigKey(
         "job.processing.guarantee",
         "at-least-once",
         "at-least-once | exactly-once",

@@ -20,7 +20,7 @@ from counts_pipeline import build
 
 import sparkpoint
 from sparkpoint.errors import UserError
-from sparkpoint.runtime.driver.entry import ship_modules
+from sparkpoint.runtime.driver.callers_session import session_context
 from sparkpoint.tools.streams import Message
 from tests.helpers import committed_counts
 
@@ -128,4 +128,4 @@ def test_ctrl_c_finishes_the_batch_commits_and_returns(tmp_path: Path, spark: An
 
 def test_a_session_without_a_spark_context_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="it has no SparkContext .a Spark Connect session"):
-        ship_modules(object(), tmp_path)
+        session_context(object())

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import ConfigError, UserError
+from sparkpoint.runtime.driver.callers_session import on_callers_session
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.job_path import with_dir_on_path
 from sparkpoint.runtime.driver.launch import start_job
@@ -106,25 +107,6 @@ def _pipeline_of(job: str | Path | Pipeline) -> tuple[Pipeline | None, Path]:
     return job, directory
 
 
-def ship_modules(spark: Any, directory: Path) -> int:
-    """Ship the ``*.py`` modules of ``directory`` to ``spark``'s workers (``addPyFile``); how
-    many. A session without a SparkContext (Spark Connect) cannot run a job: said in one line."""
-    try:
-        context = spark.sparkContext if hasattr(spark, "sparkContext") else spark
-        context.addPyFile  # noqa: B018 - a Connect session fails here
-    except Exception as exc:  # pyspark raises its own errors for Connect sessions
-        raise UserError(
-            f"this Spark session cannot run a sparkpoint job: it has no SparkContext (a Spark "
-            f"Connect session?); sparkpoint runs its tasks as RDD partitions: use a classic "
-            f"session ({type(exc).__name__})"
-        ) from None
-    shipped = 0
-    for module in sorted(directory.glob("*.py")):
-        context.addPyFile(str(module))
-        shipped += 1
-    return shipped
-
-
 @contextlib.contextmanager
 def stop_on_interrupt(coordinator: JobCoordinator) -> Iterator[None]:
     """While the job runs in the main thread, SIGINT finishes the batch and commits (instead
@@ -174,9 +156,8 @@ def run(
         )
         stop: Any = start.stop
     else:
-        shipped = ship_modules(spark, resolved.directory)
-        log.info("shipped %d modules of %s to the session's workers", shipped, resolved.directory)
-        coordinator = JobCoordinator(config, resolved.runner(spark), listener=listener)
+        resolved = on_callers_session(spark, resolved, lambda: resolve_job(job, overrides))
+        coordinator = JobCoordinator(resolved.config, resolved.runner(spark), listener=listener)
         stop = None
         try:
             coordinator.start()
@@ -196,4 +177,4 @@ def run(
             stop()
 
 
-__all__ = ["ResolvedJob", "resolve_job", "run", "ship_modules", "stop_on_interrupt"]
+__all__ = ["ResolvedJob", "resolve_job", "run", "stop_on_interrupt"]

@@ -46,6 +46,7 @@ from sparkpoint.fsutil import user_disk_error
 from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.refs import load_reference, raised_at
 from sparkpoint.runtime.api.task import StreamTask
+from sparkpoint.runtime.executor import job_modules
 from sparkpoint.runtime.executor.output import OutputCollector
 from sparkpoint.runtime.executor.timers import TaskTimers
 from sparkpoint.runtime.executor.windows import TaskWindows
@@ -303,6 +304,7 @@ class TaskBatch:
                 )
                 tables, held = self.read_tables(stores, next_offsets)
                 processed += tables
+                job_modules.use_version(self.config)  # an edited module: its new version
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
                 freeze_imported_objects()  # the job's code is imported now
