@@ -394,3 +394,48 @@ def test_a_startpoint_a_restart_applies_again_resumes_where_it_first_resolved(
     rows = list(read_json_lines(config, Systems(config), SystemStream("log", "consumed")))
     assert [r["value"]["offset"] for r in rows[mark:]] == [20, 21, 22, 23, 24]
     assert list_startpoints(config) == {"waiting": {}, "fanned-out": {}}  # covered now
+
+
+def test_a_timestamp_compares_event_time_where_the_stream_has_it(tmp_path: Path) -> None:
+    """Issue 72: ``--timestamp`` on a stream with ``event.time.field`` resolved by the records'
+    write time. Events here are written 3 to 25 ms after they happen (within the job's
+    lateness) and out of order: by event time the first at or after 1100 is offset 11, by
+    record time offset 10; the job then starts where the event time says."""
+    config = make(tmp_path, 1, False)
+    config = load_config(
+        None,
+        {
+            **config.to_dict(),
+            "streams.events.event.time.field": "at",
+            "task.inputs": "log.events",
+            "task.watermark.lateness.ms": "30",
+        },
+    )
+    systems = Systems(config)
+    systems.admin("log").create_stream(StreamSpec("events", 1))
+    producer = systems.producer("log")
+    for i in range(N):
+        written = 1000 + 10 * i
+        at = written - (25 if i % 2 == 0 else 3)
+        producer.send(
+            "events", 0, Record("", b"k", json.dumps({"i": i, "at": at}).encode(), written)
+        )
+    producer.flush()
+    ssp = SystemStreamPartition("log", "events", 0)
+    (by_event,) = set_startpoints(config, "events", StartpointTimestamp(1100))
+    assert (by_event.resolves_to, by_event.found_by) == (
+        "11",
+        "by event time (field 'at'), kept as that offset",
+    )
+    (by_record,) = set_startpoints(config, "events", StartpointTimestamp(1100), by="record-time")
+    assert (by_record.resolves_to, by_record.found_by) == ("10", "by record time")
+    (after_all,) = set_startpoints(config, "events", StartpointTimestamp(5000), by="event-time")
+    assert after_all.resolves_to == str(N)  # none at or after it: the partition's end
+    set_startpoints(config, "events", StartpointTimestamp(1100))  # the one that applies
+    mark = consumed_mark(config)
+    run_to_end(config)
+    assert consumed_since(config, mark) == {("Partition 0", str(ssp)): 11}
+    with pytest.raises(UserError, match=r"--by event-time: log.in has no event time; set "):
+        set_startpoints(config, "in", StartpointTimestamp(1100), by="event-time")
+    with pytest.raises(UserError, match=r"--by applies to --timestamp only"):
+        set_startpoints(config, "events", StartpointOldest(), by="record-time")

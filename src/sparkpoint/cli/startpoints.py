@@ -34,6 +34,15 @@ def startpoint_set(
             help="Start at the first message at or after this time (epoch ms or ISO-8601)."
         ),
     ] = None,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="What --timestamp compares: event-time (the stream's event.time.field, the "
+            "time its watermark and windows use; the default where the stream has one) or "
+            "record-time (the record's own timestamp, as Kafka indexes it).",
+        ),
+    ] = None,
     oldest: Annotated[bool, typer.Option("--oldest", help="Start at the oldest message.")] = False,
     upcoming: Annotated[
         bool, typer.Option("--upcoming", help="Skip to new messages only.")
@@ -57,11 +66,12 @@ def startpoint_set(
     config = job_config(job, set_)
     sp = make_startpoint(offset=offset, timestamp=timestamp, oldest=oldest, upcoming=upcoming)
     planned = set_startpoints(
-        config, stream, sp, partitions=partition, task=task, apply_now=apply_now
+        config, stream, sp, partitions=partition, task=task, apply_now=apply_now, by=by
     )
     for p in planned:
         who = f" task {p.task}" if p.task else ""
-        print(f"{p.ssp}{who}: {sp.describe()} -> next offset {p.resolves_to} (as of now)")
+        how = f" {p.found_by}" if p.found_by else ""
+        print(f"{p.ssp}{who}: {sp.describe()}{how} -> next offset {p.resolves_to} (as of now)")
     if apply_now:
         print("requested: a running job applies these at its next batch boundary")
 

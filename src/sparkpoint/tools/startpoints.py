@@ -18,7 +18,7 @@ from sparkpoint.config import Config
 from sparkpoint.errors import UserError
 from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
 from sparkpoint.metadata.job_state import DriverConflict, Heartbeat
-from sparkpoint.model import SystemStreamPartition, TaskName
+from sparkpoint.model import SystemStream, SystemStreamPartition, TaskName
 from sparkpoint.model.startpoint import (
     Startpoint,
     StartpointOldest,
@@ -29,7 +29,7 @@ from sparkpoint.model.startpoint import (
 from sparkpoint.startpoint.manager import FAN_OUT, NAMESPACE, StartpointManager
 from sparkpoint.system.registry import Systems
 from sparkpoint.system.streams import job_model
-from sparkpoint.tools.streams import resolve_stream
+from sparkpoint.tools.streams import read_json_lines, resolve_stream
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,13 @@ class PlannedStartpoint:
     task: TaskName | None
     startpoint: Startpoint
     resolves_to: str
+    #: what the offset was found by: "" for the startpoint's own resolution, else how (a
+    #: timestamp by event time: the field, and that it is kept as that offset)
+    found_by: str = ""
+
+
+#: what ``--timestamp`` compares (``--by``)
+EVENT_TIME, RECORD_TIME = "event-time", "record-time"
 
 
 def parse_timestamp(text: str) -> int:
@@ -130,6 +137,43 @@ def _targets(
     return chosen
 
 
+def time_basis(config: Config, stream: SystemStream, by: str | None) -> str:
+    """What a timestamp startpoint on ``stream`` compares: ``by``, else its event time where
+    the stream has one (``streams.<s>.event.time.field``: the time its watermark and windows
+    use), else the record's timestamp."""
+    field = config.get_str(f"streams.{stream.stream}.event.time.field")
+    if by is None:
+        return EVENT_TIME if field else RECORD_TIME
+    if by not in (EVENT_TIME, RECORD_TIME):
+        raise UserError(f"--by {by!r}: expected {EVENT_TIME} or {RECORD_TIME}")
+    if by == EVENT_TIME and not field:
+        raise UserError(
+            f"--by {EVENT_TIME}: {stream} has no event time; set streams.{stream.stream}."
+            f"event.time.field to the message field of milliseconds, or use --by {RECORD_TIME}"
+        )
+    return by
+
+
+def by_event_time(
+    config: Config, systems: Systems, ssp: SystemStreamPartition, timestamp: int
+) -> str:
+    """The offset of ``ssp``'s first record whose event time is at or after ``timestamp``
+    (the partition's end when none is): read from the first record written at or after
+    ``timestamp`` less ``task.watermark.lateness.ms`` (a record's event time is before it is
+    written, by at most the job's declared lateness), decoded by the stream's serdes."""
+    field = config.require(f"streams.{ssp.stream}.event.time.field")
+    admin = systems.admin(ssp.system)
+    lateness = config.get_int("task.watermark.lateness.ms")
+    start = admin.offset_for_timestamp(ssp, max(timestamp - lateness, 0))
+    rows = read_json_lines(config, systems, ssp.system_stream, partition=ssp.partition, start=start)
+    for row in rows:
+        value = row["value"]
+        at = value.get(field) if isinstance(value, dict) else None
+        if isinstance(at, int) and not isinstance(at, bool) and at >= timestamp:
+            return str(row["offset"])
+    return admin.get_committed_metadata([ssp])[ssp].upcoming
+
+
 def set_startpoints(
     config: Config,
     stream: str,
@@ -138,14 +182,33 @@ def set_startpoints(
     partitions: list[int] | None = None,
     task: str | None = None,
     apply_now: bool = False,
+    by: str | None = None,
 ) -> list[PlannedStartpoint]:
-    """Validate, then write one startpoint per SSP (per SSP and task with ``task``)."""
+    """Validate, then write one startpoint per SSP (per SSP and task with ``task``). A
+    timestamp compares event time where the stream has one (:func:`time_basis`): found now,
+    and kept as the offset it found (the record timestamps a system indexes are not event
+    times)."""
     systems = Systems(config)
     planned = []
+    basis = None
+    if isinstance(startpoint, StartpointTimestamp):
+        basis = time_basis(config, resolve_stream(config, stream), by)
+    elif by is not None:
+        raise UserError("--by applies to --timestamp only")
     for ssp, t in _targets(config, systems, stream, partitions, task):
         _check_startpoint(ssp, startpoint)
+        if basis == EVENT_TIME:
+            assert isinstance(startpoint, StartpointTimestamp)
+            offset = by_event_time(config, systems, ssp, startpoint.timestamp)
+            field = config.get_str(f"streams.{ssp.stream}.event.time.field")
+            created = startpoint.creation_timestamp
+            kept = StartpointSpecific(offset, creation_timestamp=created)
+            how = f"by event time (field {field!r}), kept as that offset"
+            planned.append(PlannedStartpoint(ssp, t, kept, offset, how))
+            continue
         offset = systems.admin(ssp.system).resolve_startpoint_to_offset(ssp, startpoint)
-        planned.append(PlannedStartpoint(ssp, t, startpoint, offset))
+        how = "by record time" if basis == RECORD_TIME else ""
+        planned.append(PlannedStartpoint(ssp, t, startpoint, offset, how))
     manager = _manager(config, systems)
     pinned = [p for p in planned if _pins(config, p)]
     heartbeat = None
