@@ -155,7 +155,7 @@ class TaskBatchResult:
     records_published: int = 0  # staged records this batch's clean-up published
     #: a DataFrame task's finish, exactly-once: the parts its dead letters were staged to, by
     #: ``system.stream.partition`` (the runner records them with the batch's other parts)
-    frame_parts: dict[str, str] = field(default_factory=dict)
+    frame_parts: list[dict[str, str]] = field(default_factory=list)
     #: the task's progress in this batch was dropped (its input is read again next batch)
     dropped: bool = False
 

@@ -170,14 +170,32 @@ def test_late_adds_are_counted_with_a_late_stream_or_without(
     assert late == (["user-01", "user-02"] if late_stream else [])
 
 
-def test_a_late_stream_that_must_be_staged_is_refused(tmp_path: Path, spark: Any) -> None:
-    """Exactly-once stages a batch's output until its checkpoint: a DataFrame step's late rows
-    are sent as they are found, so they cannot be (the task API stages them)."""
-    config = job(tmp_path, **{"job.processing.guarantee": "exactly-once"})
-    send(config, views(20, seed=97, start_ms=0))
-    with pytest.raises(ConfigError, match=r"batch.window: late_stream filelog.late-views must"):
-        run(config, spark)
-    assert not emitted(config, "user-minute-counts", MINUTE)
+@pytest.mark.parametrize(
+    "point", [None, "during-stateful-step", "after-snapshot", "after-checkpoint-write"]
+)
+def test_exactly_once_stages_late_rows_with_the_batch(
+    tmp_path: Path, spark: Any, point: str | None
+) -> None:
+    """Exactly-once: a step's late rows are staged as parts of the batch and published with
+    its commit, as its other output (issue 72: refused before); a crash anywhere in the
+    batch leaves every late row and every window once."""
+    flag = tmp_path / "crash.flag"
+    crash = {} if point is None else {"testing.crash.at": point, "testing.crash.flag": str(flag)}
+    config = job(tmp_path, **{"job.processing.guarantee": "exactly-once", **crash})
+    sent = views(300, seed=97, start_ms=0)
+    send(config, sent)
+    run(config, spark)
+    more = views(100, seed=99, start_ms=sent[-1][1])
+    send(config, [("user-01", 0), ("user-02", 0), *more])  # their windows closed long ago
+    if point is not None:
+        flag.write_text("0")
+        with pytest.raises(Exception, match="injected crash"):  # however a worker shows it
+            run(config, spark)
+        assert not flag.exists(), f"the crash point {point} was never reached"
+    run(config, spark)
+    # each late view refused by its minute and by its session: two late rows, not four
+    assert emitted(config, "late-views", ("key",)) == {("user-01",): 2, ("user-02",): 2}
+    check(config, sent + more, once=True)
 
 
 def _two_steps(batch: Batch) -> Any:

@@ -29,7 +29,6 @@ from sparkpoint.errors import TaskError
 from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
 from sparkpoint.runtime.executor.joins import open_join
 from sparkpoint.runtime.executor.output import OutputCollector
-from sparkpoint.runtime.executor.task_batch import worker_config
 from sparkpoint.storage.joins import Joined
 
 JOIN_KINDS = ("left", "inner")
@@ -104,8 +103,7 @@ class WindowJoinStep:
         pairs: list[Joined] = []
         late: Any = NoOutput("a join step without a late stream")
         if self.late_stream is not None:
-            config, systems = worker_config(state.config.to_dict())
-            late = self._late = OutputCollector(config, systems, state.task_name)
+            late = self._late = state.late_collector()
         join = open_join(
             state.task_name,
             state.config,

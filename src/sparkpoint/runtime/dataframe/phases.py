@@ -262,11 +262,25 @@ class TaskPhases:
             )
         self.local.write_note(step_note(step), {"batch": self.key})
 
-    def end_step(self, step: str, fired: int, window_late: int = 0) -> None:
+    def end_step(
+        self,
+        step: str,
+        fired: int,
+        window_late: int = 0,
+        parts: Sequence[Mapping[str, str]] = (),
+    ) -> None:
         """``step`` ran to its end, firing ``fired`` timers; its window stores refused
-        ``window_late`` adds as late."""
+        ``window_late`` adds as late; its late rows were staged as ``parts`` (by collector,
+        ``system.stream.partition`` -> part), which the batch publishes at its commit."""
         note = {"batch": self.key, "fired": fired, "window_late": window_late}
+        if parts:
+            note["parts"] = [dict(p) for p in parts]
         self.local.write_note(step_note(step), note)
+
+    def staged(self, steps: Sequence[str]) -> list[dict[str, str]]:
+        """The parts the batch's ``steps`` staged here (their :meth:`end_step`)."""
+        notes = (self._note(step_note(s)) for s in steps)
+        return [dict(p) for n in notes if n is not None for p in n.get("parts", [])]
 
     def counted(self, steps: Sequence[str], what: str) -> int:
         """What the batch's ``steps`` counted here (their :meth:`end_step`): the timers they

@@ -241,8 +241,6 @@ class Batch:
         go to the window's ``late_stream`` when it has one. The step has the pipeline's
         timers (``task.timers.store``)."""
         defs = window_defs(windows)
-        for d in defs:
-            self._refuse_staged_late("batch.window", d.late_stream)
         for column in (key, time, value):
             if column is not None and column not in df.columns:
                 raise ConfigError(
@@ -253,20 +251,6 @@ class Batch:
         columns = [c for c in dict.fromkeys(["task", key, time, value]) if c is not None]
         schema = WINDOW_SCHEMA.format(value_type=value_type)
         return self._step(df.select(*columns), step, [d.store for d in defs], code, schema)
-
-    def _refuse_staged_late(self, what: str, late_stream: str | None) -> None:
-        """A step sends its late rows as it finds them, not staged with the batch's output:
-        refused where the stream's output must be staged (exactly-once, an intermediate
-        stream), as a replayed batch would send them again."""
-        if late_stream is None or not staged_stream(self.config, SystemStream.parse(late_stream)):
-            return
-        raise ConfigError(
-            f"{what}: late_stream {late_stream} must be staged with the batch (job.processing."
-            f"guarantee=exactly-once, or an intermediate stream), and a DataFrame step sends "
-            f"its late rows as it finds them, so a replayed batch would send them twice. Drop "
-            f"late_stream (late rows are then dropped), or run this step as a task "
-            f"(context.windows stages them)"
-        )
 
     def join_window(
         self,
@@ -294,7 +278,6 @@ class Batch:
         column joined; none: null strings). A row behind the watermark is late: not joined,
         and sent to ``late_stream`` when there is one. The step has the pipeline's timers
         (``task.timers.store``)."""
-        self._refuse_staged_late("batch.join_window", late_stream)
         for column in (side, key, time, value):
             if column is not None and column not in df.columns:
                 raise ConfigError(

@@ -216,8 +216,9 @@ class DataFrameRunner(BatchRunner):
         """Add to the tasks' results what the outputs sent for them, and note the parts
         (dead letters) each task's finish staged."""
         for result in results:
-            if result.frame_parts and self._staged is not None:
-                self._staged.add_parts(result.frame_parts)
+            if self._staged is not None:
+                for parts in result.frame_parts:  # one per collector: dead letters, late rows
+                    self._staged.add_parts(parts)
         by_task = {r.task: r for r in results}
         for task, n in sent.items():
             target = by_task.get(task) or (results[0] if results else None)

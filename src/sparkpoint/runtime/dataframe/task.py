@@ -54,6 +54,7 @@ from sparkpoint.runtime.executor.task_batch import (
     CoordinatorRequests,
     TaskBatch,
     disk_errors_named,
+    worker_config,
 )
 from sparkpoint.runtime.executor.timers import OwnedTimer, TaskTimers
 from sparkpoint.runtime.executor.worker_heap import (
@@ -64,12 +65,13 @@ from sparkpoint.runtime.plan import TaskBatchPlan, TaskBatchResult
 from sparkpoint.serde import REGISTRY_SERDES
 from sparkpoint.serde.registry import RegistrySerde
 from sparkpoint.storage.kv.base import KeyValueStore
-from sparkpoint.storage.outputs import batch_owner, new_part, staged_stream, stages_output
+from sparkpoint.storage.outputs import batch_owner, new_part, staged_streams, stages_output
 from sparkpoint.storage.task_storage import persistent_store
 from sparkpoint.storage.timers import TimeKind
 from sparkpoint.system.base import IncomingMessageEnvelope, OutgoingMessageEnvelope, Record
 from sparkpoint.system.columns import RecordColumns, newline_joined
 from sparkpoint.system.dead_letters import DECODE, original
+from sparkpoint.system.registry import Systems
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,7 @@ class FrameTask:
             started=started,
             processed_at=time.monotonic(),
         )
-        result.frame_parts = parts
+        result.frame_parts = [p for p in [parts, *self.phases.staged(steps)] if p]
         if whole is not None:
             result.dead_letters = dict(Counter(d["reason"] for d in whole.end.dead_letters))
             result.late = whole.end.late
@@ -177,10 +179,7 @@ class FrameTask:
         stream, config = batch.dead.stream, batch.config
         if not letters or stream is None:
             return 0, {}
-        staging = None
-        if stages_output(config) and staged_stream(config, stream):
-            staging = (batch_owner(config), new_part(self.plan.run_id, self.plan.batch))
-        collector = OutputCollector(config, batch.systems, batch.task, staging=staging)
+        collector = batch_collector(config, batch.systems, batch.task, self.plan)
         try:
             for letter in letters:
                 key = original(letter)[0]
@@ -190,6 +189,23 @@ class FrameTask:
         finally:
             collector.abort()  # (after close(): nothing)
         return collector.sent, collector.staged_parts
+
+
+def batch_collector(
+    config: Config, systems: Systems, task: TaskName, plan: TaskBatchPlan
+) -> OutputCollector:
+    """A collector of a DataFrame task's output besides ``to_stream`` (dead letters, a window
+    or join step's late rows): a stream whose output is staged (exactly-once, or an
+    intermediate stream) gets a part of the batch (:func:`batch_owner`, a new part), published
+    with the batch's other parts at its commit; any other is sent as it goes."""
+    staging = (batch_owner(config), new_part(plan.run_id, plan.batch))
+    return OutputCollector(
+        config,
+        systems,
+        task,
+        staging=staging if stages_output(config) else None,
+        staged_streams=staged_streams(config),
+    )
 
 
 def read_batches(plan: TaskBatchPlan, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -467,12 +483,35 @@ class StepState:
         stores: Mapping[str, KeyValueStore[Any, Any]],
         step: str,
         timers: TaskTimers | None = None,
+        plan: TaskBatchPlan | None = None,
     ) -> None:
         self.task_name = task
         self.config = config
         self.step = step
         self._stores = dict(stores)
         self._timers = timers
+        self._plan = plan
+        self._collectors: list[OutputCollector] = []
+
+    def late_collector(self) -> OutputCollector:
+        """A collector for the step's late rows (a window or join step's ``late_stream``):
+        staged as a part of the batch where the stream is staged (:func:`batch_collector`).
+        The step flushes and closes it; :meth:`staged_parts` names what it staged."""
+        if self._plan is None:
+            raise TaskError(f"task {self.task_name}: step {self.step!r} runs outside a batch")
+        config, systems = worker_config(self.config.to_dict())
+        collector = batch_collector(config, systems, self.task_name, self._plan)
+        self._collectors.append(collector)
+        return collector
+
+    def staged_parts(self) -> list[dict[str, str]]:
+        """The parts the step's late collectors staged (once closed), by collector."""
+        return [c.staged_parts for c in self._collectors if c.staged]
+
+    def abort(self) -> None:
+        """The step failed: what its collectors staged and did not close goes."""
+        for collector in self._collectors:
+            collector.abort()
 
     def store(self, name: str) -> KeyValueStore[Any, Any]:
         try:
@@ -600,7 +639,7 @@ def _run_step(
                 timers = TaskTimers.open(batch.task, batch.config, opened, plan.task.ssps)
                 timers.end_of_input = plan.commits.end_of_input
             freeze_imported_objects()  # the step's code and pyarrow are imported now
-            state = StepState(batch.task, batch.config, opened, step, timers)
+            state = StepState(batch.task, batch.config, opened, step, timers, plan)
             what = "stateful step"
             try:
                 for out in code.fn(state, chunks):
@@ -618,15 +657,20 @@ def _run_step(
                         yield out
                         maybe_crash(batch.config, "during-stateful-step")
             except SparkpointError:
+                state.abort()
                 raise
             except Exception as exc:
+                state.abort()
                 error = f"{type(exc).__name__}: {exc}{raised_at(exc)}"
                 frame.phases.fail_step(step, error)
                 raise TaskError(f"task {batch.task}: {what} {step!r} failed: {error}") from exc
             for store in opened.values():
                 store.flush()
-            if timers is not None and (timers.fired or timers.refused):
-                frame.phases.end_step(step, timers.fired, timers.window_late())
+            parts = state.staged_parts()
+            if parts or (timers is not None and (timers.fired or timers.refused)):
+                fired = 0 if timers is None else timers.fired
+                late = 0 if timers is None else timers.window_late()
+                frame.phases.end_step(step, fired, late, parts)
         finally:
             batch.storage.close()
 

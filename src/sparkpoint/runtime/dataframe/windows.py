@@ -20,7 +20,6 @@ import pyarrow as pa
 from sparkpoint.errors import ConfigError, TaskError
 from sparkpoint.runtime.dataframe.task import NoOutput, StepCode, StepState
 from sparkpoint.runtime.executor.output import OutputCollector
-from sparkpoint.runtime.executor.task_batch import worker_config
 from sparkpoint.runtime.executor.windows import TaskWindows, WindowedStore
 from sparkpoint.storage.windows import Aggregate, Window, WindowSpec, count
 
@@ -142,8 +141,7 @@ class WindowStep:
     def _open(self, state: StepState) -> list[WindowedStore]:
         self._late = _NOWHERE
         if any(d.late_stream for d in self.defs):
-            config, systems = worker_config(state.config.to_dict())
-            self._late = OutputCollector(config, systems, state.task_name)
+            self._late = state.late_collector()
         opened = []
         stores = {d.store: state.store(d.store) for d in self.defs}
         opener = TaskWindows(state.task_name, state.config, stores, state.timers)
