@@ -93,3 +93,9 @@ class BatchInterrupted(SparkpointError):
     """A batch stopped before its end because an executor it ran tasks on was lost (its Spark
     jobs were cancelled rather than wait for it): the driver starts every task again from its
     last written checkpoint, as after a restart."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (for one-line errors that quote it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"

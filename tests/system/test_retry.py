@@ -11,7 +11,7 @@ import pytest
 
 from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config
-from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore
+from sparkpoint.metadata.coordinator_stream import CoordinatorStreamStore, MetadataStreamError
 from sparkpoint.runtime.driver.coordinator import JobCoordinator
 from sparkpoint.runtime.driver.inline import InlineRunner
 from sparkpoint.system.base import StreamSpec
@@ -91,3 +91,39 @@ def test_a_job_runs_through_transient_faults_in_its_metadata_streams(
     assert committed_counts(config) == dict(expected)
     assert len(CheckpointManager(config).read_all()) == 4
     assert CoordinatorStreamStore(config).all("set-config")  # the config was stored
+
+
+def test_a_coordinator_stream_that_keeps_failing_at_start_is_one_line_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 72: a coordinator-stream write that failed past its retries at start (the
+    standby and locality metadata) ended the run with a Python traceback. It is one line
+    naming the stream and what to fix, and the next run, the fault gone, is exact."""
+    config = make(tmp_path)
+    expected = generate(config, tmp_path / "a.yaml", 200, seed=82)
+    monkeypatch.setattr("sparkpoint.system.retry.time.sleep", lambda s: None)
+    flush = FileLogProducer.flush
+    failing = {"on": True}
+
+    def broken_flush(self: FileLogProducer) -> None:
+        if failing["on"]:
+            raise OSError(errno.EIO, "Input/output error")
+        flush(self)
+
+    monkeypatch.setattr(FileLogProducer, "flush", broken_flush)
+    with pytest.raises(MetadataStreamError) as failed:
+        coordinator = JobCoordinator(config, InlineRunner())
+        try:
+            coordinator.run(until_caught_up=True)
+        finally:
+            coordinator.close()
+    line = str(failed.value)
+    assert line.startswith("coordinator stream filelog.__coordinator-pageviews-1.0: ")
+    assert "\n" not in line
+    assert "writing the job's metadata failed (OSError: [Errno 5] Input/output error)" in line
+    assert line.endswith("fix system filelog (its disk, permissions or server), then run again")
+    failing["on"] = False
+    coordinator = JobCoordinator(config, InlineRunner())
+    coordinator.run(until_caught_up=True)
+    coordinator.close()
+    assert committed_counts(config) == dict(expected)

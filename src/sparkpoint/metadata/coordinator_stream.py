@@ -25,11 +25,11 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sparkpoint.config import Config
-from sparkpoint.errors import UserError
+from sparkpoint.errors import SparkpointError, UserError, first_line
 from sparkpoint.metadata.base import MetadataStore
 from sparkpoint.model import SystemStream, SystemStreamPartition
 from sparkpoint.system.base import Record
@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 def enveloped(namespace: str) -> bool:
     """Whether values of ``namespace`` are wrapped in Samza's message envelope."""
     return namespace.startswith("set-")
+
+
+class MetadataStreamError(UserError):
+    """The coordinator stream could not be read or written (after retries)."""
 
 
 class CorruptMetadataError(UserError):
@@ -156,7 +160,22 @@ class CoordinatorStreamStore(MetadataStore):
 
     def refresh(self) -> None:
         """Read what was written since the last refresh (transient faults retried)."""
-        retry_transient(f"reading {self._ssp}", self._refresh)
+        self._retried("reading", self._refresh)
+
+    def _retried(self, doing: str, fn: Callable[[], None]) -> None:
+        """``fn()`` with transient faults retried; one that persists, or any other fault of
+        the system, is a :class:`MetadataStreamError` naming the stream and what to fix."""
+        try:
+            retry_transient(f"{doing} {self._ssp}", fn)
+        except SparkpointError:
+            raise
+        except Exception as exc:
+            raise MetadataStreamError(
+                f"coordinator stream {self._ssp}: {doing} the job's metadata failed "
+                f"({type(exc).__name__}: {first_line(exc)}); the job stops here, and what it "
+                f"has committed is intact: fix system {self._system} (its disk, permissions "
+                "or server), then run again"
+            ) from exc
 
     def _refresh(self) -> None:
         meta = self._admin.get_metadata([self._ssp])[self._ssp]
@@ -227,9 +246,9 @@ class CoordinatorStreamStore(MetadataStore):
     def flush(self) -> None:
         """Make our writes durable, then catch up with every writer (ours included); transient
         faults are retried."""
-        retry_transient(f"writing {self._ssp}", self._producer.flush)
+        self._retried("writing", self._producer.flush)
         self.refresh()
 
     def close(self) -> None:
-        retry_transient(f"writing {self._ssp}", self._producer.flush)
+        self._retried("writing", self._producer.flush)
         self._producer.close()

@@ -20,7 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sparkpoint.errors import ConfigError, SparkpointError, TableError, TableSchemaError
+from sparkpoint.errors import (
+    ConfigError,
+    SparkpointError,
+    TableError,
+    TableSchemaError,
+    first_line,
+)
 from sparkpoint.system.retry import is_transient
 
 if TYPE_CHECKING:
@@ -305,14 +311,14 @@ class Tables:
                     raise TableError(
                         f"table {spec.label}: the {self.writer.kind} write failed"
                         + (f" after {attempt} tries" if attempt > 1 else "")
-                        + f": {type(exc).__name__}: {_first_line(exc)}"
+                        + f": {type(exc).__name__}: {first_line(exc)}"
                     ) from exc
                 log.warning(
                     "table %s: %s write failed (%s: %s); trying again in %.1fs (%d of %d)",
                     spec.label,
                     self.writer.kind,
                     type(exc).__name__,
-                    _first_line(exc),
+                    first_line(exc),
                     delay,
                     attempt + 1,
                     self.attempts,
@@ -338,8 +344,3 @@ class Tables:
             writer.refresh(spec.name)  # a schema kept since another writer changed it
             held, new = conform(spec, writer.schema(spec.name), data)
         return writer.write(spec, held, new, commit)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
