@@ -28,6 +28,7 @@ LAYER = {
     "startpoint": 7,
     "storage": 8,
     "tools": 9,
+    "state": 9.5,  # state as data: reads through the tools, pyspark in its data source only
     "runtime": 10,
     "cli": 11,
     "testing": 12,
@@ -79,7 +80,11 @@ def test_layers_are_respected() -> None:
 
 @pytest.mark.parametrize("forbidden", ["pyspark", "sparkpoint.testing"])
 def test_only_where_allowed(forbidden: str) -> None:
-    allowed = {"runtime", "cli", "testing", "__init__"} if forbidden == "pyspark" else {"testing"}
+    allowed = (
+        {"runtime", "state", "cli", "testing", "__init__"}
+        if forbidden == "pyspark"
+        else {"testing"}
+    )
     wrong = [
         f"{where.split(':')[1]}:{line}"
         for where, name, line in imports()

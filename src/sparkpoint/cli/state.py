@@ -64,6 +64,35 @@ def _escaped(data: bytes) -> str:
     return repr(data)[2:-1]
 
 
+@state_app.command("get")
+def state_get(
+    job: JobArg,
+    keys: Annotated[list[str], typer.Argument(help="The keys to look up.")],
+    store: Annotated[str, typer.Option(help="The store to look in.")],
+    set_: SetOpt = None,
+) -> None:
+    """Look keys up in a store's committed state, with no Spark: a JSON line per key,
+    `{"key", "value", "found", "task", "checkpoint"}`, from the last checkpoint of the task
+    its input partitioner places it in (never a running task's uncommitted writes).
+
+    A key is typed as the store's key serde takes it (an integer for `integer`, JSON for
+    `json`). Example: `sparkpoint state get job.yaml --store user-counts user-00001 user-00002`
+    """
+    from sparkpoint.state.lookup import key_from_text, lookup
+
+    config = ran_config(job, set_)
+    parsed = [key_from_text(config, store, k) for k in keys]
+    for answer in lookup(config, store, parsed):
+        line = {
+            "key": answer.key,
+            "value": answer.value,
+            "found": answer.found,
+            "task": answer.task,
+            "checkpoint": answer.checkpoint,
+        }
+        sys.stdout.write(json.dumps(line, separators=(",", ":"), default=str) + "\n")
+
+
 @state_app.command("show")
 def state_show(
     job: JobArg,

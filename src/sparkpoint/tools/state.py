@@ -7,6 +7,7 @@ from the store's state backends (:func:`sparkpoint.storage.restore.restore_for_r
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ def committed_entries(
 ) -> Iterator[tuple[str, Any, Any]]:
     """``(task, key, value)`` of a store's committed contents, task by task, in key order,
     decoded by the store's serdes (:func:`committed_raw_entries`)."""
-    _require_store(config, store)
+    require_store(config, store)
     key_serde, msg_serde = store_serdes(config, store)
     for name, key, value in committed_raw_entries(config, store, task):
         yield name, key_serde.from_bytes(key), msg_serde.from_bytes(value)
@@ -52,7 +53,7 @@ def committed_rows(
     """``(task, layout, row)`` of a store's committed contents: each entry decoded in
     ``layout`` (``auto``: the one recognised from the store's first entry), as
     :mod:`sparkpoint.storage.layouts` reads it; the entries that only index others left out."""
-    _require_store(config, store)
+    require_store(config, store)
     entries = committed_raw_entries(config, store, task)
     first = next(entries, None)
     if first is None:
@@ -77,10 +78,10 @@ def committed_raw_entries(
     of the changelog up to the checkpointed offset), writing to no backend. Never from a live
     store a running job may be writing.
     """
-    _require_store(config, store)
+    require_store(config, store)
     systems = Systems(config)
     try:
-        tasks = _task_checkpoints(config, systems)
+        tasks = task_checkpoints(config, systems)
         if task is not None:
             known = ", ".join(m.name.name for m, _ in tasks) or "none"
             tasks = [(m, c) for m, c in tasks if m.name == TaskName(task)]
@@ -93,13 +94,13 @@ def committed_raw_entries(
         systems.close()
 
 
-def _require_store(config: Config, store: str) -> None:
+def require_store(config: Config, store: str) -> None:
     if store not in config.stores:
         known = ", ".join(config.stores) or "none"
         raise UserError(f"no store {store!r} in job {config.job_name}; stores: {known}")
 
 
-def _task_checkpoints(config: Config, systems: Systems) -> list[tuple[TaskModel, Checkpoint]]:
+def task_checkpoints(config: Config, systems: Systems) -> list[tuple[TaskModel, Checkpoint]]:
     """Each task with a checkpoint (with the changelog partition the job last ran it with) and
     that checkpoint, in task order."""
     checkpoints = CheckpointManager(config, systems).read_all()
@@ -113,6 +114,17 @@ def _task_checkpoints(config: Config, systems: Systems) -> list[tuple[TaskModel,
 def _committed(
     config: Config, systems: Systems, task: TaskModel, store: str, checkpoint: Checkpoint
 ) -> Iterator[tuple[bytes, bytes]]:
+    with committed_engine(config, systems, task, store, checkpoint) as engine:
+        yield from engine.all()
+
+
+@contextlib.contextmanager
+def committed_engine(
+    config: Config, systems: Systems, task: TaskModel, store: str, checkpoint: Checkpoint
+) -> Iterator[KeyValueEngine]:
+    """``task``'s ``store`` as of ``checkpoint``, read-only (expired TTL entries hidden): its
+    local checkpoint when this machine has it, else rebuilt in a scratch directory from the
+    store's restore backends; closed (and the scratch removed) when the block ends."""
     cid = str(checkpoint.checkpoint_id)
     local = LocalTaskState(config.store_base_dir, task.name)
     if local.has_checkpoint(store, cid):
@@ -120,7 +132,7 @@ def _committed(
             store, local.checkpoint_dir(store, cid), read_only=True
         )
         try:
-            yield from ttl.readable(engine, ttl.ttl_of(config, store)).all()
+            yield ttl.readable(engine, ttl.ttl_of(config, store))
         finally:
             engine.close()
         return
@@ -132,7 +144,7 @@ def _committed(
     with tempfile.TemporaryDirectory(prefix="sparkpoint-state-") as tmp:
         engine = restore_for_reading(config, systems, task, store, checkpoint, Path(tmp))
         try:
-            yield from ttl.readable(engine, ttl.ttl_of(config, store)).all()
+            yield ttl.readable(engine, ttl.ttl_of(config, store))
         finally:
             engine.close()
 
@@ -150,7 +162,7 @@ def state_locations(config: Config) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     blobs: BlobStoreManager | None = None
     try:
-        for model, checkpoint in _task_checkpoints(config, systems):
+        for model, checkpoint in task_checkpoints(config, systems):
             name = model.name
             markers = checkpoint_markers(config, checkpoint, model)
             cid = str(checkpoint.checkpoint_id)

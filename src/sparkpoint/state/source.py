@@ -1,0 +1,146 @@
+"""The ``sparkpoint-state`` data source (PySpark's Python Data Source API): a store's state as
+of each task's last written checkpoint, read by Spark partitions, one per task.
+
+``spark.read.format("sparkpoint-state").option("job", "job.yaml").option("store", "counts")
+.load()``. Options: ``job`` (the job file) and ``store`` (required); ``layout``
+(``auto``, the default: recognised from the store's first entry; ``plain``, ``window``,
+``join``, ``timers``); ``value_schema`` (a DDL struct to read a JSON store's values as);
+``set.<key>`` (a config value, as ``--set`` does). The columns are :mod:`.columns`'. Filters
+``task = ...``/``task IN (...)`` choose the partitions read; ``key = ...``/``key IN (...)`` are
+applied as each task is read (Spark need not check them again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    In,
+    InputPartition,
+)
+
+from sparkpoint.config import Config, load_config
+from sparkpoint.errors import UserError
+from sparkpoint.state.columns import Column, columns, ddl, fill
+from sparkpoint.storage.layouts import Layout, recognise
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.state import (
+    committed_raw_entries,
+    committed_rows,
+    require_store,
+    task_checkpoints,
+)
+
+ROWS_PER_BATCH = 10_000
+
+
+def _config(options: dict[str, str]) -> tuple[Config, str]:
+    job, store = options.get("job"), options.get("store")
+    if not job or not store:
+        raise UserError(
+            'sparkpoint-state: give .option("job", <the job file>) and .option("store", <a store>)'
+        )
+    overrides = {k[len("set.") :]: v for k, v in options.items() if k.startswith("set.")}
+    config = load_config(Path(job), overrides)
+    require_store(config, store)
+    return config, store
+
+
+def _layout(config: Config, store: str, asked: str) -> Layout:
+    try:
+        layout = Layout(asked.lower())
+    except ValueError:
+        known = ", ".join(v.value for v in Layout)
+        raise UserError(f"sparkpoint-state: layout {asked!r}: one of {known}") from None
+    if layout is not Layout.AUTO:
+        return layout
+    first = next(iter(committed_raw_entries(config, store)), None)
+    return recognise(config, store, None if first is None else first[1:])
+
+
+class StateDataSource(DataSource):
+    """``sparkpoint-state``: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sparkpoint-state"
+
+    def _columns(self) -> tuple[Layout, list[Column]]:
+        options = dict(self.options)
+        config, store = _config(options)
+        layout = _layout(config, store, options.get("layout", "auto"))
+        return layout, columns(config, store, layout, options.get("value_schema"))
+
+    def schema(self) -> str:
+        return ddl(self._columns()[1])
+
+    def reader(self, schema: Any) -> StateReader:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        layout, _ = self._columns()
+        return StateReader(dict(self.options), layout, to_arrow_schema(schema))
+
+
+class _Task(InputPartition):
+    """One task's state: a Spark partition."""
+
+
+class StateReader(DataSourceReader):
+    def __init__(self, options: dict[str, str], layout: Layout, arrow: pa.Schema) -> None:
+        self.options = options
+        self.layout = layout
+        self.arrow = arrow  # the columns as Spark reads them (made where Spark runs: the driver)
+        self.tasks: set[str] | None = None
+        self.keys: set[Any] | None = None
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        for f in filters:
+            found = _values(f)
+            if found is not None and found[0] == ("task",):
+                self.tasks = found[1] if self.tasks is None else self.tasks & found[1]
+            elif found is not None and found[0] == ("key",):
+                self.keys = found[1] if self.keys is None else self.keys & found[1]
+            else:
+                yield f
+
+    def partitions(self) -> list[InputPartition]:
+        config, _store = _config(self.options)
+        systems = Systems(config)
+        try:
+            names = [m.name.name for m, _ in task_checkpoints(config, systems)]
+        finally:
+            systems.close()
+        return [_Task(n) for n in names if self.tasks is None or n in self.tasks]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        config, store = _config(self.options)
+        cols = columns(config, store, self.layout, self.options.get("value_schema"))
+        key = next((c for c in cols if c.name == "key"), None)
+        rows: list[tuple[str, dict[str, Any]]] = []
+        for task, _layout, row in committed_rows(config, store, partition.value, self.layout):
+            if self.keys is not None:
+                value = row.get("key")
+                if key is None or value is None or key.convert(value) not in self.keys:
+                    continue
+            rows.append((task, row))
+            if len(rows) >= ROWS_PER_BATCH:
+                yield pa.RecordBatch.from_pydict(fill(cols, rows), schema=self.arrow)
+                rows = []
+        if rows:
+            yield pa.RecordBatch.from_pydict(fill(cols, rows), schema=self.arrow)
+
+
+def _values(f: Filter) -> tuple[tuple[str, ...], set[Any]] | None:
+    """(the column, the values it is equal to) of an ``=`` or ``IN`` filter."""
+    if isinstance(f, EqualTo):
+        return f.attribute, {f.value}
+    if isinstance(f, In):
+        return f.attribute, set(f.value)
+    return None

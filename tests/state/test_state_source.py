@@ -1,0 +1,91 @@
+"""A job's committed state as a DataFrame (``sparkpoint-state``) and looked up by key (issue
+68): the DataFrame holds what ``sparkpoint state dump`` prints, store by store (plain, window,
+session, timers), a task filter reads only that task, and a lookup answers as the dump does,
+naming the checkpoint it read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint import state
+from sparkpoint.errors import UserError
+from tests.e2e.cli import sp
+from tests.helpers import changelog_job, generate, run_job
+from tests.runtime.executor.test_windows import job, send, views
+
+
+def dumped(job_file: Path, store: str) -> list[dict[str, Any]]:
+    out = sp("state", "dump", str(job_file), "--store", store).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def read(spark: Any, job_file: Path, store: str, **options: str) -> Any:
+    reader = spark.read.format("sparkpoint-state").option("job", str(job_file))
+    for key, value in {"store": store, **options}.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def job_file(tmp_path: Path, config: Any) -> Path:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(config.to_dict()))  # JSON is YAML
+    return path
+
+
+def test_a_plain_store_reads_as_the_dump_prints_it(tmp_path: Path, spark: Any) -> None:
+    config = changelog_job(tmp_path)
+    generate(config, tmp_path / "a.yaml", 400, seed=71, users=30)
+    run_job(config, until_caught_up=True)
+    path = job_file(tmp_path, config)
+    state.register(spark)
+    df = read(spark, path, "user-counts")
+    assert df.columns == ["task", "key", "value"]
+    rows = sorted((r["key"], r["value"]) for r in df.collect())  # (its serde's type)
+    assert rows == sorted((d["key"], d["value"]) for d in dumped(path, "user-counts"))
+    one = df.where("task = 'Partition 1'")
+    assert one.rdd.getNumPartitions() == 1  # the filter chose the task read
+    assert {r["task"] for r in one.collect()} == {"Partition 1"} and one.count() > 0
+    keys = [rows[0][0], rows[-1][0]]
+    picked = read(spark, path, "user-counts").where(f"key IN ('{keys[0]}', '{keys[1]}')")
+    assert sorted(r["key"] for r in picked.collect()) == sorted(keys)
+    # looked up without Spark: as the dump, naming the task's checkpoint
+    answers = state.lookup(path, "user-counts", [keys[0], "nobody"])
+    assert (answers[0].found, answers[0].value) == (True, rows[0][1])
+    assert answers[0].checkpoint and answers[0].task.startswith("Partition ")
+    assert (answers[1].found, answers[1].value) == (False, None)
+    got = sp("state", "get", str(path), "--store", "user-counts", keys[0]).stdout
+    assert json.loads(got)["value"] == rows[0][1]
+    with pytest.raises(UserError, match="no store 'nope'"):
+        state.lookup(path, "nope", ["a"])
+
+
+def test_window_session_and_timer_stores_read_as_the_dump_prints_them(
+    tmp_path: Path, spark: Any
+) -> None:
+    config = job(tmp_path)
+    send(config, views(300, seed=72, start_ms=0))
+    run_job(config, until_caught_up=True)
+    path = job_file(tmp_path, config)
+    state.register(spark)
+    for store in ("minute-counts", "sessions", "timers"):
+        df = read(spark, path, store)
+        got = sorted(
+            json.dumps({k: v for k, v in r.asDict().items() if v is not None}, sort_keys=True)
+            for r in df.collect()
+        )
+        want = []
+        for d in dumped(path, store):
+            if "value" in d and store != "timers":
+                d["value"] = json.dumps(d["value"], separators=(",", ":"))
+            if "key" in d and store == "timers":
+                d["key"] = json.dumps(d["key"], separators=(",", ":"))
+            want.append(json.dumps(d, sort_keys=True))
+        assert got == sorted(want), store
+    windows = read(spark, path, "minute-counts").columns
+    assert windows == ["task", "key", "window_start", "window_end", "value", "fired"]
+    marks = read(spark, path, "timers").where("entry = 'watermark'").collect()
+    assert len(marks) == 4 and all(r["time"] > 0 for r in marks)
