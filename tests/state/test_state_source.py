@@ -6,6 +6,7 @@ naming the checkpoint it read."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,20 @@ def test_window_session_and_timer_stores_read_as_the_dump_prints_them(
     assert windows == ["task", "key", "window_start", "window_end", "value", "fired"]
     marks = read(spark, path, "timers").where("entry = 'watermark'").collect()
     assert len(marks) == 4 and all(r["time"] > 0 for r in marks)
+
+
+def test_a_ttl_store_reads_with_when_each_entry_expires(tmp_path: Path, spark: Any) -> None:
+    ttl = 3_600_000
+    config = changelog_job(tmp_path, **{"stores.user-counts.rocksdb.ttl.ms": str(ttl)})
+    generate(config, tmp_path / "a.yaml", 200, seed=73, users=20)
+    before = int(time.time() * 1000)
+    run_job(config, until_caught_up=True)
+    after = int(time.time() * 1000)
+    path = job_file(tmp_path, config)
+    state.register(spark)
+    df = read(spark, path, "user-counts")
+    assert df.columns == ["task", "key", "value", "expires_at"]
+    rows = df.collect()
+    assert rows and all(before + ttl <= r["expires_at"] <= after + ttl for r in rows)
+    dumped_rows = {d["key"]: d["expires_at"] for d in dumped(path, "user-counts")}
+    assert dumped_rows == {r["key"]: r["expires_at"] for r in rows}

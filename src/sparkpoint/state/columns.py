@@ -1,7 +1,8 @@
 """Which columns a store's committed state reads as, by its layout
 (:mod:`sparkpoint.storage.layouts`), and how a decoded entry fills them.
 
-Every layout starts with ``task``. A plain store has ``key`` and ``value``; a window or
+Every layout starts with ``task``. A plain store has ``key`` and ``value`` (and a TTL store
+``expires_at``, ms); a window or
 session store ``key``, ``window_start``, ``window_end``, ``value`` (the window's aggregate) and
 ``fired``; a join's buffer ``key``, ``time``, ``values``; the timer store a row per entry:
 ``entry`` (``timer``, ``event-time``, ``watermark``, ``tracking-since``), ``kind``, ``time``,
@@ -25,6 +26,7 @@ from sparkpoint.serde import BytesSerde, IntegerSerde, Serde, StringSerde
 from sparkpoint.serde.avro_types import value_columns
 from sparkpoint.serde.registry import RegistrySerde
 from sparkpoint.storage.kv.store import store_serdes
+from sparkpoint.storage.kv.ttl import ttl_of
 from sparkpoint.storage.layouts import Layout
 
 Convert = Callable[[Any], Any]
@@ -71,7 +73,8 @@ def columns(
     key = serde_column("key", key_serde)
     task = Column("task", "STRING")
     if layout is Layout.PLAIN:
-        return [task, key, serde_column("value", msg_serde, value_schema)]
+        plain = [task, key, serde_column("value", msg_serde, value_schema)]
+        return plain + ([Column("expires_at", "BIGINT")] if ttl_of(config, store) else [])
     if layout is Layout.WINDOW:
         return [
             task,

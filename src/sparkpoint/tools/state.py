@@ -11,7 +11,6 @@ import contextlib
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,19 +51,46 @@ def committed_rows(
 ) -> Iterator[tuple[str, Layout, dict[str, Any]]]:
     """``(task, layout, row)`` of a store's committed contents: each entry decoded in
     ``layout`` (``auto``: the one recognised from the store's first entry), as
-    :mod:`sparkpoint.storage.layouts` reads it; the entries that only index others left out."""
+    :mod:`sparkpoint.storage.layouts` reads it, with ``expires_at`` (ms) in a TTL store's
+    rows; the entries that only index others left out."""
     require_store(config, store)
-    entries = committed_raw_entries(config, store, task)
-    first = next(entries, None)
-    if first is None:
-        return
-    if layout is Layout.AUTO:
-        layout = recognise(config, store, first[1:])
-    decode = decoder(config, store, layout)
-    for name, key, value in chain([first], entries):
-        row = decode(key, value)
-        if row is not None:
-            yield name, layout, row
+    systems = Systems(config)
+    try:
+        decode = None
+        for model, checkpoint in _chosen(config, systems, task):
+            with committed_engine(config, systems, model, store, checkpoint) as engine:
+                entries = (
+                    engine.expiring()
+                    if isinstance(engine, ttl.TtlEngine)
+                    else ((k, v, None) for k, v in engine.all())
+                )
+                for key, value, expires in entries:
+                    if decode is None:
+                        if layout is Layout.AUTO:
+                            layout = recognise(config, store, (key, value))
+                        decode = decoder(config, store, layout)
+                    row = decode(key, value)
+                    if row is not None:
+                        if expires is not None:
+                            row["expires_at"] = expires
+                        yield model.name.name, layout, row
+    finally:
+        systems.close()
+
+
+def _chosen(
+    config: Config, systems: Systems, task: str | None
+) -> list[tuple[TaskModel, Checkpoint]]:
+    """Every task with a checkpoint, or only ``task`` (a :class:`UserError` when it has
+    none)."""
+    tasks = task_checkpoints(config, systems)
+    if task is None:
+        return tasks
+    known = ", ".join(m.name.name for m, _ in tasks) or "none"
+    chosen = [(m, c) for m, c in tasks if m.name == TaskName(task)]
+    if not chosen:
+        raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
+    return chosen
 
 
 def committed_raw_entries(
@@ -81,13 +107,7 @@ def committed_raw_entries(
     require_store(config, store)
     systems = Systems(config)
     try:
-        tasks = task_checkpoints(config, systems)
-        if task is not None:
-            known = ", ".join(m.name.name for m, _ in tasks) or "none"
-            tasks = [(m, c) for m, c in tasks if m.name == TaskName(task)]
-            if not tasks:
-                raise UserError(f"task {task!r} has no checkpoint; tasks with checkpoints: {known}")
-        for model, checkpoint in tasks:
+        for model, checkpoint in _chosen(config, systems, task):
             for key, value in _committed(config, systems, model, store, checkpoint):
                 yield model.name.name, key, value
     finally:

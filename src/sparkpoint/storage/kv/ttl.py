@@ -106,6 +106,17 @@ class TtlEngine(KeyValueEngine):
             if value is not None:
                 yield key, value
 
+    def expiring(self) -> Iterator[tuple[bytes, bytes, int | None]]:
+        """Every live entry with the time it expires (ms; ``None``: no TTL), in key order."""
+        after = self._live_after()
+        for key, data in self.inner.all():
+            if key == FORMAT_KEY:
+                continue
+            value = self._value(data, after)
+            if value is not None:
+                written = HEADER.unpack_from(data)[0]
+                yield key, value, None if self.ttl_ms is None else written + self.ttl_ms
+
     def _stamped(self, value: bytes) -> bytes:
         return HEADER.pack(self.clock()) + value
 
