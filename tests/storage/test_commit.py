@@ -100,6 +100,32 @@ def test_upload_error_surfaces_at_the_next_commit(tmp_path: Path) -> None:
     assert cycle.last is None  # nothing was written
 
 
+def test_a_failed_upload_surfaces_in_a_batch_that_does_not_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle job's batches do not commit (issue 72): a failed upload is raised by the next
+    batch all the same, or, tolerated, reported as a skipped commit (the driver then commits
+    again), not left until some later commit."""
+    config = make_failing(tmp_path)
+    cycle = TaskCycle(config)
+    cycle.batch()
+    with pytest.raises(CommitError, match=r"injected upload failure"):
+        cycle.batch(commit=False, wait=True)
+    (tmp_path / "tolerant").mkdir()
+    tolerant = make_failing(
+        tmp_path / "tolerant", **{"task.commit.skip.commit.during.failures.enabled": "true"}
+    )
+    cycle = TaskCycle(tolerant)
+    cycle.batch()
+    reports = []
+    for _ in range(200):  # batches until the upload, on the commit pool, has failed
+        reports.append(cycle.batch(commit=False).outcome.skipped)
+        if reports[-1]:
+            break
+    assert reports[-1] and "injected upload failure; skipped" in caplog.text
+    assert not cycle.batch(commit=False).outcome.skipped  # reported once
+
+
 def test_sync_mode_waits_for_the_upload_inside_the_batch(tmp_path: Path) -> None:
     config = make(
         tmp_path, **{"testing.copy.delay.ms": "300", "task.commit.async.enabled": "false"}

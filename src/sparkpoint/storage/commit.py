@@ -283,6 +283,15 @@ class TaskCommitManager:
             except CommitError as exc:
                 self._tolerate("exceptions", self.skip.max_exceptions, exc)
 
+    def check_uploads(self) -> bool:
+        """In a batch that does not commit: an upload of this run that failed or was lost is
+        raised, or counted and tolerated under the skip policy, as the next commit would
+        (an idle job's next commit may be far off); whether one was tolerated (its commit
+        never happened: the driver commits again)."""
+        before = self._failures()
+        self._check_tolerating()
+        return self._failures() != before
+
     # -- records
     def _abandoned_until(self) -> int:
         """This run's commits started at or before this time (ms) are abandoned: the task

@@ -451,8 +451,10 @@ class TaskStorage:
         if due:
             self._sweep_expired()
             outcome = commits.commit(offsets, wait=wait)
-        elif wait:
-            commits.wait_all()
+        else:
+            if wait:
+                commits.wait_all()
+            outcome.skipped = commits.check_uploads()
         return CommitReport(outcome, commits.completed(self.last_checkpoint_id))
 
     def _commit_manager(self) -> TaskCommitManager:

@@ -44,6 +44,8 @@ def test_an_idle_job_whose_state_is_committed_ticks_and_does_not_commit() -> Non
     # input, or a change since the last commit (timers fired by a tick), commits at once
     assert decide(replace(idle, pending=True), INTERVALS) == Decision(Action.RUN, commit=True)
     assert decide(replace(idle, changed=True), INTERVALS) == Decision(Action.RUN, commit=True)
+    # a global table's new version is taken at a commit, idle or not
+    assert decide(replace(idle, tables_changed=True), INTERVALS).commit
     assert decide(replace(idle, since_commit_ms=59_999.0), INTERVALS).action is Action.IDLE
 
 

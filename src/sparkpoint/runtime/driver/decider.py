@@ -102,7 +102,7 @@ def decide(state: LoopState, intervals: Intervals) -> Decision:
         drain
         or final
         or (state.tables_changed and state.pending)
-        or (interval and (state.changed or state.pending))
+        or (interval and (state.changed or state.pending or state.tables_changed))
         or ((state.waiting or state.rekeying) and since >= intervals.intermediate_ms)
     )
     window = intervals.window_ms >= 0 and state.since_window_ms >= intervals.window_ms

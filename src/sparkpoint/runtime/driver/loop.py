@@ -208,15 +208,17 @@ class MicroBatchLoop:
     ) -> None:
         """Whether the state may differ from the last commit's after this batch (the
         decider's ``changed``): a commit covers its batch unless a task skipped it; a batch
-        that read input or fired windows or timers changes it. A tick that changed nothing
-        counts as a commit (the state is the committed one), so the next is a commit
+        that read input or fired windows or timers changes it, and so does an earlier commit
+        whose upload failed (a task reports it as skipped, in any batch). A tick that changed
+        nothing counts as a commit (the state is the committed one), so the next is a commit
         interval away."""
         job = self.job
-        quiet = not (state.pending or decision.window) and not any(
+        skipped = any(r.commit_skipped for r in results)
+        quiet = not (state.pending or decision.window or skipped) and not any(
             r.processed or r.timers_fired for r in results
         )
         if decision.commit:
-            job.changed_since_commit = any(r.commit_skipped for r in results)
+            job.changed_since_commit = skipped
         elif not quiet:
             job.changed_since_commit = True
         if decision.tick and not job.changed_since_commit:
