@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: the (application, worker Python) pairs whose workers imported sparkpoint
+_CHECKED: set[tuple[str, str]] = worker.slot("python-checked", set)
+
 
 def session_context(spark: Any) -> Any:
     """The SparkContext of the caller's session ``spark`` (or ``spark`` itself, a context). A
@@ -59,7 +62,7 @@ def on_callers_session(
         module = inspect.getmodule(resolved.pipeline.build)
         pipeline_module = None if module is None else module.__name__
     modules = job_modules.find(resolved.config, resolved.directory, pipeline_module)
-    if job_modules.forget_changed(modules.files, modules.version, str(modules.directory)):
+    if job_modules.forget_changed(modules.files, modules.version):
         log.info("the job's modules changed since the last run: %s", ", ".join(modules.files))
         resolved = resolve_again()
     if modules.files:
@@ -84,6 +87,12 @@ def ship(context: Any, modules: job_modules.JobModules) -> Path:
     return archive
 
 
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("sparkpoint")
+
+
 def _probe(_: Any) -> str:
     """Run on a Python worker (pickled by reference: a worker without sparkpoint cannot even
     load it)."""
@@ -93,7 +102,7 @@ def _probe(_: Any) -> str:
 def check_workers(context: Any) -> None:
     """Whether the Python workers of ``context`` (a SparkContext) import sparkpoint: one
     one-task Spark job per session and Python; a :class:`UserError` says what to set."""
-    checked: set[tuple[str, str]] = worker.slot("python-checked", set)
+    checked = _CHECKED
     key = (str(context.applicationId), str(context.pythonExec))
     if key in checked:
         return
@@ -103,6 +112,13 @@ def check_workers(context: Any) -> None:
         missing = re.search(r"No module named '([^']+)'", str(exc))
         if missing is None:
             raise
+        if "." in missing.group(1):  # sparkpoint is there, but not this version's
+            raise UserError(
+                f"the Spark session's Python workers ({context.pythonExec}) have another "
+                f"version of sparkpoint (No module named {missing.group(1)!r}): install "
+                f"sparkpoint {_version()} on them, or set PYSPARK_PYTHON={sys.executable} "
+                "before the session is built"
+            ) from None
         raise UserError(
             f"the Spark session's Python workers run {context.pythonExec}, which cannot import "
             f"{missing.group(1)} (No module named {missing.group(1)!r}): set PYSPARK_PYTHON="

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import re
 import sys
 import tempfile
@@ -100,7 +101,7 @@ def find(config: Config, directory: Path, pipeline_module: str | None = None) ->
 def zipped(modules: JobModules, staging: Path | None = None) -> Path:
     """The modules as one zip named by their version, made once (kept for the session's
     workers to fetch)."""
-    staging = staging or Path(tempfile.gettempdir()) / "sparkpoint-job-modules"
+    staging = staging or Path(tempfile.gettempdir()) / f"sparkpoint-job-modules-{os.getuid()}"
     staging.mkdir(parents=True, exist_ok=True)
     target = staging / f"sparkpoint-job-{modules.version}.zip"
     if not target.exists():
@@ -125,19 +126,22 @@ def _package_dirs(modules: JobModules) -> set[Path]:
     }
 
 
-def _loaded() -> dict[str, str]:
-    return worker.slot("job-modules", dict)
+#: the version of each set of job modules this process loaded last
+_LOADED: dict[str, str] = worker.slot("job-modules", dict)
 
 
-def forget_changed(names: Iterable[str], version: str, directory: str = "") -> list[str]:
-    """Before this process loads the job's code: if it imported another version of the
-    modules ``names`` (of the job ``directory``), forget them (the next import reads the
-    version shipped now); which it forgot."""
-    loaded = _loaded()
-    before = loaded.get(directory)
-    loaded[directory] = version
-    if before is None or before == version:
+def forget_changed(names: Iterable[str], version: str) -> list[str]:
+    """Before this process loads the job's code: unless it loaded version ``version`` of the
+    modules ``names`` last, forget those it imported (another version, or one imported
+    before any run named a version: a notebook's own ``import``), so that the next import
+    reads the version shipped now; which it forgot. Kept per set of names: two jobs of one
+    session do not make each other forget."""
+    names = sorted(n for n in names if n)
+    loaded = _LOADED
+    key = ",".join(names)
+    if loaded.get(key) == version:
         return []
+    loaded[key] = version
     forgotten = [n for n in names if sys.modules.pop(n, None) is not None]
     importlib.invalidate_caches()
     return forgotten

@@ -226,6 +226,9 @@ class TaskBatch:
     def __init__(self, plan: TaskBatchPlan, attempt: int = 0) -> None:
         self.plan = plan
         self.attempt = attempt
+        # an edited module of the job (a notebook's): its new version, before any job code
+        # (the task, a serde or system the config names) loads in this process
+        job_modules.use_version(plan.config)
         self.config, self.systems = _CACHE.config(plan.config)
         self.task = plan.task.name
         self.storage = TaskStorage(
@@ -304,7 +307,6 @@ class TaskBatch:
                 )
                 tables, held = self.read_tables(stores, next_offsets)
                 processed += tables
-                job_modules.use_version(self.config)  # an edited module: its new version
                 task = load_task_class(self.config.require("task.class"))()
                 task.init(context)
                 freeze_imported_objects()  # the job's code is imported now
