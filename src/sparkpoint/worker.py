@@ -102,6 +102,13 @@ SLOTS: dict[str, Slot] = {
             "added by the first run on a session the caller started; kept for the process",
         ),
         Slot(
+            "held-table-parts",
+            "sparkpoint.system.tables.system",
+            "the Arrow rows of the table parts this process staged last (up to 32 MiB)",
+            "taken by the publish of the same part in this process while its file is the one "
+            "written; the oldest dropped first, so a part published elsewhere ages out",
+        ),
+        Slot(
             "kafka-clients",
             "sparkpoint.system.kafka.system",
             "idle Kafka consumers, producers and admins, by their settings",

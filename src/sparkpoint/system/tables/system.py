@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sparkpoint import worker
 from sparkpoint.config import ConfigKey
 from sparkpoint.errors import UserError
 from sparkpoint.failpoints import maybe_crash
@@ -150,22 +151,57 @@ class TableStagingProducer(_Holding, StagingProducer):
         self._held = _Rows()  # what was not staged is dropped: no commit names it
 
 
-#: bytes of staged rows a process keeps in memory for their publish by the same process
-HELD_BYTES = 64 << 20
+#: bytes of staged rows a process keeps in memory for their publish by the same process (all
+#: its table systems together, counted by the Arrow buffers they hold)
+HELD_BYTES = 32 << 20
+
+
+class _HeldParts:
+    """The staged parts this process wrote last, up to :data:`HELD_BYTES` in all, the oldest
+    dropped first (a part published by another process is never taken here: it ages out)."""
+
+    def __init__(self) -> None:
+        self.parts: OrderedDict[Path, tuple[tuple[int, int, int], pa.Table, int]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def hold(self, path: Path, stamp: tuple[int, int, int], data: pa.Table) -> None:
+        size = data.get_total_buffer_size()  # (a slice keeps its parent's buffers alive)
+        with self.lock:
+            self._drop(path)
+            if size > HELD_BYTES:
+                return
+            self.parts[path] = (stamp, data, size)
+            self.bytes += size
+            while self.bytes > HELD_BYTES:
+                self._drop(next(iter(self.parts)))
+
+    def take(self, path: Path) -> tuple[tuple[int, int, int], pa.Table] | None:
+        """The rows held for ``path`` and the stamp of the file they were written to; held
+        no longer."""
+        with self.lock:
+            held = self._drop(path)
+        return None if held is None else (held[0], held[1])
+
+    def _drop(self, path: Path) -> tuple[tuple[int, int, int], pa.Table, int] | None:
+        held = self.parts.pop(path, None)
+        if held is not None:
+            self.bytes -= held[2]
+        return held
+
+
+_HELD = worker.slot("held-table-parts", _HeldParts)
 
 
 class TableStaging(OutputStaging):
     """Staged parts as Arrow IPC files: ``<root>/<table>/<owner>/<part>.arrow``. The parts this
-    process staged last (up to :data:`HELD_BYTES`) are also kept in memory: a task publishes
-    its own parts after its checkpoint, and need not read them back while the file is the one
-    it wrote (same inode, size and time)."""
+    process staged last are also kept in memory (:class:`_HeldParts`): a task publishes its
+    own parts after its checkpoint, and need not read them back while the file is the one it
+    wrote (same inode, size and time)."""
 
     def __init__(self, root: Path, tables: Tables) -> None:
         self.root = root
         self.tables = tables
-        self._held: OrderedDict[Path, tuple[tuple[int, int, int], pa.Table]] = OrderedDict()
-        self._held_bytes = 0
-        self._lock = threading.Lock()
 
     def _path(self, table: str, owner: str, part: str) -> Path:
         return self.root / table / owner / f"{part}{PART}"
@@ -184,35 +220,13 @@ class TableStaging(OutputStaging):
             stamp = _stamp(os.fstat(f.fileno()))
         os.replace(tmp, path)
         fsync_dir(path.parent)
-        self._hold(path, stamp, data)
-
-    def _hold(self, path: Path, stamp: tuple[int, int, int], data: pa.Table) -> None:
-        with self._lock:
-            self._drop_held(path)
-            if data.nbytes > HELD_BYTES:
-                return
-            self._held[path] = (stamp, data)
-            self._held_bytes += data.nbytes
-            while self._held_bytes > HELD_BYTES:
-                self._drop_held(next(iter(self._held)))
-
-    def _take(self, path: Path) -> tuple[tuple[int, int, int], pa.Table] | None:
-        """The rows held for ``path`` and the stamp of the file they were written to; held
-        no longer."""
-        with self._lock:
-            return self._drop_held(path)
-
-    def _drop_held(self, path: Path) -> tuple[tuple[int, int, int], pa.Table] | None:
-        held = self._held.pop(path, None)
-        if held is not None:
-            self._held_bytes -= held[1].nbytes
-        return held
+        _HELD.hold(path, stamp, data)
 
     def _read(self, table: str, owner: str, part: str) -> pa.Table:
         import pyarrow as pa
 
         path = self._path(table, owner, part)
-        held = self._take(path)
+        held = _HELD.take(path)
         if held is not None and _stamp(path.stat()) == held[0]:
             return held[1]
         with pa.memory_map(str(path)) as source:
@@ -261,7 +275,7 @@ class TableStaging(OutputStaging):
             written = self.tables.write(stream, table, commit)
             maybe_crash(failpoints or {}, "publish-after-append")
         for part in parts:
-            self._take(path := self._path(stream, owner, part))
+            _HELD.take(path := self._path(stream, owner, part))
             path.unlink(missing_ok=True)
         return written
 
@@ -313,7 +327,7 @@ class TableStaging(OutputStaging):
                     if f.name[: -len(PART)] in keep:
                         continue
                     swept[owner.name] += 1
-                self._take(f)
+                _HELD.take(f)
                 f.unlink(missing_ok=True)
         return swept
 
