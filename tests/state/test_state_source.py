@@ -14,6 +14,8 @@ import pytest
 
 from sparkpoint import state
 from sparkpoint.errors import UserError
+from sparkpoint.system.registry import Systems
+from sparkpoint.tools.state import committed_rows
 from tests.e2e.cli import sp
 from tests.helpers import changelog_job, generate, run_job
 from tests.runtime.executor.test_windows import job, send, views
@@ -107,3 +109,31 @@ def test_a_ttl_store_reads_with_when_each_entry_expires(tmp_path: Path, spark: A
     assert rows and all(before + ttl <= r["expires_at"] <= after + ttl for r in rows)
     dumped_rows = {d["key"]: d["expires_at"] for d in dumped(path, "user-counts")}
     assert dumped_rows == {r["key"]: r["expires_at"] for r in rows}
+
+
+def test_a_key_the_input_does_not_place_is_found_in_the_task_that_holds_it(
+    tmp_path: Path,
+) -> None:
+    """Views keyed (and partitioned) by page, counted per user: a user's count is in whichever
+    task read the view, not where the partitioner would put the user. The lookup looks there
+    too (it answered "not found" from the routed task only)."""
+    from generate import write
+
+    config = changelog_job(tmp_path)
+    source = tmp_path / "gen.json"
+    source.write_text(json.dumps(dict(config.items())))
+    admin = Systems(config).admin("filelog")
+    place = lambda key: admin.partition_for_key(key.encode(), 4)  # noqa: E731
+    # each user views one page, which the partitioner places in another task than the user
+    pairs = [(f"user-{i}", f"page-{i}") for i in range(40)]
+    pairs = [(u, p) for u, p in pairs if place(u) != place(p)]
+    views = [{"user": u, "page": p, "ts": 1_700_000_000_000 + n} for n, (u, p) in enumerate(pairs)]
+    write(str(source), 0, 0, 0, source=views * 3, key_field="page")
+    run_job(config, until_caught_up=True)
+    path = job_file(tmp_path, config)
+    held = {(t, r["key"]): r["value"] for t, _, r in committed_rows(config, "user-counts")}
+    users = sorted({k for _t, k in held})
+    answers = state.lookup(path, "user-counts", users)
+    assert len(users) == len(pairs) > 10
+    assert [a.key for a in answers] == users and all(a.found for a in answers)
+    assert all(held[(a.task, a.key)] == a.value == 3 for a in answers)

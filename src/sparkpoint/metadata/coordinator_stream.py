@@ -170,12 +170,24 @@ class CoordinatorStreamStore(MetadataStore):
         except SparkpointError:
             raise
         except Exception as exc:
-            raise MetadataStreamError(
-                f"coordinator stream {self._ssp}: {doing} the job's metadata failed "
-                f"({type(exc).__name__}: {first_line(exc)}); the job stops here, and what it "
-                f"has committed is intact: fix system {self._system} (its disk, permissions "
-                "or server), then run again"
-            ) from exc
+            raise self._failed(doing, exc) from exc
+
+    def _send(self, record: Record) -> None:
+        """Buffer one record (not retried: a second send would write it twice)."""
+        try:
+            self._producer.send(self.stream, 0, record)
+        except SparkpointError:
+            raise
+        except Exception as exc:
+            raise self._failed("writing", exc) from exc
+
+    def _failed(self, doing: str, exc: Exception) -> MetadataStreamError:
+        return MetadataStreamError(
+            f"coordinator stream {self._ssp}: {doing} the job's metadata failed "
+            f"({type(exc).__name__}: {first_line(exc)}); the job stops here, and what it "
+            f"has committed is intact: fix system {self._system} (its disk, permissions "
+            "or server), then run again"
+        )
 
     def _refresh(self) -> None:
         meta = self._admin.get_metadata([self._ssp])[self._ssp]
@@ -222,12 +234,12 @@ class CoordinatorStreamStore(MetadataStore):
     def put_all(self, namespace: str, entries: Mapping[str, str | None]) -> None:
         for key, value in entries.items():
             if value is None:
-                self._producer.send(self.stream, 0, Record("", encode_key(namespace, key), None, 0))
+                self._send(Record("", encode_key(namespace, key), None, 0))
                 self._data.get(namespace, {}).pop(key, None)
             else:
                 raw = encode_value(namespace, value, self._source)
                 ts = int(time.time() * 1000)
-                self._producer.send(self.stream, 0, Record("", encode_key(namespace, key), raw, ts))
+                self._send(Record("", encode_key(namespace, key), raw, ts))
                 message = decode_value(namespace, raw, "a write")
                 if message is not None:
                     self._data.setdefault(namespace, {})[key] = message
@@ -250,5 +262,7 @@ class CoordinatorStreamStore(MetadataStore):
         self.refresh()
 
     def close(self) -> None:
-        self._retried("writing", self._producer.flush)
-        self._producer.close()
+        try:
+            self._retried("writing", self._producer.flush)
+        finally:
+            self._producer.close()

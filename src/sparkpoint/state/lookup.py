@@ -2,7 +2,8 @@
 store, keys)`` and ``sparkpoint state get JOB --store S KEY...``.
 
 Each key is looked for in the task its input partitioner places it in (the store's keys are
-the input's keys: ``stores.<s>.reshard.key`` unset or ``key``; else in every task), as of the
+the input's keys: ``stores.<s>.reshard.key`` unset or ``key``), then, not found there, in
+every other task (a task may key its state by something else), as of the
 task's last written checkpoint: its local checkpoint when this machine has it, else restored
 from the store's backends into a scratch directory (:func:`sparkpoint.tools.state
 .committed_engine`). A running job is not disturbed, and its writes since that checkpoint are
@@ -99,27 +100,39 @@ def lookup(
             )
         known = {t.name.name: t for t in checkpoints}  # (with its changelog partition)
         tasks = [t for t in job_model(config, systems).sorted_tasks() if t.name.name in known]
+        tasks = tasks or list(checkpoints)  # (the job's inputs changed since: every task)
         encoded = [key_serde.to_bytes(k) for k in keys]
         answers: dict[int, Answer] = {}
-        by_task: dict[str, list[int]] = {}
+        routed: dict[str, list[int]] = {}
         for i, raw in enumerate(encoded):
             for task in _tasks_of(config, systems, store, raw, tasks):
-                by_task.setdefault(task.name.name, []).append(i)
-        for name, indexes in by_task.items():
-            model_task = known[name]
-            checkpoint = checkpoints[model_task]
-            with committed_engine(config, systems, model_task, store, checkpoint) as engine:
-                values = engine.get_many([encoded[i] for i in indexes])
-            for i, value in zip(indexes, values, strict=True):
-                if value is None and i in answers:
-                    continue  # found in another task already (a key every task may hold)
-                answers[i] = Answer(
-                    keys[i],
-                    None if value is None else msg_serde.from_bytes(value),
-                    value is not None,
-                    name,
-                    str(checkpoint.checkpoint_id),
-                )
+                routed.setdefault(task.name.name, []).append(i)
+
+        def look(by_task: dict[str, list[int]]) -> None:
+            for name, indexes in by_task.items():
+                model_task = known[name]
+                checkpoint = checkpoints[model_task]
+                with committed_engine(config, systems, model_task, store, checkpoint) as engine:
+                    values = engine.get_many([encoded[i] for i in indexes])
+                for i, value in zip(indexes, values, strict=True):
+                    if i in answers and (value is None or answers[i].found):
+                        continue  # the first answer found stands
+                    answers[i] = Answer(
+                        keys[i],
+                        None if value is None else msg_serde.from_bytes(value),
+                        value is not None,
+                        name,
+                        str(checkpoint.checkpoint_id),
+                    )
+
+        look(routed)
+        # not where the input partitioner puts it (the task keys its state by something
+        # else): every other task
+        missing = [i for i, a in answers.items() if not a.found]
+        rest = {
+            t.name.name: [i for i in missing if i not in routed.get(t.name.name, [])] for t in tasks
+        }
+        look({name: indexes for name, indexes in rest.items() if indexes})
         return [answers[i] for i in range(len(keys))]
     finally:
         systems.close()

@@ -73,10 +73,15 @@ class StateDataSource(DataSource):
         return "sparkpoint-state"
 
     def _columns(self) -> tuple[Layout, list[Column]]:
-        options = dict(self.options)
-        config, store = _config(options)
-        layout = _layout(config, store, options.get("layout", "auto"))
-        return layout, columns(config, store, layout, options.get("value_schema"))
+        """The store's layout and columns, found once (``auto`` reads its first entry)."""
+        found: tuple[Layout, list[Column]] | None = getattr(self, "_found", None)
+        if found is None:
+            options = dict(self.options)
+            config, store = _config(options)
+            layout = _layout(config, store, options.get("layout", "auto"))
+            found = layout, columns(config, store, layout, options.get("value_schema"))
+            self._found = found
+        return found
 
     def schema(self) -> str:
         return ddl(self._columns()[1])
@@ -85,7 +90,9 @@ class StateDataSource(DataSource):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         layout, _ = self._columns()
-        return StateReader(dict(self.options), layout, to_arrow_schema(schema))
+        options = dict(self.options)
+        options["job"] = str(Path(options["job"]).resolve())  # (read where the tasks run)
+        return StateReader(options, layout, to_arrow_schema(schema))
 
 
 class _Task(InputPartition):
@@ -131,16 +138,31 @@ class StateReader(DataSourceReader):
                     continue
             rows.append((task, row))
             if len(rows) >= ROWS_PER_BATCH:
-                yield pa.RecordBatch.from_pydict(fill(cols, rows), schema=self.arrow)
+                yield self._batch(cols, rows, store)
                 rows = []
         if rows:
-            yield pa.RecordBatch.from_pydict(fill(cols, rows), schema=self.arrow)
+            yield self._batch(cols, rows, store)
+
+    def _batch(
+        self, cols: list[Column], rows: list[tuple[str, dict[str, Any]]], store: str
+    ) -> pa.RecordBatch:
+        try:
+            return pa.RecordBatch.from_pydict(fill(cols, rows), schema=self.arrow)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise UserError(
+                f"sparkpoint-state: store {store} task {rows[0][0]}: a value does not fit its "
+                f"column ({exc}); check the value_schema option, or read without it (JSON "
+                "text) and use from_json"
+            ) from None
 
 
 def _values(f: Filter) -> tuple[tuple[str, ...], set[Any]] | None:
     """(the column, the values it is equal to) of an ``=`` or ``IN`` filter."""
-    if isinstance(f, EqualTo):
-        return f.attribute, {f.value}
-    if isinstance(f, In):
-        return f.attribute, set(f.value)
+    try:
+        if isinstance(f, EqualTo):
+            return f.attribute, {f.value}
+        if isinstance(f, In):
+            return f.attribute, set(f.value)
+    except TypeError:  # a value that cannot be compared here (a struct): Spark filters it
+        return None
     return None
