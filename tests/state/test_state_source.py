@@ -1,7 +1,7 @@
 """A job's committed state as a DataFrame (``sparkpoint-state``) and looked up by key (issue
 68): the DataFrame holds what ``sparkpoint state dump`` prints, store by store (plain, window,
-session, timers), a task filter reads only that task, and a lookup answers as the dump does,
-naming the checkpoint it read."""
+session, timers, TTL), the ``tasks`` option reads only those tasks, a filtered query does not
+change the next one, and a lookup answers as the dump does, naming the checkpoint it read."""
 
 from __future__ import annotations
 
@@ -49,12 +49,15 @@ def test_a_plain_store_reads_as_the_dump_prints_it(tmp_path: Path, spark: Any) -
     assert df.columns == ["task", "key", "value"]
     rows = sorted((r["key"], r["value"]) for r in df.collect())  # (its serde's type)
     assert rows == sorted((d["key"], d["value"]) for d in dumped(path, "user-counts"))
-    one = df.where("task = 'Partition 1'")
-    assert one.rdd.getNumPartitions() == 1  # the filter chose the task read
+    one = read(spark, path, "user-counts", tasks="Partition 1")
+    assert one.rdd.getNumPartitions() == 1  # only that task is read
     assert {r["task"] for r in one.collect()} == {"Partition 1"} and one.count() > 0
     keys = [rows[0][0], rows[-1][0]]
-    picked = read(spark, path, "user-counts").where(f"key IN ('{keys[0]}', '{keys[1]}')")
+    picked = df.where(f"key IN ('{keys[0]}', '{keys[1]}')")
     assert sorted(r["key"] for r in picked.collect()) == sorted(keys)
+    # the same DataFrame again, unfiltered: every row (a pushed-down filter leaked into it)
+    assert df.where("task = 'Partition 1'").count() == one.count()
+    assert df.count() == len(rows)
     # looked up without Spark: as the dump, naming the task's checkpoint
     answers = state.lookup(path, "user-counts", [keys[0], "nobody"])
     assert (answers[0].found, answers[0].value) == (True, rows[0][1])

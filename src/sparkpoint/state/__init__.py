@@ -22,15 +22,14 @@ FORMAT = "sparkpoint-state"
 
 
 def register(spark: Any) -> None:
-    """Register the ``sparkpoint-state`` data source on ``spark`` (every session sparkpoint
-    starts has it): ``spark.read.format("sparkpoint-state").option("job", path)
-    .option("store", name).load()``. It turns on the session's filter pushdown to Python data
-    sources (``spark.sql.python.filterPushdown.enabled``), which its reader uses."""
+    """Register ``sparkpoint-state`` on ``spark`` (``spark.read.format("sparkpoint-state")
+    .option("job", path).option("store", name).load()``). PySpark also finds it by itself,
+    as the ``pyspark_sparkpoint`` module, the first time a query needs a Python data source,
+    so a session need not: registering costs a Python worker's start (2-3 s), which is why
+    the sessions sparkpoint starts do not."""
     from sparkpoint.state.source import StateDataSource
 
     spark.dataSource.register(StateDataSource)
-    # its reader takes the task and key filters (Spark refuses a reader that could otherwise)
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
 
 
 __all__ = ["FORMAT", "Answer", "lookup", "register"]

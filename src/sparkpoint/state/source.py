@@ -5,9 +5,13 @@ of each task's last written checkpoint, read by Spark partitions, one per task.
 .load()``. Options: ``job`` (the job file) and ``store`` (required); ``layout``
 (``auto``, the default: recognised from the store's first entry; ``plain``, ``window``,
 ``join``, ``timers``); ``value_schema`` (a DDL struct to read a JSON store's values as);
-``set.<key>`` (a config value, as ``--set`` does). The columns are :mod:`.columns`'. Filters
-``task = ...``/``task IN (...)`` choose the partitions read; ``key = ...``/``key IN (...)`` are
-applied as each task is read (Spark need not check them again).
+``tasks`` (``Partition 1,Partition 3``: only those tasks are read); ``set.<key>`` (a config
+value, as ``--set`` does). The columns are :mod:`.columns`'.
+
+Filters are not pushed down: PySpark 4.3 keeps a reader whose filters were pushed for the same
+DataFrame's next query without filters, which then got the filtered rows (found in testing:
+``df.where("task = 'Partition 2'").count()`` then ``df.count()`` gave 82 and 82 of 342). Spark
+applies every filter itself; the ``tasks`` option is the way to read less.
 """
 
 from __future__ import annotations
@@ -17,14 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    In,
-    InputPartition,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from sparkpoint.config import Config, load_config
 from sparkpoint.errors import UserError
@@ -104,18 +101,8 @@ class StateReader(DataSourceReader):
         self.options = options
         self.layout = layout
         self.arrow = arrow  # the columns as Spark reads them (made where Spark runs: the driver)
-        self.tasks: set[str] | None = None
-        self.keys: set[Any] | None = None
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        for f in filters:
-            found = _values(f)
-            if found is not None and found[0] == ("task",):
-                self.tasks = found[1] if self.tasks is None else self.tasks & found[1]
-            elif found is not None and found[0] == ("key",):
-                self.keys = found[1] if self.keys is None else self.keys & found[1]
-            else:
-                yield f
+        tasks = options.get("tasks")
+        self.tasks = None if not tasks else {t.strip() for t in tasks.split(",") if t.strip()}
 
     def partitions(self) -> list[InputPartition]:
         config, _store = _config(self.options)
@@ -129,13 +116,8 @@ class StateReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         config, store = _config(self.options)
         cols = columns(config, store, self.layout, self.options.get("value_schema"))
-        key = next((c for c in cols if c.name == "key"), None)
         rows: list[tuple[str, dict[str, Any]]] = []
         for task, _layout, row in committed_rows(config, store, partition.value, self.layout):
-            if self.keys is not None:
-                value = row.get("key")
-                if key is None or value is None or key.convert(value) not in self.keys:
-                    continue
             rows.append((task, row))
             if len(rows) >= ROWS_PER_BATCH:
                 yield self._batch(cols, rows, store)
@@ -154,15 +136,3 @@ class StateReader(DataSourceReader):
                 f"column ({exc}); check the value_schema option, or read without it (JSON "
                 "text) and use from_json"
             ) from None
-
-
-def _values(f: Filter) -> tuple[tuple[str, ...], set[Any]] | None:
-    """(the column, the values it is equal to) of an ``=`` or ``IN`` filter."""
-    try:
-        if isinstance(f, EqualTo):
-            return f.attribute, {f.value}
-        if isinstance(f, In):
-            return f.attribute, set(f.value)
-    except TypeError:  # a value that cannot be compared here (a struct): Spark filters it
-        return None
-    return None

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from importlib import resources
 from typing import Any
 
-from sparkpoint import state
 from sparkpoint.config import Config
 from sparkpoint.errors import (
     CommitError,
@@ -157,7 +156,6 @@ def spark_session(config: Config, master: str | None = None) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    state.register(spark)  # spark.read.format("sparkpoint-state")
     return spark
 
 
