@@ -54,17 +54,32 @@ def popen(*args: str, log: Path) -> subprocess.Popen[bytes]:
 
 
 def wait_for_checkpoints(
-    config: Config, driver: subprocess.Popen[bytes], log: Path, tasks: int, timeout: float = 240
+    config: Config,
+    driver: subprocess.Popen[bytes],
+    log: Path,
+    tasks: int,
+    timeout: float = 240,
+    *,
+    progress: int = 0,
 ) -> None:
-    """Wait until ``tasks`` tasks of the running ``driver`` have a checkpoint (fails the test,
-    with the end of its log, if it exits or takes longer than ``timeout`` seconds)."""
+    """Wait until ``tasks`` tasks of the running ``driver`` have a checkpoint, covering at
+    least ``progress`` input messages in all (fails the test, with the end of its log, if it
+    exits or takes longer than ``timeout`` seconds): a kill test's moment to kill."""
     from sparkpoint.checkpoint.manager import CheckpointManager
+    from tests.helpers import input_progress
 
     manager = CheckpointManager(config)
     deadline = time.monotonic() + timeout
-    while len(manager.read_all()) < tasks:
-        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
+    while True:
+        checkpoints = manager.read_all()
+        if len(checkpoints) >= tasks and input_progress(checkpoints, config) >= progress:
+            return
+        alive = driver.poll() is None
+        assert alive and time.monotonic() < deadline, (
+            f"{'no' if alive else 'the driver ended with no'} {tasks} checkpoints covering "
+            f"{progress} messages within {timeout:.0f} s: " + log.read_text()[-3000:]
+        )
+        time.sleep(0.1)
 
 
 def locality_wait() -> float:

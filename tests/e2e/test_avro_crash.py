@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config, parse_overrides
-from tests.e2e.cli import JOB, popen, sp
-from tests.helpers import committed_counts, input_progress
+from tests.e2e.cli import JOB, popen, sp, wait_for_checkpoints
+from tests.helpers import committed_counts
 from tests.registry import SCHEMAS, emitted_all, registry, send_views
 
 pytestmark = pytest.mark.slow
@@ -60,19 +58,7 @@ def test_kill_9_mid_run_on_avro_then_restart_is_exact_once(tmp_path: Path, regis
     config, set_args, expected = avro_job(tmp_path, registry)
     log = tmp_path / "run1.log"
     driver = popen("run", str(JOB), "--until-caught-up", *set_args, log=log)
-    manager = CheckpointManager(config)
-    deadline = time.monotonic() + 180
-    while True:
-        assert driver.poll() is None, (
-            "the job ended before it was killed: " + log.read_text()[-2000:]
-        )
-        checkpoints = manager.read_all()
-        if len(checkpoints) == 4 and input_progress(checkpoints, config) >= 6_000:
-            break
-        assert time.monotonic() < deadline, (
-            "no checkpoints within 180 s: " + log.read_text()[-2000:]
-        )
-        time.sleep(0.1)
+    wait_for_checkpoints(config, driver, log, 4, 180, progress=6_000)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     partial = committed_counts(config)

@@ -100,26 +100,26 @@ def test_a_worker_lost_mid_run_leaves_each_table_row_once(
     exactly-once on the cluster, a worker killed once every task has a checkpoint: its tasks
     run again on the executor left, and every table holds each row once (read back by each
     table's own client). The module's last test: it kills a worker of the module's cluster."""
-    from catalogue import write_catalogue
-
-    from tests.conftest import TABLES_DIR
     from tests.e2e.cli import popen, wait_for_checkpoints
-    from tests.system.tables.test_jobs import assert_tables_exact, catalogue
+    from tests.e2e.test_tables_crash import JOB as TABLES_JOB
+    from tests.e2e.test_tables_crash import prepared_tables
+    from tests.system.tables.test_jobs import assert_tables_exact
 
-    job = TABLES_DIR / "job.yaml"
     sets = cluster_sets(
         tmp_path,
         f"systems.pg.postgres.dsn={postgres.new_database('cluster_kill')}",
         "task.batch.max.messages=500",
     )
-    set_args = [a for s in sets for a in ("--set", s)]
-    config = load_config(job, parse_overrides(sets))
-    write_catalogue(catalogue(config))
-    sp("stream", "create", str(job), "pageviews", "--partitions", "4", *set_args)
-    expected = generate(config, tmp_path / "gen.yaml", 12_000, seed=27, users=60)
+    config, set_args, expected = prepared_tables(tmp_path, sets, 12_000, seed=27, users=60)
     log = tmp_path / "run.log"
     driver = popen(
-        "run", str(job), "--until-caught-up", "--master", cluster.master_url, *set_args, log=log
+        "run",
+        str(TABLES_JOB),
+        "--until-caught-up",
+        "--master",
+        cluster.master_url,
+        *set_args,
+        log=log,
     )
     wait_for_checkpoints(config, driver, log, 4)
     cluster.kill_worker(0)  # its executor, mid-run: staged parts of its attempts left behind

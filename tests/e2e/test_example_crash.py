@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import load_config, parse_overrides
-from tests.e2e.cli import JOB, popen, sp
+from tests.e2e.cli import JOB, popen, sp, wait_for_checkpoints
 from tests.helpers import (
     assert_at_least_once,
     committed_counts,
     emitted_counts,
     generate,
-    input_progress,
 )
 
 pytestmark = pytest.mark.slow
@@ -35,19 +32,7 @@ def test_kill_9_mid_run_then_restart_gives_exact_state(tmp_path: Path) -> None:
     expected = generate(config, tmp_path / "job.yaml", 120_000, seed=11, users=200)
 
     driver = popen("run", str(JOB), "--until-caught-up", *set_args, log=tmp_path / "run1.log")
-    manager = CheckpointManager(config)
-    deadline = time.monotonic() + 180
-    while True:
-        assert driver.poll() is None, (
-            "the job finished before it could be killed: "
-            + (tmp_path / "run1.log").read_text()[-2000:]
-        )
-        checkpoints = manager.read_all()
-        done = input_progress(checkpoints, config)
-        if len(checkpoints) == 4 and done >= 20_000:
-            break
-        assert time.monotonic() < deadline, "no checkpoints within 180 s"
-        time.sleep(0.1)
+    wait_for_checkpoints(config, driver, tmp_path / "run1.log", 4, 180, progress=20_000)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     assert driver.returncode == -signal.SIGKILL

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.checkpoint.manager import CheckpointManager
 from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.testing.services import TansuKafka
 from tests.conftest import EXAMPLE_DIR
-from tests.e2e.cli import JOB, popen, sp
+from tests.e2e.cli import JOB, popen, sp, wait_for_checkpoints
 from tests.helpers import (
     assert_at_least_once,
     committed_counts,
     emitted_counts,
     generate,
-    input_progress,
 )
 
 pytestmark = pytest.mark.slow
@@ -83,16 +80,7 @@ def test_kill_9_mid_run_on_kafka_then_restart_gives_exact_state(
     config, set_args, expected = prepared(KAFKA_JOB, sets, tmp_path, 5_000, seed=42)
     log = tmp_path / "run1.log"
     driver = popen("run", str(KAFKA_JOB), "--until-caught-up", *set_args, log=log)
-    manager = CheckpointManager(config)
-    deadline = time.monotonic() + 240
-    while True:
-        assert driver.poll() is None, "finished before the kill: " + log.read_text()[-2000:]
-        checkpoints = manager.read_all()
-        done = input_progress(checkpoints, config)
-        if len(checkpoints) == 4 and done >= 1_200:
-            break
-        assert time.monotonic() < deadline, "no checkpoints within 240 s: " + log.read_text()
-        time.sleep(0.1)
+    wait_for_checkpoints(config, driver, log, 4, 240, progress=1_200)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     partial = committed_counts(config)

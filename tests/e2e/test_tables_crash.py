@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sparkpoint.checkpoint.manager import CheckpointManager
-from sparkpoint.config import load_config, parse_overrides
+from sparkpoint.config import Config, load_config, parse_overrides
 from sparkpoint.testing.services import PostgresServer
 from tests.conftest import TABLES_DIR
-from tests.e2e.cli import popen, sp
-from tests.helpers import generate, input_progress
+from tests.e2e.cli import popen, sp, wait_for_checkpoints
+from tests.helpers import generate
 from tests.system.tables.test_jobs import assert_tables_exact, catalogue
 
 pytestmark = pytest.mark.slow
@@ -26,33 +25,33 @@ pytestmark = pytest.mark.slow
 JOB = TABLES_DIR / "job.yaml"
 
 
+def prepared_tables(
+    tmp_path: Path, sets: list[str], events: int, seed: int, users: int
+) -> tuple[Config, list[str], Counter[str]]:
+    """The tables example's config and --set arguments, its page catalogue written, and
+    ``events`` page views generated in its four input partitions."""
+    from catalogue import write_catalogue
+
+    args = [a for s in sets for a in ("--set", s)]
+    config = load_config(JOB, parse_overrides(sets))
+    write_catalogue(catalogue(config))
+    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *args)
+    return config, args, generate(config, tmp_path / "gen.yaml", events, seed=seed, users=users)
+
+
 def test_kill_9_of_the_driver_then_of_a_worker_writes_each_row_once(
     tmp_path: Path, postgres: PostgresServer
 ) -> None:
-    from catalogue import write_catalogue
-
     sets = [
         f"job.data.dir={tmp_path / 'data'}",
         f"systems.pg.postgres.dsn={postgres.new_database('kill9')}",
         "task.commit.ms=300",
         "task.batch.max.messages=1500",
     ]
-    args = [a for s in sets for a in ("--set", s)]
-    config = load_config(JOB, parse_overrides(sets))
-    write_catalogue(catalogue(config))
-    sp("stream", "create", str(JOB), "pageviews", "--partitions", "4", *args)
-    expected = generate(config, tmp_path / "a.yaml", 12_000, seed=31, users=40)
+    config, args, expected = prepared_tables(tmp_path, sets, 12_000, seed=31, users=40)
     log = tmp_path / "run1.log"
     driver = popen("run", str(JOB), "--until-caught-up", *args, log=log)
-    manager = CheckpointManager(config)
-    deadline = time.monotonic() + 180
-    while True:
-        assert driver.poll() is None, "ended before the kill: " + log.read_text()[-2000:]
-        checkpoints = manager.read_all()
-        if len(checkpoints) == 4 and input_progress(checkpoints, config) >= 3_000:
-            break
-        assert time.monotonic() < deadline, "no checkpoints in 180 s: " + log.read_text()[-2000:]
-        time.sleep(0.1)
+    wait_for_checkpoints(config, driver, log, 4, 180, progress=3_000)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     flag = tmp_path / "crash"
